@@ -1,0 +1,16 @@
+"""dpu_pipe: JPEG decode and ImageNet-style augmentation in Cython kernels, runnable on the
+host or offloaded to DPU cores that ship ready batches into the host's memory over MPI RMA."""
+
+from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
+from .build_info import build_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "build_info",
+    "ConfigError",
+    "DecodeError",
+    "DpuPipeError",
+    "PipeTimeout",
+    "ProducerError",
+]

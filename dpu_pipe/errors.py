@@ -1,0 +1,70 @@
+"""The one error model of dpu_pipe.
+
+Every error raised on purpose by dpu_pipe is a :class:`DpuPipeError`; each subclass also
+derives from the builtin exception users would reach for (``ValueError``, ``TimeoutError``,
+``RuntimeError``), so ``except ValueError`` keeps working around bad data.
+"""
+
+__all__ = ["DpuPipeError", "DecodeError", "ConfigError", "ProducerError", "PipeTimeout"]
+
+
+class DpuPipeError(Exception):
+    """Base class of every error dpu_pipe raises on purpose."""
+
+
+class DecodeError(DpuPipeError, ValueError):
+    """A sample could not be decoded.
+
+    ``message`` is the decoder's own words (libjpeg's message for JPEG data), ``index`` the
+    sample index in its source (or position in a batch) and ``path`` its file, when known.
+    """
+
+    def __init__(self, message, *, index=None, path=None):
+        self.message = message
+        self.index = index
+        self.path = path
+        super().__init__(message)
+
+    def with_sample(self, *, index=None, path=None):
+        """A copy of this error that also names the sample (the original stays the cause)."""
+        err = DecodeError(self.message,
+                          index=self.index if index is None else index,
+                          path=self.path if path is None else path)
+        err.__cause__ = self.__cause__
+        return err
+
+    def __str__(self):
+        where = []
+        if self.index is not None:
+            where.append(f"sample {self.index}")
+        if self.path is not None:
+            where.append(str(self.path))
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+    def __reduce__(self):  # keep index/path across pickling (threads, processes, MPI)
+        return (_rebuild_decode_error, (self.message, self.index, self.path))
+
+
+def _rebuild_decode_error(message, index, path):
+    return DecodeError(message, index=index, path=path)
+
+
+class ConfigError(DpuPipeError, ValueError):
+    """An argument or configuration value is invalid; the message says what is accepted."""
+
+
+class ProducerError(DpuPipeError, RuntimeError):
+    """A producer (thread or DPU rank) failed; ``producer`` names it, ``remote_traceback``
+    carries its traceback text."""
+
+    def __init__(self, message, *, producer=None, remote_traceback=None):
+        self.producer = producer
+        self.remote_traceback = remote_traceback
+        text = message if producer is None else f"{message} [in {producer}]"
+        if remote_traceback:
+            text += "\n\n--- traceback of the producer ---\n" + remote_traceback
+        super().__init__(text)
+
+
+class PipeTimeout(DpuPipeError, TimeoutError):
+    """A bounded wait ran out: a producer or the consumer stopped answering."""

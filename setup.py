@@ -1,0 +1,98 @@
+"""Build of the Cython kernels.
+
+Environment switches (read once, here):
+  DPU_PIPE_DEBUG=1     bounds/wraparound checks on, -O1 -g: the build CI tests kernels with.
+  DPU_PIPE_MARCH=...   value for -march (e.g. "native" for a local build, "armv8-a" for DPUs);
+                       unset gives the compiler's portable baseline, as wheels need.
+  DPU_PIPE_MTUNE=...   value for -mtune (e.g. "cortex-a72").
+  JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
+"""
+import os
+import shlex
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # pragma: no cover - pyproject's build-system lists Cython
+    sys.exit("dpu_pipe needs Cython >= 3 to build: pip install 'Cython>=3'")
+
+DEBUG = os.environ.get("DPU_PIPE_DEBUG", "") not in ("", "0")
+MARCH = os.environ.get("DPU_PIPE_MARCH", "")
+MTUNE = os.environ.get("DPU_PIPE_MTUNE", "")
+
+
+def _pkg_config(*args):
+    try:
+        out = subprocess.run(["pkg-config", *args, "libjpeg"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return shlex.split(out.stdout)
+
+
+def libjpeg_flags():
+    """Include dirs, library dirs and libraries for libjpeg-turbo's jpeglib API."""
+    inc = os.environ.get("JPEG_INCLUDE_DIR")
+    lib = os.environ.get("JPEG_LIB_DIR")
+    if inc or lib:
+        return [inc] if inc else [], [lib] if lib else [], ["jpeg"]
+    cflags, libs = _pkg_config("--cflags"), _pkg_config("--libs")
+    if cflags is not None and libs is not None:
+        return ([f[2:] for f in cflags if f.startswith("-I")],
+                [f[2:] for f in libs if f.startswith("-L")],
+                [f[2:] for f in libs if f.startswith("-l")] or ["jpeg"])
+    for d in ("/usr/include", "/usr/local/include", "/opt/homebrew/include"):
+        if os.path.exists(os.path.join(d, "jpeglib.h")):
+            return [d], [], ["jpeg"]
+    sys.exit(
+        "dpu_pipe: libjpeg-turbo development files not found (jpeglib.h).\n"
+        "  Debian/Ubuntu: apt-get install libjpeg-dev pkg-config\n"
+        "  Fedora/RHEL:   dnf install libjpeg-turbo-devel pkgconf\n"
+        "or set JPEG_INCLUDE_DIR and JPEG_LIB_DIR."
+    )
+
+
+def compile_args():
+    args = ["-ffp-contract=off", "-fno-math-errno", "-std=c11"]
+    args += ["-O1", "-g"] if DEBUG else ["-O3"]
+    if MARCH:
+        args.append(f"-march={MARCH}")
+    if MTUNE:
+        args.append(f"-mtune={MTUNE}")
+    return args
+
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+inc, libdirs, libs = libjpeg_flags()
+common = dict(
+    include_dirs=inc,
+    library_dirs=libdirs,
+    extra_compile_args=compile_args(),
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                   ("DPU_PIPE_MARCH", '"%s"' % (MARCH or "default")),
+                   ("DPU_PIPE_DEBUG", str(int(DEBUG)))],
+)
+
+extensions = [
+    Extension("dpu_pipe._jpeg", ["src/dpu_pipe/_jpeg.pyx"], libraries=libs, **common),
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        include_path=["src"],
+        compiler_directives=DIRECTIVES,
+        compile_time_env={"DPU_PIPE_DEBUG": DEBUG},
+        build_dir="build/cython",
+    ),
+)
