@@ -7,6 +7,7 @@ Environment switches (read once, here):
   DPU_PIPE_MTUNE=...   value for -mtune (e.g. "cortex-a72").
   JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
 """
+import glob
 import os
 import shlex
 import subprocess
@@ -83,8 +84,11 @@ common = dict(
                    ("DPU_PIPE_DEBUG", str(int(DEBUG)))],
 )
 
+# Every kernel module in src/dpu_pipe/ becomes dpu_pipe.<name>; .pxd files beside them are
+# cimported across modules through include_path.
 extensions = [
-    Extension("dpu_pipe._jpeg", ["src/dpu_pipe/_jpeg.pyx"], libraries=libs, **common),
+    Extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", [p], libraries=libs, **common)
+    for p in sorted(glob.glob("src/dpu_pipe/*.pyx"))
 ]
 
 setup(

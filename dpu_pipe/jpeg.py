@@ -1,0 +1,238 @@
+"""JPEG decoding: headers, region decode with early stop, DCT-scaled decode, batches.
+
+All functions read JPEG bytes from memory (``bytes``, ``bytearray``, ``memoryview`` or a uint8
+numpy array) and return RGB ``uint8`` arrays of shape ``(height, width, 3)``. Grayscale, RGB,
+YCbCr, CMYK and YCCK (Adobe-inverted too), baseline, progressive and arithmetic-coded streams
+(when the linked libjpeg-turbo decodes them), every chroma subsampling and restart intervals are
+decoded. Undecodable data raises :class:`dpu_pipe.DecodeError` carrying libjpeg's message; the
+process never aborts.
+
+Accuracy modes
+--------------
+``fast=False`` (default): libjpeg's accurate integer IDCT and fancy (triangle-filter) chroma
+upsampling — Pillow's and OpenCV's defaults; on the same libjpeg-turbo the output is identical.
+``fast=True``: the fast integer IDCT (JDCT_IFAST) and plain chroma replication. It saves decode
+time at a small error; see the README for its measured speed and error on photographs.
+
+Corrupt data
+------------
+A truncated stream is always an error (libjpeg would pad it with grey). Other corrupt-data
+warnings (e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
+``strict=True``, as Pillow does. A corrupted entropy-coded segment that libjpeg cannot detect
+decodes to wrong pixels: JPEG carries no checksum.
+
+Budgets
+-------
+``max_pixels`` (default 100 million) rejects decompression bombs from the header alone;
+``max_scans`` (default 1000) bounds the work a crafted progressive stream can cause.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+from . import _jpeg
+from .errors import ConfigError, DecodeError
+
+__all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale",
+           "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_SCANS"]
+
+DEFAULT_MAX_PIXELS = 100_000_000
+DEFAULT_MAX_SCANS = 1000
+
+_COLORSPACES = {0: "UNKNOWN", 1: "GRAY", 2: "RGB", 3: "YCbCr", 4: "CMYK", 5: "YCCK"}
+
+
+class JpegHeader(namedtuple("JpegHeader", "width height components colorspace progressive")):
+    """What a JPEG's markers say, read without decoding pixels.
+
+    ``width``/``height`` in pixels, ``components`` the number of colour channels stored,
+    ``colorspace`` one of ``"GRAY" "RGB" "YCbCr" "CMYK" "YCCK" "UNKNOWN"``, ``progressive``
+    True for a progressive (multi-scan) stream.
+    """
+
+    __slots__ = ()
+
+
+def _as_view(data):
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise ConfigError(f"JPEG data must be bytes-like, not {type(data).__name__}") from None
+    if not view.c_contiguous:
+        raise ConfigError("JPEG data must be a contiguous buffer")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def _check_budget(max_pixels, max_scans):
+    if max_pixels <= 0 or max_scans <= 0:
+        raise ConfigError("max_pixels and max_scans must be positive integers")
+
+
+def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
+    """Read a JPEG's header without decoding pixels.
+
+    Returns a :class:`JpegHeader`. Raises :class:`DecodeError` when the data is not a JPEG,
+    is truncated before the first scan, or exceeds ``max_pixels`` (width × height).
+    """
+    _check_budget(max_pixels, DEFAULT_MAX_SCANS)
+    try:
+        w, h, comps, cs, progressive, _ = _jpeg.read_header(_as_view(data), max_pixels,
+                                                            DEFAULT_MAX_SCANS)
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from None
+    return JpegHeader(w, h, comps, _COLORSPACES.get(cs, "UNKNOWN"), progressive)
+
+
+def choose_scale(height, width, min_size):
+    """DCT scale, in eighths (1, 2, 4 or 8), that ``decode`` uses for a region of
+    ``height × width`` full-resolution pixels: the smallest power of two keeping the decoded
+    region at least ``min_size = (h, w)``. Scales 3/8…7/8 are never chosen: libjpeg-turbo has
+    no SIMD IDCT for them and they decode slower than full scale."""
+    return _jpeg.py_choose_scale(int(height), int(width), *_min_size(min_size))
+
+
+def _min_size(min_size):
+    if min_size is None:
+        return 0, 0
+    try:
+        h, w = (int(v) for v in min_size)
+    except (TypeError, ValueError):
+        raise ConfigError(f"min_size must be (height, width), got {min_size!r}") from None
+    if h < 0 or w < 0:
+        raise ConfigError(f"min_size must be non-negative, got {min_size!r}")
+    return h, w
+
+
+def _region(region):
+    if region is None:
+        return None
+    try:
+        top, left, height, width = (int(v) for v in region)
+    except (TypeError, ValueError):
+        raise ConfigError(f"region must be (top, left, height, width), got {region!r}") from None
+    return top, left, height, width
+
+
+def decode(data, *, region=None, min_size=None, fast=False, strict=False,
+           max_pixels=DEFAULT_MAX_PIXELS, max_scans=DEFAULT_MAX_SCANS):
+    """Decode a JPEG to RGB.
+
+    Parameters
+    ----------
+    data : bytes-like
+        One complete JPEG stream.
+    region : (top, left, height, width), optional
+        Full-resolution pixel box to decode. Only the iMCU columns covering it are decoded
+        (``jpeg_crop_scanline``), rows above it are skipped (``jpeg_skip_scanlines``) and
+        decoding stops right after its last row. At scale 1 the result equals the full decode
+        sliced, exactly.
+    min_size : (h, w), optional
+        Decode at the smallest power-of-two DCT scale (1/8, 1/4, 1/2, 1) that keeps the region
+        at least ``h × w``. At scale s the result covers rows ``floor(top·s)`` to
+        ``ceil((top+height)·s)`` of the scaled image (and likewise columns) — the pixels that
+        cover the region — and equals the full decode at that scale, sliced.
+    fast : bool
+        Fast IDCT and plain chroma upsampling (see the module docstring).
+    strict : bool
+        Treat libjpeg's corrupt-data warnings as errors.
+    max_pixels, max_scans : int
+        Budgets checked before any pixel is decoded.
+
+    Returns
+    -------
+    numpy.ndarray, uint8, shape (H, W, 3), RGB.
+
+    Raises
+    ------
+    DecodeError
+        The data is not a decodable JPEG (libjpeg's message), is truncated, or exceeds a budget.
+    ConfigError
+        ``region`` is malformed or not inside the image.
+    """
+    _check_budget(max_pixels, max_scans)
+    min_h, min_w = _min_size(min_size)
+    try:
+        out, _ = _jpeg.decode(_as_view(data), _region(region), min_h, min_w, bool(fast),
+                              bool(strict), max_pixels, max_scans)
+    except IndexError as exc:
+        raise ConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from None
+    return out
+
+
+def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, strict=False,
+                 max_pixels=DEFAULT_MAX_PIXELS, max_scans=DEFAULT_MAX_SCANS, on_error="raise"):
+    """Decode N JPEGs into one preallocated array, with the GIL released for the whole batch.
+
+    Parameters
+    ----------
+    buffers : sequence of bytes-like, or ``dpu_pipe._jpeg.BufferList``
+        The N encoded images (a BufferList made once from packed storage avoids any per-image
+        Python object).
+    out : uint8 array (N, H, W, 3), C-contiguous, optional
+        Image i is written to ``out[i, :h_i, :w_i]``; the rest of its slot is left as it was.
+        Allocated when omitted, sized by the largest image (its headers are read first).
+    regions : int array (N, 4), optional
+        Per-image (top, left, height, width) in full-resolution pixels.
+    min_size, fast, strict, max_pixels, max_scans
+        As in :func:`decode`.
+    on_error : "raise" or "return"
+        ``"raise"``: raise :class:`DecodeError` for the first failed image (its ``index`` is the
+        position in the batch). ``"return"``: give back the errors instead.
+
+    Returns
+    -------
+    (out, shapes) where shapes is int32 (N, 3): decoded height, width and DCT scale (eighths)
+    of each image — or (out, shapes, errors) with ``on_error="return"``, errors being a dict
+    {index: DecodeError}; failed images have shape (0, 0, 0).
+    """
+    if on_error not in ("raise", "return"):
+        raise ConfigError(f"on_error must be 'raise' or 'return', got {on_error!r}")
+    _check_budget(max_pixels, max_scans)
+    min_h, min_w = _min_size(min_size)
+    bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
+        _jpeg.BufferList.from_buffers(_as_view(b) for b in buffers)
+    n = len(bufs)
+    regs = None
+    if regions is not None:
+        regs = np.ascontiguousarray(regions, dtype=np.int64)
+        if regs.shape != (n, 4):
+            raise ConfigError(f"regions must have shape ({n}, 4), got {regs.shape}")
+    if out is None:
+        out = _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels)
+    elif not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 4
+              and out.shape[0] >= n and out.shape[3] == 3 and out.flags.c_contiguous
+              and out.flags.writeable):
+        raise ConfigError(f"out must be a writable C-contiguous uint8 array of shape "
+                          f"({n}, H, W, 3)")
+    shapes = np.zeros((n, 3), dtype=np.int32)
+    status = np.zeros(n, dtype=np.int32)
+    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, bool(fast), bool(strict),
+                                  max_pixels, max_scans, shapes, status)
+    errors = {i: DecodeError(msg, index=i) for i, msg in messages.items()}
+    if on_error == "return":
+        return out, shapes, errors
+    if errors:
+        raise errors[min(errors)]
+    return out, shapes
+
+
+def _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels):
+    if isinstance(buffers, _jpeg.BufferList):
+        raise ConfigError("pass out= when decoding a BufferList")
+    hmax = wmax = 1
+    for i, b in enumerate(buffers):
+        try:
+            w, h = read_header(b, max_pixels=max_pixels)[:2]
+        except DecodeError:
+            continue  # reported by the decode itself, with its index
+        if regs is not None:
+            top, left, h, w = (int(v) for v in regs[i])
+        s = choose_scale(h, w, (min_h, min_w))
+        hmax = max(hmax, -(-h * s // 8) + 1)
+        wmax = max(wmax, -(-w * s // 8) + 1)
+    return np.empty((len(bufs), hmax, wmax, 3), dtype=np.uint8)

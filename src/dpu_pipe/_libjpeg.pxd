@@ -1,0 +1,124 @@
+# The parts of libjpeg-turbo's jpeglib API that dpu_pipe uses (present in 2.0 and later).
+# Only the fields read or written are declared; Cython emits no struct layouts of its own.
+
+cdef extern from "<stdio.h>":
+    pass
+
+cdef extern from "jpeglib.h" nogil:
+    # --- basic types -------------------------------------------------------------------
+    ctypedef int boolean
+    ctypedef unsigned int JDIMENSION
+    ctypedef unsigned char JSAMPLE
+    ctypedef JSAMPLE* JSAMPROW
+    ctypedef JSAMPROW* JSAMPARRAY
+
+    ctypedef enum J_COLOR_SPACE:
+        JCS_UNKNOWN
+        JCS_GRAYSCALE
+        JCS_RGB
+        JCS_YCbCr
+        JCS_CMYK
+        JCS_YCCK
+
+    ctypedef enum J_DCT_METHOD:
+        JDCT_ISLOW
+        JDCT_IFAST
+        JDCT_FLOAT
+
+    int JMSG_LENGTH_MAX
+    int JPOOL_IMAGE
+
+    # --- error, progress and memory managers -------------------------------------------
+    struct jpeg_common_struct
+    ctypedef jpeg_common_struct* j_common_ptr
+
+    struct jpeg_error_mgr:
+        void (*error_exit)(j_common_ptr) noexcept nogil
+        void (*emit_message)(j_common_ptr, int) noexcept nogil
+        void (*output_message)(j_common_ptr) noexcept nogil
+        void (*format_message)(j_common_ptr, char*) noexcept nogil
+        int msg_code
+        long num_warnings
+
+    struct jpeg_progress_mgr:
+        void (*progress_monitor)(j_common_ptr) noexcept nogil
+        long pass_counter
+        long pass_limit
+        int completed_passes
+        int total_passes
+
+    struct jpeg_memory_mgr:
+        long max_memory_to_use
+
+    struct jpeg_common_struct:
+        jpeg_error_mgr* err
+        jpeg_memory_mgr* mem
+        jpeg_progress_mgr* progress
+        void* client_data
+
+    # --- decompression -----------------------------------------------------------------
+    struct jpeg_decompress_struct:
+        jpeg_error_mgr* err
+        jpeg_memory_mgr* mem
+        jpeg_progress_mgr* progress
+        void* client_data
+
+        JDIMENSION image_width
+        JDIMENSION image_height
+        int num_components
+        J_COLOR_SPACE jpeg_color_space
+        J_COLOR_SPACE out_color_space
+
+        unsigned int scale_num
+        unsigned int scale_denom
+        J_DCT_METHOD dct_method
+        boolean do_fancy_upsampling
+        boolean do_block_smoothing
+
+        JDIMENSION output_width
+        JDIMENSION output_height
+        int output_components
+        int rec_outbuf_height
+        JDIMENSION output_scanline
+
+        int input_scan_number
+        boolean progressive_mode
+        boolean arith_code
+        boolean saw_Adobe_marker
+        int max_h_samp_factor
+        int max_v_samp_factor
+        int min_DCT_scaled_size
+
+    ctypedef jpeg_decompress_struct* j_decompress_ptr
+
+    jpeg_error_mgr* jpeg_std_error(jpeg_error_mgr* err)
+    void jpeg_create_decompress(j_decompress_ptr cinfo)
+    void jpeg_destroy_decompress(j_decompress_ptr cinfo)
+    void jpeg_abort_decompress(j_decompress_ptr cinfo)
+    void jpeg_mem_src(j_decompress_ptr cinfo, const unsigned char* buf, unsigned long size)
+    int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
+    boolean jpeg_start_decompress(j_decompress_ptr cinfo)
+    JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY scanlines,
+                                   JDIMENSION max_lines)
+    JDIMENSION jpeg_skip_scanlines(j_decompress_ptr cinfo, JDIMENSION num_lines)
+    void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION* xoffset, JDIMENSION* width)
+
+    int JPEG_HEADER_OK
+
+cdef extern from "jerror.h" nogil:
+    int JWRN_JPEG_EOF
+    int JERR_OUT_OF_MEMORY
+
+cdef extern from *:
+    """
+    #ifndef LIBJPEG_TURBO_VERSION_NUMBER
+    #define LIBJPEG_TURBO_VERSION_NUMBER 0
+    #endif
+    #ifdef D_ARITH_CODING_SUPPORTED
+    #define DP_ARITH_DECODING 1
+    #else
+    #define DP_ARITH_DECODING 0
+    #endif
+    """
+    int LIBJPEG_TURBO_VERSION_NUMBER
+    int DP_ARITH_DECODING
