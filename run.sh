@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One entry point for the README's commands. Each sets up what it needs on a fresh
+# Debian/Ubuntu machine (apt packages when missing, a venv in .venv) and then runs.
+#   ./run.sh demo    the main job: builds a dataset from real photographs, runs the pipeline
+#   ./run.sh test    builds and runs the test suite
+#   ./run.sh bench   the microbenchmarks (pytest-benchmark)
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+log() { printf '\033[1m[dpu_pipe]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*"; exit 1; fi
+}
+
+system_deps() {
+  local missing=()
+  command -v cc >/dev/null || missing+=(build-essential)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  pkg-config --exists libjpeg 2>/dev/null || [ -f /usr/include/jpeglib.h ] || missing+=(libjpeg-dev)
+  command -v python3 >/dev/null || missing+=(python3)
+  if command -v python3 >/dev/null; then
+    python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+    python3 - <<'PY' 2>/dev/null || missing+=(python3-dev)
+import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+PY
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || { log "install these system packages: ${missing[*]}"; exit 1; }
+    log "installing system packages: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+python_env() {
+  if [ ! -x "$PY" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local stamp="$VENV/.dpu_pipe_deps"
+  local want
+  want=$(cat pyproject.toml requirements-dev.txt 2>/dev/null | sha1sum | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing Python packages into $VENV"
+    "$PY" -m pip install -q --disable-pip-version-check -U pip
+    "$PY" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+    echo "$want" > "$stamp"
+  fi
+  log "building dpu_pipe (Cython kernels)"
+  "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
+    || { log "build failed"; exit 1; }
+}
+
+setup() { system_deps; python_env; }
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  demo)
+    setup
+    exec "$PY" -m dpu_pipe demo "$@"
+    ;;
+  test)
+    setup
+    # pytest exits 5 when it collected nothing: that is a failure here too.
+    "$PY" -m pytest -q -p no:cacheprovider "$@" tests
+    ;;
+  bench)
+    setup
+    exec "$PY" -m pytest -q -p no:cacheprovider bench "$@"
+    ;;
+  setup)
+    setup
+    ;;
+  *)
+    echo "usage: ./run.sh demo|test|bench|setup [args...]" >&2
+    exit 2
+    ;;
+esac
