@@ -1,0 +1,408 @@
+"""The one random-number scheme of dpu_pipe, in numpy (twin of ``src/dpu_pipe/_rng.pxd``).
+
+Every random decision in dpu_pipe — the epoch permutation, each sample's crop and flip — is a
+pure function of ``(seed, epoch, sample index, stream)``: no generator state lives in threads
+or processes, so a batch comes out the same whichever thread, producer rank or machine makes
+it. The Cython kernels (``_rng.pxd``) and this module compute the same bits; the tests hold
+them to exact equality.
+
+Generator
+    Philox-4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2,
+    3", SC 2011), checked against Random123's known-answer vectors. One call maps a 128-bit
+    counter and a 64-bit key to 128 random bits (a *block* of four uint32 words).
+
+Key and counter
+    ======================  ===========================================================
+    key word 0              ``seed & 0xFFFFFFFF``
+    key word 1              ``seed >> 32``                       (seed: 0 <= seed < 2**64)
+    counter word 0          ``index & 0xFFFFFFFF``
+    counter word 1          ``index >> 32``                      (sample index < 2**64)
+    counter word 2          ``epoch``                            (0 <= epoch < 2**32)
+    counter word 3          ``stream << 16 | block``             (both < 2**16)
+    ======================  ===========================================================
+
+    ``index`` is the sample's index in its source (not its position in a batch or shard), so
+    a sample's augmentation does not depend on rank, world size or batch size.
+
+Streams (one per purpose, so purposes never share random numbers)
+    ======  =====================  =========================================================
+    id      name                   blocks used
+    ======  =====================  =========================================================
+    0       ``STREAM_SHUFFLE``     block 0: 64-bit sort key of the sample in the epoch's
+                                   permutation (:class:`dpu_pipe.sampler.EpochSampler`)
+    1       ``STREAM_CROP``        block a (a = 0..9): attempt a of RandomResizedCrop
+                                   (u0 -> scale, u1 -> log aspect ratio); block 10: the
+                                   position of the accepted crop (u0 -> top, u1 -> left)
+    2       ``STREAM_FLIP``        block 0: u0 < p flips the sample horizontally
+    256...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    ======  =====================  =========================================================
+
+From words to numbers
+    A block's words ``(x0, x1, x2, x3)`` form two 64-bit words ``w0 = x1 << 32 | x0`` and
+    ``w1 = x3 << 32 | x2``; the uniforms are ``u0 = (w0 >> 11) * 2**-53`` and
+    ``u1 = (w1 >> 11) * 2**-53``, in [0, 1) on the grid of 2**-53 — exact conversions.
+    An integer uniform in ``[0, n)`` is ``floor(u * n)`` (bias below ``n * 2**-53``).
+
+Floating point that is the same everywhere
+    IEEE-754 ``+ - * / sqrt``, ``rint``, ``floor``, ``frexp`` and ``ldexp`` are exactly
+    rounded, so numpy and C agree on them on any machine. libm's ``exp``/``log`` are not
+    (glibc dispatches FMA and non-FMA variants at run time, which may differ in the last
+    bit), so the aspect ratio uses :func:`portable_exp` and :func:`portable_log`: fixed
+    polynomials evaluated with the operations above in the same order in both twins. The C
+    build passes ``-ffp-contract=off`` so that GCC does not fuse ``p * r + c`` into an FMA on
+    aarch64, which would change the rounding. Results differ from ``math.exp``/``math.log``
+    by at most a couple of ulp — irrelevant for sampling, but the bits are portable.
+
+Augmentation parameters
+    :func:`random_resized_crop` follows torchvision's ``RandomResizedCrop.get_params``
+    (10 attempts, then a central crop with the aspect ratio clamped into ``ratio``) except
+    that it never returns an empty crop where torchvision would (ratio bounds far from 1 on
+    an image a few pixels wide); :func:`random_flip` is ``RandomHorizontalFlip(p)``.
+"""
+
+import operator
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_USER", "CROP_ATTEMPTS",
+    "philox4x32_10", "random_words", "random_u64", "uniforms",
+    "portable_exp", "portable_log",
+    "check_seed", "check_epoch", "check_crop_config",
+    "random_resized_crop", "random_flip",
+]
+
+STREAM_SHUFFLE = 0
+STREAM_CROP = 1
+STREAM_FLIP = 2
+STREAM_USER = 256
+CROP_ATTEMPTS = 10
+
+_M32 = np.uint64(0xFFFFFFFF)
+_PHILOX_M0 = np.uint64(0xD2511F53)
+_PHILOX_M1 = np.uint64(0xCD9E8D57)
+_PHILOX_W0 = np.uint64(0x9E3779B9)
+_PHILOX_W1 = np.uint64(0xBB67AE85)
+_S32 = np.uint64(32)
+_S11 = np.uint64(11)
+_TWO_M53 = 1.1102230246251565e-16  # 2**-53
+
+# The same decimal literals as in _rng.pxd; repr round-trips, so both parse to the same double.
+_LN2_HI = 0.6931471803691238        # 21 trailing zero bits: k * _LN2_HI is exact
+_LN2_LO = 1.9082149292705877e-10
+_INV_LN2 = 1.4426950408889634
+_EXP_COEF = (  # 1/n! for n = 13 .. 0, Horner order
+    1.6059043836821613e-10, 2.08767569878681e-09, 2.505210838544172e-08,
+    2.755731922398589e-07, 2.7557319223985893e-06, 2.48015873015873e-05,
+    0.0001984126984126984, 0.001388888888888889, 0.008333333333333333,
+    0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0,
+)
+_LOG_COEF = (  # 2/(2n+1) for n = 10 .. 0, Horner order in z = s**2
+    0.09523809523809523, 0.10526315789473684, 0.11764705882352941, 0.13333333333333333,
+    0.15384615384615385, 0.18181818181818182, 0.2222222222222222, 0.2857142857142857,
+    0.4, 0.6666666666666666, 2.0,
+)
+_SQRT_HALF = 0.7071067811865476
+_EXP_MAX = 709.782712893384     # log(DBL_MAX)
+_EXP_MIN = -745.2               # below half the smallest subnormal
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+def _as_uint(value, name, bits):
+    """value as a uint64 array after checking 0 <= value < 2**bits (ConfigError otherwise)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        try:
+            ints = [operator.index(v) for v in arr.reshape(-1)]
+        except TypeError:
+            raise ConfigError(f"{name} must be an integer (or integer array), got {value!r}") from None
+        if any(v < 0 or v >= (1 << bits) for v in ints):
+            raise ConfigError(f"{name} must be in [0, 2**{bits}), got {value!r}")
+        return np.array(ints, dtype=np.uint64).reshape(arr.shape)
+    if arr.size and (arr.min() < 0 or (bits < 64 and int(arr.max()) >= (1 << bits))):
+        raise ConfigError(f"{name} must be in [0, 2**{bits}), got values in "
+                          f"[{int(arr.min())}, {int(arr.max())}]")
+    return arr.astype(np.uint64)
+
+
+def check_seed(seed):
+    """``seed`` as an int after checking 0 <= seed < 2**64 (ConfigError otherwise)."""
+    return int(_as_uint(seed, "seed", 64))
+
+
+def check_epoch(epoch):
+    """``epoch`` as an int after checking 0 <= epoch < 2**32 (ConfigError otherwise)."""
+    return int(_as_uint(epoch, "epoch", 32))
+
+
+def check_crop_config(scale, ratio):
+    """(scale_lo, scale_hi, ratio_lo, ratio_hi) as floats after checking
+    0 <= scale_lo <= scale_hi, 0 < scale_hi, 0 < ratio_lo <= ratio_hi, all finite."""
+    try:
+        s_lo, s_hi = (float(v) for v in scale)
+        r_lo, r_hi = (float(v) for v in ratio)
+    except (TypeError, ValueError):
+        raise ConfigError(f"scale and ratio must be pairs of numbers (lo, hi), got "
+                          f"scale={scale!r}, ratio={ratio!r}") from None
+    if not np.all(np.isfinite([s_lo, s_hi, r_lo, r_hi])):
+        raise ConfigError(f"scale and ratio must be finite, got scale={scale!r}, ratio={ratio!r}")
+    if not (0.0 <= s_lo <= s_hi and s_hi > 0.0):
+        raise ConfigError(f"scale must satisfy 0 <= lo <= hi and hi > 0 (fractions of the "
+                          f"image area), got {scale!r}")
+    if not (0.0 < r_lo <= r_hi):
+        raise ConfigError(f"ratio must satisfy 0 < lo <= hi (width/height), got {ratio!r}")
+    return s_lo, s_hi, r_lo, r_hi
+
+
+# --- Philox-4x32-10 --------------------------------------------------------------------------
+
+def philox4x32_10(counter, key):
+    """Philox-4x32-10 of ``counter`` (uint32, shape (..., 4)) under ``key`` (uint32, shape
+    (..., 2)); the leading shapes broadcast. Returns uint32, shape (..., 4)."""
+    counter = np.asarray(counter, dtype=np.uint64)
+    key = np.asarray(key, dtype=np.uint64)
+    if counter.shape[-1:] != (4,) or key.shape[-1:] != (2,):
+        raise ConfigError(f"counter needs shape (..., 4) and key (..., 2), got "
+                          f"{counter.shape} and {key.shape}")
+    c = _philox(*(counter[..., i] for i in range(4)), key[..., 0], key[..., 1])
+    return np.stack(np.broadcast_arrays(*c), axis=-1).astype(np.uint32)
+
+
+def _philox(c0, c1, c2, c3, k0, k1):
+    """Philox-4x32-10 on uint64 arrays holding 32-bit values (products of two 32-bit values
+    fit in uint64, so their high and low halves come out exactly). Arguments broadcast;
+    returns four new arrays of the broadcast shape."""
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (c0, c1, c2, c3, k0, k1)))
+    n = int(np.prod(shape))
+    c = [np.broadcast_to(np.asarray(a, np.uint64), shape).reshape(-1) for a in (c0, c1, c2, c3)]
+    k0 = np.broadcast_to(np.asarray(k0, np.uint64), shape).reshape(-1)
+    k1 = np.broadcast_to(np.asarray(k1, np.uint64), shape).reshape(-1)
+    out = [np.empty(n, np.uint64) for _ in range(4)]
+    # Chunks that stay in cache make the in-place loop below ~2x faster on large arrays.
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        _philox_inplace(*(a[lo:hi] for a in out), *(a[lo:hi] for a in c),
+                        k0[lo:hi], k1[lo:hi])
+    return tuple(a.reshape(shape) for a in out)
+
+
+_CHUNK = 1 << 14
+
+
+def _philox_inplace(c0, c1, c2, c3, i0, i1, i2, i3, k0, k1):
+    """Ten Philox rounds of counter (i0..i3) under key (k0, k1) into c0..c3 (same length)."""
+    c0[:] = i0
+    c1[:] = i1
+    c2[:] = i2
+    c3[:] = i3
+    p0 = np.empty_like(c0)
+    p1 = np.empty_like(c0)
+    k0 = k0.copy()
+    k1 = k1.copy()
+    for r in range(10):
+        if r:
+            k0 += _PHILOX_W0
+            k0 &= _M32
+            k1 += _PHILOX_W1
+            k1 &= _M32
+        np.multiply(c0, _PHILOX_M0, out=p0)
+        np.multiply(c2, _PHILOX_M1, out=p1)
+        np.right_shift(p1, _S32, out=c0)    # c0' = hi(M1 * c2) ^ c1 ^ k0
+        c0 ^= c1
+        c0 ^= k0
+        np.bitwise_and(p1, _M32, out=c1)    # c1' = lo(M1 * c2)
+        np.right_shift(p0, _S32, out=c2)    # c2' = hi(M0 * c0) ^ c3 ^ k1
+        c2 ^= c3
+        c2 ^= k1
+        np.bitwise_and(p0, _M32, out=c3)    # c3' = lo(M0 * c0)
+
+
+def _block(seed, epoch, index, stream, block):
+    """Words of one block per element, as four uint64 arrays of the broadcast shape (the
+    scheme in the module docstring); inputs are already-checked uint64 arrays or scalars."""
+    seed = np.asarray(seed, np.uint64)
+    index = np.asarray(index, np.uint64)
+    return _philox(index & _M32, index >> _S32, np.asarray(epoch, np.uint64),
+                   np.uint64((int(stream) << 16) | int(block)), seed & _M32, seed >> _S32)
+
+
+def _check_stream_block(stream, block):
+    if not (0 <= int(stream) < 1 << 16 and 0 <= int(block) < 1 << 16):
+        raise ConfigError(f"stream and block must be in [0, 65536), got {stream}, {block}")
+
+
+def random_words(seed, epoch, index, stream, block=0):
+    """The block's four uint32 words, shape broadcast(seed, epoch, index) + (4,)."""
+    _check_stream_block(stream, block)
+    w = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
+               _as_uint(index, "index", 64), stream, block)
+    return np.stack(w, axis=-1).astype(np.uint32)
+
+
+def random_u64(seed, epoch, index, stream, block=0):
+    """The block's two 64-bit words (w0, w1), uint64, shape broadcast(...) + (2,)."""
+    _check_stream_block(stream, block)
+    x0, x1, x2, x3 = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
+                            _as_uint(index, "index", 64), stream, block)
+    return np.stack(((x1 << _S32) | x0, (x3 << _S32) | x2), axis=-1)
+
+
+def _unit(lo, hi):
+    return (((hi << _S32) | lo) >> _S11).astype(np.float64) * _TWO_M53
+
+
+def uniforms(seed, epoch, index, stream, block=0):
+    """The block's two uniforms (u0, u1) in [0, 1), float64, shape broadcast(...) + (2,)."""
+    _check_stream_block(stream, block)
+    x0, x1, x2, x3 = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
+                            _as_uint(index, "index", 64), stream, block)
+    return np.stack((_unit(x0, x1), _unit(x2, x3)), axis=-1)
+
+
+# --- exp and log from + - * / only -----------------------------------------------------------
+
+def portable_exp(x):
+    """e**x (float64, elementwise) within ~1 ulp, the same bits as _rng.pxd's portable_exp."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        k = np.rint(x * _INV_LN2)
+        k = np.where(np.isfinite(k), k, 0.0)
+        r = (x - k * _LN2_HI) - k * _LN2_LO
+        p = np.full(x.shape, _EXP_COEF[0])
+        for c in _EXP_COEF[1:]:
+            p = p * r + c
+        y = np.ldexp(p, k.astype(np.int32))
+    y = np.where(x > _EXP_MAX, np.inf, np.where(x < _EXP_MIN, 0.0, y))
+    return np.where(np.isnan(x), x, y)
+
+
+def portable_log(x):
+    """Natural log (float64, elementwise) within ~1 ulp, the same bits as _rng.pxd's
+    portable_log: -inf for 0, nan for negative or nan, inf for inf."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        m, e = np.frexp(x)
+        low = m < _SQRT_HALF
+        m = np.where(low, m * 2.0, m)
+        e = (e - low).astype(np.float64)
+        f = m - 1.0
+        s = f / (2.0 + f)
+        z = s * s
+        q = np.full(x.shape, _LOG_COEF[0])
+        for c in _LOG_COEF[1:]:
+            q = q * z + c
+        y = e * _LN2_HI + (e * _LN2_LO + s * q)
+    y = np.where(x == np.inf, np.inf, y)
+    y = np.where(x == 0.0, -np.inf, y)
+    return np.where((x < 0.0) | np.isnan(x), np.nan, y)
+
+
+# --- augmentation parameters -----------------------------------------------------------------
+
+def _sample_args(seed, epoch, index):
+    return (_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
+            _as_uint(index, "index", 64))
+
+
+def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
+                        ratio=(3.0 / 4.0, 4.0 / 3.0), *, return_attempt=False):
+    """torchvision's ``RandomResizedCrop.get_params`` for sample ``index`` of ``epoch``.
+
+    ``height``, ``width``: the full-resolution image size in pixels (1 .. 2**31 - 1);
+    ``scale``: range of the crop's area as a fraction of the image area; ``ratio``: range of
+    the crop's width/height. All arguments broadcast against each other.
+
+    Returns ``(top, left, crop_height, crop_width)`` in full-resolution pixels — int64 arrays
+    of the broadcast shape, or Python ints if every input is a scalar — plus ``attempt``
+    (the accepted attempt 0..9, or -1 for the central-crop fallback) if ``return_attempt``.
+    """
+    s_lo, s_hi, r_lo, r_hi = check_crop_config(scale, ratio)
+    seed, epoch, index = _sample_args(seed, epoch, index)
+    height = np.asarray(height)
+    width = np.asarray(width)
+    if height.dtype.kind not in "iu" or width.dtype.kind not in "iu":
+        raise ConfigError(f"height and width must be integers, got {height.dtype} and {width.dtype}")
+    if height.size and (height.min() < 1 or height.max() >= 1 << 31):
+        raise ConfigError("height must be in [1, 2**31)")
+    if width.size and (width.min() < 1 or width.max() >= 1 << 31):
+        raise ConfigError("width must be in [1, 2**31)")
+    scalar = all(np.ndim(a) == 0 for a in (seed, epoch, index, height, width))
+    arrays = np.broadcast_arrays(seed, epoch, index, height, width)
+    shape = arrays[0].shape
+    seed, epoch, index, H, W = (a.reshape(-1) for a in arrays)
+    H = H.astype(np.int64)
+    W = W.astype(np.int64)
+
+    lr_lo, lr_hi = (float(v) for v in portable_log(np.array([r_lo, r_hi])))
+    area = (H * W).astype(np.float64)
+    Hf = H.astype(np.float64)
+    Wf = W.astype(np.float64)
+    n = H.size
+    top = np.zeros(n, np.int64)
+    left = np.zeros(n, np.int64)
+    h = np.zeros(n, np.int64)
+    w = np.zeros(n, np.int64)
+    attempt = np.full(n, -1, np.int32)
+
+    todo = np.arange(n)
+    for a in range(CROP_ATTEMPTS):
+        if not todo.size:
+            break
+        x0, x1, x2, x3 = _block(seed[todo], epoch[todo], index[todo], STREAM_CROP, a)
+        target = area[todo] * (s_lo + (s_hi - s_lo) * _unit(x0, x1))
+        aspect = portable_exp(lr_lo + (lr_hi - lr_lo) * _unit(x2, x3))
+        wf = np.rint(np.sqrt(target * aspect))      # half to even, as Python's round
+        hf = np.rint(np.sqrt(target / aspect))
+        ok = (wf > 0.0) & (wf <= Wf[todo]) & (hf > 0.0) & (hf <= Hf[todo])
+        done = todo[ok]
+        w[done] = wf[ok].astype(np.int64)
+        h[done] = hf[ok].astype(np.int64)
+        attempt[done] = a
+        todo = todo[~ok]
+
+    acc = np.flatnonzero(attempt >= 0)
+    if acc.size:
+        x0, x1, x2, x3 = _block(seed[acc], epoch[acc], index[acc], STREAM_CROP, CROP_ATTEMPTS)
+        span_h = H[acc] - h[acc]
+        span_w = W[acc] - w[acc]
+        t = np.floor(_unit(x0, x1) * (span_h + 1).astype(np.float64)).astype(np.int64)
+        l = np.floor(_unit(x2, x3) * (span_w + 1).astype(np.float64)).astype(np.int64)
+        top[acc] = np.minimum(t, span_h)
+        left[acc] = np.minimum(l, span_w)
+
+    fb = todo      # central crop with the aspect ratio clamped into ratio, as torchvision
+    if fb.size:
+        Hb, Wb = Hf[fb], Wf[fb]
+        in_ratio = Wb / Hb
+        narrow = in_ratio < r_lo
+        wide = ~narrow & (in_ratio > r_hi)
+        with np.errstate(over="ignore"):
+            hb = np.where(narrow, np.rint(Wb / r_lo), Hb)
+            wb = np.where(wide, np.rint(Hb * r_hi), Wb)
+        # Never an empty crop (torchvision can return one for extreme ratio bounds); the
+        # clamp happens in float64 so an infinite quotient never reaches the int conversion.
+        hb = np.minimum(np.maximum(hb, 1.0), Hb).astype(np.int64)
+        wb = np.minimum(np.maximum(wb, 1.0), Wb).astype(np.int64)
+        h[fb], w[fb] = hb, wb
+        top[fb] = (H[fb] - hb) // 2
+        left[fb] = (W[fb] - wb) // 2
+
+    out = (top, left, h, w) + ((attempt,) if return_attempt else ())
+    if scalar:
+        return tuple(int(v[0]) for v in out)
+    return tuple(v.reshape(shape) for v in out)
+
+
+def random_flip(seed, epoch, index, p=0.5):
+    """Whether sample ``index`` of ``epoch`` is flipped horizontally (probability ``p``), as
+    ``RandomHorizontalFlip(p)``: bool array of the broadcast shape, or a bool for scalars."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"flip probability must be in [0, 1], got {p}")
+    seed, epoch, index = _sample_args(seed, epoch, index)
+    x0, x1, _, _ = _block(seed, epoch, index, STREAM_FLIP, 0)
+    flip = _unit(x0, x1) < p
+    return bool(flip) if flip.ndim == 0 else flip

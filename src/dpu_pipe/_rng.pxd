@@ -1,0 +1,260 @@
+# The one random-number scheme of dpu_pipe, as inline C kernels other modules cimport:
+#
+#     from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop
+#
+# dpu_pipe/rng.py is the numpy twin of every function here and documents the scheme (how
+# seed, epoch, sample index and stream map to Philox key and counter). Both twins must give
+# bit-identical results on x86-64 and aarch64, which constrains the code below:
+#   * only IEEE-754 + - * / sqrt, rint, floor, frexp and ldexp on doubles: each is exactly
+#     rounded by the standard, so C, numpy and every libm agree;
+#   * no libm exp/log: glibc picks FMA or non-FMA variants at run time and they may differ in
+#     the last bit, so portable_exp/portable_log evaluate fixed polynomials instead;
+#   * every multiply-add is written as two operations and the build passes -ffp-contract=off,
+#     so GCC cannot fuse them into an FMA on aarch64 (it does by default);
+#   * polynomial coefficients are decimal literals that round-trip (Python repr), so the C
+#     compiler and Python parse them to the same double.
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.math cimport INFINITY, NAN, floor, frexp, isfinite, ldexp, rint, sqrt
+
+cdef enum:
+    # Stream ids (the top 16 bits of counter word 3); one per purpose so that purposes never
+    # share random numbers. New purposes take ids from RNG_STREAM_USER upwards and are
+    # recorded in dpu_pipe/rng.py.
+    RNG_STREAM_SHUFFLE = 0     # EpochSampler's permutation keys
+    RNG_STREAM_CROP = 1        # RandomResizedCrop: blocks 0..9 attempts, block 10 position
+    RNG_STREAM_FLIP = 2        # horizontal flip
+    RNG_STREAM_USER = 256
+    RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
+
+ctypedef struct CropConfig:
+    # Filled by crop_config_init; log_ratio_* are computed once, with portable_log.
+    double scale_lo
+    double scale_hi
+    double ratio_lo
+    double ratio_hi
+    double log_ratio_lo
+    double log_ratio_hi
+
+ctypedef struct CropBox:
+    # Crop in full-resolution pixels of the source image.
+    int64_t top
+    int64_t left
+    int64_t height
+    int64_t width
+    int32_t attempt            # accepted attempt 0..9, or -1 for the central-crop fallback
+
+
+# --- Philox-4x32-10 (Salmon et al., SC 2011) ---------------------------------------------
+
+cdef inline void philox4x32_10(const uint32_t* ctr, const uint32_t* key,
+                               uint32_t* out) noexcept nogil:
+    """out[0:4] = Philox-4x32-10(counter ctr[0:4], key key[0:2]); out may alias ctr."""
+    cdef uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3]
+    cdef uint32_t k0 = key[0], k1 = key[1]
+    cdef uint64_t p0, p1
+    cdef int r
+    for r in range(10):
+        if r:
+            k0 = k0 + <uint32_t>0x9E3779B9
+            k1 = k1 + <uint32_t>0xBB67AE85
+        p0 = <uint64_t>0xD2511F53 * c0
+        p1 = <uint64_t>0xCD9E8D57 * c2
+        c0 = <uint32_t>(p1 >> 32) ^ c1 ^ k0
+        c1 = <uint32_t>p1
+        c2 = <uint32_t>(p0 >> 32) ^ c3 ^ k1
+        c3 = <uint32_t>p0
+    out[0] = c0
+    out[1] = c1
+    out[2] = c2
+    out[3] = c3
+
+
+cdef inline void rng_block(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t stream,
+                           uint32_t block, uint32_t* out) noexcept nogil:
+    """The 4 words of block `block` of stream `stream` for one sample (scheme in rng.py).
+    stream and block must be < 2**16."""
+    cdef uint32_t key[2]
+    cdef uint32_t ctr[4]
+    key[0] = <uint32_t>seed
+    key[1] = <uint32_t>(seed >> 32)
+    ctr[0] = <uint32_t>index
+    ctr[1] = <uint32_t>(index >> 32)
+    ctr[2] = epoch
+    ctr[3] = (stream << 16) | (block & 0xFFFF)
+    philox4x32_10(ctr, key, out)
+
+
+cdef inline uint64_t rng_u64(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t stream,
+                             uint32_t block) noexcept nogil:
+    """First 64-bit word of a block: words 0 (low half) and 1 (high half)."""
+    cdef uint32_t w[4]
+    rng_block(seed, epoch, index, stream, block, w)
+    return <uint64_t>w[0] | (<uint64_t>w[1] << 32)
+
+
+cdef inline double rng_unit(uint32_t lo, uint32_t hi) noexcept nogil:
+    """Uniform double in [0, 1) from the top 53 bits of the 64-bit word hi:lo (exact)."""
+    return <double>(((<uint64_t>hi << 32) | lo) >> 11) * 1.1102230246251565e-16  # 2**-53
+
+
+cdef inline void rng_uniform2(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t stream,
+                              uint32_t block, double* u0, double* u1) noexcept nogil:
+    """Both uniforms of a block: u0 from words 0-1, u1 from words 2-3, each in [0, 1)."""
+    cdef uint32_t w[4]
+    rng_block(seed, epoch, index, stream, block, w)
+    u0[0] = rng_unit(w[0], w[1])
+    u1[0] = rng_unit(w[2], w[3])
+
+
+# --- exp and log from + - * / only ----------------------------------------------------------
+
+cdef inline double portable_exp(double x) noexcept nogil:
+    """e**x within ~1 ulp, bit-identical everywhere (not libm's exp)."""
+    cdef double k, r, p
+    if x != x:
+        return x
+    if x > 709.782712893384:     # log(DBL_MAX)
+        return INFINITY
+    if x < -745.2:               # below half the smallest subnormal
+        return 0.0
+    # x = k ln2 + r with |r| <= ln2/2; ln2_hi has 21 trailing zero bits, so k*ln2_hi is exact.
+    k = rint(x * 1.4426950408889634)
+    r = (x - k * 0.6931471803691238) - k * 1.9082149292705877e-10
+    # Taylor series to r**13/13!: truncation < 4e-18 for |r| <= 0.347.
+    p = 1.6059043836821613e-10
+    p = p * r + 2.08767569878681e-09
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.7557319223985893e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return ldexp(p, <int>k)
+
+
+cdef inline double portable_log(double x) noexcept nogil:
+    """Natural log within ~1 ulp, bit-identical everywhere (not libm's log); -inf for 0,
+    nan for negative or nan input, inf for inf."""
+    cdef double m, f, s, z, q, e
+    cdef int ei
+    if x == 0.0:
+        return -INFINITY
+    if not (x > 0.0):            # negative or nan
+        return NAN
+    if x == INFINITY:
+        return x
+    # x = m * 2**e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1).
+    m = frexp(x, &ei)
+    if m < 0.7071067811865476:
+        m = m * 2.0
+        ei = ei - 1
+    e = <double>ei
+    f = m - 1.0                  # exact (Sterbenz)
+    s = f / (2.0 + f)            # |s| <= 0.1716
+    z = s * s
+    # 2 atanh(s) = s (2 + 2/3 z + 2/5 z**2 + ...), truncated after z**10: error < 1e-18.
+    q = 0.09523809523809523
+    q = q * z + 0.10526315789473684
+    q = q * z + 0.11764705882352941
+    q = q * z + 0.13333333333333333
+    q = q * z + 0.15384615384615385
+    q = q * z + 0.18181818181818182
+    q = q * z + 0.2222222222222222
+    q = q * z + 0.2857142857142857
+    q = q * z + 0.4
+    q = q * z + 0.6666666666666666
+    q = q * z + 2.0
+    return e * 0.6931471803691238 + (e * 1.9082149292705877e-10 + s * q)
+
+
+# --- augmentation parameters ---------------------------------------------------------------
+
+cdef inline int crop_config_init(CropConfig* cfg, double scale_lo, double scale_hi,
+                                 double ratio_lo, double ratio_hi) noexcept nogil:
+    """Fill cfg for RandomResizedCrop(scale=(scale_lo, scale_hi), ratio=(ratio_lo, ratio_hi)).
+    Returns 0, or -1 unless 0 <= scale_lo <= scale_hi, 0 < scale_hi, 0 < ratio_lo <= ratio_hi,
+    all finite (rng.py's check gives the message)."""
+    if not (isfinite(scale_lo) and isfinite(scale_hi) and isfinite(ratio_lo)
+            and isfinite(ratio_hi)):
+        return -1
+    if not (0.0 <= scale_lo <= scale_hi and scale_hi > 0.0 and 0.0 < ratio_lo <= ratio_hi):
+        return -1
+    cfg.scale_lo = scale_lo
+    cfg.scale_hi = scale_hi
+    cfg.ratio_lo = ratio_lo
+    cfg.ratio_hi = ratio_hi
+    cfg.log_ratio_lo = portable_log(ratio_lo)
+    cfg.log_ratio_hi = portable_log(ratio_hi)
+    return 0
+
+
+cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32_t epoch,
+                                    uint64_t index, int64_t height, int64_t width,
+                                    CropBox* out) noexcept nogil:
+    """torchvision's RandomResizedCrop.get_params for an image of height x width pixels, with
+    randomness from stream RNG_STREAM_CROP of (seed, epoch, index). Returns 0, or -1 unless
+    1 <= height, width < 2**31."""
+    cdef double area, target, aspect, wf, hf, us, ur, ut, ul, in_ratio
+    cdef int64_t w, h
+    cdef int a
+    if height < 1 or width < 1 or height > 2147483647 or width > 2147483647:
+        return -1
+    area = <double>(height * width)
+    for a in range(RNG_CROP_ATTEMPTS):
+        rng_uniform2(seed, epoch, index, RNG_STREAM_CROP, <uint32_t>a, &us, &ur)
+        target = area * (cfg.scale_lo + (cfg.scale_hi - cfg.scale_lo) * us)
+        aspect = portable_exp(cfg.log_ratio_lo + (cfg.log_ratio_hi - cfg.log_ratio_lo) * ur)
+        wf = rint(sqrt(target * aspect))       # rint: round half to even, as Python's round
+        hf = rint(sqrt(target / aspect))
+        if 0.0 < wf <= <double>width and 0.0 < hf <= <double>height:
+            w = <int64_t>wf
+            h = <int64_t>hf
+            rng_uniform2(seed, epoch, index, RNG_STREAM_CROP, RNG_CROP_ATTEMPTS, &ut, &ul)
+            out.top = <int64_t>floor(ut * <double>(height - h + 1))
+            out.left = <int64_t>floor(ul * <double>(width - w + 1))
+            # u < 1 keeps floor(u * n) < n already; the clamp documents the bound.
+            if out.top > height - h:
+                out.top = height - h
+            if out.left > width - w:
+                out.left = width - w
+            out.height = h
+            out.width = w
+            out.attempt = a
+            return 0
+    # Central crop with the aspect ratio clamped into [ratio_lo, ratio_hi], as torchvision.
+    in_ratio = <double>width / <double>height
+    hf = <double>height
+    wf = <double>width
+    if in_ratio < cfg.ratio_lo:
+        hf = rint(<double>width / cfg.ratio_lo)
+    elif in_ratio > cfg.ratio_hi:
+        wf = rint(<double>height * cfg.ratio_hi)
+    # torchvision can return an empty crop here (ratio bounds far from 1 on a tiny image);
+    # one pixel is the nearest crop that can be resized. Clamping in double keeps an infinite
+    # quotient away from the int conversion.
+    hf = min(max(hf, 1.0), <double>height)
+    wf = min(max(wf, 1.0), <double>width)
+    h = <int64_t>hf
+    w = <int64_t>wf
+    out.top = (height - h) // 2
+    out.left = (width - w) // 2
+    out.height = h
+    out.width = w
+    out.attempt = -1
+    return 0
+
+
+cdef inline int random_flip(uint64_t seed, uint32_t epoch, uint64_t index,
+                            double p) noexcept nogil:
+    """1 if the sample is flipped horizontally (probability p), else 0: u < p with u the first
+    uniform of stream RNG_STREAM_FLIP, as torchvision's `torch.rand(1) < p`."""
+    cdef double u0, u1
+    rng_uniform2(seed, epoch, index, RNG_STREAM_FLIP, 0, &u0, &u1)
+    return 1 if u0 < p else 0
