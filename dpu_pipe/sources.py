@@ -208,11 +208,18 @@ class ImageFolder(_FileSource):
         return {"root": self._root}
 
 
+def _check_label_range(value, where):
+    if not -2**63 <= value < 2**63:
+        raise ConfigError(f"{where}: label {value} does not fit in int64")
+    return value
+
+
 def _parse_label(text, where):
     try:
-        return int(text.strip(), 10)
+        value = int(text.strip(), 10)
     except ValueError:
         raise ConfigError(f"{where}: label {text.strip()!r} is not an integer") from None
+    return _check_label_range(value, where)
 
 
 def _as_label(value, where):
@@ -220,7 +227,7 @@ def _as_label(value, where):
     if isinstance(value, str):
         return _parse_label(value, where)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
+        return _check_label_range(int(value), where)
     raise ConfigError(f"{where}: label {value!r} is not an integer")
 
 
@@ -247,9 +254,10 @@ def _parse_line(line, where):
 class FileList(_FileSource):
     """Samples listed as ``(path, label)`` pairs, from a list file or from rows.
 
-    ``path_or_rows`` is either the path of a text file, one sample per line as ``path,label``
-    (CSV, quotes allowed) or ``path label`` (whitespace; the label is the last field, so
-    paths may contain spaces), or an iterable of ``(path, label)`` pairs. Blank lines and
+    ``path_or_rows`` is either the path of a UTF-8 text file, one sample per line as
+    ``path,label`` (a line with a comma is read as CSV, so quote a path that contains one) or
+    ``path label`` (whitespace; the label is the last field, so paths may contain spaces), or
+    an iterable of ``(path, label)`` pairs. Blank lines and
     lines starting with ``#`` are skipped, as is a first line ``path,label`` style header
     whose label field is not a number but a word like ``label``. Relative paths are resolved
     against ``root``, by default the list file's directory (or the working directory, for
@@ -273,7 +281,7 @@ class FileList(_FileSource):
             for n, row in enumerate(path_or_rows):
                 try:
                     path, label = row
-                    path = os.fspath(path)
+                    path = os.fsdecode(path)
                 except (TypeError, ValueError):
                     raise ConfigError(f"FileList row {n}: expected a (path, label) pair, "
                                       f"got {row!r}") from None
@@ -283,10 +291,10 @@ class FileList(_FileSource):
         if not rows:
             where = self._list_path or "the given rows"
             raise ConfigError(f"FileList is empty: no samples in {where}")
+        # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
         self._root = os.path.abspath(os.fspath(root)) if root is not None else base
         self._relpaths = [p for p, _ in rows]
         self._labels = _frozen([lab for _, lab in rows])
-        # Paths that were absolute stay absolute: os.path.join(root, abs) == abs.
 
     @staticmethod
     def _read_list(list_path):

@@ -177,6 +177,12 @@ def test_file_list_rows(listed, monkeypatch):
         FileList([("a.jpg", 1), ("b.jpg", True)])
     with pytest.raises(ConfigError, match="row 0: label 1.5"):
         FileList([("a.jpg", 1.5)])
+    with pytest.raises(ConfigError, match="row 0: label 36893488147419103232 does not fit"):
+        FileList([("a.jpg", 2**65)])
+    with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
+        FileList([(3, 1)])
+    with pytest.raises(ConfigError, match="row 0: label 1.5"):
+        FileList([("a.jpg", 1.5)])
     with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
         FileList(["a.jpg"])
     with pytest.raises(ConfigError, match="empty"):
@@ -190,6 +196,7 @@ def test_file_list_rows(listed, monkeypatch):
     ("a.jpg\n", r"line 1: expected 'path label'"),
     (" ,4\n", r"line 1: empty path"),
     ("# only a comment\n", r"empty"),
+    ("a.jpg 99999999999999999999\n", r"line 1: label 99999999999999999999 does not fit"),
 ])
 def test_file_list_errors_name_the_line(tmp_path, text, match):
     lst = tmp_path / "list.txt"
