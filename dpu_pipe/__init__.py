@@ -3,11 +3,18 @@ host or offloaded to DPU cores that ship ready batches into the host's memory ov
 
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .build_info import build_info
+from .packed import pack
+from .sources import FileList, ImageFolder, PackedSource, open_source
 
 __version__ = "0.1.0"
 
 __all__ = [
     "build_info",
+    "FileList",
+    "ImageFolder",
+    "open_source",
+    "pack",
+    "PackedSource",
     "ConfigError",
     "DecodeError",
     "DpuPipeError",
