@@ -5,6 +5,7 @@ Environment switches (read once, here):
   DPU_PIPE_MARCH=...   value for -march (e.g. "native" for a local build, "armv8-a" for DPUs);
                        unset gives the compiler's portable baseline, as wheels need.
   DPU_PIPE_MTUNE=...   value for -mtune (e.g. "cortex-a72").
+  DPU_PIPE_OPENMP=0    build without OpenMP (batches then run on one thread; build_info says so).
   JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
 """
 import glob
@@ -23,6 +24,7 @@ except ImportError:  # pragma: no cover - pyproject's build-system lists Cython
 DEBUG = os.environ.get("DPU_PIPE_DEBUG", "") not in ("", "0")
 MARCH = os.environ.get("DPU_PIPE_MARCH", "")
 MTUNE = os.environ.get("DPU_PIPE_MTUNE", "")
+OPENMP = os.environ.get("DPU_PIPE_OPENMP", "1") not in ("", "0")
 
 
 def _pkg_config(*args):
@@ -62,6 +64,8 @@ def compile_args():
         args.append(f"-march={MARCH}")
     if MTUNE:
         args.append(f"-mtune={MTUNE}")
+    if OPENMP:
+        args.append("-fopenmp")
     return args
 
 
@@ -79,6 +83,7 @@ common = dict(
     include_dirs=inc,
     library_dirs=libdirs,
     extra_compile_args=compile_args(),
+    extra_link_args=["-fopenmp"] if OPENMP else [],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("DPU_PIPE_MARCH", '"%s"' % (MARCH or "default")),
                    ("DPU_PIPE_DEBUG", str(int(DEBUG)))],

@@ -1,0 +1,96 @@
+"""The batch kernel: N encoded images → one (N, C, H, W) (or (N, H, W, C)) batch.
+
+Each sample's crop and flip come from the counter-based RNG keyed by (seed, epoch, sample
+index) (see :mod:`dpu_pipe.rng`), so a sample's output depends only on its bytes, its index,
+the epoch, the seed and the :class:`~dpu_pipe.transforms.TransformConfig` — not on the batch it
+is in, its position, or the number of threads.
+"""
+
+import numpy as np
+
+from . import _jpeg, _pipeline
+from .errors import ConfigError, DecodeError
+from .transforms import TransformConfig
+
+__all__ = ["BatchProcessor", "SampleInfo"]
+
+STATUS_NAMES = {0: "ok", -1: "decode error", -2: "budget exceeded", -3: "bad region",
+                -4: "out of memory", -10: "resampling error"}
+
+#: Columns of the ``info`` array returned by :meth:`BatchProcessor.run`.
+SampleInfo = ("status", "top", "left", "height", "width", "flip", "scale")
+
+
+class BatchProcessor:
+    """Decode and augment batches with one transform on ``num_threads`` threads.
+
+    Parameters
+    ----------
+    config : TransformConfig or dict
+        The transform (train or val, size, output dtype and layout, ...).
+    num_threads : int
+        OpenMP threads sharing each batch (the GIL is released for the whole batch).
+    """
+
+    def __init__(self, config=None, num_threads=1):
+        if config is None:
+            config = TransformConfig()
+        elif isinstance(config, dict):
+            config = TransformConfig.from_dict(config)
+        elif not isinstance(config, TransformConfig):
+            raise ConfigError(f"config must be a TransformConfig, got {type(config).__name__}")
+        if int(num_threads) < 1:
+            raise ConfigError(f"num_threads must be >= 1, got {num_threads!r}")
+        self.config = config
+        self.num_threads = int(num_threads)
+        self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
+
+    @property
+    def sample_shape(self):
+        return self.config.sample_shape
+
+    def empty(self, n):
+        """An uninitialised output batch for n samples."""
+        return np.empty((n,) + self.config.sample_shape, dtype=self.config.np_dtype)
+
+    def run(self, buffers, indices, *, epoch=0, seed=0, out=None):
+        """Process ``buffers[i]`` as sample ``indices[i]`` of ``epoch``.
+
+        Parameters
+        ----------
+        buffers : sequence of bytes-like, or ``_jpeg.BufferList``
+        indices : int array (N,)
+            Sample indices in the dataset: they key the random crop and flip.
+        epoch, seed : int
+        out : array (N, *sample_shape) of the configured dtype, optional
+
+        Returns
+        -------
+        (out, info, errors): ``info`` is int32 (N, 7) with the columns of :data:`SampleInfo`
+        (crop box in full-resolution pixels, flip, DCT scale in eighths); ``errors`` maps the
+        batch position of each failed sample to a :class:`DecodeError` (``index`` = its sample
+        index). A failed sample's slot in ``out`` holds no meaningful data.
+        """
+        bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
+            _jpeg.BufferList.from_buffers(buffers)
+        n = len(bufs)
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        if idx.shape != (n,):
+            raise ConfigError(f"indices must have shape ({n},), got {idx.shape}")
+        if n and idx.min() < 0:
+            raise ConfigError("sample indices must be non-negative")
+        if not 0 <= int(epoch) < 2**32 or not 0 <= int(seed) < 2**64:
+            raise ConfigError("epoch must fit in 32 bits and seed in 64 bits, unsigned")
+        if out is None:
+            out = self.empty(n)
+        elif not (isinstance(out, np.ndarray) and out.dtype == self.config.np_dtype
+                  and out.shape == (n,) + self.config.sample_shape
+                  and out.flags.c_contiguous and out.flags.writeable):
+            raise ConfigError(f"out must be a writable C-contiguous {self.config.dtype} array "
+                              f"of shape {(n,) + self.config.sample_shape}")
+        info = np.zeros((n, len(SampleInfo)), dtype=np.int32)
+        messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
+        errors = {i: DecodeError(f"{msg} [{STATUS_NAMES.get(int(info[i, 0]), 'error')}]",
+                                 index=int(idx[i]))
+                  for i, msg in messages.items()}
+        return out, info, errors

@@ -1,0 +1,236 @@
+# The fused per-batch kernel: for each sample, header → augmentation parameters from the
+# counter-based RNG → region decode at the best DCT scale → one resampling/flip/normalize/layout
+# pass written straight into the caller's batch buffer. The GIL is released for the whole
+# batch; samples are spread over OpenMP threads, each with its own decoder and workspace, and
+# a sample's result depends only on (seed, epoch, index, bytes, config), never on the thread.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport strncpy
+from libc.math cimport floor, ceil
+from cython.parallel cimport parallel, prange, threadid
+
+from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, DP_EREGION,
+                             DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
+                             dec_decode, choose_scale, scale_region)
+from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
+                            OPS_FLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
+                            ops_output_init, ops_resize_crop, ops_center_crop_box)
+from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
+
+import numpy as np
+
+cdef enum:
+    MSG_LEN = 200
+    # Columns of the per-sample info array filled by Pipeline.run.
+    INFO_STATUS = 0      # 0, or a negative code (see STATUS_NAMES)
+    INFO_TOP = 1         # crop box in full-resolution pixels (train: integers; val: floored)
+    INFO_LEFT = 2
+    INFO_HEIGHT = 3
+    INFO_WIDTH = 4
+    INFO_FLIP = 5
+    INFO_SCALE = 6       # DCT scale used, in eighths
+    INFO_COLS = 7
+
+cdef enum:
+    ST_OPS = -10         # the resampling kernel refused the box (never expected for valid data)
+
+
+cdef struct Worker:      # everything one thread owns
+    Decoder dec
+    OpsWorkspace ws
+    uint8_t* img         # decoded region, grown on demand
+    size_t img_cap
+    int ready
+
+
+cdef struct BatchConfig:
+    int train
+    int oh
+    int ow
+    int resize
+    double flip_p
+    CropConfig crop
+    OpsOutput output
+    DecodeOptions dopts
+
+
+cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
+                  uint64_t seed, uint32_t epoch, uint64_t index, char* out,
+                  int32_t* info, char* message) noexcept nogil:
+    cdef CropBox cb
+    cdef Region r
+    cdef double box[4]
+    cdef double f, y0, x0, bh, bw
+    cdef int64_t top, left, bottom, right, margin
+    cdef int scale, rc, flip = 0
+    cdef size_t need
+    cdef uint8_t* grown
+    rc = dec_read_header(&w.dec, data, size)
+    if rc != DP_OK:
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+        return rc
+    cdef int H = w.dec.info.height
+    cdef int W = w.dec.info.width
+    if cfg.train:
+        random_resized_crop(&cfg.crop, seed, epoch, index, H, W, &cb)
+        flip = random_flip(seed, epoch, index, cfg.flip_p)
+        y0, x0, bh, bw = cb.top, cb.left, cb.height, cb.width
+        top, left, bottom, right = cb.top, cb.left, cb.top + cb.height, cb.left + cb.width
+    else:
+        if ops_center_crop_box(H, W, cfg.oh, cfg.ow, cfg.resize, box) != OPS_OK:
+            strncpy(message, b"image too small for the validation crop", MSG_LEN - 1)
+            return DP_EREGION
+        y0, x0, bh, bw = box[0], box[1], box[2], box[3]
+        # Validation resizes the whole image and then crops: the filter may read up to its
+        # support (the downscale factor) beyond the box, so decode that much more.
+        margin = <int64_t>ceil(bh / cfg.oh if bh / cfg.oh > bw / cfg.ow else bw / cfg.ow) + 1
+        top = <int64_t>floor(y0) - margin
+        left = <int64_t>floor(x0) - margin
+        bottom = <int64_t>ceil(y0 + bh) + margin
+        right = <int64_t>ceil(x0 + bw) + margin
+        top = top if top > 0 else 0
+        left = left if left > 0 else 0
+        bottom = bottom if bottom < H else H
+        right = right if right < W else W
+    info[INFO_TOP] = <int32_t>floor(y0)
+    info[INFO_LEFT] = <int32_t>floor(x0)
+    info[INFO_HEIGHT] = <int32_t>floor(bh)
+    info[INFO_WIDTH] = <int32_t>floor(bw)
+    info[INFO_FLIP] = flip
+
+    scale = choose_scale(<int64_t>floor(bh), <int64_t>floor(bw), cfg.oh, cfg.ow)
+    info[INFO_SCALE] = scale
+    rc = scale_region(&w.dec.info, scale, top, left, bottom - top, right - left, &r)
+    if rc != DP_OK:
+        strncpy(message, b"crop box outside the image", MSG_LEN - 1)
+        return rc
+    need = <size_t>r.height * r.width * 3
+    if need > w.img_cap:
+        grown = <uint8_t*>realloc(w.img, need)
+        if grown == NULL:
+            strncpy(message, b"out of memory for the decoded region", MSG_LEN - 1)
+            return DP_ENOMEM
+        w.img = grown
+        w.img_cap = need
+    rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
+    if rc != DP_OK:
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+        return rc
+    f = scale / 8.0
+    rc = ops_resize_crop(&w.ws, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
+                         y0 * f - r.top, x0 * f - r.left, bh * f, bw * f,
+                         cfg.oh, cfg.ow, flip, &cfg.output, out)
+    if rc != OPS_OK:
+        strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
+        return ST_OPS
+    return DP_OK
+
+
+cdef class Pipeline:
+    """Decode + augment batches with a fixed transform and thread count.
+
+    ``config`` is ``TransformConfig.to_dict()``; ``num_threads`` OpenMP threads share each
+    batch. Per-thread decoders and workspaces persist across batches, so a steady stream does
+    not allocate. One Pipeline must not run two batches at once (each call releases the GIL,
+    so give each Python thread its own Pipeline).
+    """
+    cdef BatchConfig cfg
+    cdef Worker* workers
+    cdef int nthreads
+    cdef readonly tuple sample_shape
+    cdef readonly object dtype
+
+    def __cinit__(self, dict config, int num_threads=1):
+        cdef double mean[3]
+        cdef double std[3]
+        cdef int c, dtype, layout
+        self.workers = NULL
+        if num_threads < 1:
+            raise ValueError("num_threads must be >= 1")
+        self.nthreads = num_threads
+        oh, ow = config["size"]
+        self.cfg.train = bool(config["train"])
+        self.cfg.oh = oh
+        self.cfg.ow = ow
+        self.cfg.resize = config["resize"]
+        self.cfg.flip_p = config["flip_p"]
+        if crop_config_init(&self.cfg.crop, config["scale"][0], config["scale"][1],
+                            config["ratio"][0], config["ratio"][1]) != 0:
+            raise ValueError("invalid scale/ratio for RandomResizedCrop")
+        for c in range(3):
+            mean[c] = config["mean"][c]
+            std[c] = config["std"][c]
+        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}[config["dtype"]]
+        layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[config["layout"]]
+        if ops_output_init(&self.cfg.output, dtype, layout, mean, std) != OPS_OK:
+            raise ValueError("invalid output settings (dtype, layout, mean, std)")
+        self.cfg.dopts.fast = bool(config["fast"])
+        self.cfg.dopts.strict = bool(config.get("strict", False))
+        self.cfg.dopts.max_pixels = config["max_pixels"]
+        self.cfg.dopts.max_scans = config.get("max_scans", 1000)
+        self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
+        self.dtype = np.dtype(config["dtype"])
+        self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
+        if self.workers == NULL:
+            raise MemoryError()
+        for c in range(num_threads):
+            if dec_init(&self.workers[c].dec, &self.cfg.dopts) != DP_OK:
+                raise MemoryError("cannot create a JPEG decoder")
+            ops_ws_init(&self.workers[c].ws)
+            self.workers[c].ready = 1
+
+    def __dealloc__(self):
+        cdef int c
+        if self.workers != NULL:
+            for c in range(self.nthreads):
+                if self.workers[c].ready:
+                    dec_free(&self.workers[c].dec)
+                    ops_ws_free(&self.workers[c].ws)
+                    free(self.workers[c].img)
+            free(self.workers)
+
+    @property
+    def num_threads(self):
+        return self.nthreads
+
+    def run(self, BufferList buffers, const int64_t[::1] indices, uint64_t seed,
+            uint32_t epoch, out, int32_t[:, ::1] info):
+        """Process buffers[i] as sample indices[i] of `epoch` into out[i].
+
+        out: C-contiguous array (N, *sample_shape) of the configured dtype.
+        info: int32 (N, 7) receiving status, crop top/left/height/width, flip, DCT scale.
+        Returns {i: message} for the samples that failed (their out[i] is left unspecified).
+        """
+        cdef Py_ssize_t n = buffers.n, i
+        cdef char* base
+        cdef char* messages
+        cdef Py_ssize_t stride
+        cdef int tid
+        if indices.shape[0] != n or info.shape[0] != n or info.shape[1] != INFO_COLS:
+            raise ValueError(f"indices ({indices.shape[0]}) and info ({info.shape[0]}, "
+                             f"{info.shape[1]}) must match the {n} buffers; info has "
+                             f"{INFO_COLS} columns")
+        if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
+                and out.shape[1:] == self.sample_shape and out.shape[0] >= n
+                and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"out must be a writable C-contiguous {self.dtype} array of "
+                             f"shape ({n}, {', '.join(map(str, self.sample_shape))})")
+        cdef uint8_t[::1] flat = out.reshape(-1).view(np.uint8) if out.size else \
+            np.empty(1, np.uint8)
+        base = <char*>&flat[0]
+        stride = out.strides[0] if out.ndim else 0
+        messages = <char*>calloc(max(n, 1), MSG_LEN)
+        if messages == NULL:
+            raise MemoryError()
+        try:
+            with nogil, parallel(num_threads=self.nthreads):
+                tid = threadid()
+                for i in prange(n, schedule="dynamic", chunksize=1):
+                    info[i, INFO_STATUS] = _process(
+                        &self.workers[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
+                        seed, epoch, <uint64_t>indices[i], base + i * stride, &info[i, 0],
+                        messages + i * MSG_LEN)
+            return {i: messages[i * MSG_LEN:(i + 1) * MSG_LEN].split(b"\0", 1)[0]
+                    .decode("utf-8", "replace") for i in range(n) if info[i, INFO_STATUS] != 0}
+        finally:
+            free(messages)
