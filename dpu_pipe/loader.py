@@ -1,0 +1,302 @@
+"""The local Loader: batches produced ahead by a background thread on this host.
+
+It is also the fallback of the offloaded modes, and the reference stream they reproduce.
+"""
+
+import queue
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from .rng import check_epoch
+from .errors import ConfigError, DecodeError, PipeTimeout, ProducerError
+from .steps import StepProducer
+from .transforms import TransformConfig
+
+__all__ = ["Loader"]
+
+STATE_VERSION = 1
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("output='torch' needs PyTorch: pip install torch") from None
+    return torch
+
+
+class _BaseLoader:
+    """What every loader shares: arguments, position in the stream, state_dict, output."""
+
+    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=True,
+                 drop_last=True, dtype="float32", layout="CHW", num_threads=1, prefetch=2,
+                 on_error="raise", rank=0, world_size=1, output="numpy", copy=False,
+                 timeout=300.0, **transform_options):
+        self.transform = TransformConfig(train=train, size=size, dtype=dtype, layout=layout,
+                                         **transform_options)
+        if output not in ("numpy", "torch"):
+            raise ConfigError(f"output must be 'numpy' or 'torch', got {output!r}")
+        if output == "torch":
+            _torch()
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigError(f"prefetch must be an integer >= 1, got {prefetch!r}")
+        if not timeout or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.source = source
+        self.output = output
+        self.copy = bool(copy)
+        self.prefetch = prefetch
+        self.timeout = float(timeout)
+        self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
+                                     shuffle=shuffle, rank=rank, world_size=world_size,
+                                     drop_last=drop_last, num_threads=num_threads,
+                                     on_error=on_error)
+        self.batch_size = self.producer.batch_size
+        self.num_threads = num_threads
+        self._epoch = 0
+        self._step = 0            # batches of self._epoch already yielded
+        self._wait_s = 0.0
+
+    # --- position in the stream ---------------------------------------------------------
+
+    def __len__(self):
+        """Batches per epoch on this rank."""
+        return self.producer.num_batches
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    def set_epoch(self, epoch):
+        """Start epoch ``epoch`` at its first batch on the next iteration.
+
+        Iterating continues where the loader stands: after a complete epoch it moves to the
+        next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
+        continues with its next batch. ``set_epoch`` is needed only to jump elsewhere.
+        """
+        epoch = check_epoch(epoch)
+        self._close_run()
+        self._epoch = epoch
+        self._step = 0
+
+    def state_dict(self):
+        """Position in the stream: restoring it (in this or a new process, with the same
+        dataset and arguments) makes the remaining stream bit-identical to an uninterrupted
+        run."""
+        p = self.producer
+        return {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step,
+                "seed": p.seed, "num_samples": len(p.source), "batch_size": self.batch_size,
+                "rank": p.sampler.rank, "world_size": p.sampler.world_size,
+                "drop_last": p.drop_last, "shuffle": p.sampler.shuffle}
+
+    def load_state_dict(self, state):
+        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
+        mine = self.state_dict()
+        for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
+                    "shuffle"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(
+                    f"state was saved with {key}={state.get(key)!r} but this loader has "
+                    f"{key}={mine[key]!r}; build the loader with the same dataset and "
+                    f"arguments to resume")
+        step = int(state["step"])
+        if not 0 <= step <= len(self):
+            raise ConfigError(f"state step {step} outside 0..{len(self)}")
+        self._close_run()
+        self._epoch = int(state["epoch"])
+        self._step = step
+
+    @property
+    def bad_samples(self):
+        """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
+        return dict(self.producer.bad_samples)
+
+    def stats(self):
+        """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
+        batches in the consumer; batches and samples produced."""
+        d = dict(self.producer.timings)
+        d["wait_s"] = self._wait_s
+        return d
+
+    def _emit(self, images, labels):
+        if self.copy:
+            images, labels = images.copy(), labels.copy()
+        if self.output == "torch":
+            torch = _torch()
+            return torch.from_numpy(images), torch.from_numpy(labels)
+        return images, labels
+
+    def _advance(self):
+        self._step += 1
+
+    def _epoch_done(self):
+        self._epoch += 1
+        self._step = 0
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def _close_run(self):
+        pass
+
+    def close(self):
+        """Stop background work and release buffers. Idempotent."""
+        self._close_run()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Loader(_BaseLoader):
+    """Iterable of ``(images, labels)`` batches decoded and augmented on this host.
+
+    Parameters
+    ----------
+    source : ImageFolder, FileList or PackedSource
+    batch_size : int
+    train : bool
+        RandomResizedCrop + flip (True) or resize + center crop (False).
+    size : int or (height, width)
+        Output size in pixels.
+    seed : int
+        Keys the epoch permutation and every sample's augmentation.
+    shuffle, drop_last, rank, world_size
+        Sharding and batching as :class:`dpu_pipe.sampler.EpochSampler`; ``drop_last`` also
+        drops the last partial batch (kept, shorter, when False).
+    dtype : "float32", "float16" or "uint8"; layout : "CHW" or "HWC"
+        Batches are (B, 3, H, W) or (B, H, W, 3); float outputs are normalized by mean/std.
+    num_threads : int
+        Threads decoding each batch.
+    prefetch : int
+        Batches produced ahead. Memory is bounded by ``(prefetch + 1) × batch bytes``: one
+        buffer per batch in flight plus the one the caller holds.
+    on_error : "raise" or "skip"
+        See :class:`dpu_pipe.steps.StepProducer`.
+    output : "numpy" or "torch"
+        torch tensors share memory with the loader's buffers (``torch.from_numpy``).
+    copy : bool
+        Yield copies. Without it, **a yielded batch stays valid only until the next one is
+        requested**: its buffer is then reused.
+    timeout : float
+        Seconds the consumer waits for one batch before raising :class:`PipeTimeout`.
+    **transform_options
+        More :class:`~dpu_pipe.transforms.TransformConfig` fields: ``scale``, ``ratio``,
+        ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``.
+    """
+
+    def __init__(self, source, batch_size, **kwargs):
+        super().__init__(source, batch_size, **kwargs)
+        shape = self.producer.batch_shape
+        nslots = self.prefetch + 1
+        self._images = [np.empty(shape, dtype=self.transform.np_dtype) for _ in range(nslots)]
+        self._labels = [np.empty(self.batch_size, dtype=np.int64) for _ in range(nslots)]
+        self._run = None
+
+    def __iter__(self):
+        self._close_run()
+        if self._step >= len(self):
+            self._epoch_done()
+        self._run = _Run(self, self._epoch, self._step)
+        return self._run
+
+    def _close_run(self):
+        run = getattr(self, "_run", None)
+        if run is not None:
+            run.close()
+            self._run = None
+
+
+class _Run:
+    """One pass over the rest of an epoch: a producer thread filling free slots in order."""
+
+    def __init__(self, loader, epoch, start):
+        self.loader = loader
+        self.epoch = epoch
+        self.next_step = start
+        self.end = len(loader)
+        self.free = queue.Queue()
+        self.ready = queue.Queue()
+        self.stop = threading.Event()
+        self.held = None
+        for k in range(len(loader._images)):
+            self.free.put(k)
+        self.thread = threading.Thread(target=self._produce, name="dpu_pipe-loader",
+                                       daemon=True)
+        self.thread.start()
+
+    def _produce(self):
+        step = self.next_step
+        try:
+            for step in range(self.next_step, self.end):
+                while True:
+                    if self.stop.is_set():
+                        return
+                    try:
+                        slot = self.free.get(timeout=0.1)
+                        break
+                    except queue.Empty:
+                        continue
+                images, labels = self.loader._images[slot], self.loader._labels[slot]
+                n = self.loader.producer.produce(self.epoch, step, images, labels)
+                self.ready.put((step, slot, n, None))
+        except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
+            self.ready.put((step, None, 0, exc))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        loader = self.loader
+        if self.held is not None:
+            self.free.put(self.held)
+            self.held = None
+        if self.next_step >= self.end:
+            self.close()
+            if loader._run is self:
+                loader._run = None
+                loader._epoch_done()
+            raise StopIteration
+        t0 = time.perf_counter()
+        deadline = t0 + loader.timeout
+        while True:
+            try:
+                step, slot, n, exc = self.ready.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise ProducerError("the loader's producer thread ended without a batch",
+                                        producer="loader thread") from None
+                if time.perf_counter() > deadline:
+                    raise PipeTimeout(f"no batch within {loader.timeout:.0f} s (epoch "
+                                      f"{self.epoch}, step {self.next_step})") from None
+        loader._wait_s += time.perf_counter() - t0
+        if exc is not None:
+            self.close()
+            if isinstance(exc, DecodeError):
+                raise exc  # keeps the producer thread's traceback
+            raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
+                                remote_traceback="".join(traceback.format_exception(exc))) \
+                from exc
+        self.held = slot
+        self.next_step = step + 1
+        loader._advance()
+        return loader._emit(loader._images[slot][:n], loader._labels[slot][:n])
+
+    def close(self):
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            # The producer notices the stop flag once the batch it is making is done.
+            self.thread.join(timeout=self.loader.timeout)

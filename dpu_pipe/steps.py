@@ -1,0 +1,162 @@
+"""Producing step ``s`` of epoch ``e``: which samples, their bytes, the batch kernel, and what
+happens to samples that cannot be decoded. Local loader threads and DPU producer ranks run
+the same code, so the stream is the same whoever makes it.
+"""
+
+import logging
+import time
+
+import numpy as np
+
+from . import _jpeg
+from .batch import BatchProcessor
+from .errors import ConfigError, DecodeError
+from .sampler import EpochSampler
+
+__all__ = ["StepProducer", "ON_ERROR"]
+
+log = logging.getLogger("dpu_pipe")
+
+ON_ERROR = ("raise", "skip")
+
+
+class StepProducer:
+    """Makes the batches of one rank's shard.
+
+    Parameters
+    ----------
+    source : a dpu_pipe source (``ImageFolder``, ``FileList``, ``PackedSource``)
+    batch_size : int
+    transform : TransformConfig
+    seed, shuffle, rank, world_size, drop_last : as :class:`~dpu_pipe.sampler.EpochSampler`;
+        ``drop_last`` also drops the last partial batch.
+    num_threads : int
+        Threads of the batch kernel.
+    on_error : "raise" or "skip"
+        ``"raise"``: the first undecodable sample of a batch raises :class:`DecodeError` naming
+        its index and file. ``"skip"``: it is replaced by the next sample of the shard's
+        reading order that decodes (wrapping around; the replacement keeps its own index,
+        crop and label), so the batch keeps its size and the choice is the same on every run;
+        the bad sample is recorded in :attr:`bad_samples` and logged once.
+    """
+
+    def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
+                 world_size=1, drop_last=True, num_threads=1, on_error="raise"):
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.source = source
+        self.batch_size = int(batch_size)
+        self.on_error = on_error
+        self.drop_last = bool(drop_last)
+        self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,
+                                    world_size=world_size, drop_last=drop_last)
+        self.seed = self.sampler.seed
+        self.kernel = BatchProcessor(transform, num_threads)
+        self.transform = self.kernel.config
+        self.num_batches = self.sampler.num_batches(self.batch_size, self.drop_last)
+        if self.num_batches == 0:
+            raise ConfigError(
+                f"no batches: {len(self.sampler)} samples per rank and batch_size="
+                f"{self.batch_size} with drop_last=True; lower batch_size or set "
+                f"drop_last=False")
+        self.labels = np.asarray(source.labels, dtype=np.int64)
+        raw = getattr(source, "raw", None)
+        self._packed = None
+        if raw is not None:
+            buf, offsets, lengths = raw()
+            self._packed = (buf, np.asarray(offsets).view(np.int64),
+                            np.asarray(lengths).astype(np.int64))
+        #: {sample index: error message} of the samples found undecodable (skip mode).
+        self.bad_samples = {}
+        #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
+        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0}
+
+    @property
+    def batch_shape(self):
+        return (self.batch_size,) + self.transform.sample_shape
+
+    def step_indices(self, epoch, step):
+        """Sample indices of batch ``step`` of ``epoch``: int64 (n,), n <= batch_size."""
+        return self.sampler.batch(epoch, step, self.batch_size, self.drop_last)
+
+    def _buffers(self, indices):
+        """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
+        if self._packed is not None:
+            buf, offsets, lengths = self._packed
+            return _jpeg.BufferList.from_packed(buf, offsets[indices], lengths[indices]), {}
+        datas, errors = [], {}
+        for j, i in enumerate(indices.tolist()):
+            try:
+                datas.append(self.source.read(i))
+            except DecodeError as exc:
+                errors[j] = exc
+                datas.append(b"")
+        return _jpeg.BufferList.from_buffers(datas), errors
+
+    def produce(self, epoch, step, images, labels):
+        """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
+
+        ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
+        dtype, ``labels`` int64 (>= n,). Returns n, the batch's sample count.
+        """
+        indices = self.step_indices(epoch, step)
+        n = len(indices)
+        t0 = time.perf_counter()
+        bufs, read_errors = self._buffers(indices)
+        t1 = time.perf_counter()
+        _, _, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
+                                       out=images[:n])
+        t2 = time.perf_counter()
+        errors.update(read_errors)
+        labels[:n] = self.labels[indices]
+        if errors:
+            self._handle_errors(epoch, step, indices, errors, images, labels)
+        t3 = time.perf_counter()
+        tm = self.timings
+        tm["read_s"] += t1 - t0
+        tm["process_s"] += (t2 - t1) + (t3 - t2)
+        tm["batches"] += 1
+        tm["samples"] += n
+        return n
+
+    def _named(self, exc, index):
+        msg = exc.message if isinstance(exc, DecodeError) else str(exc)
+        return DecodeError(msg, index=int(index), path=self.source.describe(int(index)))
+
+    def _record_bad(self, index, err):
+        if index not in self.bad_samples:
+            self.bad_samples[index] = str(err)
+            log.warning("skipping undecodable sample: %s", err)
+
+    def _handle_errors(self, epoch, step, indices, errors, images, labels):
+        if self.on_error == "raise":
+            j = min(errors)
+            raise self._named(errors[j], indices[j])
+        shard = self.sampler.indices(epoch)
+        for j in sorted(errors):
+            self._record_bad(int(indices[j]), self._named(errors[j], indices[j]))
+            pos = step * self.batch_size + j
+            for k in range(1, len(shard)):
+                cand = int(shard[(pos + k) % len(shard)])
+                if cand in self.bad_samples:
+                    continue
+                err = self._single(epoch, cand, images[j:j + 1])
+                if err is None:
+                    labels[j] = self.labels[cand]
+                    break
+                self._record_bad(cand, err)
+            else:
+                raise DecodeError(f"no decodable sample left in the shard to replace sample "
+                                  f"{int(indices[j])}", index=int(indices[j]),
+                                  path=self.source.describe(int(indices[j])))
+
+    def _single(self, epoch, index, out):
+        idx = np.array([index], dtype=np.int64)
+        bufs, errors = self._buffers(idx)
+        if errors:
+            return self._named(errors[0], index)
+        _, _, errors = self.kernel.run(bufs, idx, epoch=epoch, seed=self.seed, out=out)
+        return self._named(errors[0], index) if errors else None
