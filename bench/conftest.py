@@ -1,0 +1,78 @@
+"""Shared set-up of the decode microbenchmarks (``pytest bench``, pytest-benchmark).
+
+The ImageNet-like sample dataset is made once from real photographs under ``.cache/`` in the
+repository (gitignored; the same place ``dpu-pipe bench`` uses) and reused by later runs. File bytes and RandomResizedCrop boxes are
+prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
+``dpu_pipe.bench.decode_benchmark`` does.
+
+``DPU_PIPE_BENCH_N`` sets the number of images (default 200: each benchmark round decodes all of
+them, keeping a full run well under a minute per method).
+"""
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache"
+
+
+def _bench_n():
+    raw = os.environ.get("DPU_PIPE_BENCH_N", "200")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"DPU_PIPE_BENCH_N must be a positive integer, got {raw!r}")
+    return n
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_core():
+    """Pin the session to one core and OpenCV to one thread; restored afterwards."""
+    previous = None
+    if hasattr(os, "sched_setaffinity"):
+        previous = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {max(previous)})
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
+    threads = cv2.getNumThreads() if cv2 is not None else None
+    if cv2 is not None:
+        cv2.setNumThreads(1)
+    yield
+    if cv2 is not None:
+        cv2.setNumThreads(threads)
+    if previous is not None:
+        os.sched_setaffinity(0, previous)
+
+
+@pytest.fixture(scope="session")
+def imagenet_like():
+    """(root, stats) of the cached sample dataset (1000 images; benchmarks use the first N)."""
+    pytest.importorskip("PIL")
+    pytest.importorskip("skimage")
+    from dpu_pipe.sample_data import make_imagenet_like
+
+    root = CACHE / "dpu_pipe" / "imagenet_like_n1000_s0"
+    stats = make_imagenet_like(root, n=1000, classes=10, seed=0)
+    return root, stats
+
+
+@pytest.fixture(scope="session")
+def decode_inputs(imagenet_like):
+    """(buffers, sizes, boxes): the first N files' bytes, their (height, width) and the
+    RandomResizedCrop boxes (N, 4) drawn with seed 0."""
+    from PIL import Image
+
+    from dpu_pipe.bench import load_buffers, random_resized_crop_boxes
+
+    _, buffers = load_buffers(imagenet_like[0], _bench_n())
+    sizes = []
+    for b in buffers:
+        with Image.open(io.BytesIO(b)) as im:
+            sizes.append((im.size[1], im.size[0]))
+    return buffers, sizes, random_resized_crop_boxes(sizes, seed=0)

@@ -1,0 +1,431 @@
+"""Decode throughput of dpu_pipe against Pillow and OpenCV, measured fairly on a shared machine.
+
+Everything runs in one process pinned to one core, on file bytes already in memory. Every
+method decodes the same images; methods are interleaved round by round (each round times every
+method once over all images, starting at a different method each round) so that load from other
+processes hits all of them alike, and the median round is reported.
+
+The region methods decode the boxes torchvision's ``RandomResizedCrop`` would cut (scale
+0.08-1, aspect 3/4-4/3, 10 attempts then a central crop), drawn once with a fixed seed before
+timing, so every method and every round sees the same boxes.
+
+``add_args``/``run`` back the ``dpu-pipe bench`` command.
+"""
+
+import gc
+import io
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, DpuPipeError
+
+__all__ = ["decode_benchmark", "format_table", "random_resized_crop_boxes", "decode_methods",
+           "load_buffers", "METHODS", "add_args", "run"]
+
+#: name -> description, in table order. Pillow is the reference of the ratio column.
+METHODS = {
+    "pillow": "Pillow full decode",
+    "pillow_draft": "Pillow reduced-size decode (draft) + crop, crop >= 224",
+    "opencv": "OpenCV full decode",
+    "dpu": "dpu_pipe full decode",
+    "dpu_region": "dpu_pipe region decode (RandomResizedCrop box)",
+    "dpu_region_min224": "dpu_pipe region decode, min_size=(224, 224)",
+    "dpu_fast": "dpu_pipe full decode, fast",
+    "dpu_region_fast": "dpu_pipe region decode, fast",
+    "dpu_region_min224_fast": "dpu_pipe region decode, min_size=(224, 224), fast",
+    "dpu_batch_region_min224": "dpu_pipe decode_batch of 64, regions, min_size=(224, 224)",
+}
+REFERENCE = "pillow"
+MIN_SIZE = (224, 224)
+BATCH = 64
+_EXTENSIONS = (".jpeg", ".jpg", ".jpe", ".jfif")
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ConfigError("the decode benchmark compares against Pillow: pip install pillow") \
+            from exc
+    return Image
+
+
+def _list_files(root_or_files):
+    if isinstance(root_or_files, (str, os.PathLike)):
+        root = Path(root_or_files)
+        if root.is_file():
+            return [root]
+        if not root.is_dir():
+            raise ConfigError(f"{root} is neither a JPEG file nor a directory")
+        from .sample_data import MANIFEST_NAME, dataset_files
+        if (root / MANIFEST_NAME).is_file():
+            return dataset_files(root)[0]
+        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in _EXTENSIONS)
+        if not files:
+            raise ConfigError(f"no JPEG files ({', '.join(_EXTENSIONS)}) under {root}")
+        return files
+    files = [Path(f) for f in root_or_files]
+    if not files:
+        raise ConfigError("the list of files to benchmark is empty")
+    return files
+
+
+def load_buffers(root_or_files, n=None):
+    """Read up to ``n`` JPEG files into memory.
+
+    ``root_or_files`` is a dataset directory (one made by
+    :func:`dpu_pipe.sample_data.make_imagenet_like` is read in sample order, any other is
+    searched recursively for ``.jpg``/``.jpeg`` files in path order), one file, or a sequence
+    of paths. Returns ``(paths, buffers)``: the first ``n`` paths (all when ``n`` is None) and
+    their contents as ``bytes``.
+    """
+    files = _list_files(root_or_files)
+    if n is not None:
+        files = files[:n]
+    return files, [f.read_bytes() for f in files]
+
+
+def random_resized_crop_boxes(sizes, *, seed=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """Boxes that torchvision's ``RandomResizedCrop.get_params`` would draw, one per image.
+
+    ``sizes`` is a sequence of ``(height, width)`` in pixels. Each box takes up to 10 attempts
+    at an area share uniform in ``scale`` and a log-uniform aspect ratio (width / height) in
+    ``ratio``; if none fits, the central crop with the aspect clamped to ``ratio``. torchvision's
+    algorithm, drawn with ``numpy.random.default_rng(seed)`` instead of torch's generator.
+    Returns an int64 array of shape ``(N, 4)``: ``(top, left, height, width)`` in pixels.
+    """
+    rng = np.random.default_rng(seed)
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    boxes = np.empty((len(sizes), 4), dtype=np.int64)
+    for k, (height, width) in enumerate(sizes):
+        area = height * width
+        for _ in range(10):
+            target_area = area * rng.uniform(scale[0], scale[1])
+            aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                boxes[k] = top, left, h, w
+                break
+        else:
+            in_ratio = width / height
+            if in_ratio < min(ratio):
+                w, h = width, int(round(width / min(ratio)))
+            elif in_ratio > max(ratio):
+                h, w = height, int(round(height * max(ratio)))
+            else:
+                w, h = width, height
+            boxes[k] = (height - h) // 2, (width - w) // 2, h, w
+    return boxes
+
+
+def _reduction(h, w, min_size):
+    """Largest power-of-two reduction (1, 2, 4, 8) keeping an h × w box at least min_size."""
+    for k in (8, 4, 2):
+        if -(-h // k) >= min_size[0] and -(-w // k) >= min_size[1]:
+            return k
+    return 1
+
+
+def decode_methods(buffers, boxes, names=None):
+    """Decoding functions over in-memory JPEGs, ready to be timed.
+
+    ``buffers`` are the JPEG bytes, ``boxes`` the ``(N, 4)`` regions from
+    :func:`random_resized_crop_boxes`. Returns ``{name: (description, fn)}`` in
+    :data:`METHODS` order, where ``fn(i)`` decodes image ``i`` and returns an RGB ``uint8``
+    array ``(H, W, 3)`` — except the batch method, whose ``fn(i)`` decodes the batch starting
+    at image ``i`` into a preallocated array (call it for ``i`` in steps of :data:`BATCH`) and
+    returns decode_batch's ``(n, 3)`` shapes (height, width, scale).
+    ``names`` selects methods (default: all whose library is installed; OpenCV is optional,
+    Pillow and dpu_pipe's decoder are not). Unknown or unavailable names raise
+    :class:`ConfigError`.
+    """
+    Image = _pil()
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
+    try:
+        from . import jpeg
+    except ImportError as exc:
+        raise ConfigError(f"dpu_pipe's decoder is not built ({exc}): run "
+                          "'pip install -e .' or 'python setup.py build_ext --inplace'") from exc
+    if names is None:
+        names = [m for m in METHODS if cv2 is not None or m != "opencv"]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown decode methods {unknown}; choose from {list(METHODS)}")
+    if "opencv" in names and cv2 is None:
+        raise ConfigError("method 'opencv' needs OpenCV: pip install opencv-python-headless")
+
+    regions = [tuple(int(v) for v in b) for b in boxes]
+    fns = {}
+
+    def pillow(i):
+        return np.asarray(Image.open(io.BytesIO(buffers[i])).convert("RGB"))
+    fns["pillow"] = pillow
+
+    def pillow_draft(i):
+        top, left, h, w = regions[i]
+        k = _reduction(h, w, MIN_SIZE)
+        im = Image.open(io.BytesIO(buffers[i]))
+        full_width, s = im.size[0], 1
+        if k > 1:
+            # draft() may reduce by another factor than asked when the size does not divide
+            # evenly: scale the box by the one it reports, (mode, (0, 0, width / s, height / s)).
+            applied = im.draft("RGB", (max(1, im.size[0] // k), max(1, im.size[1] // k)))
+            if applied is not None:
+                s = round(full_width / applied[1][2])
+        crop = im.crop((left // s, top // s, min(im.size[0], -(-(left + w) // s)),
+                        min(im.size[1], -(-(top + h) // s))))
+        return np.asarray(crop.convert("RGB"))
+    fns["pillow_draft"] = pillow_draft
+
+    if cv2 is not None:
+        def opencv(i):
+            bgr = cv2.imdecode(np.frombuffer(buffers[i], np.uint8), cv2.IMREAD_COLOR)
+            return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        fns["opencv"] = opencv
+
+    decode = jpeg.decode
+    fns["dpu"] = lambda i: decode(buffers[i])
+    fns["dpu_region"] = lambda i: decode(buffers[i], region=regions[i])
+    fns["dpu_region_min224"] = lambda i: decode(buffers[i], region=regions[i], min_size=MIN_SIZE)
+    fns["dpu_fast"] = lambda i: decode(buffers[i], fast=True)
+    fns["dpu_region_fast"] = lambda i: decode(buffers[i], region=regions[i], fast=True)
+    fns["dpu_region_min224_fast"] = lambda i: decode(buffers[i], region=regions[i],
+                                                     min_size=MIN_SIZE, fast=True)
+
+    if "dpu_batch_region_min224" in names:
+        # One output array per batch, sized for its largest scaled region and allocated here so
+        # that no allocation is timed (a loader keeps its batch buffers for the whole run).
+        batches = {}
+        for start in range(0, len(buffers), BATCH):
+            sl = slice(start, start + BATCH)
+            hmax = wmax = 1
+            for top, left, h, w in regions[sl]:
+                s = jpeg.choose_scale(h, w, MIN_SIZE)
+                hmax, wmax = max(hmax, -(-h * s // 8) + 1), max(wmax, -(-w * s // 8) + 1)
+            out = np.zeros((len(buffers[sl]), hmax, wmax, 3), np.uint8)
+            batches[start] = (list(buffers[sl]), np.ascontiguousarray(boxes[sl]), out)
+
+        def dpu_batch(i):
+            bufs, regs, out = batches[i]
+            return jpeg.decode_batch(bufs, out, regions=regs, min_size=MIN_SIZE)[1]
+        fns["dpu_batch_region_min224"] = dpu_batch
+
+    return {m: (METHODS[m], fns[m]) for m in METHODS if m in names}
+
+
+def _expected_shape(name, hw, box):
+    """(H, W) a method must return for an image of full size hw and region box, or None when
+    only a lower bound applies (scaled decodes)."""
+    if name in ("pillow", "opencv", "dpu", "dpu_fast"):
+        return hw
+    if name in ("dpu_region", "dpu_region_fast"):
+        return tuple(box[2:])
+    return None
+
+
+def _check(name, fn, sizes, boxes, count):
+    """Run ``fn`` on the first images and check the shapes, so a broken method is not timed."""
+    for i in range(count):
+        out = fn(i)
+        want = _expected_shape(name, sizes[i], boxes[i])
+        h, w = out.shape[:2]
+        ok = out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+        if want is not None:
+            ok = ok and (h, w) == tuple(want)
+        else:  # a scaled region covers the box at >= min_size, or the whole box when smaller
+            need_h = min(MIN_SIZE[0], boxes[i][2])
+            need_w = min(MIN_SIZE[1], boxes[i][3])
+            ok = ok and h >= need_h and w >= need_w and h <= boxes[i][2] + 1 and w <= boxes[i][3] + 1
+        if not ok:
+            raise DpuPipeError(f"decode method {name!r} returned {out.dtype} {out.shape} for "
+                               f"image {i} ({sizes[i][0]}x{sizes[i][1]}, box {list(boxes[i])})")
+
+
+def _pin(pin_core):
+    """Pin this thread to one core; returns the previous affinity (None if not pinned)."""
+    if pin_core is False or pin_core is None or not hasattr(os, "sched_setaffinity"):
+        return None, None
+    allowed = sorted(os.sched_getaffinity(0))
+    if pin_core is True:
+        core = allowed[-1]
+    else:
+        core = int(pin_core)
+        if core not in allowed:
+            raise ConfigError(f"pin_core={pin_core}: this process may only run on cores {allowed}")
+    os.sched_setaffinity(0, {core})
+    return set(allowed), core
+
+
+def decode_benchmark(root_or_files, *, n=1000, repeat=3, pin_core=True, methods=None, seed=0,
+                     progress=None):
+    """Time JPEG decoding by dpu_pipe, Pillow and OpenCV on the same in-memory files.
+
+    Parameters
+    ----------
+    root_or_files : path or sequence of paths
+        A dataset directory, one JPEG file or a list of files (see :func:`load_buffers`).
+    n : int
+        Number of images (the first ``n``; fewer when the dataset is smaller).
+    repeat : int
+        Rounds; each round times every method once over all images. The median round counts.
+    pin_core : bool or int
+        True: pin to the last core this process may use; an int: that core; False: no pinning.
+        OpenCV is limited to one thread either way. Both are restored afterwards.
+    methods : list of str, optional
+        Names from :data:`METHODS` (default: all available).
+    seed : int
+        Seed of the RandomResizedCrop boxes.
+    progress : callable, optional
+        Called with a short text line after each round.
+
+    Returns
+    -------
+    list of dict, one per method in :data:`METHODS` order, with ``method``, ``description``,
+    ``images``, ``img_per_s`` (median round), ``seconds`` (median round time),
+    ``img_per_s_min`` / ``img_per_s_max`` (slowest/fastest round), ``vs_pillow`` (img/s ratio
+    to the Pillow full decode, None when that was not run), ``mpix_per_s`` (millions of output
+    pixels per second, median round), ``core`` (the pinned core or None), ``rounds``.
+    """
+    for name, v in (("n", n), ("repeat", repeat)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    Image = _pil()
+    _, buffers = load_buffers(root_or_files, int(n))
+    count = len(buffers)
+    sizes = []
+    for b in buffers:
+        with Image.open(io.BytesIO(b)) as im:  # header only
+            sizes.append((im.size[1], im.size[0]))
+    boxes = random_resized_crop_boxes(sizes, seed=seed)
+    table = decode_methods(buffers, boxes, methods)
+
+    try:
+        import cv2
+        cv2_threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+    except ImportError:
+        cv2 = None
+    previous, core = _pin(pin_core)
+    gc_was_enabled = gc.isenabled()
+    try:
+        steps = {}
+        pixels = {}
+        for name, (_, fn) in table.items():
+            step = BATCH if name == "dpu_batch_region_min224" else 1
+            steps[name] = range(0, count, step)
+            if step == 1:
+                _check(name, fn, sizes, boxes, min(count, 16))
+            # Output pixels per pass, for the Mpix/s column; also warms caches and code paths.
+            pixels[name] = sum(_out_pixels(fn(i), name) for i in steps[name])
+        times = {name: [] for name in table}
+        order = list(table)
+        gc.disable()  # a collection landing in one method's pass would be charged to it
+        for r in range(repeat):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                fn, idx = table[name][1], steps[name]
+                t0 = time.perf_counter()
+                for i in idx:
+                    fn(i)
+                times[name].append(time.perf_counter() - t0)
+            gc.collect()
+            if progress is not None:
+                progress(f"round {r + 1}/{repeat} done")
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        if previous is not None:
+            os.sched_setaffinity(0, previous)
+        if cv2 is not None:
+            cv2.setNumThreads(cv2_threads)
+
+    ref = float(np.median(times[REFERENCE])) if REFERENCE in times else None
+    rows = []
+    for name, (desc, _) in table.items():
+        t = float(np.median(times[name]))
+        rows.append(dict(
+            method=name, description=desc, images=count, img_per_s=count / t, seconds=t,
+            img_per_s_min=count / max(times[name]), img_per_s_max=count / min(times[name]),
+            vs_pillow=None if ref is None else ref / t,
+            mpix_per_s=pixels[name] / t / 1e6, core=core, rounds=repeat))
+    return rows
+
+
+def _out_pixels(out, name):
+    if name == "dpu_batch_region_min224":  # out is the batch's shapes: height, width, scale
+        return int((out[:, 0].astype(np.int64) * out[:, 1]).sum())
+    return out.shape[0] * out.shape[1]
+
+
+def format_table(rows):
+    """Markdown table of :func:`decode_benchmark` rows: method, img/s (median round), the
+    slowest-fastest round range, ratio to Pillow and output megapixels per second."""
+    lines = ["| method | img/s | rounds min-max | vs Pillow | Mpix/s out |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = "" if r["vs_pillow"] is None else f"{r['vs_pillow']:.2f}x"
+        mpix = f"{r['mpix_per_s']:.1f}"
+        lines.append(f"| {r['description']} | {r['img_per_s']:.0f} | "
+                     f"{r['img_per_s_min']:.0f}-{r['img_per_s_max']:.0f} | {ratio} | {mpix} |")
+    if rows:
+        r = rows[0]
+        where = f"pinned to core {r['core']}" if r["core"] is not None else "not pinned"
+        lines.append("")
+        lines.append(f"{r['images']} images in memory, one process {where}, median of "
+                     f"{r['rounds']} interleaved rounds.")
+    return "\n".join(lines)
+
+
+# -- command line (``dpu-pipe bench``) ---------------------------------------------------
+
+def add_args(p):
+    """Arguments of ``dpu-pipe bench`` on an argparse (sub)parser."""
+    p.add_argument("path", nargs="?",
+                   help="JPEG directory or file (default: an ImageNet-like sample dataset "
+                        "made from real photographs under --cache)")
+    p.add_argument("-n", type=int, default=1000, help="number of images (default: 1000)")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument("--core", type=int, help="core to pin to (default: the last allowed one)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin to one core")
+    p.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the crop boxes and of the sample dataset (default: 0)")
+    p.add_argument("--cache", default=os.path.join(".cache", "dpu_pipe"),
+                   help="where the sample dataset is made (default: .cache/dpu_pipe)")
+
+
+def run(args):
+    """``dpu-pipe bench``: print the decode benchmark table; returns the exit status."""
+    import sys
+
+    methods = None if not args.methods else [m.strip() for m in args.methods.split(",")]
+    unknown = [m for m in methods or () if m not in METHODS]
+    if unknown:  # before the dataset is made, which takes a minute
+        raise ConfigError(f"unknown decode methods {unknown}; choose from {list(METHODS)}")
+    path = args.path
+    if path is None:
+        from .sample_data import make_imagenet_like
+        # Sample i depends on (seed, i) only: one dataset of at least 1000 serves every -n.
+        size = max(args.n, 1000)
+        path = os.path.join(args.cache, f"imagenet_like_n{size}_s{args.seed}")
+        print(f"sample dataset: {path} (made once, then reused)", file=sys.stderr)
+        stats = make_imagenet_like(path, n=size, classes=10, seed=args.seed)
+        print(f"  {stats['count']} JPEGs, mean {stats['mean_width']:.0f}x"
+              f"{stats['mean_height']:.0f} px, {stats['mean_bytes'] / 1000:.0f} kB",
+              file=sys.stderr)
+    rows = decode_benchmark(path, n=args.n, repeat=args.repeat,
+                            pin_core=False if args.no_pin else (True if args.core is None
+                                                                else args.core),
+                            methods=methods, seed=args.seed,
+                            progress=lambda s: print(s, file=sys.stderr))
+    print(format_table(rows))
+    return 0
