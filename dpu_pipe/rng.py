@@ -99,10 +99,10 @@ _EXP_COEF = (  # 1/n! for n = 13 .. 0, Horner order
     0.0001984126984126984, 0.001388888888888889, 0.008333333333333333,
     0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0,
 )
-_LOG_COEF = (  # 2/(2n+1) for n = 10 .. 0, Horner order in z = s**2
+_LOG_COEF = (  # 2/(2n+1) for n = 10 .. 1, Horner order in z = s**2
     0.09523809523809523, 0.10526315789473684, 0.11764705882352941, 0.13333333333333333,
     0.15384615384615385, 0.18181818181818182, 0.2222222222222222, 0.2857142857142857,
-    0.4, 0.6666666666666666, 2.0,
+    0.4, 0.6666666666666666,
 )
 _SQRT_HALF = 0.7071067811865476
 _EXP_MAX = 709.782712893384     # log(DBL_MAX)
@@ -294,7 +294,9 @@ def portable_log(x):
         q = np.full(x.shape, _LOG_COEF[0])
         for c in _LOG_COEF[1:]:
             q = q * z + c
-        y = e * _LN2_HI + (e * _LN2_LO + s * q)
+        hfsq = 0.5 * f * f
+        # log(1 + f) = f - f*f/2 + s * (f*f/2 + z q), grouped as in _rng.pxd (fdlibm's form)
+        y = e * _LN2_HI - ((hfsq - (s * (hfsq + z * q) + e * _LN2_LO)) - f)
     y = np.where(x == np.inf, np.inf, y)
     y = np.where(x == 0.0, -np.inf, y)
     return np.where((x < 0.0) | np.isnan(x), np.nan, y)

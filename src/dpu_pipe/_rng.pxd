@@ -142,7 +142,7 @@ cdef inline double portable_exp(double x) noexcept nogil:
 cdef inline double portable_log(double x) noexcept nogil:
     """Natural log within ~1 ulp, bit-identical everywhere (not libm's log); -inf for 0,
     nan for negative or nan input, inf for inf."""
-    cdef double m, f, s, z, q, e
+    cdef double m, f, s, z, q, e, hfsq
     cdef int ei
     if x == 0.0:
         return -INFINITY
@@ -150,7 +150,9 @@ cdef inline double portable_log(double x) noexcept nogil:
         return NAN
     if x == INFINITY:
         return x
-    # x = m * 2**e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1).
+    # x = m * 2**e with m in [sqrt(1/2), sqrt(2)); log m = log(1 + f) = 2 atanh(s) with
+    # s = f / (2 + f), rearranged as fdlibm does so that the exact f carries the result:
+    # log(1 + f) = f - f*f/2 + s * (f*f/2 + R),  R = z (2/3 + 2/5 z + ...), z = s*s.
     m = frexp(x, &ei)
     if m < 0.7071067811865476:
         m = m * 2.0
@@ -159,7 +161,7 @@ cdef inline double portable_log(double x) noexcept nogil:
     f = m - 1.0                  # exact (Sterbenz)
     s = f / (2.0 + f)            # |s| <= 0.1716
     z = s * s
-    # 2 atanh(s) = s (2 + 2/3 z + 2/5 z**2 + ...), truncated after z**10: error < 1e-18.
+    # Taylor terms to z**10 (2/21): truncation < 1e-18.
     q = 0.09523809523809523
     q = q * z + 0.10526315789473684
     q = q * z + 0.11764705882352941
@@ -170,8 +172,9 @@ cdef inline double portable_log(double x) noexcept nogil:
     q = q * z + 0.2857142857142857
     q = q * z + 0.4
     q = q * z + 0.6666666666666666
-    q = q * z + 2.0
-    return e * 0.6931471803691238 + (e * 1.9082149292705877e-10 + s * q)
+    hfsq = 0.5 * f * f
+    return (e * 0.6931471803691238
+            - ((hfsq - (s * (hfsq + z * q) + e * 1.9082149292705877e-10)) - f))
 
 
 # --- augmentation parameters ---------------------------------------------------------------
