@@ -3,7 +3,9 @@ host or offloaded to DPU cores that ship ready batches into the host's memory ov
 
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .build_info import build_info
+from .loader import Loader
 from .packed import pack
+from .transforms import TransformConfig
 from .sources import FileList, ImageFolder, PackedSource, open_source
 
 __version__ = "0.1.0"
@@ -12,6 +14,7 @@ __all__ = [
     "build_info",
     "FileList",
     "ImageFolder",
+    "Loader",
     "open_source",
     "pack",
     "PackedSource",
@@ -20,4 +23,5 @@ __all__ = [
     "DpuPipeError",
     "PipeTimeout",
     "ProducerError",
+    "TransformConfig",
 ]

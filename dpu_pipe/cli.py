@@ -134,6 +134,8 @@ def _info_run(args):
 COMMANDS = {
     "pack": ("pack a dataset into one memory-mappable file", _pack_args, _pack_run),
     "info": ("show how dpu_pipe was built, and summarise a dataset", _info_args, _info_run),
+    "demo": ("make a dataset from real photographs, train a small CNN on it, report phases",
+             ".demo:add_args", ".demo:run"),
 }
 
 
