@@ -316,7 +316,17 @@ class Batch:
 
 class Consumer(_Endpoint):
     """Host end of the transport. Collective over ``comm``: the host is rank 0, every other
-    rank must construct a :class:`Producer` at the same time.
+    rank must construct a :class:`Producer` at the same time. One thread uses a Consumer;
+    its progress thread is internal.
+
+    Typical loop::
+
+        with Consumer(comm, slots=4, slot_bytes=nbytes) as consumer:
+            for step in range(steps):
+                consumer.request(epoch, step)
+            for step in range(steps):
+                with consumer.get() as batch:   # waits, raises producer errors
+                    train(batch.payload)        # zero-copy view, valid inside the block
 
     Parameters
     ----------
@@ -697,7 +707,13 @@ class Producer(_Endpoint):
     def publish(self, work, *parts):
         """Deliver the payload of ``work``: the buffers in ``parts`` are placed back to back
         at the start of the slot's payload area (total at most ``slot_bytes``)."""
-        views = [memoryview(p).cast("B") for p in parts]
+        views = []
+        for p in parts:
+            view = memoryview(p)
+            if not view.c_contiguous:
+                raise ConfigError(f"payload parts must be C-contiguous buffers, got {view.shape} "
+                                  f"with strides {view.strides}")
+            views.append(view.cast("B"))
         total = sum(v.nbytes for v in views)
         if total > self.layout.slot_bytes:
             raise ConfigError(f"payload of {total} bytes does not fit a slot of "
