@@ -16,8 +16,8 @@ time at a small error; see the README for its measured speed and error on photog
 
 Corrupt data
 ------------
-A truncated stream is always an error (libjpeg would pad it with grey). Other corrupt-data
-warnings (e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
+Decoding into missing data of a truncated stream is always an error (libjpeg would pad it
+with grey); a region that ends before the cut decodes correctly. Other corrupt-data warnings (e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
 ``strict=True``, as Pillow does. A corrupted entropy-coded segment that libjpeg cannot detect
 decodes to wrong pixels: JPEG carries no checksum.
 
@@ -66,9 +66,20 @@ def _as_view(data):
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
+_INT31 = 2**31
+
+
+def _int(value, name, low, high):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not low <= value < high:
+        raise ConfigError(f"{name} must be in [{low}, {high}), got {value}")
+    return int(value)
+
+
 def _check_budget(max_pixels, max_scans):
-    if max_pixels <= 0 or max_scans <= 0:
-        raise ConfigError("max_pixels and max_scans must be positive integers")
+    _int(max_pixels, "max_pixels", 1, 2**63)
+    _int(max_scans, "max_scans", 1, _INT31)
 
 
 def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
@@ -78,9 +89,9 @@ def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
     is truncated before the first scan, or exceeds ``max_pixels`` (width × height).
     """
     _check_budget(max_pixels, DEFAULT_MAX_SCANS)
+    view = _as_view(data)
     try:
-        w, h, comps, cs, progressive, _ = _jpeg.read_header(_as_view(data), max_pixels,
-                                                            DEFAULT_MAX_SCANS)
+        w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
     except ValueError as exc:
         raise DecodeError(str(exc)) from None
     return JpegHeader(w, h, comps, _COLORSPACES.get(cs, "UNKNOWN"), progressive)
@@ -98,22 +109,21 @@ def _min_size(min_size):
     if min_size is None:
         return 0, 0
     try:
-        h, w = (int(v) for v in min_size)
+        h, w = min_size
     except (TypeError, ValueError):
         raise ConfigError(f"min_size must be (height, width), got {min_size!r}") from None
-    if h < 0 or w < 0:
-        raise ConfigError(f"min_size must be non-negative, got {min_size!r}")
-    return h, w
+    return _int(h, "min_size height", 0, _INT31), _int(w, "min_size width", 0, _INT31)
 
 
 def _region(region):
     if region is None:
         return None
     try:
-        top, left, height, width = (int(v) for v in region)
+        top, left, height, width = region
     except (TypeError, ValueError):
         raise ConfigError(f"region must be (top, left, height, width), got {region!r}") from None
-    return top, left, height, width
+    return (_int(top, "region top", 0, _INT31), _int(left, "region left", 0, _INT31),
+            _int(height, "region height", 1, _INT31), _int(width, "region width", 1, _INT31))
 
 
 def decode(data, *, region=None, min_size=None, fast=False, strict=False,
@@ -154,9 +164,10 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     """
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
+    view, reg = _as_view(data), _region(region)
     try:
-        out, _ = _jpeg.decode(_as_view(data), _region(region), min_h, min_w, bool(fast),
-                              bool(strict), max_pixels, max_scans)
+        out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+                              max_scans)
     except IndexError as exc:
         raise ConfigError(str(exc)) from None
     except ValueError as exc:
@@ -199,9 +210,14 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
     n = len(bufs)
     regs = None
     if regions is not None:
-        regs = np.ascontiguousarray(regions, dtype=np.int64)
-        if regs.shape != (n, 4):
-            raise ConfigError(f"regions must have shape ({n}, 4), got {regs.shape}")
+        regs = np.asarray(regions)
+        if regs.shape != (n, 4) or (regs.size and regs.dtype.kind not in "iu"):
+            raise ConfigError(f"regions must be integers of shape ({n}, 4), got "
+                              f"{regs.dtype} {regs.shape}")
+        if regs.size and (regs.min() < 0 or regs.max() >= _INT31):
+            raise ConfigError(f"regions must lie in [0, 2**31), got values in "
+                              f"[{regs.min()}, {regs.max()}]")
+        regs = np.ascontiguousarray(regs, dtype=np.int64)
     if out is None:
         out = _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels)
     elif not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 4
@@ -231,7 +247,10 @@ def _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels):
         except DecodeError:
             continue  # reported by the decode itself, with its index
         if regs is not None:
-            top, left, h, w = (int(v) for v in regs[i])
+            top, left, rh, rw = (int(v) for v in regs[i])
+            if top + rh > h or left + rw > w:
+                continue  # reported by the decode itself, with its index
+            h, w = rh, rw
         s = choose_scale(h, w, (min_h, min_w))
         hmax = max(hmax, -(-h * s // 8) + 1)
         wmax = max(wmax, -(-w * s // 8) + 1)

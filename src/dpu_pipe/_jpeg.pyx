@@ -56,12 +56,7 @@ cdef int dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil:
     d.err.pub.emit_message = _emit_message
     d.err.pub.output_message = _output_message
     d.err.strict = opts.strict
-    if setjmp(d.err.jump):
-        return DP_ENOMEM  # jpeg_create_decompress fails only when out of memory
-    lj.jpeg_create_decompress(&d.cinfo)
-    d.created = 1
     d.progress.progress_monitor = _progress
-    d.cinfo.progress = &d.progress
     return DP_OK
 
 
@@ -89,12 +84,21 @@ cdef int dec_read_header(Decoder* d, const uint8_t* data, size_t size) noexcept 
     image: it is released first."""
     d.header_ok = 0
     d.err.message[0] = 0
-    lj.jpeg_abort_decompress(&d.cinfo)
     if size == 0:
         return _fail(d, DP_EDECODE, b"empty input (0 bytes)")
+    # A fresh decompress object per image: libjpeg keeps quantization and Huffman tables from
+    # one image to the next (for abbreviated streams), so a stream missing its tables would
+    # silently decode with its predecessor's, and a sample would depend on its neighbours.
+    if d.created:
+        lj.jpeg_destroy_decompress(&d.cinfo)
+        d.created = 0
     if setjmp(d.err.jump):
-        lj.jpeg_abort_decompress(&d.cinfo)
+        if d.created:
+            lj.jpeg_abort_decompress(&d.cinfo)
         return DP_EDECODE
+    lj.jpeg_create_decompress(&d.cinfo)
+    d.created = 1
+    d.cinfo.progress = &d.progress
     lj.jpeg_mem_src(&d.cinfo, data, size)
     lj.jpeg_read_header(&d.cinfo, 1)
     d.info.width = d.cinfo.image_width
@@ -116,23 +120,15 @@ cdef inline uint8_t _muldiv255(int a, int b) noexcept nogil:
     return <uint8_t>(((t >> 8) + t) >> 8)
 
 
-cdef void _cmyk_to_rgb(const uint8_t* src, uint8_t* dst, int n, int adobe) noexcept nogil:
-    # Adobe applications store CMYK inverted (APP14 marker present); Pillow inverts back,
-    # then R = (255 - K) - C * (255 - K) / 255.
-    cdef int i, c, m, y, nk
+cdef void _cmyk_to_rgb(const uint8_t* src, uint8_t* dst, int n) noexcept nogil:
+    # JPEG CMYK is stored inverted by Adobe's convention, which Pillow and OpenCV assume for
+    # every CMYK JPEG: with the stored values c and k, R = k - (255 - c) * k / 255.
+    cdef int i, k
     for i in range(n):
-        c = src[4 * i]
-        m = src[4 * i + 1]
-        y = src[4 * i + 2]
-        nk = 255 - src[4 * i + 3]
-        if adobe:
-            c = 255 - c
-            m = 255 - m
-            y = 255 - y
-            nk = src[4 * i + 3]
-        dst[3 * i] = nk - _muldiv255(c, nk)
-        dst[3 * i + 1] = nk - _muldiv255(m, nk)
-        dst[3 * i + 2] = nk - _muldiv255(y, nk)
+        k = src[4 * i + 3]
+        dst[3 * i] = k - _muldiv255(255 - src[4 * i], k)
+        dst[3 * i + 1] = k - _muldiv255(255 - src[4 * i + 1], k)
+        dst[3 * i + 2] = k - _muldiv255(255 - src[4 * i + 2], k)
 
 
 cdef int dec_decode(Decoder* d, int scale, const Region* region,
@@ -198,8 +194,7 @@ cdef int dec_decode(Decoder* d, int scale, const Region* region,
             lj.jpeg_abort_decompress(cinfo)
             return _fail(d, DP_EDECODE, b"decoder returned no scanline")
         if cmyk:
-            _cmyk_to_rgb(d.row + shift, out + y * out_stride, region.width,
-                         cinfo.saw_Adobe_marker)
+            _cmyk_to_rgb(d.row + shift, out + y * out_stride, region.width)
         else:
             memcpy(out + y * out_stride, d.row + shift, <size_t>region.width * 3)
         y += 1
