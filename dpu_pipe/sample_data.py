@@ -247,6 +247,9 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0):
     some 90-420 px); JPEG quality is in 75..95 skewed high (mean about 92), chroma subsampling
     80 % 4:2:0,
     10 % 4:2:2, 10 % 4:4:4, about 10 % of files are progressive and 3 % grayscale.
+    With scikit-image's photos alone, ``n=1000, seed=0`` gives a mean of 474 x 406 px and
+    78 kB per file: ImageNet's files average ~110 kB, since camera originals carry finer
+    texture than the few small bundled photos, even sharpened and at quality ~92.
 
     Idempotent: if ``root`` already holds a complete dataset made with the same parameters and
     photo corpus (checked through ``root/dpu_pipe_sample.json`` and the file sizes it records),
