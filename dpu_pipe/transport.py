@@ -15,7 +15,7 @@ producers):
   ``t`` once slot ``t % slots`` is free (ticket ``t - slots`` released): it writes epoch/step
   into the slot header, then sets the slot's state word to ``(t, GRANTED)``. Those are the
   credits.
-* A producer claims the next ticket with ``Fetch_and_op(SUM)`` on ``next_ticket`` (each ticket
+* A producer claims the next ticket with an atomic fetch-and-add on ``next_ticket`` (each ticket
   goes to exactly one producer, fast producers simply claim more), polls the slot's state
   atomically until it reads ``(t, GRANTED)``, reads epoch/step, produces, ``Put``\\ s the
   payload and the header, ``Flush``\\ es, and only then sets the state to ``(t, READY)`` (or
@@ -30,9 +30,11 @@ producers):
   ``done`` word and return; then every rank frees the window collectively.
 
 Every word that one side writes while the other may read it (state, counters, beats, stop,
-the granted epoch/step) is accessed only with MPI atomics (``Accumulate(REPLACE)``,
-``Fetch_and_op``, ``Get_accumulate(NO_OP)``) on ``MPI.INT64_T``; payload and the producer's
-header fields are plain ``Put``\\ s ordered before the state word by ``Flush``.
+the granted epoch/step) is accessed only with MPI atomics (``Rget_accumulate`` with
+``REPLACE``, ``SUM`` or ``NO_OP`` on ``MPI.INT64_T``, completed with a deadline); payload and
+the producer's header fields are plain ``Put``\\ s ordered before the state word by
+``Flush``. That Flush is the one RMA wait without a deadline (MPI has no non-blocking
+flush): a producer publishing to a host that stopped making MPI progress blocks there.
 
 Progress: with shared memory the producers' RMA needs nothing from the host. Off-node (or
 with MPICH ``MPIR_CVAR_NOLOCAL=1``) remote atomics, and over TCP even ``Put``, complete only
@@ -73,7 +75,7 @@ _ALIGN = 64
 
 #: Control block at offset 0 of the window (64 bytes).
 CONTROL = np.dtype([
-    ("next_ticket", "<i8"),   # next ticket to hand out; producers Fetch_and_op(SUM, 1)
+    ("next_ticket", "<i8"),   # next ticket to hand out; producers fetch-and-add 1
     ("stop", "<i8"),          # 1 once the host closes
     ("host_beat", "<i8"),     # bumped by the host while it lives
     ("reserved", "<i8", (5,)),
@@ -197,27 +199,35 @@ class _Endpoint:
         role = "host" if rank == 0 else "producer"
         return f"{role} rank {rank} (world rank {world} on {host}, pid {pid})"
 
-    # Atomics on int64 words of the host's window. Each call completes (Flush) before it
-    # returns: the next step of the protocol depends on it.
+    # Atomics on int64 words of the host's window. Each one is request-based
+    # (Rget_accumulate: its completion means the operation took effect at the host) and
+    # completes before the call returns, because the next protocol step depends on it. Unlike
+    # Flush, the request can be waited on with a deadline: off-node, RMA to a host that
+    # makes no MPI progress at all (stopped, swapped out) would otherwise block forever.
+    def _atomic(self, disp, origin, op):
+        result = np.empty(origin.size, _I8)
+        req = self._win.Rget_accumulate(origin, result, 0,
+                                        target=(disp, origin.size, self._int64), op=op)
+        if not req.Test():
+            start = time.monotonic()
+            backoff = _Backoff(self._poll)
+            while not req.Test():
+                if time.monotonic() - start > self._rma_timeout:
+                    raise PipeTimeout(
+                        f"{self.describe(0)} stopped answering: an atomic on its window "
+                        f"(byte {disp}) did not complete within {self._rma_timeout:g} s "
+                        f"(issued by {self.describe(self._rank)})")
+                backoff()
+        return result
+
     def _read(self, disp, count=1):
-        out = np.empty(count, _I8)
-        self._win.Get_accumulate(self._scratch[:count], out, 0,
-                                 target=(disp, count, self._int64), op=self._MPI.NO_OP)
-        self._win.Flush(0)
-        return out
+        return self._atomic(disp, self._scratch[:count], self._MPI.NO_OP)
 
     def _write(self, disp, values):
-        values = np.ascontiguousarray(values, _I8)
-        self._win.Accumulate(values, 0, target=(disp, values.size, self._int64),
-                             op=self._MPI.REPLACE)
-        self._win.Flush(0)
+        self._atomic(disp, np.ascontiguousarray(values, _I8), self._MPI.REPLACE)
 
     def _add(self, disp, value=1):
-        one = np.array([value], _I8)
-        old = np.empty(1, _I8)
-        self._win.Fetch_and_op(one, old, 0, disp, op=self._MPI.SUM)
-        self._win.Flush(0)
-        return int(old[0])
+        return int(self._atomic(disp, np.array([value], _I8), self._MPI.SUM)[0])
 
     def _free_window(self):
         win, self._win = self._win, None
@@ -373,6 +383,7 @@ class Consumer(_Endpoint):
         self.timeout = float(timeout)
         self.liveness_timeout = float(liveness_timeout)
         self._poll = float(poll_interval)
+        self._rma_timeout = self.timeout  # atomics on our own window complete locally
         config = dict(version=FORMAT_VERSION, slots=int(slots), slot_bytes=int(slot_bytes),
                       liveness_timeout=self.liveness_timeout, host_timeout=float(host_timeout),
                       poll_interval=self._poll)
@@ -415,6 +426,11 @@ class Consumer(_Endpoint):
         self._comm.Barrier()  # producers start accessing the window after this
 
     # -- host heartbeat -------------------------------------------------------------------
+    def _poke(self):
+        # Atomics on our own window complete without entering MPI's progress engine, so a
+        # waiting host pokes it, else producers' RMA would stall with progress="none".
+        self._pcomm.Iprobe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG)
+
     def _beat(self):
         self._add(_FIELD["host_beat"])
 
@@ -494,6 +510,7 @@ class Consumer(_Endpoint):
                 holder = self._holder(ticket)
                 raise PipeTimeout(f"step {step} of epoch {epoch} (ticket {ticket}) not delivered "
                                   f"within {wait:g} s; {holder}")
+            self._poke()
             backoff()
         self._win.Sync()  # make the producer's flushed Puts visible to our loads
         header = self._mem[base:base + SLOT_HEADER.itemsize].view(SLOT_HEADER)[0]
@@ -601,6 +618,7 @@ class Consumer(_Endpoint):
                 self._last_check = now
                 self._beat()
                 self._check_producers("closing")
+            self._poke()
             backoff()
 
     def __enter__(self):
@@ -632,6 +650,7 @@ class Producer(_Endpoint):
         self.liveness_timeout = cfg["liveness_timeout"]
         self.host_timeout = cfg["host_timeout"]
         self._poll = cfg["poll_interval"]
+        self._rma_timeout = self.host_timeout
         self._stopped = False
         self._entry = self.layout.entry_offset(self._rank)
         try:

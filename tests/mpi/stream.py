@@ -50,10 +50,14 @@ def main():
     ap.add_argument("--kill-at", type=int, default=-1, help="step whose producer SIGKILLs itself")
     ap.add_argument("--freeze-at", type=int, default=-1, help="step whose producer SIGSTOPs itself")
     ap.add_argument("--liveness", type=float, default=20.0)
+    ap.add_argument("--host-timeout", type=float, default=None)
+    ap.add_argument("--freeze-host-at", type=int, default=-1,
+                    help="the host SIGSTOPs itself after receiving this step")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--progress", choices=("thread", "none"), default="thread")
+    ap.add_argument("--serve", action="store_true", help="producers use Producer.serve()")
     ap.add_argument("--report", default=None,
-                    help="hosts write the error that ends them to <report>.<rank>: the "
+                    help="every rank writes the error that ends it to <report>.<rank>: the "
                          "launcher may cut its stderr short when it aborts the job")
     ap.add_argument("--sleep-fill", type=float, default=0.0,
                     help="host requests `slots` steps, sleeps this long without MPI calls, and "
@@ -75,7 +79,13 @@ def main():
                         f.write(f"{type(exc).__name__} after {time.monotonic() - start:.2f}s: {exc}\n")
                 raise
         else:
-            run_producer(comm, args)
+            try:
+                run_producer(comm, args)
+            except BaseException as exc:
+                if args.report:
+                    with open(f"{args.report}.{world.Get_rank()}", "w") as f:
+                        f.write(f"{type(exc).__name__}: {exc}\n")
+                raise
     finally:
         comm.Free()
 
@@ -102,14 +112,21 @@ def run_producer(comm, args):
             batch_labels(work.epoch, work.step)
 
     with Producer(comm) as producer:
-        while (work := producer.claim()) is not None:
-            try:
-                parts = produce(work)
-            except Exception as exc:
-                producer.publish_error(work, exc)
-            else:
-                producer.publish(work, *parts)
-            done.append((work.ticket, work.epoch, work.step, time.time()))
+        if args.serve:
+            def produce_and_log(work):
+                done.append((work.ticket, work.epoch, work.step, None))
+                return produce(work)
+            producer.serve(produce_and_log)
+        else:
+            # The loop serve() runs, spelled out to record when each step was published.
+            while (work := producer.claim()) is not None:
+                try:
+                    parts = produce(work)
+                except Exception as exc:
+                    producer.publish_error(work, exc)
+                else:
+                    producer.publish(work, *parts)
+                done.append((work.ticket, work.epoch, work.step, time.time()))
     comm.gather(done, root=0)
 
 
@@ -121,7 +138,8 @@ def run_host(comm, args, roles):
     t0 = time.monotonic()
     cpu0 = time.process_time()
     with Consumer(comm, slots=args.slots, slot_bytes=slot_bytes, timeout=args.timeout,
-                  liveness_timeout=args.liveness, progress=args.progress) as consumer:
+                  liveness_timeout=args.liveness, host_timeout=args.host_timeout,
+                  progress=args.progress) as consumer:
         sleep_end = None
         if args.sleep_fill:
             for e, s in expected[:args.slots]:
@@ -166,6 +184,8 @@ def run_host(comm, args, roles):
                 got.append((e, s))
             if args.consumer_delay:
                 time.sleep(args.consumer_delay)
+            if s == args.freeze_host_at:
+                os.kill(os.getpid(), signal.SIGSTOP)
         elapsed = time.monotonic() - t0
     cpu = time.process_time() - cpu0
     assert got == expected, "steps out of order or missing"

@@ -14,7 +14,8 @@ STREAMS = {
     "1host-2producers-K1": (3, ["--slots", "1"]),
     "1host-3producers-K8-random-delays-slow-consumer":
         (4, ["--slots", "8", "--producer-delay", "0.02", "--consumer-delay", "0.005"]),
-    "1host-3producers-K1-random-delays": (4, ["--slots", "1", "--producer-delay", "0.01"]),
+    "1host-3producers-K1-random-delays-serve":
+        (4, ["--slots", "1", "--producer-delay", "0.01", "--serve"]),
     "2hosts-2producers-K2-random-delays":
         (4, ["--hosts", "2", "--slots", "2", "--producer-delay", "0.01", "--consumer-delay", "0.002"]),
     "1host-2producers-K4-1MB-payload": (3, ["--slots", "4", "--image-bytes", "1000000", "--steps", "8"]),
@@ -59,10 +60,12 @@ def test_nolocal_without_progress_stalls_until_host_calls_mpi():
 
 @pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
 @pytest.mark.parametrize("kind", ["decode", "runtime"])
-def test_producer_error_reaches_host(kind, env):
+@pytest.mark.parametrize("loop", ["claim-publish", "serve"])
+def test_producer_error_reaches_host(loop, kind, env):
     """A producer publishes an error for step 5: the host raises it naming the producer
     (DecodeError keeps index and path), and the stream goes on with the other steps."""
-    job = run_mpi(3, "stream.py", "--fail-at", "5", "--fail-kind", kind, env=ENVS[env])
+    extra = ["--serve"] if loop == "serve" else []
+    job = run_mpi(3, "stream.py", "--fail-at", "5", "--fail-kind", kind, *extra, env=ENVS[env])
     assert job.returncode == 0, job.explain()
     (line,) = job.ok_lines()
     if kind == "decode":
@@ -106,3 +109,29 @@ def test_killed_producer_ends_the_job(launcher, env, tmp_path):
         text = host_report.read_text()
         victim = (tmp_path / "report.victim").read_text()
         assert text.startswith("PipeTimeout") and victim in text, text
+
+
+@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("progress", ["thread", "none"])
+def test_host_training_longer_than_liveness_is_no_false_alarm(progress, env):
+    """The host spends 1.5 s per batch without MPI calls while liveness_timeout is 1 s:
+    producers are idle, not dead, also when their heartbeats could not land meanwhile."""
+    job = run_mpi(3, "stream.py", "--consumer-delay", "1.5", "--steps", "3", "--epochs", "1",
+                  "--liveness", "1", "--slots", "1", "--progress", progress, env=ENVS[env])
+    assert job.returncode == 0, job.explain()
+    assert "steps=3 " in job.stdout, job.explain()
+
+
+@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+def test_frozen_host_is_named_by_producers(env, tmp_path):
+    """The host stops answering (SIGSTOP) after step 3: producers waiting for credits raise
+    PipeTimeout naming it after host_timeout, and the job ends."""
+    report = tmp_path / "report"
+    job = run_mpi(3, "stream.py", "--freeze-host-at", "3", "--host-timeout", "2",
+                  "--slots", "2", "--report", report, env=ENVS[env], limit=60)
+    assert job.returncode != 0 and not job.ok_lines(), job.explain()
+    texts = [p.read_text() for p in tmp_path.glob("report.[12]")]
+    assert texts, job.explain()
+    for text in texts:
+        assert text.startswith("PipeTimeout: host rank 0") and "stopped answering" in text, text
+    assert job.seconds < 40, job.explain()
