@@ -39,8 +39,9 @@ class BatchProcessor:
             config = TransformConfig.from_dict(config)
         elif not isinstance(config, TransformConfig):
             raise ConfigError(f"config must be a TransformConfig, got {type(config).__name__}")
-        if int(num_threads) < 1:
-            raise ConfigError(f"num_threads must be >= 1, got {num_threads!r}")
+        if isinstance(num_threads, (bool, np.bool_)) \
+                or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
+            raise ConfigError(f"num_threads must be an integer >= 1, got {num_threads!r}")
         self.config = config
         self.num_threads = int(num_threads)
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)

@@ -3,6 +3,7 @@
 It is also the fallback of the offloaded modes, and the reference stream they reproduce.
 """
 
+import math
 import queue
 import threading
 import time
@@ -11,7 +12,7 @@ import traceback
 import numpy as np
 
 from .rng import check_epoch
-from .errors import ConfigError, DecodeError, PipeTimeout, ProducerError
+from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .steps import StepProducer
 from .transforms import TransformConfig
 
@@ -28,6 +29,13 @@ def _torch():
     return torch
 
 
+def _positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 class _BaseLoader:
     """What every loader shares: arguments, position in the stream, state_dict, output."""
 
@@ -41,10 +49,13 @@ class _BaseLoader:
             raise ConfigError(f"output must be 'numpy' or 'torch', got {output!r}")
         if output == "torch":
             _torch()
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"prefetch must be an integer >= 1, got {prefetch!r}")
-        if not timeout or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        prefetch = _positive_int(prefetch, "prefetch")
+        num_threads = _positive_int(num_threads, "num_threads")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
+                                                                  np.floating)) \
+                or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"timeout must be a finite positive number of seconds, got "
+                              f"{timeout!r}")
         self.source = source
         self.output = output
         self.copy = bool(copy)
@@ -90,7 +101,8 @@ class _BaseLoader:
         return {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step,
                 "seed": p.seed, "num_samples": len(p.source), "batch_size": self.batch_size,
                 "rank": p.sampler.rank, "world_size": p.sampler.world_size,
-                "drop_last": p.drop_last, "shuffle": p.sampler.shuffle}
+                "drop_last": p.drop_last, "shuffle": p.sampler.shuffle,
+                "transform": self.transform.to_dict()}
 
     def load_state_dict(self, state):
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
@@ -98,17 +110,20 @@ class _BaseLoader:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
         mine = self.state_dict()
         for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
-                    "shuffle"):
+                    "shuffle", "transform"):
             if state.get(key) != mine[key]:
                 raise ConfigError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
                     f"{key}={mine[key]!r}; build the loader with the same dataset and "
                     f"arguments to resume")
-        step = int(state["step"])
-        if not 0 <= step <= len(self):
-            raise ConfigError(f"state step {step} outside 0..{len(self)}")
+        epoch = check_epoch(state.get("epoch"))
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not 0 <= step <= len(self):
+            raise ConfigError(f"state step {step!r} outside 0..{len(self)}")
         self._close_run()
-        self._epoch = int(state["epoch"])
+        self._epoch = epoch
+        step = int(step)
         self._step = step
 
     @property
@@ -219,8 +234,33 @@ class Loader(_BaseLoader):
             self._run = None
 
 
+def _produce(producer, images, labels, epoch, start, end, free, ready, stop):
+    """Producer thread body. It holds no reference to the Loader or its iterator, so a loader
+    dropped without close() is collected, and its __del__ stops this thread."""
+    step = start
+    try:
+        for step in range(start, end):
+            while True:
+                if stop.is_set():
+                    return
+                try:
+                    slot = free.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    continue
+            n = producer.produce(epoch, step, images[slot], labels[slot])
+            ready.put((step, slot, n, None))
+    except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
+        ready.put((step, None, 0, exc))
+
+
 class _Run:
-    """One pass over the rest of an epoch: a producer thread filling free slots in order."""
+    """One pass over the rest of an epoch: a producer thread filling free slots in order.
+
+    Only the loader's current run may yield: a run superseded by a new ``iter()``,
+    ``set_epoch`` or ``load_state_dict`` raises instead of handing out buffers that the new
+    run is overwriting.
+    """
 
     def __init__(self, loader, epoch, start):
         self.loader = loader
@@ -233,41 +273,27 @@ class _Run:
         self.held = None
         for k in range(len(loader._images)):
             self.free.put(k)
-        self.thread = threading.Thread(target=self._produce, name="dpu_pipe-loader",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=_produce, name="dpu_pipe-loader", daemon=True,
+            args=(loader.producer, loader._images, loader._labels, epoch, start, self.end,
+                  self.free, self.ready, self.stop))
         self.thread.start()
-
-    def _produce(self):
-        step = self.next_step
-        try:
-            for step in range(self.next_step, self.end):
-                while True:
-                    if self.stop.is_set():
-                        return
-                    try:
-                        slot = self.free.get(timeout=0.1)
-                        break
-                    except queue.Empty:
-                        continue
-                images, labels = self.loader._images[slot], self.loader._labels[slot]
-                n = self.loader.producer.produce(self.epoch, step, images, labels)
-                self.ready.put((step, slot, n, None))
-        except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
-            self.ready.put((step, None, 0, exc))
 
     def __iter__(self):
         return self
 
     def __next__(self):
         loader = self.loader
+        if loader._run is not self:
+            raise DpuPipeError("this iterator is no longer current: the loader started another "
+                               "iteration, or moved with set_epoch/load_state_dict/close")
         if self.held is not None:
             self.free.put(self.held)
             self.held = None
         if self.next_step >= self.end:
             self.close()
-            if loader._run is self:
-                loader._run = None
-                loader._epoch_done()
+            loader._run = None
+            loader._epoch_done()
             raise StopIteration
         t0 = time.perf_counter()
         deadline = t0 + loader.timeout
