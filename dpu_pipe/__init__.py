@@ -4,6 +4,7 @@ host or offloaded to DPU cores that ship ready batches into the host's memory ov
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .build_info import build_info
 from .loader import Loader
+from .offload import DPULoader
 from .packed import pack
 from .transforms import TransformConfig
 from .sources import FileList, ImageFolder, PackedSource, open_source
@@ -20,6 +21,7 @@ __all__ = [
     "PackedSource",
     "ConfigError",
     "DecodeError",
+    "DPULoader",
     "DpuPipeError",
     "PipeTimeout",
     "ProducerError",

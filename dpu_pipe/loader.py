@@ -282,11 +282,14 @@ class _Run:
     def __iter__(self):
         return self
 
-    def __next__(self):
-        loader = self.loader
-        if loader._run is not self:
+    def _check_current(self):
+        if self.loader._run is not self:
             raise DpuPipeError("this iterator is no longer current: the loader started another "
                                "iteration, or moved with set_epoch/load_state_dict/close")
+
+    def __next__(self):
+        loader = self.loader
+        self._check_current()
         if self.held is not None:
             self.free.put(self.held)
             self.held = None
