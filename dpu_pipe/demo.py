@@ -1,13 +1,17 @@
 """``dpu-pipe demo``: a short real training run fed by dpu_pipe, with a per-phase report.
 
 It makes an ImageNet-like dataset from real photographs on the spot (train and val splits),
-trains a small CNN with PyTorch for a few epochs on batches from :class:`dpu_pipe.Loader`,
-validates after each epoch, and reports where the time went: waiting for data, computing,
-validating — plus the loader's own stage counters.
+then launches an MPI job — one host rank that trains a small CNN with PyTorch, and producer
+ranks (``python -m dpu_pipe.worker``, standing in for DPU cores) that decode and augment the
+training and validation batches into the host's memory with one-sided RMA — and reports where
+the time went: waiting for data, computing, validating, plus the producers' own counters.
+``--mode local`` runs the same training with batches made by host threads instead.
 """
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 from .errors import ConfigError
@@ -27,6 +31,11 @@ def add_args(p):
     p.add_argument("--threads", type=int, default=1,
                    help="loader threads (the rest of the cores train)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=("offload", "local"), default="offload",
+                   help="offload: producer ranks under mpiexec make the batches; "
+                        "local: host threads do")
+    p.add_argument("--producers", type=int, default=2, help="producer ranks (offload mode)")
+    p.add_argument("--mpi-host", action="store_true", help=argparse.SUPPRESS)
 
 
 def _model(torch, classes):
@@ -52,15 +61,36 @@ def _make_data(args):
           f"({time.perf_counter() - t:.1f} s)")
 
 
+def _launch(args):
+    """Run this demo's host rank and the producer ranks under mpiexec."""
+    from .mpi import mpiexec_path
+
+    host = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe", "demo", "--mpi-host"]
+    for name in ("data", "images", "val_images", "classes", "epochs", "batch_size", "size",
+                 "threads", "seed", "producers"):
+        host += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    worker = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.worker"]
+    cmd = [mpiexec_path(), "-n", "1", *host, ":", "-n", str(args.producers), *worker]
+    print("launching: mpiexec -n 1 python -m mpi4py -m dpu_pipe demo ... : "
+          f"-n {args.producers} python -m mpi4py -m dpu_pipe.worker", flush=True)
+    # The job's wall-clock bound: the dataset is made, so training a few epochs takes minutes.
+    proc = subprocess.run(cmd, timeout=3600)
+    return proc.returncode
+
+
 def run(args):
     try:
         import torch
     except ImportError:
         raise ConfigError("the demo trains with PyTorch: pip install torch "
                           "(./run.sh demo installs it)") from None
-    from . import ImageFolder, Loader
+    if args.mode == "offload" and not args.mpi_host:
+        _make_data(args)
+        return _launch(args)
+    from . import DPULoader, ImageFolder, Loader
 
-    _make_data(args)
+    if not args.mpi_host:
+        _make_data(args)
     train_src = ImageFolder(os.path.join(args.data, "train"))
     val_src = ImageFolder(os.path.join(args.data, "val"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -71,12 +101,19 @@ def run(args):
     loss_fn = torch.nn.CrossEntropyLoss()
 
     common = dict(size=args.size, seed=args.seed, num_threads=args.threads, output="torch")
-    train = Loader(train_src, args.batch_size, train=True, **common)
-    val = Loader(val_src, args.batch_size, train=False, shuffle=False, drop_last=False, **common)
+    if args.mpi_host:
+        make = DPULoader
+        torch.set_num_threads(max(1, cores - args.producers))
+    else:
+        make = Loader
+    train = make(train_src, args.batch_size, train=True, **common)
+    val = make(val_src, args.batch_size, train=False, shuffle=False, drop_last=False, **common)
     phases = {"data wait (train)": 0.0, "compute (train)": 0.0, "validation": 0.0}
+    where = (f"{args.producers} producer ranks" if args.mpi_host
+             else f"{args.threads} host loader thread(s)")
     print(f"training {args.epochs} epochs x {len(train)} steps, batch {args.batch_size}, "
-          f"{args.size}x{args.size}, loader threads {args.threads}, torch threads "
-          f"{torch.get_num_threads()}")
+          f"{args.size}x{args.size}, batches made by {where}, torch threads "
+          f"{torch.get_num_threads()}", flush=True)
     t_start = time.perf_counter()
     with train, val:
         for epoch in range(args.epochs):
@@ -105,7 +142,7 @@ def run(args):
                     total += len(labels)
             phases["validation"] += time.perf_counter() - t_val
             print(f"epoch {epoch}: train loss {loss_sum / seen:.3f} over {seen} images, "
-                  f"val accuracy {correct / total:.3f} ({total} images)")
+                  f"val accuracy {correct / total:.3f} ({total} images)", flush=True)
         wall = time.perf_counter() - t_start
         _report(phases, wall, train, val, args)
 
@@ -119,10 +156,19 @@ def _report(phases, wall, train, val, args):
     print(f"| {'total':<22} | {wall:8.2f} | {1:6.1%} |")
     for name, loader in (("train loader", train), ("val loader", val)):
         s = loader.stats()
-        rate = s["samples"] / s["process_s"] if s["process_s"] else 0.0
-        print(f"{name}: {s['batches']} batches, {s['samples']} images; read {s['read_s']:.2f} s, "
-              f"decode+augment {s['process_s']:.2f} s ({rate:.0f} img/s on {args.threads} "
-              f"thread(s)), consumer waited {s['wait_s']:.2f} s")
+        if "producer_process_s" in s:
+            rate = s["samples"] / s["producer_process_s"] if s["producer_process_s"] else 0.0
+            print(f"{name}: {s['batches']} batches, {s['samples']} images, "
+                  f"{s['bytes_received'] / 2**20:.0f} MiB received over RMA; producers: read "
+                  f"{s['producer_read_s']:.2f} s, decode+augment {s['producer_process_s']:.2f} s "
+                  f"({rate:.0f} img/s per producer), publish {s['producer_publish_s']:.2f} s, "
+                  f"steps per producer rank {s['steps_per_producer']}; host waited "
+                  f"{s['wait_s']:.2f} s")
+        else:
+            rate = s["samples"] / s["process_s"] if s["process_s"] else 0.0
+            print(f"{name}: {s['batches']} batches, {s['samples']} images; read "
+                  f"{s['read_s']:.2f} s, decode+augment {s['process_s']:.2f} s ({rate:.0f} img/s "
+                  f"on {args.threads} thread(s)), consumer waited {s['wait_s']:.2f} s")
 
 
 def main(argv=None):
