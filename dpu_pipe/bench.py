@@ -277,7 +277,8 @@ def decode_benchmark(root_or_files, *, n=1000, repeat=3, pin_core=True, methods=
     n : int
         Number of images (the first ``n``; fewer when the dataset is smaller).
     repeat : int
-        Rounds; each round times every method once over all images. The median round counts.
+        Rounds; each round times every method once over all images, the methods taking turns
+        every 64 images. The median round counts.
     pin_core : bool or int
         True: pin to the last core this process may use; an int: that core; False: no pinning.
         OpenCV is limited to one thread either way. Both are restored afterwards.
@@ -331,12 +332,19 @@ def decode_benchmark(root_or_files, *, n=1000, repeat=3, pin_core=True, methods=
         order = list(table)
         gc.disable()  # a collection landing in one method's pass would be charged to it
         for r in range(repeat):
-            for name in order[r % len(order):] + order[:r % len(order)]:
-                fn, idx = table[name][1], steps[name]
-                t0 = time.perf_counter()
-                for i in idx:
-                    fn(i)
-                times[name].append(time.perf_counter() - t0)
+            # Within a round the methods take turns every BATCH images, so a burst of load from
+            # other processes is shared by all of them instead of landing on one method's pass.
+            spent = dict.fromkeys(order, 0.0)
+            for c, start in enumerate(range(0, count, BATCH)):
+                k = (r + c) % len(order)
+                for name in order[k:] + order[:k]:
+                    fn, idx = table[name][1], steps[name]
+                    t0 = time.perf_counter()
+                    for i in idx[_chunk(idx, start)]:
+                        fn(i)
+                    spent[name] += time.perf_counter() - t0
+            for name in order:
+                times[name].append(spent[name])
             gc.collect()
             if progress is not None:
                 progress(f"round {r + 1}/{repeat} done")
@@ -358,6 +366,11 @@ def decode_benchmark(root_or_files, *, n=1000, repeat=3, pin_core=True, methods=
             vs_pillow=None if ref is None else ref / t,
             mpix_per_s=pixels[name] / t / 1e6, core=core, rounds=repeat))
     return rows
+
+
+def _chunk(idx, start):
+    """Slice of the range ``idx`` (step 1 or BATCH) covering images start .. start+BATCH-1."""
+    return slice(start // idx.step, (start + BATCH) // idx.step)
 
 
 def _out_pixels(out, name):
