@@ -1,0 +1,91 @@
+# C-level API of the per-image transform kernel, cimported by the fused batch module.
+#
+# One kernel serves training (RandomResizedCrop + flip) and validation (resize + centre crop,
+# see ops_center_crop_box): a source box in a decoded uint8 RGB image is resampled to (oh, ow)
+# with Pillow's antialiased bilinear filter (triangle, support scaled by the downscale factor),
+# in float32, optionally mirrored, converted and normalized, and written straight into the
+# caller's sample buffer.
+#
+# Per image, two calls (or ops_resize_crop for both):
+#   ops_plan   coefficient tables of both axes for (source box, output size, flip), carved out of
+#              an OpsWorkspace the caller owns; plan.h.src_lo/src_hi and plan.v.src_lo/src_hi
+#              tell which source columns/rows will be read (a decoder may stop there).
+#   ops_run    the two resampling passes plus the output conversion, under nogil.
+# Nothing is global: one OpsWorkspace (and OpsPlan) per thread. The workspace grows on demand
+# and is reused, so after the first few images the kernel does not allocate.
+# Every call returns OPS_OK or a negative OPS_E* code.
+from libc.stdint cimport uint8_t, int32_t
+
+cdef enum:
+    OPS_OK = 0
+    OPS_EARG = -1         # a size, box, dtype or layout outside what the kernel accepts
+    OPS_ENOMEM = -2
+    OPS_EINTERNAL = -3    # a table invariant did not hold (a bug, never bad input)
+
+cdef enum:                # output element type
+    OPS_FLOAT32 = 0       # (x/255 - mean) / std
+    OPS_UINT8 = 1         # round-half-up, clamped to 0..255, not normalized
+    OPS_FLOAT16 = 2       # IEEE binary16 bits of the float32 result (round to nearest even)
+
+cdef enum:                # output layout of one sample
+    OPS_CHW = 0
+    OPS_HWC = 1
+
+ctypedef struct OpsAxis:
+    # Resampling table of one axis: output i (in output order, i.e. already mirrored for a
+    # flipped axis) is sum(weight[i*ksize + t] * src[start[i] + t] for t < count[i]), summed
+    # in ascending t; weights after count[i] are 0 up to ksize.
+    int n_out
+    int n_pad             # entries in the table: n_out, or for columns n_out rounded up to 4
+                          # (the padding repeats the last entry)
+    int ksize             # row length of `weight` (== max_taps)
+    int max_taps          # largest count[i]
+    int src_lo            # source pixels read by this axis: [src_lo, src_hi)
+    int src_hi
+    int32_t* start
+    int32_t* count
+    float* weight
+
+ctypedef struct OpsWorkspace:
+    void* raw             # malloc'd block (owned), NULL when empty
+    char* mem             # raw aligned to 64 bytes
+    size_t cap            # usable bytes at mem
+
+ctypedef struct OpsPlan:
+    OpsAxis h             # columns; mirrored when flipping
+    OpsAxis v             # rows
+    int src_h             # size of the source image the plan was made for, pixels
+    int src_w
+    Py_ssize_t rstride    # floats between intermediate rows (>= 3*h.n_pad + 4, multiple of 16)
+    float* hw4            # h.weight with every weight repeated 4 times (vector loads)
+    float* src_row        # one source row span as float32, then 3*h.ksize + 4 zeros
+    float* scale3         # 3*ow: OpsOutput.scale repeated per pixel (HWC conversion)
+    float* bias3
+    float* ring           # v.max_taps horizontally resampled rows (a ring buffer)
+    float* acc            # one vertically accumulated output row
+    float* zero           # rstride zeros
+
+ctypedef struct OpsOutput:
+    int dtype             # OPS_FLOAT32 / OPS_UINT8 / OPS_FLOAT16
+    int layout            # OPS_CHW / OPS_HWC
+    float scale[3]        # per channel: out = value * scale + bias, value in 0..255
+    float bias[3]
+
+
+cdef void ops_ws_init(OpsWorkspace* ws) noexcept nogil
+cdef void ops_ws_free(OpsWorkspace* ws) noexcept nogil
+cdef int ops_ws_reserve(OpsWorkspace* ws, size_t nbytes) noexcept nogil
+cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow) noexcept nogil
+
+cdef int ops_output_init(OpsOutput* o, int dtype, int layout,
+                         const double* mean, const double* std) noexcept nogil
+cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
+                  double y0, double x0, double h, double w,
+                  int oh, int ow, int flip) noexcept nogil
+cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
+                 const OpsOutput* o, void* out) noexcept nogil
+cdef int ops_resize_crop(OpsWorkspace* ws, const uint8_t* src, Py_ssize_t src_stride,
+                         int src_h, int src_w, double y0, double x0, double h, double w,
+                         int oh, int ow, int flip, const OpsOutput* o, void* out) noexcept nogil
+cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int resize,
+                             double* box) noexcept nogil

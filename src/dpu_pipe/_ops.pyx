@@ -1,0 +1,801 @@
+# Per-image transform kernel: antialiased bilinear resampling of a source box (Pillow's
+# BILINEAR filter, in float32), horizontal flip, dtype conversion, normalization and layout,
+# written straight into the caller's sample buffer. The C-level API and its contract are in
+# _ops.pxd; dpu_pipe/ops.py is the Python face.
+#
+# Data flow of ops_run, per output row: source rows are converted to float32 and resampled
+# horizontally on demand into a ring buffer (each needed row once, in order); the vertical
+# pass sums the ring rows into one accumulator row; that row is converted (normalized
+# float32, rounded uint8 or float16) into the output. The horizontal pass writes its rows
+# planar (R, G, B planes) for CHW output and interleaved for HWC, so the vertical pass and the
+# conversion always run over contiguous memory, which GCC vectorizes on SSE2 and NEON alike.
+#
+# Arithmetic, and why it is bit-identical on x86-64 and aarch64:
+#   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
+#   * the passes use float32 multiplies and adds (literals cast to float: a double literal
+#     would promote the expression) in a fixed order — taps in ascending source position,
+#     one output element at a time — with the build's -ffp-contract=off, so no FMA is formed;
+#     SIMD runs across independent output elements only, never across the terms of one sum.
+# Deviation from Pillow: Pillow rounds coefficients to 22-bit fixed point and rounds the
+# intermediate image to uint8 between its two passes; here coefficients are float32 and the
+# intermediate stays float32, so the result is closer to the exact filter (the tests bound
+# the difference to Pillow at one level of 255).
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t, int64_t, uintptr_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+from libc.math cimport ceil, rint
+
+from dpu_pipe.errors import ConfigError
+
+cdef extern from *:
+    """
+    #if !defined(__GNUC__)
+    #error "dpu_pipe._ops needs GCC or Clang vector extensions"
+    #endif
+    /* The horizontal pass keeps one RGB pixel in four float lanes (the fourth is spare).
+       GCC does not vectorize that loop by itself (scalar on aarch64, shuffle-heavy on x86),
+       so the lanes are explicit; vector_size types become SSE on x86-64 and NEON on aarch64,
+       and each lane does exactly the scalar IEEE operations. */
+    typedef float ops_v4f __attribute__((vector_size(16)));
+    #if defined(__clang__)
+    #define OPS_SHUF(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+    #else
+    typedef int ops_v4i __attribute__((vector_size(16)));
+    #define OPS_SHUF(a, b, i0, i1, i2, i3) __builtin_shuffle(a, b, (ops_v4i){i0, i1, i2, i3})
+    #endif
+    static inline ops_v4f ops_v4f_load(const float *p) {
+        ops_v4f v; __builtin_memcpy(&v, p, sizeof v); return v;
+    }
+    static inline void ops_v4f_store(float *p, ops_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
+    static inline ops_v4f ops_v4f_mul(ops_v4f a, float w) { return a * w; }
+    static inline ops_v4f ops_v4f_madd(ops_v4f acc, ops_v4f a, float w) { return acc + a * w; }
+    static inline ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) { return a * w; }
+    static inline ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) { return acc + a * w; }
+    /* Four RGBx pixels -> four R, four G, four B stored at r, g, b (a 4x4 transpose without
+       the spare row). */
+    static inline void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
+                                            float *r, float *g, float *b) {
+        ops_v4f lo01 = OPS_SHUF(p0, p1, 0, 4, 1, 5);   /* R0 R1 G0 G1 */
+        ops_v4f lo23 = OPS_SHUF(p2, p3, 0, 4, 1, 5);   /* R2 R3 G2 G3 */
+        ops_v4f hi01 = OPS_SHUF(p0, p1, 2, 6, 3, 7);   /* B0 B1 x  x  */
+        ops_v4f hi23 = OPS_SHUF(p2, p3, 2, 6, 3, 7);   /* B2 B3 x  x  */
+        ops_v4f_store(r, OPS_SHUF(lo01, lo23, 0, 1, 4, 5));
+        ops_v4f_store(g, OPS_SHUF(lo01, lo23, 2, 3, 6, 7));
+        ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5));
+    }
+
+    typedef float *__restrict__ ops_f32_rp;
+    typedef const float *__restrict__ ops_cf32_rp;
+    typedef unsigned char *__restrict__ ops_u8_rp;
+    typedef const unsigned char *__restrict__ ops_cu8_rp;
+    typedef unsigned short *__restrict__ ops_u16_rp;
+    """
+    ctypedef struct ops_v4f:
+        pass
+    ops_v4f ops_v4f_load(const float* p) noexcept nogil
+    void ops_v4f_store(float* p, ops_v4f v) noexcept nogil
+    ops_v4f ops_v4f_mul(ops_v4f a, float w) noexcept nogil
+    ops_v4f ops_v4f_madd(ops_v4f acc, ops_v4f a, float w) noexcept nogil
+    ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) noexcept nogil
+    ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) noexcept nogil
+    void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
+                              float* r, float* g, float* b) noexcept nogil
+
+    ctypedef float* ops_f32_rp
+    ctypedef const float* ops_cf32_rp
+    ctypedef uint8_t* ops_u8_rp
+    ctypedef const uint8_t* ops_cu8_rp
+    ctypedef uint16_t* ops_u16_rp
+
+
+DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}
+LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
+
+
+# --- workspace ------------------------------------------------------------------------------
+
+cdef inline size_t _align64(size_t n) noexcept nogil:
+    return (n + 63) & ~(<size_t>63)
+
+
+cdef void ops_ws_init(OpsWorkspace* ws) noexcept nogil:
+    ws.raw = NULL
+    ws.mem = NULL
+    ws.cap = 0
+
+
+cdef void ops_ws_free(OpsWorkspace* ws) noexcept nogil:
+    free(ws.raw)
+    ops_ws_init(ws)
+
+
+cdef int ops_ws_reserve(OpsWorkspace* ws, size_t nbytes) noexcept nogil:
+    """Make ws hold at least nbytes (64-byte aligned). Contents are not kept when it grows."""
+    cdef void* raw
+    if nbytes <= ws.cap:
+        return OPS_OK
+    # Grow geometrically so that a stream of slowly growing boxes allocates O(log n) times.
+    if nbytes < ws.cap + ws.cap // 2:
+        nbytes = ws.cap + ws.cap // 2
+    raw = malloc(nbytes + 64)
+    if raw == NULL:
+        return OPS_ENOMEM
+    free(ws.raw)
+    ws.raw = raw
+    ws.mem = <char*>_align64(<uintptr_t>raw)
+    ws.cap = nbytes
+    return OPS_OK
+
+
+cdef inline int _ksize(double length, int n_out) noexcept nogil:
+    """Pillow's bound on taps per output: 2*ceil(support) + 1, support = max(scale, 1)."""
+    cdef double support = length / n_out
+    if support < 1.0:
+        support = 1.0
+    return <int>ceil(support) * 2 + 1
+
+
+cdef inline int _span_bound(int src_w, double w, int ow) noexcept nogil:
+    """Upper bound on the source columns one row's outputs read: the first window starts at
+    most 1 + support - scale/2 left of x0 (truncation), the last ends at most as far right of
+    x0 + w, so the span is below w + 2 support + 1."""
+    cdef double support = w / ow
+    if support < 1.0:
+        support = 1.0
+    cdef double b = w + 2.0 * support + 3.0
+    return src_w if b >= src_w else <int>b
+
+
+cdef inline Py_ssize_t _pad4(Py_ssize_t n) noexcept nogil:
+    return (n + 3) & ~(<Py_ssize_t>3)
+
+
+cdef inline Py_ssize_t _rstride(int ow) noexcept nogil:
+    # Room for 3 * _pad4(ow) floats plus the spare lane an interleaved store writes past them.
+    return ((3 * _pad4(ow) + 4 + 15) // 16) * 16
+
+
+cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow) noexcept nogil:
+    """Bytes of workspace ops_plan needs for this source width (pixels), box size (h, w, in
+    source pixels) and output size (oh, ow); 0 if the sizes are invalid. Lets a caller
+    preallocate for its largest box with ops_ws_reserve."""
+    if src_w < 1 or oh < 1 or ow < 1 or not (h > 0.0 and w > 0.0 and w <= src_w):
+        return 0
+    cdef size_t kh = _ksize(w, ow)
+    cdef size_t kv = _ksize(h, oh)
+    cdef size_t span = _span_bound(src_w, w, ow)
+    cdef size_t ow4 = _pad4(ow)
+    cdef size_t rs = _rstride(ow)
+    return (2 * _align64(4 * ow4) + _align64(4 * ow4 * kh) + _align64(16 * ow4 * kh)
+            + 2 * _align64(4 * <size_t>oh) + _align64(4 * <size_t>oh * kv)
+            + _align64(4 * (3 * (span + kh) + 4))
+            + 2 * _align64(4 * 3 * <size_t>ow)
+            + 4 * rs * (kv + 2))
+
+
+# --- coefficient tables ---------------------------------------------------------------------
+
+cdef inline double _triangle(double x) noexcept nogil:
+    if x < 0.0:
+        x = -x
+    if x < 1.0:
+        return 1.0 - x
+    return 0.0
+
+
+cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_out, int n_pad,
+                    int flip) noexcept nogil:
+    """Fill ax (start/count/weight point at storage for n_pad entries of _ksize() weights) the
+    way Pillow's precompute_coeffs does for box [in0, in0 + length) of an axis of in_size
+    pixels, in double precision; trim zero-weight taps at both ends (bit-exact: they add +0);
+    repack the weights in rows of max_taps, zero-padded after count[i]; entries n_out..n_pad-1
+    repeat the last one (padding the horizontal pass computes and never uses)."""
+    cdef double scale = length / n_out
+    cdef double filterscale = scale if scale > 1.0 else 1.0
+    cdef double support = filterscale          # the triangle's support is 1
+    cdef double ss = 1.0 / filterscale
+    cdef double center, ww, wt
+    cdef int i, xx, x, xmin, xmax, first, last, n
+    cdef Py_ssize_t t, K, bound = <int>ceil(support) * 2 + 1
+    cdef float* k
+    ax.n_out = n_out
+    ax.n_pad = n_pad
+    ax.max_taps = 0
+    ax.src_lo = in_size
+    ax.src_hi = 0
+    for i in range(n_out):
+        # A flipped axis stores output n_out-1-i at i, so the pass writes mirrored rows in
+        # forward order; each output's own taps stay in ascending source order, which makes
+        # a flipped result bit-identical to the mirrored unflipped one.
+        xx = n_out - 1 - i if flip else i
+        center = in0 + (xx + 0.5) * scale
+        xmin = <int>(center - support + 0.5)   # truncation toward zero, as in Pillow
+        if xmin < 0:
+            xmin = 0
+        xmax = <int>(center + support + 0.5)
+        if xmax > in_size:
+            xmax = in_size
+        n = xmax - xmin
+        ww = 0.0
+        first = -1
+        last = -1
+        for x in range(n):
+            wt = _triangle((x + xmin - center + 0.5) * ss)
+            ww = ww + wt
+            if wt != 0.0:
+                if first < 0:
+                    first = x
+                last = x
+        if first < 0:
+            return OPS_EINTERNAL
+        k = ax.weight + i * bound
+        for x in range(first, last + 1):
+            # Recomputed rather than stored: the same double expression gives the same bits.
+            wt = _triangle((x + xmin - center + 0.5) * ss)
+            k[x - first] = <float>(wt / ww)
+        ax.start[i] = xmin + first
+        ax.count[i] = last - first + 1
+        if ax.count[i] > ax.max_taps:
+            ax.max_taps = ax.count[i]
+        if ax.start[i] < ax.src_lo:
+            ax.src_lo = ax.start[i]
+        if ax.start[i] + ax.count[i] > ax.src_hi:
+            ax.src_hi = ax.start[i] + ax.count[i]
+    # Repack in place: row i moves from i*bound down to i*K, never over a row not yet moved.
+    K = ax.max_taps
+    ax.ksize = <int>K
+    for i in range(n_out):
+        for t in range(K):
+            ax.weight[i * K + t] = ax.weight[i * bound + t] if t < ax.count[i] else <float>0.0
+    for i in range(n_out, n_pad):
+        ax.start[i] = ax.start[n_out - 1]
+        ax.count[i] = ax.count[n_out - 1]
+        for t in range(K):
+            ax.weight[i * K + t] = ax.weight[(n_out - 1) * K + t]
+    return OPS_OK
+
+
+cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
+                  double y0, double x0, double h, double w,
+                  int oh, int ow, int flip) noexcept nogil:
+    """Tables for resampling box (y0, x0, h, w) — source pixels, fractional, inside the
+    src_h x src_w image — to oh x ow, mirrored left-right if flip. Pointers in p refer to ws:
+    they stay valid until ws is reserved again or freed (the next ops_plan on ws)."""
+    cdef int rc
+    cdef Py_ssize_t i, ow4 = _pad4(ow), rs = _rstride(ow)
+    cdef size_t kh, kv, span
+    cdef char* m
+    if src_h < 1 or src_w < 1 or oh < 1 or ow < 1:
+        return OPS_EARG
+    # Written so that NaN fails every test.
+    if not (y0 >= 0.0 and x0 >= 0.0 and h > 0.0 and w > 0.0
+            and y0 + h <= src_h and x0 + w <= src_w):
+        return OPS_EARG
+    rc = ops_ws_reserve(ws, ops_workspace_bytes(src_w, h, w, oh, ow))
+    if rc != OPS_OK:
+        return rc
+    kh = _ksize(w, ow)
+    kv = _ksize(h, oh)
+    span = _span_bound(src_w, w, ow)
+    m = ws.mem
+    p.h.start = <int32_t*>m
+    m += _align64(4 * <size_t>ow4)
+    p.h.count = <int32_t*>m
+    m += _align64(4 * <size_t>ow4)
+    p.h.weight = <float*>m
+    m += _align64(4 * <size_t>ow4 * kh)
+    p.hw4 = <float*>m
+    m += _align64(16 * <size_t>ow4 * kh)
+    p.v.start = <int32_t*>m
+    m += _align64(4 * <size_t>oh)
+    p.v.count = <int32_t*>m
+    m += _align64(4 * <size_t>oh)
+    p.v.weight = <float*>m
+    m += _align64(4 * <size_t>oh * kv)
+    p.src_row = <float*>m
+    m += _align64(4 * (3 * (span + kh) + 4))
+    p.scale3 = <float*>m
+    m += _align64(4 * 3 * <size_t>ow)
+    p.bias3 = <float*>m
+    m += _align64(4 * 3 * <size_t>ow)
+    p.ring = <float*>m
+    m += 4 * rs * kv
+    p.acc = <float*>m
+    m += 4 * rs
+    p.zero = <float*>m
+    p.rstride = rs
+    p.src_h = src_h
+    p.src_w = src_w
+
+    rc = _plan_axis(&p.h, src_w, x0, w, ow, <int>ow4, flip)
+    if rc != OPS_OK:
+        return rc
+    rc = _plan_axis(&p.v, src_h, y0, h, oh, oh, 0)
+    if rc != OPS_OK:
+        return rc
+    if <size_t>(p.h.src_hi - p.h.src_lo) > span or <size_t>p.v.max_taps > kv:
+        return OPS_EINTERNAL
+    # The ring buffer in ops_run relies on row windows that only move forward.
+    for i in range(1, oh):
+        if (p.v.start[i] < p.v.start[i - 1]
+                or p.v.start[i] + p.v.count[i] < p.v.start[i - 1] + p.v.count[i - 1]):
+            return OPS_EINTERNAL
+    # Each horizontal weight four times over: the pass loads it as a vector instead of
+    # broadcasting a scalar at every tap.
+    for i in range(<Py_ssize_t>p.h.n_pad * p.h.ksize):
+        p.hw4[4 * i] = p.h.weight[i]
+        p.hw4[4 * i + 1] = p.h.weight[i]
+        p.hw4[4 * i + 2] = p.h.weight[i]
+        p.hw4[4 * i + 3] = p.h.weight[i]
+    for i in range(rs):
+        p.zero[i] = 0.0
+    # Zero-padded taps and the spare lane read past the converted span: keep that zero.
+    for i in range(3 * (p.h.src_hi - p.h.src_lo), 3 * (p.h.src_hi - p.h.src_lo + p.h.ksize) + 4):
+        p.src_row[i] = 0.0
+    return OPS_OK
+
+
+# --- horizontal pass ------------------------------------------------------------------------
+
+cdef inline void _u8_to_f32(ops_cu8_rp s, ops_f32_rp d, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = <float>s[i]
+
+
+cdef inline void _h_pixels(const float* buf, const int32_t* start, const float* w4,
+                           Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float* dst,
+                           Py_ssize_t plane, int planar) noexcept nogil:
+    # Four pixels per step: four independent sums keep the adder busy. Every output takes
+    # exactly K taps (zero-padded): a loop count that never changes is predicted perfectly,
+    # and with a constant K it is fully unrolled. A zero tap adds +0.0 to a non-negative sum,
+    # which changes no bit.
+    cdef const float* k
+    cdef Py_ssize_t K4 = 4 * K
+    cdef const float* q0
+    cdef const float* q1
+    cdef const float* q2
+    cdef const float* q3
+    cdef ops_v4f a0, a1, a2, a3
+    cdef Py_ssize_t j, t
+    for j in range(0, n_pad, 4):
+        k = w4 + j * K4
+        q0 = buf + 3 * (start[j] - lo)
+        q1 = buf + 3 * (start[j + 1] - lo)
+        q2 = buf + 3 * (start[j + 2] - lo)
+        q3 = buf + 3 * (start[j + 3] - lo)
+        a0 = ops_v4f_mulv(ops_v4f_load(q0), ops_v4f_load(k))
+        a1 = ops_v4f_mulv(ops_v4f_load(q1), ops_v4f_load(k + K4))
+        a2 = ops_v4f_mulv(ops_v4f_load(q2), ops_v4f_load(k + 2 * K4))
+        a3 = ops_v4f_mulv(ops_v4f_load(q3), ops_v4f_load(k + 3 * K4))
+        for t in range(1, K):
+            a0 = ops_v4f_maddv(a0, ops_v4f_load(q0 + 3 * t), ops_v4f_load(k + 4 * t))
+            a1 = ops_v4f_maddv(a1, ops_v4f_load(q1 + 3 * t), ops_v4f_load(k + K4 + 4 * t))
+            a2 = ops_v4f_maddv(a2, ops_v4f_load(q2 + 3 * t), ops_v4f_load(k + 2 * K4 + 4 * t))
+            a3 = ops_v4f_maddv(a3, ops_v4f_load(q3 + 3 * t), ops_v4f_load(k + 3 * K4 + 4 * t))
+        if planar:
+            ops_v4f_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j)
+        else:
+            # In order: each store's spare lane is overwritten by the next pixel.
+            ops_v4f_store(dst + 3 * j, a0)
+            ops_v4f_store(dst + 3 * j + 3, a1)
+            ops_v4f_store(dst + 3 * j + 6, a2)
+            ops_v4f_store(dst + 3 * j + 9, a3)
+
+
+cdef void _h_row_planar(const OpsAxis* ax, const float* w4, const float* buf,
+                        float* dst) noexcept nogil:
+    cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
+    if K == 2:
+        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 1)
+    elif K == 3:
+        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 1)
+    elif K == 4:
+        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 1)
+    elif K == 5:
+        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 1)
+    elif K == 6:
+        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 1)
+    elif K == 7:
+        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 1)
+    else:
+        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 1)
+
+
+cdef void _h_row_interleaved(const OpsAxis* ax, const float* w4, const float* buf,
+                             float* dst) noexcept nogil:
+    cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
+    if K == 2:
+        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 0)
+    elif K == 3:
+        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 0)
+    elif K == 4:
+        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 0)
+    elif K == 5:
+        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 0)
+    elif K == 6:
+        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 0)
+    elif K == 7:
+        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 0)
+    else:
+        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 0)
+
+
+cdef inline void _h_row(const OpsPlan* p, const uint8_t* src_row, float* dst,
+                        int planar) noexcept nogil:
+    """One source row -> n_pad resampled pixels at dst: planes of n_pad floats (R, G, B) if
+    planar, else interleaved RGB (plus one spare float)."""
+    # Converting the used span once is cheaper than widening bytes at every tap: each source
+    # pixel feeds about two outputs (more when upscaling).
+    _u8_to_f32(src_row + 3 * p.h.src_lo, p.src_row, 3 * (p.h.src_hi - p.h.src_lo))
+    if planar:
+        _h_row_planar(&p.h, p.hw4, p.src_row, dst)
+    else:
+        _h_row_interleaved(&p.h, p.hw4, p.src_row, dst)
+
+
+# --- vertical pass --------------------------------------------------------------------------
+
+cdef inline void _v_set2(ops_f32_rp acc, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                         Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        acc[i] = w0 * r0[i] + w1 * r1[i]
+
+
+cdef inline void _v_add2(ops_f32_rp acc, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                         Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        acc[i] = (acc[i] + w0 * r0[i]) + w1 * r1[i]
+
+
+# --- output conversion ----------------------------------------------------------------------
+
+cdef inline uint8_t _to_u8(float v) noexcept nogil:
+    # Round half up, as Pillow's fixed point does. Clamped in integers: float min/max with
+    # IEEE NaN rules keeps GCC from vectorizing on SSE2. (Sums of non-negative terms with
+    # weights summing to 1 stay in 0..255.0001 anyway.)
+    cdef int32_t i = <int32_t>(v + <float>0.5)
+    i = i if i < 255 else 255
+    i = i if i > 0 else 0
+    return <uint8_t>i
+
+
+cdef inline uint16_t _to_f16(float x) noexcept nogil:
+    """IEEE binary16 bits of x, round to nearest even; NaN -> quiet NaN, overflow -> inf.
+    Integer and mask arithmetic only (no branches), so loops around it vectorize and give the
+    same bits everywhere; matches numpy's float32 -> float16 cast on finite values and inf."""
+    cdef uint32_t f, sign, odd, normal, sub, special, m_sub, m_big, res
+    cdef float af
+    memcpy(&f, &x, 4)
+    sign = f & 0x80000000u
+    f = f ^ sign                               # |x|; below 2**31, so signed compares work
+    # Normal half: rebias the exponent (-112 << 23) and round at bit 13 to nearest even.
+    odd = (f >> 13) & 1u
+    normal = (f + 0xC8000FFFu + odd) >> 13
+    # Subnormal half or zero: adding 0.5f lines the 10 mantissa bits up at the bottom and lets
+    # the float adder round to nearest even; then remove 0.5f's bits.
+    memcpy(&af, &f, 4)
+    af = af + <float>0.5
+    memcpy(&sub, &af, 4)
+    sub = sub - 0x3F000000u
+    special = 0x7C00u | (<uint32_t>(<int32_t>f > <int32_t>0x7F800000) << 9)
+    m_sub = 0u - <uint32_t>(<int32_t>f < <int32_t>0x38800000)
+    m_big = 0u - <uint32_t>(<int32_t>f >= <int32_t>0x47800000)
+    res = (sub & m_sub) | (normal & ~m_sub)
+    res = (special & m_big) | (res & ~m_big)
+    return <uint16_t>(res | (sign >> 16))
+
+
+# The conversion loops also finish the vertical pass: value = (a + w0 * r0) + w1 * r1, the
+# last one or two taps of the sum (w1 = 0 when one is left; a = zeros when the sum has at most
+# two taps; both add an exact +0.0). That saves a pass over the accumulator row.
+
+cdef inline void _fin_f32(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                          ops_f32_rp o, Py_ssize_t n, float s, float b) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = ((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b
+
+
+cdef inline void _fin_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                          ops_u16_rp o, Py_ssize_t n, float s, float b) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = _to_f16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b)
+
+
+cdef inline void _fin_u8(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                         ops_u8_rp o, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = _to_u8((a[i] + w0 * r0[i]) + w1 * r1[i])
+
+
+cdef inline void _fin3_f32(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                           ops_f32_rp o, Py_ssize_t n, ops_cf32_rp s,
+                           ops_cf32_rp b) noexcept nogil:
+    # s, b repeat the three channels' constants per pixel: an elementwise loop vectorizes on
+    # every target, a stride-3 one does not on SSE2.
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = ((a[i] + w0 * r0[i]) + w1 * r1[i]) * s[i] + b[i]
+
+
+cdef inline void _fin3_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                           ops_u16_rp o, Py_ssize_t n, ops_cf32_rp s,
+                           ops_cf32_rp b) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = _to_f16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s[i] + b[i])
+
+
+cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, const float* r0,
+                      const float* r1, float w0, float w1, void* out,
+                      Py_ssize_t i) noexcept nogil:
+    """Last vertical taps and conversion of output row i; a, r0, r1 are planar rows (R, G, B
+    planes of h.n_pad floats) for CHW and interleaved rows for HWC."""
+    cdef Py_ssize_t oh = p.v.n_out, ow = p.h.n_out, n4 = p.h.n_pad, ch, off
+    cdef Py_ssize_t plane = oh * ow
+    if c.layout == OPS_CHW:
+        for ch in range(3):
+            off = ch * n4
+            if c.dtype == OPS_FLOAT32:
+                _fin_f32(a + off, r0 + off, r1 + off, w0, w1,
+                         <float*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
+            elif c.dtype == OPS_UINT8:
+                _fin_u8(a + off, r0 + off, r1 + off, w0, w1,
+                        <uint8_t*>out + ch * plane + i * ow, ow)
+            else:
+                _fin_f16(a + off, r0 + off, r1 + off, w0, w1,
+                         <uint16_t*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
+    else:
+        if c.dtype == OPS_FLOAT32:
+            _fin3_f32(a, r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
+        elif c.dtype == OPS_UINT8:
+            _fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow)
+        else:
+            _fin3_f16(a, r0, r1, w0, w1, <uint16_t*>out + i * 3 * ow, 3 * ow,
+                      p.scale3, p.bias3)
+
+
+# --- public C API ---------------------------------------------------------------------------
+
+cdef int ops_output_init(OpsOutput* o, int dtype, int layout,
+                         const double* mean, const double* std) noexcept nogil:
+    """Output spec. mean/std: 3 doubles each, on the 0..1 scale (ImageNet convention); used for
+    float32/float16 (value*scale + bias with scale = 1/(255 std), bias = -mean/std, both
+    rounded once to float32), ignored for uint8 (may be NULL then)."""
+    cdef int c
+    if dtype != OPS_FLOAT32 and dtype != OPS_UINT8 and dtype != OPS_FLOAT16:
+        return OPS_EARG
+    if layout != OPS_CHW and layout != OPS_HWC:
+        return OPS_EARG
+    o.dtype = dtype
+    o.layout = layout
+    for c in range(3):
+        o.scale[c] = 1.0
+        o.bias[c] = 0.0
+    if dtype == OPS_UINT8:
+        return OPS_OK
+    if mean == NULL or std == NULL:
+        return OPS_EARG
+    for c in range(3):
+        if not (std[c] > 0.0 and std[c] < 1e300 and mean[c] == mean[c]
+                and -1e300 < mean[c] < 1e300):
+            return OPS_EARG
+        o.scale[c] = <float>(1.0 / (255.0 * std[c]))
+        o.bias[c] = <float>(-mean[c] / std[c])
+    return OPS_OK
+
+
+cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
+                 const OpsOutput* o, void* out) noexcept nogil:
+    """Resample per plan p from src (uint8 RGB, the src_h x src_w image of ops_plan; rows
+    src_stride bytes apart, pixels 3 bytes apart) into out: one sample of o.dtype, laid out
+    (3, oh, ow) for OPS_CHW or (oh, ow, 3) for OPS_HWC, contiguous."""
+    cdef Py_ssize_t oh = p.v.n_out, ow = p.h.n_out
+    cdef Py_ssize_t n3 = 3 * p.h.n_pad, rs = p.rstride, R = p.v.max_taps
+    cdef Py_ssize_t i, t, a, n, r, next_row
+    cdef int planar = o.layout == OPS_CHW
+    cdef const float* k
+    cdef const float* base
+    cdef const float* r0
+    cdef float* acc = p.acc
+    cdef float* ring = p.ring
+    if o.dtype != OPS_FLOAT32 and o.dtype != OPS_UINT8 and o.dtype != OPS_FLOAT16:
+        return OPS_EARG
+    if o.layout != OPS_CHW and o.layout != OPS_HWC:
+        return OPS_EARG
+    if not planar:
+        for i in range(3 * ow):
+            p.scale3[i] = o.scale[i % 3]
+            p.bias3[i] = o.bias[i % 3]
+    next_row = 0
+    for i in range(oh):
+        a = p.v.start[i]
+        n = p.v.count[i]
+        # Horizontal pass on demand: row r lives in ring slot r % R until R newer rows
+        # replace it; windows only move forward and hold at most R rows.
+        r = next_row if next_row > a else a
+        while r < a + n:
+            _h_row(p, src + r * src_stride, ring + (r % R) * rs, planar)
+            r += 1
+        next_row = r
+        # Vertical pass: taps in ascending row order, two at a time to halve acc traffic; the
+        # last one or two are summed by _finish_row.
+        k = p.v.weight + i * p.v.ksize
+        base = p.zero
+        t = 0
+        if n > 2:
+            _v_set2(acc, ring + (a % R) * rs, ring + ((a + 1) % R) * rs, k[0], k[1], n3)
+            t = 2
+            while n - t > 2:
+                _v_add2(acc, ring + ((a + t) % R) * rs, ring + ((a + t + 1) % R) * rs,
+                        k[t], k[t + 1], n3)
+                t += 2
+            base = acc
+        r0 = ring + ((a + t) % R) * rs
+        if n - t == 2:
+            _finish_row(p, o, base, r0, ring + ((a + t + 1) % R) * rs, k[t], k[t + 1], out, i)
+        else:
+            _finish_row(p, o, base, r0, r0, k[t], <float>0.0, out, i)
+    return OPS_OK
+
+
+cdef int ops_resize_crop(OpsWorkspace* ws, const uint8_t* src, Py_ssize_t src_stride,
+                         int src_h, int src_w, double y0, double x0, double h, double w,
+                         int oh, int ow, int flip, const OpsOutput* o, void* out) noexcept nogil:
+    """ops_plan then ops_run: the whole per-sample transform in one call."""
+    cdef OpsPlan p
+    cdef int rc = ops_plan(&p, ws, src_h, src_w, y0, x0, h, w, oh, ow, flip)
+    if rc != OPS_OK:
+        return rc
+    return ops_run(&p, src, src_stride, o, out)
+
+
+cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int resize,
+                             double* box) noexcept nogil:
+    """Validation transform as a source box: torchvision's Resize(resize) (shorter side to
+    resize, longer side int(resize * long / short)) then CenterCrop((size_h, size_w)) (offset
+    round-half-even of half the excess). box receives (y0, x0, h, w) in source pixels of the
+    height x width image; resampling that box to (size_h, size_w) equals resizing the whole
+    image and cropping, because Pillow's filter centres and support depend only on the scale."""
+    cdef int64_t nh, nw
+    cdef double sy, sx
+    if height < 1 or width < 1 or size_h < 1 or size_w < 1 or resize < 1:
+        return OPS_EARG
+    if width <= height:
+        nw = resize
+        nh = <int64_t>(<double>(<int64_t>resize * height) / width)
+    else:
+        nh = resize
+        nw = <int64_t>(<double>(<int64_t>resize * width) / height)
+    if size_h > nh or size_w > nw:
+        return OPS_EARG
+    sy = <double>height / nh
+    sx = <double>width / nw
+    box[0] = rint((nh - size_h) / 2.0) * sy
+    box[1] = rint((nw - size_w) / 2.0) * sx
+    box[2] = size_h * sy
+    box[3] = size_w * sx
+    # top*sy + size_h*sy can exceed height by an ulp; the kernel requires the box inside.
+    if box[0] + box[2] > height:
+        box[2] = height - box[0]
+    if box[1] + box[3] > width:
+        box[3] = width - box[1]
+    return OPS_OK
+
+
+# --- Python face (dpu_pipe/ops.py validates arguments before calling these) -----------------
+
+cdef _raise(int rc, what):
+    if rc == OPS_EARG:
+        raise ConfigError(f"{what}: argument outside what the kernel accepts")
+    if rc == OPS_ENOMEM:
+        raise MemoryError(f"{what}: out of memory for the resampling workspace")
+    raise RuntimeError(f"{what}: internal table invariant failed (code {rc})")
+
+
+cdef class Workspace:
+    """Reusable scratch memory of the kernel (coefficient tables and intermediate rows).
+    One per thread; ops.py keeps one per thread for its callers."""
+    cdef OpsWorkspace ws
+    cdef public bint busy
+
+    def __cinit__(self):
+        ops_ws_init(&self.ws)
+        self.busy = False
+
+    def __dealloc__(self):
+        ops_ws_free(&self.ws)
+
+    @property
+    def nbytes(self):
+        """Bytes currently reserved."""
+        return self.ws.cap
+
+
+def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h, double w,
+                     uint8_t[::1] out, int oh, int ow, bint flip, int dtype, int layout,
+                     mean, std, Workspace ws):
+    """Run the kernel on img (H, W, 3) uint8 with pixel stride 3 (rows may be strided) into the
+    bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code."""
+    cdef double m[3]
+    cdef double s[3]
+    cdef OpsOutput o
+    cdef int rc, c
+    cdef int src_h = <int>img.shape[0], src_w = <int>img.shape[1]
+    cdef Py_ssize_t stride = img.strides[0]
+    cdef Py_ssize_t esize = 4 if dtype == OPS_FLOAT32 else (1 if dtype == OPS_UINT8 else 2)
+    if img.shape[0] < 1 or img.shape[1] < 1 or img.shape[2] != 3 or img.strides[1] != 3 \
+            or img.strides[2] != 1:
+        raise ConfigError("image must be non-empty (H, W, 3) uint8 with 3-byte pixels")
+    if out.shape[0] != esize * 3 * <Py_ssize_t>oh * ow:
+        raise ConfigError(f"output buffer holds {out.shape[0]} bytes, "
+                          f"needs {esize * 3 * oh * ow}")
+    for c in range(3):
+        m[c] = mean[c]
+        s[c] = std[c]
+    rc = ops_output_init(&o, dtype, layout, m, s)
+    if rc != OPS_OK:
+        _raise(rc, "output spec")
+    with nogil:
+        rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
+                             oh, ow, flip, &o, &out[0])
+    if rc != OPS_OK:
+        _raise(rc, "resize_crop")
+
+
+def axis_coefficients(int in_size, double in0, double length, int n_out, bint flip=False):
+    """The table of one axis as Python lists (start, count, weights per output); for tests
+    and inspection, not for the hot path."""
+    cdef OpsWorkspace ws
+    cdef OpsAxis ax
+    cdef int rc, i, t, kh
+    if in_size < 1 or n_out < 1 or not (in0 >= 0.0 and length > 0.0 and in0 + length <= in_size):
+        raise ConfigError("axis_coefficients: box outside the axis or sizes < 1")
+    kh = _ksize(length, n_out)
+    ops_ws_init(&ws)
+    try:
+        rc = ops_ws_reserve(&ws, 4 * (2 * <size_t>n_out + <size_t>n_out * kh))
+        if rc != OPS_OK:
+            _raise(rc, "axis_coefficients")
+        ax.start = <int32_t*>ws.mem
+        ax.count = ax.start + n_out
+        ax.weight = <float*>(ax.count + n_out)
+        rc = _plan_axis(&ax, in_size, in0, length, n_out, n_out, flip)
+        if rc != OPS_OK:
+            _raise(rc, "axis_coefficients")
+        starts = [ax.start[i] for i in range(n_out)]
+        counts = [ax.count[i] for i in range(n_out)]
+        weights = [[ax.weight[i * ax.ksize + t] for t in range(ax.count[i])]
+                   for i in range(n_out)]
+    finally:
+        ops_ws_free(&ws)
+    return starts, counts, weights
+
+
+def center_crop_box(int height, int width, int size_h, int size_w, int resize):
+    """(y0, x0, h, w) of ops_center_crop_box; ConfigError when the crop exceeds the resize."""
+    cdef double box[4]
+    if ops_center_crop_box(height, width, size_h, size_w, resize, box) != OPS_OK:
+        raise ConfigError(f"center crop {size_h}x{size_w} does not fit in image {height}x{width} "
+                          f"resized to shorter side {resize}")
+    return (box[0], box[1], box[2], box[3])
+
+
+def float32_to_float16_bits(const float[::1] src, uint16_t[::1] dst):
+    """dst[i] = binary16 bits of src[i] by the kernel's conversion (tests compare it to numpy)."""
+    cdef Py_ssize_t i
+    if dst.shape[0] != src.shape[0]:
+        raise ConfigError("float32_to_float16_bits: src and dst lengths differ")
+    with nogil:
+        for i in range(src.shape[0]):
+            dst[i] = _to_f16(src[i])
+
+
+def workspace_bytes(int src_w, double h, double w, int oh, int ow):
+    """Workspace bytes one plan needs (ops_workspace_bytes); 0 for invalid sizes."""
+    return ops_workspace_bytes(src_w, h, w, oh, ow)
