@@ -1,0 +1,141 @@
+"""Run a fixed set of dpu_pipe computations on a directory of JPEGs and save every output array.
+
+    python batch_digest.py DATA_DIR OUT.npz
+
+Run once by the x86-64 build on the host and once by the aarch64 build under emulation;
+tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
+(class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
+(full, region, DCT-scaled, fast), the per-image transform, the fused batch kernel and the local
+Loader; a section whose entry point this build lacks is recorded as missing, not failed.
+Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+
+def files(root):
+    out = []
+    for d in sorted(os.listdir(root)):
+        sub = os.path.join(root, d)
+        if os.path.isdir(sub):
+            out += [os.path.join(sub, f) for f in sorted(os.listdir(sub)) if f.endswith(".jpg")]
+    return out
+
+
+def decode_section(paths, put):
+    from dpu_pipe import jpeg
+
+    for p in paths:
+        name = os.path.basename(p)
+        data = open(p, "rb").read()
+        h = jpeg.read_header(data)
+        put(f"decode/{name}/full", jpeg.decode(data))
+        top, left = h.height // 5, h.width // 7
+        region = (top, left, max(1, h.height // 2), max(1, h.width // 2))
+        put(f"decode/{name}/region", jpeg.decode(data, region=region))
+        for m in (8, 24, 64):
+            put(f"decode/{name}/min{m}", jpeg.decode(data, min_size=(m, m)))
+            put(f"decode/{name}/region-min{m}", jpeg.decode(data, region=region, min_size=(m, m)))
+        put(f"decode/{name}/fast", jpeg.decode(data, fast=True))
+    bufs = [open(p, "rb").read() for p in paths]
+    out, shapes = jpeg.decode_batch(bufs)[:2]
+    put("decode_batch/out", out)
+    put("decode_batch/shapes", shapes)
+
+
+def ops_section(paths, put):
+    from dpu_pipe import jpeg, ops
+
+    for p in paths[:6]:
+        name = os.path.basename(p)
+        img = jpeg.decode(open(p, "rb").read())
+        H, W = img.shape[:2]
+        boxes = [(0.0, 0.0, H, W), (H * 0.1, W * 0.2, H * 0.55, W * 0.7), (1.5, 2.25, H / 3.0, W / 2.5)]
+        for b, box in enumerate(boxes):
+            for size in ((32, 32), (17, 45), (int(H * 1.3) + 1, int(W * 1.1) + 1)):
+                for flip in (False, True):
+                    for dtype in ("float32", "uint8", "float16"):
+                        for layout in ("CHW", "HWC"):
+                            put(f"ops/{name}/box{b}/{size[0]}x{size[1]}/flip{int(flip)}/{dtype}/{layout}",
+                                ops.resize_crop(img, box, size, flip=flip, dtype=dtype, layout=layout))
+
+
+def batch_section(paths, put):
+    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.transforms import TransformConfig
+
+    bufs = [open(p, "rb").read() for p in paths]
+    idx = np.arange(len(bufs), dtype=np.int64) * 7 + 3
+    configs = {
+        "train-f32-chw": dict(train=True, size=48),
+        "train-u8-hwc": dict(train=True, size=40, dtype="uint8", layout="HWC"),
+        "train-f16-chw": dict(train=True, size=(24, 56), dtype="float16"),
+        "val-f32-chw": dict(train=False, size=48),
+    }
+    for cname, kw in configs.items():
+        try:
+            cfg = TransformConfig(**kw)
+        except TypeError:  # a keyword this build does not take
+            cfg = TransformConfig(**{k: v for k, v in kw.items() if k in ("train", "size")})
+        for threads in (1, 2):
+            proc = BatchProcessor(cfg, num_threads=threads)
+            for seed, epoch in ((0, 0), (0, 1), (1234, 5)):
+                out, info, errors = proc.run(bufs, idx, epoch=epoch, seed=seed)
+                put(f"batch/{cname}/t{threads}/s{seed}/e{epoch}/out", out)
+                put(f"batch/{cname}/t{threads}/s{seed}/e{epoch}/info", info)
+                put(f"batch/{cname}/t{threads}/s{seed}/e{epoch}/errors",
+                    np.array(sorted(errors), dtype=np.int64))
+
+
+def loader_section(root, put):
+    import dpu_pipe
+
+    src = dpu_pipe.ImageFolder(root)
+    loader = dpu_pipe.Loader(src, 4, train=True, size=32, seed=7, shuffle=True, drop_last=False)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        for b, (images, labels) in enumerate(loader):
+            put(f"loader/e{epoch}/b{b}/images", np.asarray(images))
+            put(f"loader/e{epoch}/b{b}/labels", np.asarray(labels))
+    val = dpu_pipe.Loader(src, 5, train=False, size=40, seed=7, shuffle=False, drop_last=False,
+                          dtype="uint8", layout="HWC")
+    for b, (images, labels) in enumerate(val):
+        put(f"loader/val/b{b}/images", np.asarray(images))
+        put(f"loader/val/b{b}/labels", np.asarray(labels))
+
+
+def main(root, out_path):
+    import dpu_pipe
+
+    arrays, report = {}, {"build": {k: str(v) for k, v in dpu_pipe.build_info().items()},
+                          "sections": {}}
+
+    def put(key, value):
+        arrays[key] = np.ascontiguousarray(value)
+
+    paths = files(root)
+    sections = [("decode", lambda: decode_section(paths, put)),
+                ("ops", lambda: ops_section(paths, put)),
+                ("batch", lambda: batch_section(paths, put)),
+                ("loader", lambda: loader_section(root, put))]
+    for name, fn in sections:
+        before = len(arrays)
+        try:
+            fn()
+            report["sections"][name] = f"{len(arrays) - before} arrays"
+        except (ImportError, AttributeError) as exc:  # entry point not in this build
+            report["sections"][name] = f"missing: {exc!r}"
+        except Exception:
+            report["sections"][name] = "error: " + traceback.format_exc()
+    arrays["__report__"] = np.frombuffer(json.dumps(report).encode(), dtype=np.uint8)
+    np.savez(out_path, **arrays)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,389 @@
+"""The aarch64 wheel for BlueField DPUs, checked from an x86-64 machine.
+
+* the wheels' manylinux tags (glibc <= 2.31, Ubuntu 20.04 DPU images), bundled libraries and the
+  glibc symbol versions their extensions reference;
+* NEON: the aarch64 extension is disassembled and every hot kernel (resampling, flip,
+  normalize/convert) must contain ASIMD vector instructions; the counts are printed;
+* emulation: the kernel, decode and local-Loader tests run inside an isolated arm64 userland
+  (scripts/aarch64_env.sh: Debian arm64 .debs in a chroot, ``qemu-aarch64-static -cpu
+  cortex-a72``) against the aarch64 wheel;
+* bit-identity: the same decodes, transforms, fused batches and Loader batches (seed, epoch,
+  samples) from the aarch64 wheel under emulation and from the x86-64 wheel are byte-identical.
+
+The wheels come from ``scripts/build_wheels.sh`` (``$DPU_PIPE_AARCH64_WHEEL`` /
+``$DPU_PIPE_X86_64_WHEEL``, else ``dist/`` when newer than the sources, else built here). The
+module is skipped only when the cross toolchain or the emulator is absent.
+"""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SH = REPO / "scripts" / "build_wheels.sh"
+ENV_SH = REPO / "scripts" / "aarch64_env.sh"
+DIGEST = REPO / "scripts" / "cross" / "batch_digest.py"
+OBJDUMP = "aarch64-linux-gnu-objdump"
+MAX_GLIBC = (2, 31)          # Ubuntu 20.04, the oldest DPU OS image
+PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def _missing_tools():
+    missing = [t for t in ("aarch64-linux-gnu-gcc", OBJDUMP, "qemu-aarch64-static")
+               if shutil.which(t) is None]
+    if os.geteuid() != 0 and shutil.which("unshare") is None:
+        missing.append("root or unshare (for chroot)")
+    return missing
+
+
+_MISSING = _missing_tools()
+pytestmark = [
+    pytest.mark.skipif(bool(_MISSING), reason=f"cross toolchain/emulator absent ({', '.join(_MISSING)})"
+                       f": scripts/build_wheels.sh installs them"),
+    pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                       reason="cross-build checks run on an x86-64 Linux host"),
+    pytest.mark.timeout(3600),
+]
+
+
+def _version():
+    text = (REPO / "pyproject.toml").read_text()
+    return re.search(r'^version\s*=\s*"([^"]+)"', text, re.M).group(1)
+
+
+def _sources_mtime():
+    paths = [REPO / "setup.py", REPO / "pyproject.toml", *REPO.glob("src/dpu_pipe/*.p*"),
+             *REPO.glob("dpu_pipe/*.py")]
+    return max(p.stat().st_mtime for p in paths if p.exists())
+
+
+def _find_wheel(directory, arch):
+    pattern = f"dpu_pipe-{_version()}-{PY}-{PY}-*manylinux*_{arch}.whl"
+    found = sorted(Path(directory).glob(pattern), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _run(cmd, timeout, **kw):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """{"aarch64": path, "x86_64": path} of this checkout's cp3X wheels."""
+    got = {}
+    for arch, var in (("aarch64", "DPU_PIPE_AARCH64_WHEEL"), ("x86_64", "DPU_PIPE_X86_64_WHEEL")):
+        if os.environ.get(var):
+            got[arch] = Path(os.environ[var])
+        else:
+            w = _find_wheel(REPO / "dist", arch)
+            if w is not None and w.stat().st_mtime >= _sources_mtime():
+                got[arch] = w
+    need = [a for a in ("aarch64", "x86_64") if a not in got]
+    if need:
+        out = tmp_path_factory.mktemp("wheels")
+        proc = _run(["bash", BUILD_SH, "--arch", ",".join(need), "--python",
+                     f"{sys.version_info[0]}.{sys.version_info[1]}", "--out", out, "--no-resolve"],
+                    timeout=3000, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        for arch in need:
+            got[arch] = _find_wheel(out, arch)
+    for arch, w in got.items():
+        assert w is not None and w.exists(), f"no {arch} wheel"
+    print("\nwheels:", *(f"{w.name} ({w.stat().st_size // 1024} KiB)" for w in got.values()),
+          sep="\n  ")
+    return got
+
+
+@pytest.fixture(scope="module")
+def userland(wheels):
+    """The arm64 userland's root, with the aarch64 wheel installed."""
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    proc = _run(["bash", ENV_SH, "setup", "--python", ver], timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    root = Path(proc.stdout.strip().splitlines()[-1])
+    proc = _run(["bash", ENV_SH, "install", "--python", ver, wheels["aarch64"]], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return root
+
+
+def emulated_python(*args, timeout=900):
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return _run(["bash", ENV_SH, "python", "--python", ver, *args], timeout=timeout)
+
+
+# --- the wheels ---------------------------------------------------------------------------------
+
+ELF_MACHINE = {"aarch64": 0xB7, "x86_64": 0x3E}
+# What a manylinux extension may link against without bundling it.
+SYSTEM_LIBS = re.compile(r"^(libc|libm|libdl|libpthread|librt|libgcc_s|ld-linux-aarch64|ld-linux-x86-64)"
+                         r"\.so\.\d+$")
+
+
+def _glibc_of_tag(tag):
+    m = re.match(r"manylinux_(\d+)_(\d+)_", tag)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    return {"manylinux2014": (2, 17), "manylinux2010": (2, 12), "manylinux1": (2, 5)}[tag.split("_")[0]]
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "x86_64"])
+def test_wheel_tags_and_bundled_libraries(wheels, arch, tmp_path):
+    whl = wheels[arch]
+    plat_tags = whl.stem.split("-")[-1].split(".")
+    assert all(t.endswith("_" + arch) for t in plat_tags), whl.name
+    glibc = max(_glibc_of_tag(t) for t in plat_tags)
+    assert glibc <= MAX_GLIBC, f"{whl.name} needs glibc {glibc}, DPUs run {MAX_GLIBC}"
+    objdump = OBJDUMP if arch == "aarch64" else "objdump"
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        z.extractall(tmp_path)
+    exts = [n for n in names if n.startswith("dpu_pipe/") and n.endswith(".so")]
+    libs = [n for n in names if n.startswith("dpu_pipe.libs/") and not n.endswith("/")]
+    assert {"_jpeg", "_ops", "_pipeline", "_rng"} <= {Path(n).name.split(".")[0] for n in exts}, exts
+    assert any(Path(n).name.startswith("libjpeg") for n in libs), f"libjpeg-turbo not bundled: {libs}"
+    bundled = {Path(n).name for n in libs}
+    newest = (0, 0)
+    for so in exts + libs:
+        data = (tmp_path / so).read_bytes()
+        assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == ELF_MACHINE[arch], so
+        dyn = _run([objdump, "-p", tmp_path / so], timeout=60).stdout
+        for needed in re.findall(r"NEEDED\s+(\S+)", dyn):
+            assert needed in bundled or SYSTEM_LIBS.match(needed), f"{so} needs {needed}, not bundled"
+        syms = _run([objdump, "-T", tmp_path / so], timeout=60).stdout
+        for major, minor in re.findall(r"GLIBC_(\d+)\.(\d+)", syms):
+            newest = max(newest, (int(major), int(minor)))
+    assert newest <= MAX_GLIBC, f"symbols need glibc {newest}"
+    print(f"\n{whl.name}: tags {plat_tags}, newest glibc symbol {newest[0]}.{newest[1]}, "
+          f"bundled {sorted(bundled)}")
+
+
+# --- NEON ---------------------------------------------------------------------------------------
+
+# Hot kernels of dpu_pipe._ops (the fused batch kernel calls them) -> the Cython functions that
+# hold their loops, by role: the horizontal (_h_*) and vertical (_v_*) resampling passes; the
+# output conversion (_fin*/_emit*: normalize to float32, round to uint8, float16, layout). Flip
+# has no loop of its own: a flipped axis mirrors the output positions in the coefficient plan
+# and the horizontal pass writes the pixels mirrored, so its code is the horizontal pass.
+KERNELS = {
+    "resize": r"^_(h|v)_",
+    "flip": r"^_h_",
+    "normalize/convert": r"^_(fin|finish|emit|to_u8|to_f16|u8_to_f32|round_u8|norm|convert)",
+}
+# An Advanced SIMD instruction on a vector of two or more lanes (v0.4s, v1.16b, {v2.8h-v4.8h}).
+ASIMD = re.compile(r"\bv\d+\.(?:8b|16b|4h|8h|2s|4s|2d)\b")
+PYX_PREFIX = re.compile(r"^__pyx_f_8dpu_pipe_4_ops_")
+SUFFIX = re.compile(r"(?:\.(?:isra|constprop|part|cold)\.\d+)+$")
+
+
+def _name(symbol):
+    return SUFFIX.sub("", PYX_PREFIX.sub("", symbol))
+
+
+def _text_section(path, objdump, tmp_path):
+    """Bytes of .text, to check the debug copy carries the wheel's exact code."""
+    out = tmp_path / (Path(path).name + f".{abs(hash(str(path)))}.text")
+    proc = _run([objdump.replace("objdump", "objcopy"), "-O", "binary", "--only-section=.text",
+                 path, out], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return out.read_bytes()
+
+
+def _asimd_instructions(so):
+    """[(functions, mnemonic)] for every ASIMD vector instruction of so, where functions is the
+    set of Cython functions whose code it is: the function that holds it plus every function
+    inlined on the way to it (DWARF inline records, as objdump --inlines prints them)."""
+    # Disassemble only the span of the module's own cdef functions: the rest is Cython glue.
+    nm = _run([OBJDUMP.replace("objdump", "nm"), "-S", "--defined-only", so], timeout=60).stdout
+    spans = [(int(a, 16), int(a, 16) + int(n, 16)) for a, n, name in
+             re.findall(r"^([0-9a-f]+) ([0-9a-f]+) [tT] (__pyx_f_8dpu_pipe_4_ops_\S+)$", nm, re.M)]
+    span = ([f"--start-address={min(a for a, _ in spans):#x}",
+             f"--stop-address={max(b for _, b in spans):#x}"] if spans else [])
+    dis = _run([OBJDUMP, "-d", "-l", "--inlines", "--no-show-raw-insn", *span, so],
+               timeout=900).stdout
+    found, chain, block = [], [], []
+    for line in dis.splitlines():
+        m = re.match(r"^\s+[0-9a-f]+:\s+(\S+)\s*(.*)$", line)
+        if not m:
+            block.append(line)
+            continue
+        if block:
+            heads = [re.match(r"^(\S+)\(\):$", b) for b in block]
+            heads = [h.group(1) for h in heads if h]
+            callers = re.findall(r"^inlined by .* \((\S+)\)$", "\n".join(block), re.M)
+            if heads:
+                chain = [_name(heads[-1])] + [_name(c) for c in callers]
+            elif callers:
+                chain = chain[:1] + [_name(c) for c in callers]
+            block = []
+        if ASIMD.search(m.group(2)):
+            found.append((frozenset(chain), m.group(1)))
+    return found
+
+
+def test_neon_in_hot_kernels(wheels, tmp_path):
+    whl = wheels["aarch64"]
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(tmp_path)
+    shipped = next((tmp_path / "dpu_pipe").glob("_ops.*.so"))
+    # Debug info is split off by build_wheels.sh; its copy must hold the shipped code exactly.
+    debug = whl.parent.parent / "build" / "wheels" / "debug" / whl.name
+    debug = Path(os.environ.get("DPU_PIPE_DEBUG_DIR", debug))
+    if not debug.is_dir():
+        debug = REPO / "build" / "wheels" / "debug" / whl.name
+    dbg_so = debug / shipped.name
+    assert dbg_so.exists(), (f"{dbg_so} missing: the wheel's debug info is written by "
+                             f"scripts/build_wheels.sh beside its build")
+    assert _text_section(dbg_so, OBJDUMP, tmp_path) == _text_section(shipped, OBJDUMP, tmp_path), \
+        f"{dbg_so} is not the build of {whl.name}"
+    insns = _asimd_instructions(dbg_so)
+    print(f"\nASIMD vector instructions in {shipped.name} of {whl.name}, per hot kernel:")
+    failed, per_func = [], {}
+    for funcs, _ in insns:
+        for f in funcs:
+            per_func[f] = per_func.get(f, 0) + 1
+    for kernel, pattern in KERNELS.items():
+        funcs = sorted(f for f in per_func if re.match(pattern, f))
+        mine = [mn for fs, mn in insns if any(re.match(pattern, f) for f in fs)]
+        top = {}
+        for mn in mine:
+            top[mn] = top.get(mn, 0) + 1
+        detail = ", ".join(f"{f} {per_func[f]}" for f in funcs)
+        top_s = " ".join(f"{mn}:{c}" for mn, c in sorted(top.items(), key=lambda x: -x[1])[:10])
+        print(f"  {kernel:18s} {len(mine):5d}  ({detail})\n  {'':18s}        {top_s}")
+        if not mine:
+            failed.append(kernel)
+    assert not failed, (f"no ASIMD vector instructions in: {failed}; ASIMD per function: "
+                        f"{per_func}")
+    # The bundled libjpeg-turbo decodes with its NEON code.
+    lib = next((tmp_path / "dpu_pipe.libs").glob("libjpeg*"))
+    dis = _run([OBJDUMP, "-d", "--no-show-raw-insn", lib], timeout=600).stdout
+    neon = len([ln for ln in dis.splitlines() if ASIMD.search(ln)])
+    print(f"  {'libjpeg-turbo':18s} {neon:5d}   (bundled {lib.name}: IDCT, upsampling, colour)")
+    assert neon > 1000
+
+
+# --- emulation ----------------------------------------------------------------------------------
+
+# The kernel, decode and local-Loader tests. Deselected under emulation: arithmetic-coded test
+# files (made by a helper program in a subprocess), torch output (no torch for the DPU here).
+EMULATED_TESTS = ["test_jpeg.py", "test_batch.py", "test_loader.py", "test_rng.py"]
+EMULATED_DESELECT = "not arith and not torch"
+
+
+def test_emulated_userland_is_isolated_and_aarch64(userland):
+    proc = emulated_python("-c", """if 1:
+        import json, os, platform, sys, dpu_pipe
+        info = dpu_pipe.build_info()
+        info["platform"] = platform.machine()
+        info["host_libs_visible"] = [p for p in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu/libjpeg.so.62", "/usr/lib/aarch64-linux-gnu/libjpeg.so.8")
+            if os.path.exists(p)]
+        info["dpu_pipe_from"] = os.path.dirname(dpu_pipe.__file__)
+        print(json.dumps(info))""", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("\nemulated build_info:", info)
+    assert info["platform"] == "aarch64" and info["machine"] == "aarch64"
+    assert info["simd"] == "NEON" and info["march"] == "armv8-a"
+    assert info["host_libs_visible"] == []       # only the wheel's own libjpeg-turbo exists
+    assert info["dpu_pipe_from"] == "/opt/dpu_pipe/dpu_pipe"
+
+
+def test_emulated_kernel_decode_loader_tests(userland):
+    files = [f for f in EMULATED_TESTS if (REPO / "tests" / f).exists()]
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    proc = _run(["bash", ENV_SH, "pytest", "--python", ver, *files, "--", "-q", "-rfE",
+                 "-k", EMULATED_DESELECT, "-o", "timeout=1200", "-p", "no:randomly"], timeout=3000)
+    tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+    print(f"\nemulated pytest ({', '.join(files)}; -k '{EMULATED_DESELECT}') on cortex-a72:\n{tail}")
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+    assert re.search(r"\d+ passed", proc.stdout)
+
+
+# --- bit-identity -------------------------------------------------------------------------------
+
+def _make_dataset(root):
+    """An ImageFolder of JPEGs covering the decoder's paths: sizes off the iMCU grid, 4:2:0,
+    4:2:2, 4:4:4, grayscale, progressive, several qualities."""
+    from PIL import Image
+
+    rng = np.random.default_rng(20240611)
+    specs = [((37, 53), "4:2:0", False, "RGB", 90), ((120, 90), "4:2:2", False, "RGB", 75),
+             ((257, 199), "4:4:4", False, "RGB", 95), ((64, 80), None, False, "L", 85),
+             ((181, 243), "4:2:0", True, "RGB", 80), ((96, 128), "4:4:4", True, "RGB", 60),
+             ((240, 320), "4:2:0", False, "RGB", 70), ((75, 301), "4:2:2", True, "RGB", 88),
+             ((33, 33), "4:2:0", False, "RGB", 50)]
+    for i, ((h, w), sub, prog, mode, q) in enumerate(specs):
+        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+        base = np.stack([128 + 100 * np.sin(x / (5 + i) + c) * np.cos(y / (7 + c)) for c in range(3)], -1)
+        img = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        pil = Image.fromarray(img).convert(mode)
+        d = root / f"class{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        kw = dict(quality=q, progressive=prog)
+        if sub is not None:
+            kw["subsampling"] = sub
+        pil.save(d / f"img{i:02d}.jpg", **kw)
+
+
+def _load(path):
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    report = json.loads(arrays.pop("__report__").tobytes())
+    return arrays, report
+
+
+def test_bit_identity_x86_64_vs_aarch64(userland, wheels, tmp_path):
+    pytest.importorskip("PIL")
+    data = tmp_path / "data"
+    _make_dataset(data)
+    # x86-64: the x86-64 wheel, installed into a directory of its own.
+    target = tmp_path / "x86"
+    proc = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+                 wheels["x86_64"]], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="2")
+    proc = _run([sys.executable, DIGEST, data, tmp_path / "x86.npz"], timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # aarch64: the aarch64 wheel in the emulated userland, on the same files.
+    work = userland / "work" / "digest"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    shutil.copytree(data, work / "data")
+    shutil.copy(DIGEST, work / "batch_digest.py")
+    proc = emulated_python("/work/digest/batch_digest.py", "/work/digest/data",
+                           "/work/digest/arm.npz", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    x86, x86_report = _load(tmp_path / "x86.npz")
+    arm, arm_report = _load(work / "arm.npz")
+    print(f"\nx86-64 build: {x86_report['build']}\naarch64 build: {arm_report['build']}")
+    for name in x86_report["sections"]:
+        print(f"  {name:8s} x86-64: {x86_report['sections'][name][:70]!s:40s} "
+              f"aarch64: {arm_report['sections'][name][:70]}")
+    for rep in (x86_report, arm_report):
+        errors = {k: v for k, v in rep["sections"].items() if v.startswith("error")}
+        assert not errors, errors
+    assert x86_report["sections"]["decode"].endswith("arrays")
+    assert sorted(x86) == sorted(arm), set(x86) ^ set(arm)
+    differ = []
+    for key in sorted(x86):
+        a, b = x86[key], arm[key]
+        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            diff = (np.abs(a.astype(np.float64) - b.astype(np.float64)).max()
+                    if a.shape == b.shape else "shape")
+            differ.append(f"{key}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}, max |diff| {diff}")
+    nbytes = sum(a.nbytes for a in x86.values())
+    print(f"  compared {len(x86)} arrays, {nbytes / 1e6:.1f} MB: {len(differ)} differ")
+    for d in differ[:20]:
+        print("   ", d)
+    assert not differ, f"{len(differ)} of {len(x86)} arrays differ between x86-64 and aarch64"
