@@ -91,7 +91,8 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     box : (y0, x0, h, w)
         Source box in pixels of ``img``; fractional values allowed (a crop box scaled into an
         image decoded at DCT scale s/8). Must lie inside the image: ``0 <= y0``,
-        ``y0 + h <= H``, ``h > 0``, and the same for x.
+        ``y0 + h <= H``, ``h > 0``, and the same for x; an overshoot of up to 1e-6 pixel
+        (rounding of a scaled box) is clamped.
     size : int or (oh, ow)
         Output height and width in pixels.
     flip : bool
@@ -127,7 +128,9 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     except (TypeError, ValueError):
         raise ConfigError(f"box must be 4 numbers (y0, x0, h, w), got {box!r}") from None
     H, W = img.shape[:2]
-    if not (h > 0 and w > 0 and y0 >= 0 and x0 >= 0 and y0 + h <= H and x0 + w <= W):
+    slack = _ops.BOX_SLACK
+    if not (h > 0 and w > 0 and y0 >= -slack and x0 >= -slack and y0 + h <= H + slack
+            and x0 + w <= W + slack):
         raise ConfigError(f"box (y0, x0, h, w) = {(y0, x0, h, w)} must have h, w > 0 and lie "
                           f"inside the {H}x{W} image")
     oh, ow = _size_pair(size)

@@ -258,7 +258,10 @@ def test_axis_tables_match_pillow_coefficients(in_size, in0, length, n_out, flip
 
 # --- float16 conversion ---------------------------------------------------------------------
 
-def test_float16_conversion_is_numpy_round_to_nearest_even():
+@pytest.mark.parametrize("f16c", [False, True], ids=["portable", "f16c"])
+def test_float16_conversion_is_numpy_round_to_nearest_even(f16c):
+    if f16c and not _ops.has_f16c():
+        pytest.skip("no F16C instructions on this CPU")
     # Every float16 value and the exact midpoints (ties) around it, plus a sweep over all
     # float32 exponents, signs and NaN/inf bit patterns.
     halves = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
@@ -272,7 +275,7 @@ def test_float16_conversion_is_numpy_round_to_nearest_even():
     x = np.concatenate([finite, ties, near, sweep, np.float32([np.inf, -np.inf, 65504, 65520,
                                                                -65520, 1e-8, -0.0])])
     got = np.empty(x.shape, np.uint16)
-    _ops.float32_to_float16_bits(np.ascontiguousarray(x, np.float32), got)
+    _ops.float32_to_float16_bits(np.ascontiguousarray(x, np.float32), got, f16c)
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(np.float16).view(np.uint16)
     nan = np.isnan(x)
@@ -330,6 +333,17 @@ def _img():
 def test_bad_box(box):
     with pytest.raises(ConfigError, match="box"):
         ops.resize_crop(_img(), box, 8)
+
+
+def test_box_overshoot_from_rounding_is_clamped():
+    img = image((40, 50))
+    exact = ops.resize_crop(img, (0.0, 0.0, 40.0, 50.0), (16, 20))
+    for box in [(0.0, 0.0, 40.0 + 5e-7, 50.0), (-5e-7, 0.0, 40.0 + 5e-7, 50.0 + 4e-7),
+                (0.0, -3e-7, 40.0, 50.0 + 3e-7)]:
+        got = ops.resize_crop(img, box, (16, 20))
+        assert np.abs(got - exact).max() < 1e-5
+    with pytest.raises(ConfigError, match="box"):
+        ops.resize_crop(img, (0.0, 0.0, 40.0 + 1e-5, 50.0), (16, 20))
 
 
 @pytest.mark.parametrize("size", [0, -3, (8, 0), (8,), (2, 3, 4), True, 2.5, (1 << 20, 4)],

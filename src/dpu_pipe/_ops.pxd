@@ -22,6 +22,14 @@ cdef enum:
     OPS_ENOMEM = -2
     OPS_EINTERNAL = -3    # a table invariant did not hold (a bug, never bad input)
 
+cdef extern from *:
+    """
+    /* How far (pixels) a box may overshoot the image and still be accepted (and clamped):
+       room for the rounding of a crop box scaled by s/8 into a decoded region. */
+    #define OPS_BOX_SLACK 1e-6
+    """
+    const double OPS_BOX_SLACK
+
 cdef enum:                # output element type
     OPS_FLOAT32 = 0       # (x/255 - mean) / std
     OPS_UINT8 = 1         # round-half-up, clamped to 0..255, not normalized
@@ -64,6 +72,7 @@ ctypedef struct OpsPlan:
     float* ring           # v.max_taps horizontally resampled rows (a ring buffer)
     float* acc            # one vertically accumulated output row
     float* zero           # rstride zeros
+    float* tmp            # one float row before its float16 conversion (F16C path)
 
 ctypedef struct OpsOutput:
     int dtype             # OPS_FLOAT32 / OPS_UINT8 / OPS_FLOAT16

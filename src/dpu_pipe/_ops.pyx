@@ -64,6 +64,28 @@ cdef extern from *:
         ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5));
     }
 
+    /* float32 -> float16 with x86's F16C instructions when the CPU has them (every x86-64
+       CPU since 2012, but not the SSE2 baseline a portable build targets). IEEE round to
+       nearest even, like _to_f16, so both give the same bits (tests compare them). */
+    #if defined(__x86_64__) && defined(__GNUC__)
+    #include <immintrin.h>
+    __attribute__((target("avx,f16c")))
+    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < n; i++)
+            dst[i] = (unsigned short)_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+    }
+    static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
+    #else
+    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
+        (void)src; (void)dst; (void)n;
+    }
+    static int ops_have_f16c(void) { return 0; }
+    #endif
+
     typedef float *__restrict__ ops_f32_rp;
     typedef const float *__restrict__ ops_cf32_rp;
     typedef unsigned char *__restrict__ ops_u8_rp;
@@ -80,6 +102,8 @@ cdef extern from *:
     ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) noexcept nogil
     void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
                               float* r, float* g, float* b) noexcept nogil
+    void ops_f16c_convert(const float* src, uint16_t* dst, Py_ssize_t n) noexcept nogil
+    int ops_have_f16c() noexcept nogil
 
     ctypedef float* ops_f32_rp
     ctypedef const float* ops_cf32_rp
@@ -90,6 +114,7 @@ cdef extern from *:
 
 DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}
 LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
+BOX_SLACK = OPS_BOX_SLACK
 
 
 # --- workspace ------------------------------------------------------------------------------
@@ -170,7 +195,7 @@ cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow) n
             + 2 * _align64(4 * <size_t>oh) + _align64(4 * <size_t>oh * kv)
             + _align64(4 * (3 * (span + kh) + 4))
             + 2 * _align64(4 * 3 * <size_t>ow)
-            + 4 * rs * (kv + 2))
+            + 4 * rs * (kv + 3))
 
 
 # --- coefficient tables ---------------------------------------------------------------------
@@ -259,17 +284,31 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
                   double y0, double x0, double h, double w,
                   int oh, int ow, int flip) noexcept nogil:
     """Tables for resampling box (y0, x0, h, w) — source pixels, fractional, inside the
-    src_h x src_w image — to oh x ow, mirrored left-right if flip. Pointers in p refer to ws:
-    they stay valid until ws is reserved again or freed (the next ops_plan on ws)."""
+    src_h x src_w image (OPS_BOX_SLACK of overshoot is clamped) — to oh x ow, mirrored
+    left-right if flip. Pointers in p refer to ws: they stay valid until ws is reserved again
+    or freed (the next ops_plan on ws)."""
     cdef int rc
     cdef Py_ssize_t i, ow4 = _pad4(ow), rs = _rstride(ow)
     cdef size_t kh, kv, span
     cdef char* m
     if src_h < 1 or src_w < 1 or oh < 1 or ow < 1:
         return OPS_EARG
-    # Written so that NaN fails every test.
-    if not (y0 >= 0.0 and x0 >= 0.0 and h > 0.0 and w > 0.0
-            and y0 + h <= src_h and x0 + w <= src_w):
+    # A box scaled into a DCT-scaled region can overshoot its edges by rounding; up to
+    # OPS_BOX_SLACK pixels is clamped, more is an error. Written so that NaN fails every test.
+    if not (y0 >= -OPS_BOX_SLACK and x0 >= -OPS_BOX_SLACK and h > 0.0 and w > 0.0
+            and y0 + h <= src_h + OPS_BOX_SLACK and x0 + w <= src_w + OPS_BOX_SLACK):
+        return OPS_EARG
+    if y0 < 0.0:
+        h = h + y0
+        y0 = 0.0
+    if x0 < 0.0:
+        w = w + x0
+        x0 = 0.0
+    if y0 + h > src_h:
+        h = src_h - y0
+    if x0 + w > src_w:
+        w = src_w - x0
+    if not (h > 0.0 and w > 0.0):
         return OPS_EARG
     rc = ops_ws_reserve(ws, ops_workspace_bytes(src_w, h, w, oh, ow))
     if rc != OPS_OK:
@@ -303,6 +342,8 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     p.acc = <float*>m
     m += 4 * rs
     p.zero = <float*>m
+    m += 4 * rs
+    p.tmp = <float*>m
     p.rstride = rs
     p.src_h = src_h
     p.src_w = src_w
@@ -532,10 +573,11 @@ cdef inline void _fin3_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float 
 
 
 cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, const float* r0,
-                      const float* r1, float w0, float w1, void* out,
-                      Py_ssize_t i) noexcept nogil:
+                      const float* r1, float w0, float w1, void* out, Py_ssize_t i,
+                      int f16c) noexcept nogil:
     """Last vertical taps and conversion of output row i; a, r0, r1 are planar rows (R, G, B
-    planes of h.n_pad floats) for CHW and interleaved rows for HWC."""
+    planes of h.n_pad floats) for CHW and interleaved rows for HWC. f16c: convert float16
+    with the F16C instructions (x86) instead of _to_f16."""
     cdef Py_ssize_t oh = p.v.n_out, ow = p.h.n_out, n4 = p.h.n_pad, ch, off
     cdef Py_ssize_t plane = oh * ow
     if c.layout == OPS_CHW:
@@ -547,6 +589,10 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
             elif c.dtype == OPS_UINT8:
                 _fin_u8(a + off, r0 + off, r1 + off, w0, w1,
                         <uint8_t*>out + ch * plane + i * ow, ow)
+            elif f16c:
+                _fin_f32(a + off, r0 + off, r1 + off, w0, w1, p.tmp, ow, c.scale[ch],
+                         c.bias[ch])
+                ops_f16c_convert(p.tmp, <uint16_t*>out + ch * plane + i * ow, ow)
             else:
                 _fin_f16(a + off, r0 + off, r1 + off, w0, w1,
                          <uint16_t*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
@@ -555,6 +601,9 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
             _fin3_f32(a, r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
         elif c.dtype == OPS_UINT8:
             _fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow)
+        elif f16c:
+            _fin3_f32(a, r0, r1, w0, w1, p.tmp, 3 * ow, p.scale3, p.bias3)
+            ops_f16c_convert(p.tmp, <uint16_t*>out + i * 3 * ow, 3 * ow)
         else:
             _fin3_f16(a, r0, r1, w0, w1, <uint16_t*>out + i * 3 * ow, 3 * ow,
                       p.scale3, p.bias3)
@@ -599,6 +648,7 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
     cdef Py_ssize_t n3 = 3 * p.h.n_pad, rs = p.rstride, R = p.v.max_taps
     cdef Py_ssize_t i, t, a, n, r, next_row
     cdef int planar = o.layout == OPS_CHW
+    cdef int f16c = o.dtype == OPS_FLOAT16 and ops_have_f16c()
     cdef const float* k
     cdef const float* base
     cdef const float* r0
@@ -638,9 +688,10 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
             base = acc
         r0 = ring + ((a + t) % R) * rs
         if n - t == 2:
-            _finish_row(p, o, base, r0, ring + ((a + t + 1) % R) * rs, k[t], k[t + 1], out, i)
+            _finish_row(p, o, base, r0, ring + ((a + t + 1) % R) * rs, k[t], k[t + 1], out, i,
+                        f16c)
         else:
-            _finish_row(p, o, base, r0, r0, k[t], <float>0.0, out, i)
+            _finish_row(p, o, base, r0, r0, k[t], <float>0.0, out, i, f16c)
     return OPS_OK
 
 
@@ -786,14 +837,27 @@ def center_crop_box(int height, int width, int size_h, int size_w, int resize):
     return (box[0], box[1], box[2], box[3])
 
 
-def float32_to_float16_bits(const float[::1] src, uint16_t[::1] dst):
-    """dst[i] = binary16 bits of src[i] by the kernel's conversion (tests compare it to numpy)."""
+def float32_to_float16_bits(const float[::1] src, uint16_t[::1] dst, bint f16c=False):
+    """dst[i] = binary16 bits of src[i] by the kernel's portable conversion, or by the F16C
+    instructions if f16c (ConfigError when the CPU has none); tests compare both to numpy."""
     cdef Py_ssize_t i
     if dst.shape[0] != src.shape[0]:
         raise ConfigError("float32_to_float16_bits: src and dst lengths differ")
+    if f16c and not ops_have_f16c():
+        raise ConfigError("float32_to_float16_bits: this CPU has no F16C instructions")
+    if src.shape[0] == 0:
+        return
     with nogil:
-        for i in range(src.shape[0]):
-            dst[i] = _to_f16(src[i])
+        if f16c:
+            ops_f16c_convert(&src[0], &dst[0], src.shape[0])
+        else:
+            for i in range(src.shape[0]):
+                dst[i] = _to_f16(src[i])
+
+
+def has_f16c():
+    """Whether float16 output uses x86's F16C instructions on this CPU."""
+    return bool(ops_have_f16c())
 
 
 def workspace_bytes(int src_w, double h, double w, int oh, int ow):
