@@ -87,10 +87,17 @@ install_wheel() {
 }
 
 enter() {  # run ARGS with the userland as /
-    local runner=()
+    # A private mount and PID namespace gives the userland its own /proc (qemu emulates
+    # /proc/self for the guest), gone with the last process: nothing stays mounted.
+    local runner=(unshare --mount --pid --fork --mount-proc="$ROOT/proc")
+    mkdir -p "$ROOT/proc"
     if [ "$(id -u)" != 0 ]; then
         unshare -r true 2>/dev/null || die "chroot needs root or unprivileged user namespaces"
-        runner=(unshare -r)
+        runner=(unshare -r --mount --pid --fork --mount-proc="$ROOT/proc")
+    fi
+    if ! "${runner[@]}" true 2>/dev/null; then
+        log "no mount namespace here: the userland runs without /proc"
+        runner=(); [ "$(id -u)" = 0 ] || runner=(unshare -r)
     fi
     local chroot_bin
     chroot_bin=$(command -v chroot || echo /usr/sbin/chroot)
