@@ -1,0 +1,487 @@
+"""Host side of the DPULoader scenarios, run under mpiexec (MPMD) by ``test_offload.py``::
+
+    mpiexec -n H python -m mpi4py tests/mpi/offload_host.py SCENARIO ... \\
+          : -n P python -m mpi4py -m dpu_pipe.worker
+
+Scenarios (each host rank runs the same one):
+
+``stream``
+    For every slot count of ``--slots``: a DPULoader over ``--epochs`` epochs, each batch
+    compared bit for bit with the local :class:`~dpu_pipe.Loader` built with the same
+    arguments in this process; per epoch the labels of all hosts (label = sample index in
+    the datasets made by :func:`make_dataset`) are gathered over a communicator of the host
+    ranks only and must cover the dataset exactly once. Epoch 1 of the first slot count is
+    consumed in two ``for`` loops (break, then continue). ``--local`` and ``--torch`` add
+    one epoch of ``mode="local"`` and of ``output="torch"``.
+    Then one epoch of batch 5, ``drop_last=False`` (a short last batch), float32 HWC, the
+    validation transform.
+``resume``
+    Consume ``--take`` batches (optionally after ``--load`` of a state file), save them to an
+    ``.npz``, write ``state_dict()`` as JSON; without ``--take``, consume up to the end of
+    epoch ``--epochs - 1``.
+``bad``
+    ``on_error="skip"`` stream against the Loader's, with the bad-sample records; then
+    ``on_error="raise"``: the DecodeError is recorded (with what a further ``next()`` on the
+    same iterator raises) and re-raised (the job must fail).
+``kill``
+    After ``--kill-after`` batches the host sends ``--signal`` (KILL, or STOP for a hung
+    producer) to one ``dpu_pipe.worker`` rank of this job (a child of the same MPI process
+    manager) and keeps consuming; the error that ends it is recorded and re-raised.
+``interleave``
+    Mid-epoch validation: after 3 training batches a second DPULoader (validation transform)
+    is iterated to its end, then training continues; both streams checked against the Loader.
+
+Every host writes ``<out>/host<i>.json`` (results) or ``<out>/error<i>.json`` (the exception
+that ended it) and prints ``OK host=<i>`` on success.
+
+``worker`` is not a host scenario: it runs ``python -m dpu_pipe.worker`` with a random delay
+of up to ``--delay`` seconds before each batch, for slow-producer tests.
+"""
+import argparse
+import io
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+
+
+# --- datasets (also used by the test process, which must not import mpi4py.MPI) ------------
+
+def sample_jpeg(i):
+    """Sample i's JPEG: a scikit-image photo at a size of its own (64..199 px a side)."""
+    import skimage.data
+    from PIL import Image
+
+    photo = Image.fromarray(np.ascontiguousarray(getattr(skimage.data, PHOTOS[i % 4])()[..., :3]))
+    w, h = 64 + (i * 53) % 136, 64 + (i * 37) % 136
+    buf = io.BytesIO()
+    photo.resize((w, h), Image.BILINEAR).save(buf, format="JPEG", quality=80 + i % 15,
+                                              subsampling=(2, 0, 1)[i % 3],
+                                              progressive=i % 7 == 3)
+    return buf.getvalue()
+
+
+def bad_jpeg(kind):
+    good = sample_jpeg(0)
+    return {"corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
+            "not-jpeg": b"this is not a JPEG file\n" * 40}[kind]
+
+
+def make_dataset(root, n, bad=None):
+    """ImageFolder of ``n`` samples, one class folder each, so label == sample index.
+    ``bad``: {index: "corrupt" | "not-jpeg"}. Returns the root."""
+    bad = bad or {}
+    for i in range(n):
+        d = os.path.join(root, f"c{i:03d}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "img.jpg"), "wb") as f:
+            f.write(bad_jpeg(bad[i]) if i in bad else sample_jpeg(i))
+    return root
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def loader_kwargs(args):
+    return dict(size=args.size, dtype=args.dtype, seed=args.seed)
+
+
+def as_numpy(x):
+    return x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else x
+
+
+def check_same(got, ref, where):
+    x, y = (as_numpy(v) for v in got)
+    u, v = ref
+    assert x.dtype == u.dtype and x.shape == u.shape, \
+        f"{where}: images {x.dtype}{x.shape}, Loader gives {u.dtype}{u.shape}"
+    assert np.array_equal(y, v), f"{where}: labels {y.tolist()}, Loader gives {v.tolist()}"
+    if not np.array_equal(x, u):
+        bad = np.flatnonzero(x.reshape(-1) != u.reshape(-1))
+        raise AssertionError(f"{where}: {bad.size} image values differ from the Loader's, "
+                             f"first at flat index {bad[0]}")
+
+
+def reference_epochs(src, batch_size, epochs, **kw):
+    """The local Loader's stream, copied: [[(images, labels)] per epoch]."""
+    from dpu_pipe import Loader
+
+    with Loader(src, batch_size, **kw) as ref:
+        return [[(x.copy(), y.copy()) for x, y in ref] for _ in range(epochs)]
+
+
+class Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+class Hosts:
+    """This host's place among the host ranks, and a communicator of the hosts only (the
+    producers never call into it). In the MPMD launch the hosts are world ranks 0..H-1."""
+
+    def __init__(self, loader):
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        self.index = loader._session.host_index
+        self.count = loader._session.num_hosts
+        assert self.index == world.Get_rank(), "hosts must be the first ranks of the launch"
+        group = world.Get_group().Incl(list(range(self.count)))
+        self.comm = world.Create_group(group, tag=77)
+        group.Free()
+
+    def all_labels(self, labels):
+        """Every host's labels of an epoch, concatenated in host order."""
+        return [v for part in self.comm.allgather(list(labels)) for v in part]
+
+
+def write_json(path, data):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def record_error(args, host, exc, **extra):
+    notes = list(getattr(exc, "__notes__", []))
+    cause = exc.__cause__
+    write_json(os.path.join(args.out, f"error{host}.json"), {
+        "type": type(exc).__name__, "message": str(exc), "notes": notes,
+        "index": getattr(exc, "index", None), "path": getattr(exc, "path", None),
+        "cause_type": type(cause).__name__ if cause is not None else None,
+        "cause_producer": getattr(cause, "producer", None),
+        "traceback": traceback.format_exc(), **extra})
+
+
+# --- scenarios --------------------------------------------------------------------------------
+
+def run_stream(args, src, warnings):
+    from dpu_pipe import DPULoader
+
+    kw = loader_kwargs(args)
+    n = len(src)
+    result = {"runs": []}
+    hosts = None
+    ref = None
+    for k, slots in enumerate(args.slots):
+        t0 = time.monotonic()
+        dl = DPULoader(src, args.batch, slots=slots, liveness_timeout=args.liveness, **kw)
+        if hosts is None:
+            hosts = Hosts(dl)
+            result.update(host=hosts.index, hosts=hosts.count, mode=dl.mode)
+            ref = reference_epochs(src, args.batch, args.epochs, rank=hosts.index,
+                                   world_size=hosts.count, **kw)
+        assert dl.producer.sampler.rank == hosts.index
+        assert dl.producer.sampler.world_size == hosts.count
+        assert len(dl) == len(ref[0]), (len(dl), len(ref[0]))
+        for e in range(args.epochs):
+            assert dl.epoch == e
+            labels = []
+
+            def take(limit=None):
+                for x, y in dl:
+                    step = len(labels) // args.batch
+                    check_same((x, y), ref[e][step], f"slots={slots} epoch {e} step {step}")
+                    labels.extend(as_numpy(y).tolist())
+                    if args.sleep:
+                        time.sleep(args.sleep)      # "training"
+                    if limit is not None and step + 1 == limit:
+                        break
+
+            if k == 0 and e == 1:
+                take(limit=3)                       # break mid-epoch ...
+                assert dl.epoch == 1 and dl.state_dict()["step"] == 3
+            take()                                  # ... and continue where it stopped
+            assert len(labels) == len(ref[e]) * args.batch, (e, len(labels))
+            assert dl.epoch == e + 1
+            everyone = hosts.all_labels(labels)
+            assert sorted(everyone) == list(range(n)), \
+                f"epoch {e}: samples not delivered exactly once over the hosts: {sorted(everyone)}"
+        s = dl.stats()
+        run = {"slots": slots, "seconds": round(time.monotonic() - t0, 3), "mode": dl.mode,
+               "batches": s.get("batches"), "bytes_received": s.get("bytes_received"),
+               "steps_per_producer": s.get("steps_per_producer"),
+               "producer_process_s": s.get("producer_process_s"), "wait_s": s["wait_s"]}
+        if dl.mode == "offload":
+            assert s["batches"] == args.epochs * len(dl), s
+            assert sum(s["steps_per_producer"].values()) == s["batches"], s
+            assert s["bytes_received"] >= s["batches"] * args.batch * dl.transform.sample_bytes
+            assert s["producer_process_s"] > 0, s
+        result["runs"].append(run)
+        dl.close()
+    # Partial last batch (drop_last=False), float32 HWC, validation transform, other batch size.
+    other = dict(kw, dtype="float32", layout="HWC", train=False, drop_last=False)
+    ref_other = reference_epochs(src, 5, 1, rank=hosts.index, world_size=hosts.count, **other)[0]
+    with DPULoader(src, 5, slots=2, **other) as dl:
+        got = [(x.copy(), y.copy()) for x, y in dl]
+    assert len(got) == len(ref_other), (len(got), len(ref_other))
+    for j, b in enumerate(got):
+        check_same(b, ref_other[j], f"float32 HWC drop_last=False step {j}")
+    everyone = hosts.all_labels([v for _, y in got for v in y.tolist()])
+    assert sorted(everyone) == list(range(n)), f"drop_last=False: {sorted(everyone)}"
+    result["partial_batch"] = [len(y) for _, y in got]
+    if args.local:
+        with DPULoader(src, args.batch, mode="local", **kw) as dl:
+            # Documented default shard: this host's index among the hosts, and their count.
+            result["local_default_shard"] = [dl.producer.sampler.rank,
+                                             dl.producer.sampler.world_size]
+        with DPULoader(src, args.batch, mode="local", rank=hosts.index,
+                       world_size=hosts.count, **kw) as dl:
+            assert dl.mode == "local"
+            for e in range(2):
+                got = [(x.copy(), y.copy()) for x, y in dl]
+                assert len(got) == len(ref[e])
+                for j, b in enumerate(got):
+                    check_same(b, ref[e][j], f"mode=local epoch {e} step {j}")
+        result["local_checked"] = True
+    if args.torch:
+        import torch
+
+        with DPULoader(src, args.batch, output="torch", **kw) as dl:
+            j = 0
+            for x, y in dl:
+                assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                assert y.dtype == torch.int64
+                check_same((x, y), ref[0][j], f"torch epoch 0 step {j}")
+                j += 1
+            assert j == len(ref[0])
+        result["torch_checked"] = True
+    result["warnings"] = list(warnings.messages)
+    return result
+
+
+def run_resume(args, src, warnings):
+    from dpu_pipe import DPULoader
+
+    dl = DPULoader(src, args.batch, slots=args.slots[0], **loader_kwargs(args))
+    if args.load:
+        with open(args.load) as f:
+            dl.load_state_dict(json.load(f))
+    start = dl.state_dict()
+    images, labels, where = [], [], []
+    done = (lambda: len(images) == args.take) if args.take else (lambda: dl.epoch >= args.epochs)
+    while not done():
+        for x, y in dl:
+            where.append((dl.epoch, dl.state_dict()["step"] - 1))
+            images.append(np.array(x))
+            labels.append(np.array(y))
+            if args.take and len(images) == args.take:
+                break
+    np.savez(os.path.join(args.out, "batches0.npz"), images=np.stack(images),
+             labels=np.stack(labels), where=np.array(where))
+    write_json(os.path.join(args.out, "state0.json"), dl.state_dict())
+    result = {"start": start, "end": dl.state_dict(), "batches": len(images),
+              "steps_per_producer": dl.stats().get("steps_per_producer")}
+    if args.close:
+        dl.close()
+    return result
+
+
+def run_bad(args, src, warnings):
+    from dpu_pipe import DecodeError, DPULoader, DpuPipeError, Loader
+
+    kw = loader_kwargs(args)
+    bad = set(args.bad)
+    result = {}
+    # on_error="skip": same stream as the Loader's, full batches, the bad files recorded.
+    ref_loader = Loader(src, args.batch, on_error="skip", **kw)
+    ref = [[(x.copy(), y.copy()) for x, y in ref_loader] for _ in range(args.epochs)]
+    with DPULoader(src, args.batch, on_error="skip", slots=args.slots[0], **kw) as dl:
+        for e in range(args.epochs):
+            j = 0
+            for x, y in dl:
+                assert len(y) == args.batch
+                assert not bad & set(y.tolist()), f"a bad sample was delivered: {y.tolist()}"
+                check_same((x, y), ref[e][j], f"skip epoch {e} step {j}")
+                j += 1
+            assert j == len(ref[e])
+        result["skip_bad_samples"] = {int(i): m for i, m in dl.bad_samples.items()}
+        result["loader_bad_samples"] = {int(i): m for i, m in ref_loader.bad_samples.items()}
+        result["skip_warnings"] = [m for m in warnings.messages if "skipped" in m]
+    ref_loader.close()
+    # on_error="raise": the Loader's batches up to the bad one, then the same DecodeError.
+    expected = None
+    ref_batches = []
+    try:
+        for x, y in Loader(src, args.batch, **kw):
+            ref_batches.append((x.copy(), y.copy()))
+    except DecodeError as exc:
+        expected = exc
+    assert expected is not None, "the Loader did not raise on the bad file"
+    result["expected"] = {"step": len(ref_batches), "index": expected.index,
+                          "path": expected.path}
+    write_json(os.path.join(args.out, "host0.json"), result)
+    dl = DPULoader(src, args.batch, on_error="raise", slots=args.slots[0], **kw)
+    it = iter(dl)
+    j = 0
+    try:
+        for x, y in it:
+            check_same((x, y), ref_batches[j], f"raise epoch 0 step {j}")
+            j += 1
+    except DecodeError as exc:
+        # Asking the same iterator again: the Loader answers with a ProducerError.
+        try:
+            next(it)
+            again = None
+        except Exception as exc2:  # noqa: BLE001 - recorded for the test
+            again = exc2
+        record_error(args, 0, exc, step=j,
+                     again_type=type(again).__name__ if again is not None else None,
+                     again_is_dpu_pipe_error=isinstance(again, DpuPipeError))
+        raise
+    raise AssertionError("DPULoader(on_error='raise') went through a bad file")
+
+
+def run_interleave(args, src, warnings):
+    """Validation in the middle of a training epoch: a second DPULoader iterated to its end
+    while the first one's iteration is open, then the first one continues."""
+    from dpu_pipe import DPULoader
+
+    kw = loader_kwargs(args)
+    val_kw = dict(kw, train=False, shuffle=False)
+    ref_train = reference_epochs(src, args.batch, 1, **kw)[0]
+    ref_val = reference_epochs(src, args.batch, 1, **val_kw)[0]
+    opts = dict(slots=args.slots[0], timeout=args.timeout, liveness_timeout=args.liveness)
+    train = DPULoader(src, args.batch, **opts, **kw)
+    val = DPULoader(src, args.batch, **opts, **val_kw)
+    t0 = time.monotonic()
+    j = 0
+    try:
+        for x, y in train:
+            check_same((x, y), ref_train[j], f"train step {j}")
+            j += 1
+            if j == 3:
+                k = 0
+                for vx, vy in val:
+                    check_same((vx, vy), ref_val[k], f"val step {k}")
+                    k += 1
+                assert k == len(ref_val), k
+        assert j == len(ref_train), j
+    except Exception as exc:
+        record_error(args, 0, exc, train_steps=j, seconds=time.monotonic() - t0)
+        raise
+    return {"train_steps": j, "val_steps": len(ref_val)}
+
+
+def job_workers():
+    """pids of the ``dpu_pipe.worker`` ranks of this job: processes with that command line
+    whose parent is this rank's parent (the MPI process manager of this job on this node)."""
+    me = os.getppid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == me and b"dpu_pipe.worker" in cmd:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def run_kill(args, src, warnings):
+    from dpu_pipe import DPULoader
+
+    dl = DPULoader(src, args.batch, slots=args.slots[0], liveness_timeout=args.liveness,
+                   **loader_kwargs(args))
+    consumed = 0
+    killed = None
+    try:
+        for _ in range(args.epochs):
+            for x, y in dl:
+                consumed += 1
+                if consumed == args.kill_after:
+                    workers = job_workers()
+                    assert workers, "no dpu_pipe.worker process found in this job"
+                    killed = (workers[-1], time.monotonic())
+                    write_json(os.path.join(args.out, "killed.json"),
+                               {"pid": workers[-1], "workers": workers, "after": consumed,
+                                "signal": args.signal})
+                    os.kill(workers[-1], getattr(signal, f"SIG{args.signal}"))
+                time.sleep(args.sleep)
+    except Exception as exc:
+        record_error(args, 0, exc, consumed=consumed, killed_pid=killed and killed[0],
+                     seconds_after_kill=killed and time.monotonic() - killed[1])
+        raise
+    return {"consumed": consumed, "killed": killed and killed[0], "no_error": True}
+
+
+def run_worker(args):
+    """``python -m dpu_pipe.worker`` with a random delay before each batch."""
+    from dpu_pipe import steps, worker
+    from mpi4py import MPI
+
+    rng = random.Random(1234 + MPI.COMM_WORLD.Get_rank())
+    produce = steps.StepProducer.produce
+
+    def slow_produce(self, *a, **kw):
+        time.sleep(rng.uniform(0, args.delay))
+        return produce(self, *a, **kw)
+
+    steps.StepProducer.produce = slow_produce
+    worker.serve()
+
+
+SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
+             "interleave": run_interleave}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=[*SCENARIOS, "worker"])
+    ap.add_argument("--data", help="dataset root (ImageFolder)")
+    ap.add_argument("--out", help="directory for results")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--dtype", default="uint8")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--slots", default="3", type=lambda s: [int(v) for v in s.split(",")])
+    ap.add_argument("--sleep", type=float, default=0.0, help="host sleep per batch, s")
+    ap.add_argument("--liveness", type=float, default=60.0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="DPULoader timeout, s")
+    ap.add_argument("--local", action="store_true")
+    ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--take", type=int, default=0)
+    ap.add_argument("--load", default=None)
+    ap.add_argument("--close", action="store_true", help="resume: close() before exiting")
+    ap.add_argument("--bad", default="", type=lambda s: [int(v) for v in s.split(",") if v])
+    ap.add_argument("--kill-after", type=int, default=3)
+    ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
+                    help="kill: SIGKILL the worker, or SIGSTOP it (hung, not dead)")
+    ap.add_argument("--delay", type=float, default=0.0, help="worker: max delay per batch, s")
+    args = ap.parse_args()
+    if args.scenario == "worker":
+        return run_worker(args)
+
+    from mpi4py import MPI
+    from dpu_pipe import ImageFolder
+
+    warnings = Warnings()
+    logging.getLogger("dpu_pipe").addHandler(warnings)
+    src = ImageFolder(args.data)
+    me = MPI.COMM_WORLD.Get_rank()
+    t0 = time.monotonic()
+    result = SCENARIOS[args.scenario](args, src, warnings)
+    result["elapsed"] = round(time.monotonic() - t0, 3)
+    write_json(os.path.join(args.out, f"host{me}.json"), result)
+    print(f"OK host={me} {args.scenario} elapsed={result['elapsed']:.2f}s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
