@@ -265,6 +265,26 @@ def test_next_after_decode_error_is_a_dpu_pipe_error(bad_runs):
     assert err["again_is_dpu_pipe_error"], err["again_type"]
 
 
+@pytest.mark.xfail(strict=True, reason="skip mode: when the samples a producer newly finds "
+                   "bad in one batch make a report over BAD_REPORT_BYTES (16 KiB), the report "
+                   "is dropped and, as it only grows, never sent: the host's bad_samples stays "
+                   "empty for the whole run")
+def test_many_bad_samples_in_one_batch_all_reach_the_host(tmp_path_factory):
+    """150 of 160 files bad, batch 128, long paths: one batch finds ~130 bad files. The
+    host's bad_samples must end up as the Loader's (over 3 epochs, however it is split)."""
+    root = tmp_path_factory.mktemp("many_bad_files_" + "with_a_long_directory_name_" * 4)
+    bad = [i for i in range(160) if i % 16]
+    data = make_dataset(str(root / "data"), 160, bad={i: "not-jpeg" for i in bad})
+    out = str(tmp_path_factory.mktemp("many-bad-out"))
+    job = launch(1, 1, "bad", out, "--data", data, "--bad", ",".join(map(str, bad)),
+                 "--batch", "128", "--epochs", "3", limit=60)
+    res = read(out, "host0.json")
+    assert res is not None, job.explain()           # the skip part ran to its end
+    assert len(res["loader_bad_samples"]) > 100, res["loader_bad_samples"]
+    assert set(res["skip_bad_samples"]) == set(res["loader_bad_samples"]), \
+        f"host got {len(res['skip_bad_samples'])} of {len(res['loader_bad_samples'])}"
+
+
 # --- dead and hung workers -----------------------------------------------------------------------
 
 LIVENESS = 3.0
