@@ -170,7 +170,9 @@ def center_crop_box(height, width, size=224, resize=256):
 
     torchvision's ``Resize(resize)`` (shorter side to ``resize``, longer side
     ``int(resize * long / short)``) followed by ``CenterCrop(size)`` (offsets rounded half to
-    even), expressed in pixels of the ``height`` x ``width`` source image.
+    even), expressed in pixels of the ``height`` x ``width`` source image. Where the crop is
+    larger than the resized image, torchvision pads with zeros; here the image is scaled just
+    enough to cover the crop instead.
 
     Returns
     -------
@@ -181,4 +183,7 @@ def center_crop_box(height, width, size=224, resize=256):
         if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 < v < 1 << 30:
             raise ConfigError(f"{name} must be a positive int, got {v!r}")
     sh, sw = _size_pair(size)
+    if resize < min(sh, sw):
+        raise ConfigError(f"resize ({resize}) must be at least the crop's shorter side "
+                          f"({min(sh, sw)})")
     return _ops.center_crop_box(int(height), int(width), sh, sw, int(resize))

@@ -393,8 +393,18 @@ def test_bad_out_says_what_it_needs():
         ops.resize_crop(_img(), box, (8, 6), out=[0.0] * 144)
 
 
+def test_center_crop_larger_than_resized_image_covers_it():
+    # 375 x 500 resized to 224 x 298 cannot hold a 224 x 320 crop: the image is scaled to
+    # cover it instead (factor max(224/375, 320/500) = 0.64 -> 240 x 320), centred.
+    y0, x0, h, w = ops.center_crop_box(375, 500, size=(224, 320), resize=224)
+    assert (y0, x0) == pytest.approx((8 * 375 / 240, 0.0), rel=1e-15)
+    assert (h, w) == pytest.approx((224 * 375 / 240, 500.0), rel=1e-15)
+    got = ops.resize_crop(image((375, 500)), (y0, x0, h, w), (224, 320), dtype="uint8")
+    assert got.shape == (3, 224, 320)
+
+
 def test_bad_center_crop():
-    with pytest.raises(ConfigError, match="does not fit"):
+    with pytest.raises(ConfigError, match="resize"):
         ops.center_crop_box(375, 500, size=224, resize=200)
     with pytest.raises(ConfigError, match="height"):
         ops.center_crop_box(0, 500)

@@ -712,9 +712,12 @@ cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int 
     resize, longer side int(resize * long / short)) then CenterCrop((size_h, size_w)) (offset
     round-half-even of half the excess). box receives (y0, x0, h, w) in source pixels of the
     height x width image; resampling that box to (size_h, size_w) equals resizing the whole
-    image and cropping, because Pillow's filter centres and support depend only on the scale."""
+    image and cropping, because Pillow's filter centres and support depend only on the scale.
+    When the crop is larger than the resized image (a non-square crop on an image of another
+    aspect), torchvision pads with zeros; here the image is instead scaled just enough to
+    cover the crop, so every image gives a full sample."""
     cdef int64_t nh, nw
-    cdef double sy, sx
+    cdef double sy, sx, cover
     if height < 1 or width < 1 or size_h < 1 or size_w < 1 or resize < 1:
         return OPS_EARG
     if width <= height:
@@ -724,7 +727,13 @@ cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int 
         nh = resize
         nw = <int64_t>(<double>(<int64_t>resize * width) / height)
     if size_h > nh or size_w > nw:
-        return OPS_EARG
+        cover = <double>size_h / height
+        if <double>size_w / width > cover:
+            cover = <double>size_w / width
+        nh = <int64_t>(height * cover)
+        nw = <int64_t>(width * cover)
+        nh = nh if nh > size_h else size_h
+        nw = nw if nw > size_w else size_w
     sy = <double>height / nh
     sx = <double>width / nw
     box[0] = rint((nh - size_h) / 2.0) * sy
@@ -829,7 +838,7 @@ def axis_coefficients(int in_size, double in0, double length, int n_out, bint fl
 
 
 def center_crop_box(int height, int width, int size_h, int size_w, int resize):
-    """(y0, x0, h, w) of ops_center_crop_box; ConfigError when the crop exceeds the resize."""
+    """(y0, x0, h, w) of ops_center_crop_box."""
     cdef double box[4]
     if ops_center_crop_box(height, width, size_h, size_w, resize, box) != OPS_OK:
         raise ConfigError(f"center crop {size_h}x{size_w} does not fit in image {height}x{width} "
