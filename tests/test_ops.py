@@ -135,6 +135,22 @@ def test_matches_float64_reference(case_id, dtype, layout, flip):
                 dtype)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_random_boxes_match_reference(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        shape = (int(rng.integers(1, 90)), int(rng.integers(1, 90)))
+        h = float(rng.uniform(0.01, shape[0]))
+        w = float(rng.uniform(0.01, shape[1]))
+        box = (float(rng.uniform(0, shape[0] - h)), float(rng.uniform(0, shape[1] - w)), h, w)
+        size = (int(rng.integers(1, 70)), int(rng.integers(1, 70)))
+        flip = bool(rng.integers(2))
+        img = image(shape, seed)
+        got = ops.resize_crop(img, box, size, flip=flip, layout="HWC")
+        check_close(got, expected(reference(img, box, size), flip=flip, dtype="float32",
+                                  layout="HWC"), "float32")
+
+
 @pytest.mark.parametrize("case_id", ["down-typical", "up-typical", "fractional-box",
                                      "edge-bottom-right", "strong-down-4000-wide",
                                      "extreme-aspect", "one-pixel-crop"])

@@ -5,10 +5,11 @@
 #
 # Data flow of ops_run, per output row: source rows are converted to float32 and resampled
 # horizontally on demand into a ring buffer (each needed row once, in order); the vertical
-# pass sums the ring rows into one accumulator row; that row is converted (normalized
-# float32, rounded uint8 or float16) into the output. The horizontal pass writes its rows
-# planar (R, G, B planes) for CHW output and interleaved for HWC, so the vertical pass and the
-# conversion always run over contiguous memory, which GCC vectorizes on SSE2 and NEON alike.
+# pass sums the ring rows, its last one or two taps inside the loop that converts the sum
+# (normalized float32, rounded uint8 or float16) into the output row. The horizontal pass
+# writes its rows planar (R, G, B planes) for CHW output and interleaved for HWC, so the
+# vertical pass and the conversion always run over contiguous memory, which GCC vectorizes
+# on SSE2 and NEON alike.
 #
 # Arithmetic, and why it is bit-identical on x86-64 and aarch64:
 #   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
@@ -47,8 +48,6 @@ cdef extern from *:
         ops_v4f v; __builtin_memcpy(&v, p, sizeof v); return v;
     }
     static inline void ops_v4f_store(float *p, ops_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
-    static inline ops_v4f ops_v4f_mul(ops_v4f a, float w) { return a * w; }
-    static inline ops_v4f ops_v4f_madd(ops_v4f acc, ops_v4f a, float w) { return acc + a * w; }
     static inline ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) { return a * w; }
     static inline ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) { return acc + a * w; }
     /* Four RGBx pixels -> four R, four G, four B stored at r, g, b (a 4x4 transpose without
@@ -96,8 +95,6 @@ cdef extern from *:
         pass
     ops_v4f ops_v4f_load(const float* p) noexcept nogil
     void ops_v4f_store(float* p, ops_v4f v) noexcept nogil
-    ops_v4f ops_v4f_mul(ops_v4f a, float w) noexcept nogil
-    ops_v4f ops_v4f_madd(ops_v4f acc, ops_v4f a, float w) noexcept nogil
     ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) noexcept nogil
     ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) noexcept nogil
     void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
