@@ -86,8 +86,9 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     Parameters
     ----------
     img : ndarray, uint8, shape (H, W, 3)
-        Decoded RGB image (or region). Rows may be strided (a slice of a larger image);
-        pixels must be 3 contiguous bytes.
+        Decoded RGB image (or region). Rows may be strided (a slice of a larger image) and
+        are read in place; other layouts (e.g. a column slice with a pixel step) are copied
+        to a compact array first.
     box : (y0, x0, h, w)
         Source box in pixels of ``img``; fractional values allowed (a crop box scaled into an
         image decoded at DCT scale s/8). Must lie inside the image: ``0 <= y0``,
