@@ -65,6 +65,9 @@ setup() {
     rm -rf "$ROOT"
     # shellcheck disable=SC2046
     unpack_debs "$ROOT" $(fetch_debs "$SUITE" arm64 "python$PYVER" libstdc++6)
+    # Suites from trixie on ship files under /usr only; /lib etc. come from base-files' links.
+    local d
+    for d in bin sbin lib; do [ -e "$ROOT/$d" ] || ln -s "usr/$d" "$ROOT/$d"; done
     cp "$(command -v qemu-aarch64-static)" "$ROOT/usr/bin/qemu-aarch64-static"
     mkdir -p "$ROOT/tmp" "$ROOT/root" "$ROOT/work" "$ROOT$WHEEL_DIR" "$ROOT/dev"
     chmod 1777 "$ROOT/tmp"

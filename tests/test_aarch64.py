@@ -116,8 +116,8 @@ def userland(wheels):
     return root
 
 
-def emulated_python(*args, timeout=900):
-    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+def emulated_python(*args, timeout=900, ver=None):
+    ver = ver or f"{sys.version_info[0]}.{sys.version_info[1]}"
     return _run(["bash", ENV_SH, "python", "--python", ver, *args], timeout=timeout)
 
 
@@ -343,29 +343,42 @@ def _load(path):
     return arrays, report
 
 
-def test_bit_identity_x86_64_vs_aarch64(userland, wheels, tmp_path):
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
     pytest.importorskip("PIL")
-    data = tmp_path / "data"
+    data = tmp_path_factory.mktemp("digest") / "data"
     _make_dataset(data)
-    # x86-64: the x86-64 wheel, installed into a directory of its own.
-    target = tmp_path / "x86"
+    return data
+
+
+@pytest.fixture(scope="module")
+def x86_digest(wheels, dataset):
+    """The digest of the x86-64 wheel, installed into a directory of its own."""
+    tmp = dataset.parent
+    target = tmp / "x86"
     proc = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
                  wheels["x86_64"]], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="2")
-    proc = _run([sys.executable, DIGEST, data, tmp_path / "x86.npz"], timeout=900, env=env, cwd=tmp_path)
+    proc = _run([sys.executable, DIGEST, dataset, tmp / "x86.npz"], timeout=900, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # aarch64: the aarch64 wheel in the emulated userland, on the same files.
-    work = userland / "work" / "digest"
+    return _load(tmp / "x86.npz")
+
+
+def _emulated_digest(root, dataset, ver):
+    work = root / "work" / "digest"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    shutil.copytree(data, work / "data")
+    shutil.copytree(dataset, work / "data")
     shutil.copy(DIGEST, work / "batch_digest.py")
     proc = emulated_python("/work/digest/batch_digest.py", "/work/digest/data",
-                           "/work/digest/arm.npz", timeout=1800)
+                           "/work/digest/arm.npz", timeout=1800, ver=ver)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    x86, x86_report = _load(tmp_path / "x86.npz")
-    arm, arm_report = _load(work / "arm.npz")
+    return _load(work / "arm.npz")
+
+
+def _compare(x86_digest, arm_digest):
+    (x86, x86_report), (arm, arm_report) = x86_digest, arm_digest
     print(f"\nx86-64 build: {x86_report['build']}\naarch64 build: {arm_report['build']}")
     for name in x86_report["sections"]:
         print(f"  {name:8s} x86-64: {x86_report['sections'][name][:70]!s:40s} "
@@ -387,3 +400,32 @@ def test_bit_identity_x86_64_vs_aarch64(userland, wheels, tmp_path):
     for d in differ[:20]:
         print("   ", d)
     assert not differ, f"{len(differ)} of {len(x86)} arrays differ between x86-64 and aarch64"
+
+
+def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
+    """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads) and Loader batches."""
+    _compare(x86_digest, _emulated_digest(userland, dataset, None))
+
+
+# Wheels for other CPython versions (scripts/build_wheels.sh --python all), each in the Debian
+# userland that carries that CPython: 3.9 is bullseye's, glibc 2.31 as on Ubuntu 20.04 DPUs.
+OTHER_PYTHONS = ["3.9", "3.13"]
+
+
+@pytest.mark.parametrize("ver", OTHER_PYTHONS)
+def test_other_python_wheel_in_its_userland(ver, wheels, dataset, x86_digest):
+    cp = "cp" + ver.replace(".", "")
+    whl = sorted((REPO / "dist").glob(f"dpu_pipe-{_version()}-{cp}-{cp}-*manylinux*_aarch64.whl"),
+                 key=lambda p: p.stat().st_mtime)
+    if not whl or whl[-1].stat().st_mtime < _sources_mtime():
+        pytest.skip(f"no current {cp} aarch64 wheel in dist/ (scripts/build_wheels.sh --python all)")
+    proc = _run(["bash", ENV_SH, "setup", "--python", ver], timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    root = Path(proc.stdout.strip().splitlines()[-1])
+    proc = _run(["bash", ENV_SH, "install", "--python", ver, whl[-1]], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    proc = emulated_python("-c", "import os, sys; print(sys.version.split()[0], "
+                           "os.confstr('CS_GNU_LIBC_VERSION'))", ver=ver, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"\n{whl[-1].name} in the {root.name} userland: Python, glibc = {proc.stdout.strip()}")
+    _compare(x86_digest, _emulated_digest(root, dataset, ver))
