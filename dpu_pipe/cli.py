@@ -136,6 +136,10 @@ COMMANDS = {
     "info": ("show how dpu_pipe was built, and summarise a dataset", _info_args, _info_run),
     "demo": ("make a dataset from real photographs, train a small CNN on it, report phases",
              ".demo:add_args", ".demo:run"),
+    "bench": ("decode + RandomResizedCrop + flip + normalize img/s against Pillow and OpenCV",
+              ".bench_augment:add_args", ".bench_augment:run"),
+    "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
+                     ".bench:add_args", ".bench:run"),
 }
 
 

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from .errors import ConfigError, DecodeError
+from .errors import ConfigError, DpuPipeError
 from .loader import Loader, _Run
 from .mpi import load_mpi
 from .transport import Consumer, discover_roles, host_comm
@@ -46,6 +46,14 @@ PAYLOAD_HEADER = ("n", "bad_bytes", "read_ns", "process_ns", "publish_ns", "rese
 BAD_REPORT_BYTES = 16384
 
 MODES = ("offload", "local")
+
+
+def _mpi_running():
+    """True when this process already initialized MPI (it was launched in an MPI job)."""
+    import sys
+
+    mod = sys.modules.get("mpi4py.MPI")
+    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
 
 
 class _HostSession:
@@ -68,6 +76,12 @@ class _HostSession:
         self.host_index = roles.hosts.index(roles.rank)
         self.num_hosts = len(roles.hosts)
         self.producers = self.group.Get_size() - 1
+        me = roles.hostnames[roles.rank]
+        #: True when a producer of this host runs on another machine (a DPU): its RMA then
+        #: needs the host to make MPI progress.
+        self.remote_producers = any(roles.hostnames[p] != me
+                                    for p in roles.producers_of(roles.rank))
+        self.active = None        # the _RemoteRun whose stream the producers serve
         self.open = True
         atexit.register(self.shutdown)
 
@@ -75,10 +89,19 @@ class _HostSession:
         for p in range(1, self.group.Get_size()):
             self.group.send(spec, dest=p, tag=SPEC_TAG)
 
+    def activate(self, run):
+        """Make `run` the stream the producers serve; the one they served is suspended (its
+        prefetched batches are dropped and re-made when it continues)."""
+        if self.active is not None and self.active is not run:
+            self.active.suspend()
+        self.active = run
+
     def shutdown(self):
         """Release the producers: they leave their serving loop and exit."""
         if self.open:
             self.open = False
+            if self.active is not None:
+                self.active.suspend()
             self.send_spec(None)
 
 
@@ -106,22 +129,35 @@ class DPULoader(Loader):
         producer ranks share a DPU: keep 1).
     liveness_timeout : float
         Seconds without a heartbeat after which a producer counts as dead (PipeTimeout).
-    progress : "thread" or "none"
-        MPI progress while the host trains (see :mod:`dpu_pipe.transport`).
+    progress : "auto", "thread" or "none"
+        MPI progress while the host trains (see :mod:`dpu_pipe.transport`): "auto" runs the
+        progress thread only when a producer is on another machine (a DPU); same-node
+        producers move data through shared memory without it.
+    progress_interval : float
+        Seconds between the progress thread's MPI polls: CPU cost on the host against
+        delivery latency.
+
+    Several DPULoaders (train and val, say) share the producers: iterating one while
+    another is mid-epoch suspends the other, whose prefetched batches are dropped and made
+    again when it continues — and the batch it last yielded becomes invalid.
     """
 
     def __init__(self, source, batch_size, *, comm=None, mode="offload", rank=None,
                  world_size=None, slots=None, producer_threads=1, liveness_timeout=60.0,
-                 progress="thread", **kwargs):
+                 progress="auto", progress_interval=5e-4, **kwargs):
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if progress not in ("auto", "thread", "none"):
+            raise ConfigError(f"progress must be 'auto', 'thread' or 'none', got {progress!r}")
         self._session = None
-        if mode == "offload":
+        if mode == "offload" or comm is not None or _mpi_running():
+            # In an MPI job the hosts take part in role discovery whatever the mode, so the
+            # shard defaults agree across modes and the producers are released at exit.
             MPI = load_mpi()
             self._session = _HostSession.get(MPI.COMM_WORLD if comm is None else comm)
             rank = self._session.host_index if rank is None else rank
             world_size = self._session.num_hosts if world_size is None else world_size
-            if self._session.producers == 0:
+            if mode == "offload" and self._session.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
         super().__init__(source, batch_size, rank=0 if rank is None else rank,
@@ -132,7 +168,10 @@ class DPULoader(Loader):
             raise ConfigError(f"slots must be >= 1, got {slots!r}")
         self.producer_threads = int(producer_threads)
         self.liveness_timeout = float(liveness_timeout)
+        if progress == "auto":
+            progress = "thread" if self._session and self._session.remote_producers else "none"
         self.progress = progress
+        self.progress_interval = float(progress_interval)
         self._remote = {"bytes": 0, "batches": 0, "read_s": 0.0, "process_s": 0.0,
                         "publish_s": 0.0, "per_producer": {}}
         self._remote_bad = {}
@@ -181,7 +220,11 @@ class DPULoader(Loader):
 
 
 class _RemoteRun(_Run):
-    """One pass over the rest of an epoch, delivered by the host group's producers."""
+    """One pass over the rest of an epoch, delivered by the host group's producers.
+
+    The transport stream (spec sent, Consumer open) exists while the run is the session's
+    active one; a suspended run reopens it at its next step.
+    """
 
     def __init__(self, loader, epoch, start):  # noqa: super().__init__ would start a thread
         self.loader = loader
@@ -191,17 +234,26 @@ class _RemoteRun(_Run):
         self.held = None
         self.consumer = None
         self.requested = start
-        self.last_publish_ns = {}
+        self.failed = None
+
+    def _open(self):
+        loader = self.loader
         session = loader._session
+        session.activate(self)
         session.send_spec(loader.spec())
         self.consumer = Consumer(session.group, slots=loader.slots,
                                  slot_bytes=loader.payload_bytes, timeout=loader.timeout,
                                  liveness_timeout=loader.liveness_timeout,
-                                 progress=loader.progress)
+                                 progress=loader.progress,
+                                 progress_interval=loader.progress_interval)
+        self.requested = self.next_step
 
     def __next__(self):
         loader = self.loader
         self._check_current()
+        if self.failed is not None:
+            raise DpuPipeError(f"this iteration ended with an error at epoch {self.epoch} "
+                               f"step {self.next_step}: {self.failed}; start a new one")
         if self.held is not None:
             self.held.release()
             self.held = None
@@ -210,20 +262,24 @@ class _RemoteRun(_Run):
             loader._run = None
             loader._epoch_done()
             raise StopIteration
+        if self.consumer is None:
+            self._open()
         while self.requested < self.end and self.requested - self.next_step < loader.slots:
             self.consumer.request(self.epoch, self.requested)
             self.requested += 1
         t0 = time.perf_counter()
         try:
             batch = self.consumer.get()
-        except DecodeError:
+        except BaseException as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
             self.close()
             raise
         loader._wait_s += time.perf_counter() - t0
         if (batch.epoch, batch.step) != (self.epoch, self.next_step):
+            self.failed = "out-of-order delivery"
             self.close()
-            raise ConfigError(f"transport delivered epoch {batch.epoch} step {batch.step}, "
-                              f"expected epoch {self.epoch} step {self.next_step}")
+            raise DpuPipeError(f"transport delivered epoch {batch.epoch} step {batch.step}, "
+                               f"expected epoch {self.epoch} step {self.next_step}")
         images, labels = self._unpack(batch)
         self.held = batch
         self.next_step += 1
@@ -259,10 +315,19 @@ class _RemoteRun(_Run):
         loader.producer.timings["samples"] += n
         return images, labels
 
-    def close(self):
+    def suspend(self):
+        """Stop the transport stream but keep the position: the next step is requested again
+        when the run continues."""
         if self.held is not None:
             self.held.release()
             self.held = None
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
-            consumer.close()
+            try:
+                consumer.close()
+            finally:
+                session = self.loader._session
+                if session.active is self:
+                    session.active = None
+
+    close = suspend

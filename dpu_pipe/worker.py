@@ -44,15 +44,30 @@ class _Maker:
         self.reported = set()
         self.publish_ns = 0
 
+    def _bad_report(self):
+        """JSON of the bad samples the host has not heard of yet, as many as fit a slot's
+        report area; the rest go with the next batches."""
+        entries, size = {}, 0
+        for index, message in sorted(self.steps.bad_samples.items()):
+            if index in self.reported:
+                continue
+            # A dict's JSON is as long as its one-item dicts' JSON together.
+            item = len(json.dumps({str(index): message}))
+            if size + item > BAD_REPORT_BYTES:
+                if not entries:  # one message longer than the area: send it shortened
+                    entries[str(index)] = message[:BAD_REPORT_BYTES // 2]
+                    self.reported.add(index)
+                break
+            entries[str(index)] = message
+            self.reported.add(index)
+            size += item
+        return json.dumps(entries).encode() if entries else b""
+
     def __call__(self, work):
         tm = self.steps.timings
         read0, proc0 = tm["read_s"], tm["process_s"]
         n = self.steps.produce(work.epoch, work.step, self.images, self.labels)
-        new = {i: m for i, m in self.steps.bad_samples.items() if i not in self.reported}
-        report = json.dumps(new).encode() if new else b""
-        if len(report) > BAD_REPORT_BYTES:  # keep the slot bounded; the rest next time
-            new, report = {}, b""
-        self.reported.update(new)
+        report = self._bad_report()
         self.header[:5] = (n, len(report), round((tm["read_s"] - read0) * 1e9),
                            round((tm["process_s"] - proc0) * 1e9), self.publish_ns)
         return self.header, self.labels, self.images[:n], report

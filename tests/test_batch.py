@@ -198,9 +198,6 @@ def test_val_is_the_center_crop_box(images):
                           bp.run(images, idx + 100, epoch=9, seed=77)[0])
 
 
-@pytest.mark.xfail(strict=True, reason="TransformConfig's default resize is min(size) / 0.875: "
-                   "with a non-square val size the centre crop does not fit most images, "
-                   "which then fail as 'image too small for the validation crop'")
 def test_val_non_square_size_with_default_resize(images, indices):
     """torchvision's Resize(round(24 / 0.875)) + CenterCrop((24, 40)) works on any image (it
     pads when needed); here the default resize must at least make such a config usable."""

@@ -147,9 +147,6 @@ def test_stream_equals_loader_exactly_once(stream_runs, name, env):
             assert res["torch_checked"], res
 
 
-@pytest.mark.xfail(strict=True, reason="DPULoader(mode='local') ignores the host's place among "
-                   "the hosts: rank/world_size default to 0/1 instead of the host index and "
-                   "count, so on several hosts its stream differs from mode='offload'")
 def test_local_mode_defaults_to_the_hosts_shard(stream_runs):
     job, results = stream_runs("2hosts-2workers", "shm")
     assert job.returncode == 0, job.explain()
@@ -255,20 +252,12 @@ def test_bad_samples_skip_then_raise(bad_runs, bad_data, env):
     assert expected["path"] in job.stderr, job.explain()
 
 
-@pytest.mark.xfail(strict=True, reason="after a DecodeError, next() on the same DPULoader "
-                   "iterator raises AttributeError ('NoneType' object has no attribute "
-                   "'get'): the closed consumer is used again; the Loader raises "
-                   "ProducerError there")
 def test_next_after_decode_error_is_a_dpu_pipe_error(bad_runs):
     job, _, err = bad_runs("shm")
     assert err is not None and err["type"] == "DecodeError", job.explain()
     assert err["again_is_dpu_pipe_error"], err["again_type"]
 
 
-@pytest.mark.xfail(strict=True, reason="skip mode: when the samples a producer newly finds "
-                   "bad in one batch make a report over BAD_REPORT_BYTES (16 KiB), the report "
-                   "is dropped and, as it only grows, never sent: the host's bad_samples stays "
-                   "empty for the whole run")
 def test_many_bad_samples_in_one_batch_all_reach_the_host(tmp_path_factory):
     """150 of 160 files bad, batch 128, long paths: one batch finds ~130 bad files. The
     host's bad_samples must end up as the Loader's (over 3 epochs, however it is split)."""
@@ -325,11 +314,6 @@ def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher)
 
 # --- misuse that must not hang -------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="a second DPULoader iterated while the first one's "
-                   "iteration is open (mid-epoch validation) hangs: the host blocks in the new "
-                   "Consumer's collective setup while the producers keep serving the first "
-                   "stream, and the host's progress thread keeps their host-liveness check "
-                   "satisfied")
 def test_mid_epoch_validation_with_a_second_loader_does_not_hang(data, tmp_path):
     """Training with one DPULoader, validating with another after 3 batches: the job must
     either deliver both streams or fail with a dpu_pipe error, within bounded time."""
