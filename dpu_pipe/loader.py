@@ -224,8 +224,11 @@ class Loader(_BaseLoader):
         self._close_run()
         if self._step >= len(self):
             self._epoch_done()
-        self._run = _Run(self, self._epoch, self._step)
+        self._run = self._make_run(self._epoch, self._step)
         return self._run
+
+    def _make_run(self, epoch, start):
+        return _Run(self, epoch, start)
 
     def _close_run(self):
         run = getattr(self, "_run", None)

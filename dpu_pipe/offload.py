@@ -23,6 +23,7 @@ The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers run 
 import atexit
 import json
 import logging
+import os
 import time
 
 import numpy as np
@@ -77,10 +78,11 @@ class _HostSession:
         self.num_hosts = len(roles.hosts)
         self.producers = self.group.Get_size() - 1
         me = roles.hostnames[roles.rank]
-        #: True when a producer of this host runs on another machine (a DPU): its RMA then
-        #: needs the host to make MPI progress.
-        self.remote_producers = any(roles.hostnames[p] != me
-                                    for p in roles.producers_of(roles.rank))
+        #: True when a producer of this host runs on another machine (a DPU), or MPICH is
+        #: told to act as if (MPIR_CVAR_NOLOCAL): its RMA then needs the host to make MPI
+        #: progress.
+        self.remote_producers = os.environ.get("MPIR_CVAR_NOLOCAL", "0") not in ("", "0") \
+            or any(roles.hostnames[p] != me for p in roles.producers_of(roles.rank))
         self.active = None        # the _RemoteRun whose stream the producers serve
         self.open = True
         atexit.register(self.shutdown)
@@ -191,14 +193,10 @@ class DPULoader(Loader):
         return (8 * len(PAYLOAD_HEADER) + 8 * self.batch_size
                 + self.batch_size * self.transform.sample_bytes + BAD_REPORT_BYTES)
 
-    def __iter__(self):
+    def _make_run(self, epoch, start):
         if self.mode == "local":
-            return super().__iter__()
-        self._close_run()
-        if self._step >= len(self):
-            self._epoch_done()
-        self._run = _RemoteRun(self, self._epoch, self._step)
-        return self._run
+            return super()._make_run(epoch, start)
+        return _RemoteRun(self, epoch, start)
 
     @property
     def bad_samples(self):
