@@ -102,6 +102,6 @@ setup(
         include_path=["src"],
         compiler_directives=DIRECTIVES,
         compile_time_env={"DPU_PIPE_DEBUG": DEBUG},
-        build_dir="build/cython",
+        build_dir="build/cython-debug" if DEBUG else "build/cython",
     ),
 )
