@@ -44,7 +44,7 @@ suite_for_python() {
 
 # Host packages the cross-build and emulation need (Debian/Ubuntu names).
 HOST_PACKAGES=(gcc gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user-static
-               pkg-config ca-certificates debian-archive-keyring unzip)
+               pkg-config ca-certificates debian-archive-keyring unzip python3-venv)
 
 ensure_host_packages() {
     local missing=() p
