@@ -4,6 +4,7 @@
 #   ./run.sh demo    the main job: builds a dataset from real photographs, runs the pipeline
 #   ./run.sh test    builds and runs the test suite
 #   ./run.sh bench   the microbenchmarks (pytest-benchmark)
+#   ./run.sh wheels  DPU (aarch64) and x86-64 wheels into dist/ (scripts/build_wheels.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -75,11 +76,14 @@ case "$cmd" in
     setup
     exec "$PY" -m pytest -q -p no:cacheprovider bench "$@"
     ;;
+  wheels)
+    exec scripts/build_wheels.sh "$@"
+    ;;
   setup)
     setup
     ;;
   *)
-    echo "usage: ./run.sh demo|test|bench|setup [args...]" >&2
+    echo "usage: ./run.sh demo|test|bench|wheels|setup [args...]" >&2
     exit 2
     ;;
 esac
