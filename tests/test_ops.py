@@ -251,6 +251,65 @@ def test_custom_mean_std():
     assert np.abs(got - want).max() <= F32_ATOL
 
 
+# --- pass order -----------------------------------------------------------------------------
+
+def resize_crop_order(img, box, size, order, *, flip=False, dtype="float32", layout="CHW"):
+    """ops.resize_crop with the kernel's pass order forced ("h_first" or "v_first")."""
+    oh, ow = size
+    out = np.empty(ops.output_shape(size, layout), dtype)
+    _ops.resize_crop_into(img, *box, out.reshape(-1).view(np.uint8), oh, ow, flip,
+                          _ops.DTYPE_CODES[dtype], _ops.LAYOUT_CODES[layout], ops.IMAGENET_MEAN,
+                          ops.IMAGENET_STD, _ops.Workspace(), _ops.ORDER_CODES[order])
+    return out
+
+
+@pytest.mark.parametrize("order", ["h_first", "v_first"])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "float16"])
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_both_pass_orders_match_reference(case_id, dtype, layout, order):
+    shape, box, size = CASES[case_id]
+    for flip in (False, True):
+        got = resize_crop_order(image(shape), box, size, order, flip=flip, dtype=dtype,
+                                layout=layout)
+        check_close(got, expected(case_reference(case_id), flip=flip, dtype=dtype,
+                                  layout=layout), dtype)
+
+
+@pytest.mark.parametrize("order", ["h_first", "v_first"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "float16"])
+@pytest.mark.parametrize("case_id", ["down-typical", "up-typical", "odd-output", "row-1xN"])
+def test_each_pass_order_is_bit_identical_across_flip_and_layouts(case_id, dtype, order):
+    shape, box, size = CASES[case_id]
+    img = image(shape)
+    hwc = resize_crop_order(img, box, size, order, dtype=dtype, layout="HWC")
+    chw = resize_crop_order(img, box, size, order, dtype=dtype, layout="CHW")
+    chw_f = resize_crop_order(img, box, size, order, dtype=dtype, layout="CHW", flip=True)
+    assert hwc.tobytes() == np.ascontiguousarray(chw.transpose(1, 2, 0)).tobytes()
+    assert chw_f.tobytes() == np.ascontiguousarray(chw[:, :, ::-1]).tobytes()
+
+
+def test_pass_order_follows_the_sizes():
+    H, W = 375, 500
+    # Vertical downscale: summing source rows first leaves the horizontal pass oh rows.
+    assert _ops.pass_order(H, W, 30.5, 40.25, 300.3, 280.7, 224, 224) == \
+        _ops.ORDER_CODES["v_first"]
+    assert _ops.pass_order(H, W, *ops.center_crop_box(H, W, 224, 256), 224, 224) == \
+        _ops.ORDER_CODES["v_first"]
+    # Upscale: the horizontal pass on the ~120 source rows is cheaper than on 224.
+    assert _ops.pass_order(H, W, 10.2, 20.7, 120.4, 100.9, 224, 224) == \
+        _ops.ORDER_CODES["h_first"]
+    # ops.resize_crop uses the plan's order: same bits as forcing it.
+    shape, box, size = CASES["down-typical"]
+    order = {v: k for k, v in _ops.ORDER_CODES.items()}[_ops.pass_order(*shape, *box, *size)]
+    assert ops.resize_crop(image(shape), box, size).tobytes() == \
+        resize_crop_order(image(shape), box, size, order).tobytes()
+    with pytest.raises(ConfigError):
+        _ops.resize_crop_into(image(shape), *box, np.empty(3 * 224 * 224 * 4, np.uint8),
+                              224, 224, False, 0, 0, ops.IMAGENET_MEAN, ops.IMAGENET_STD,
+                              _ops.Workspace(), 7)
+
+
 # --- coefficient tables ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("in_size,in0,length,n_out", [

@@ -39,6 +39,10 @@ cdef enum:                # output layout of one sample
     OPS_CHW = 0
     OPS_HWC = 1
 
+cdef enum:                # pass order of ops_run (OpsPlan.order)
+    OPS_H_FIRST = 0       # rows resampled horizontally, then summed vertically
+    OPS_V_FIRST = 1       # source rows summed vertically, then each sum resampled horizontally
+
 ctypedef struct OpsAxis:
     # Resampling table of one axis: output i (in output order, i.e. already mirrored for a
     # flipped axis) is sum(weight[i*ksize + t] * src[start[i] + t] for t < count[i]), summed
@@ -73,6 +77,8 @@ ctypedef struct OpsPlan:
     float* acc            # one vertically accumulated output row
     float* zero           # rstride zeros
     float* tmp            # one float row before its float16 conversion (F16C path)
+    int order             # OPS_H_FIRST or OPS_V_FIRST: which pass runs on the source rows
+                          # (ops_plan picks the cheaper one, a function of the sizes only)
 
 ctypedef struct OpsOutput:
     int dtype             # OPS_FLOAT32 / OPS_UINT8 / OPS_FLOAT16

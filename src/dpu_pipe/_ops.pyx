@@ -50,6 +50,7 @@ cdef extern from *:
     static inline void ops_v4f_store(float *p, ops_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
     static inline ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) { return a * w; }
     static inline ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) { return acc + a * w; }
+    static inline ops_v4f ops_v4f_set1(float x) { return (ops_v4f){x, x, x, x}; }
     /* Four RGBx pixels -> four R, four G, four B stored at r, g, b (a 4x4 transpose without
        the spare row). */
     static inline void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
@@ -61,6 +62,20 @@ cdef extern from *:
         ops_v4f_store(r, OPS_SHUF(lo01, lo23, 0, 1, 4, 5));
         ops_v4f_store(g, OPS_SHUF(lo01, lo23, 2, 3, 6, 7));
         ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5));
+    }
+    /* The same, each plane then mapped to x * s + b (the output conversion of float32; the
+       multiply and the add stay two roundings under -ffp-contract=off, as in _fin_f32).
+       aff: s_R, s_G, s_B, b_R, b_G, b_B, each broadcast to four lanes. */
+    static inline void ops_v4f_store_planar_affine(ops_v4f p0, ops_v4f p1, ops_v4f p2,
+                                                   ops_v4f p3, float *r, float *g, float *b,
+                                                   const ops_v4f *aff) {
+        ops_v4f lo01 = OPS_SHUF(p0, p1, 0, 4, 1, 5);
+        ops_v4f lo23 = OPS_SHUF(p2, p3, 0, 4, 1, 5);
+        ops_v4f hi01 = OPS_SHUF(p0, p1, 2, 6, 3, 7);
+        ops_v4f hi23 = OPS_SHUF(p2, p3, 2, 6, 3, 7);
+        ops_v4f_store(r, OPS_SHUF(lo01, lo23, 0, 1, 4, 5) * aff[0] + aff[3]);
+        ops_v4f_store(g, OPS_SHUF(lo01, lo23, 2, 3, 6, 7) * aff[1] + aff[4]);
+        ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5) * aff[2] + aff[5]);
     }
 
     /* float32 -> float16 with x86's F16C instructions when the CPU has them (every x86-64
@@ -97,8 +112,12 @@ cdef extern from *:
     void ops_v4f_store(float* p, ops_v4f v) noexcept nogil
     ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) noexcept nogil
     ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) noexcept nogil
+    ops_v4f ops_v4f_set1(float x) noexcept nogil
     void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
                               float* r, float* g, float* b) noexcept nogil
+    void ops_v4f_store_planar_affine(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
+                                     float* r, float* g, float* b,
+                                     const ops_v4f* aff) noexcept nogil
     void ops_f16c_convert(const float* src, uint16_t* dst, Py_ssize_t n) noexcept nogil
     int ops_have_f16c() noexcept nogil
 
@@ -111,6 +130,7 @@ cdef extern from *:
 
 DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}
 LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
+ORDER_CODES = {"h_first": OPS_H_FIRST, "v_first": OPS_V_FIRST}
 BOX_SLACK = OPS_BOX_SLACK
 
 
@@ -277,6 +297,32 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
     return OPS_OK
 
 
+cdef int _choose_order(const OpsAxis* h, const OpsAxis* v) noexcept nogil:
+    """The cheaper pass order by an estimate of the work of each, in integers (so the choice,
+    and with it the bits of the result, depend on the sizes only). Units: tenths of an
+    instruction, per element (float) or pixel (4-lane vector) and tap, from instruction counts
+    of the passes on x86-64 (float32 CHW output, which OPS_V_FIRST converts in its horizontal
+    pass, without a pass of its own).
+    H first: every source row the vertical taps touch is converted and resampled
+    horizontally; then oh rows of 3*n_pad elements are summed, the last two taps inside the
+    output conversion.
+    V first: oh rows of the source span are summed straight from the uint8 rows, then each
+    sum is resampled horizontally."""
+    cdef int64_t rows = v.src_hi - v.src_lo
+    cdef int64_t span3 = 3 * <int64_t>(h.src_hi - h.src_lo)
+    cdef int64_t hwork = <int64_t>h.n_pad * h.ksize         # pixel-taps per row
+    cdef int64_t taps = 0, extra = 0
+    cdef int i
+    for i in range(v.n_out):
+        taps += v.count[i]
+        if v.count[i] > 2:
+            extra += v.count[i] - 2
+    cdef int64_t cost_h = (rows * (span3 * 15 + hwork * 50)
+                           + 3 * <int64_t>h.n_pad * (extra * 37 + <int64_t>v.n_out * 17))
+    cdef int64_t cost_v = span3 * taps * 14 + <int64_t>v.n_out * hwork * 44
+    return OPS_V_FIRST if cost_v < cost_h else OPS_H_FIRST
+
+
 cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
                   double y0, double x0, double h, double w,
                   int oh, int ow, int flip) noexcept nogil:
@@ -365,6 +411,7 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
         p.hw4[4 * i + 1] = p.h.weight[i]
         p.hw4[4 * i + 2] = p.h.weight[i]
         p.hw4[4 * i + 3] = p.h.weight[i]
+    p.order = _choose_order(&p.h, &p.v)
     for i in range(rs):
         p.zero[i] = 0.0
     # Zero-padded taps and the spare lane read past the converted span: keep that zero.
@@ -383,11 +430,12 @@ cdef inline void _u8_to_f32(ops_cu8_rp s, ops_f32_rp d, Py_ssize_t n) noexcept n
 
 cdef inline void _h_pixels(const float* buf, const int32_t* start, const float* w4,
                            Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float* dst,
-                           Py_ssize_t plane, int planar) noexcept nogil:
+                           Py_ssize_t plane, int planar, const ops_v4f* aff) noexcept nogil:
     # Four pixels per step: four independent sums keep the adder busy. Every output takes
     # exactly K taps (zero-padded): a loop count that never changes is predicted perfectly,
     # and with a constant K it is fully unrolled. A zero tap adds +0.0 to a non-negative sum,
-    # which changes no bit.
+    # which changes no bit. aff != NULL (planar only): the planes are output rows, each value
+    # mapped to x * scale + bias on the way (float32 output, pass order OPS_V_FIRST).
     cdef const float* k
     cdef Py_ssize_t K4 = 4 * K
     cdef const float* q0
@@ -411,7 +459,10 @@ cdef inline void _h_pixels(const float* buf, const int32_t* start, const float* 
             a1 = ops_v4f_maddv(a1, ops_v4f_load(q1 + 3 * t), ops_v4f_load(k + K4 + 4 * t))
             a2 = ops_v4f_maddv(a2, ops_v4f_load(q2 + 3 * t), ops_v4f_load(k + 2 * K4 + 4 * t))
             a3 = ops_v4f_maddv(a3, ops_v4f_load(q3 + 3 * t), ops_v4f_load(k + 3 * K4 + 4 * t))
-        if planar:
+        if planar and aff != NULL:
+            ops_v4f_store_planar_affine(a0, a1, a2, a3, dst + j, dst + plane + j,
+                                        dst + 2 * plane + j, aff)
+        elif planar:
             ops_v4f_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j)
         else:
             # In order: each store's spare lane is overwritten by the next pixel.
@@ -425,38 +476,73 @@ cdef void _h_row_planar(const OpsAxis* ax, const float* w4, const float* buf,
                         float* dst) noexcept nogil:
     cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
     if K == 2:
-        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 1, NULL)
     elif K == 3:
-        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 1, NULL)
     elif K == 4:
-        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 1, NULL)
     elif K == 5:
-        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 1, NULL)
     elif K == 6:
-        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 1, NULL)
     elif K == 7:
-        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 1, NULL)
     else:
-        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 1)
+        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 1, NULL)
+
+
+cdef void _h_pixels_affine(const float* buf, const int32_t* start, const float* w4,
+                           Py_ssize_t n, Py_ssize_t lo, Py_ssize_t K, float* dst,
+                           Py_ssize_t plane, const ops_v4f* aff) noexcept nogil:
+    if K == 2:
+        _h_pixels(buf, start, w4, n, lo, 2, dst, plane, 1, aff)
+    elif K == 3:
+        _h_pixels(buf, start, w4, n, lo, 3, dst, plane, 1, aff)
+    elif K == 4:
+        _h_pixels(buf, start, w4, n, lo, 4, dst, plane, 1, aff)
+    elif K == 5:
+        _h_pixels(buf, start, w4, n, lo, 5, dst, plane, 1, aff)
+    elif K == 6:
+        _h_pixels(buf, start, w4, n, lo, 6, dst, plane, 1, aff)
+    elif K == 7:
+        _h_pixels(buf, start, w4, n, lo, 7, dst, plane, 1, aff)
+    else:
+        _h_pixels(buf, start, w4, n, lo, K, dst, plane, 1, aff)
+
+
+cdef void _h_row_f32_chw(const OpsAxis* ax, const float* w4, const float* buf, float* out,
+                         Py_ssize_t plane, const ops_v4f* aff, float* tmp) noexcept nogil:
+    """Horizontal pass of one vertically summed row straight into output row `out` of a
+    float32 CHW sample (planes `plane` floats apart), converted. The last group of four pixels,
+    when ow is not a multiple of 4, goes through tmp: a direct store would run past the row."""
+    cdef Py_ssize_t K = ax.ksize, ow = ax.n_out, lo = ax.src_lo
+    cdef Py_ssize_t n = ow & ~(<Py_ssize_t>3), j, c
+    if n > 0:
+        _h_pixels_affine(buf, ax.start, w4, n, lo, K, out, plane, aff)
+    if n < ow:
+        _h_pixels_affine(buf, ax.start + n, w4 + 4 * n * K, 4, lo, K, tmp, 4, aff)
+        for c in range(3):
+            for j in range(ow - n):
+                out[c * plane + n + j] = tmp[4 * c + j]
 
 
 cdef void _h_row_interleaved(const OpsAxis* ax, const float* w4, const float* buf,
                              float* dst) noexcept nogil:
     cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
     if K == 2:
-        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 0, NULL)
     elif K == 3:
-        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 0, NULL)
     elif K == 4:
-        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 0, NULL)
     elif K == 5:
-        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 0, NULL)
     elif K == 6:
-        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 0, NULL)
     elif K == 7:
-        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 0, NULL)
     else:
-        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 0)
+        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 0, NULL)
 
 
 cdef inline void _h_row(const OpsPlan* p, const uint8_t* src_row, float* dst,
@@ -486,6 +572,95 @@ cdef inline void _v_add2(ops_f32_rp acc, ops_cf32_rp r0, ops_cf32_rp r1, float w
     cdef Py_ssize_t i
     for i in range(n):
         acc[i] = (acc[i] + w0 * r0[i]) + w1 * r1[i]
+
+
+# Vertical pass straight from uint8 source rows (pass order OPS_V_FIRST): one output row of the
+# source span, up to four taps per sweep, in ascending row order. uint8 -> float32 is exact.
+
+cdef inline void _v_u8_set1(ops_f32_rp d, ops_cu8_rp r0, float w0, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = w0 * r0[i]
+
+
+cdef inline void _v_u8_set2(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, float w0, float w1,
+                            Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = w0 * r0[i] + w1 * r1[i]
+
+
+cdef inline void _v_u8_set3(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
+                            float w0, float w1, float w2, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = (w0 * r0[i] + w1 * r1[i]) + w2 * r2[i]
+
+
+cdef inline void _v_u8_set4(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
+                            ops_cu8_rp r3, float w0, float w1, float w2, float w3,
+                            Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = ((w0 * r0[i] + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i]
+
+
+cdef inline void _v_u8_add1(ops_f32_rp d, ops_cu8_rp r0, float w0, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = d[i] + w0 * r0[i]
+
+
+cdef inline void _v_u8_add2(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, float w0, float w1,
+                            Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = (d[i] + w0 * r0[i]) + w1 * r1[i]
+
+
+cdef inline void _v_u8_add3(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
+                            float w0, float w1, float w2, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = ((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i]
+
+
+cdef inline void _v_u8_add4(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
+                            ops_cu8_rp r3, float w0, float w1, float w2, float w3,
+                            Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[i] = (((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i]
+
+
+cdef void _v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssize_t taps,
+                    float* d, Py_ssize_t n) noexcept nogil:
+    """d[0:n] = sum(k[t] * s[t*stride + 0:n] for t < taps), t ascending."""
+    cdef Py_ssize_t t = taps if taps < 4 else 4, c
+    if t == 1:
+        _v_u8_set1(d, s, k[0], n)
+    elif t == 2:
+        _v_u8_set2(d, s, s + stride, k[0], k[1], n)
+    elif t == 3:
+        _v_u8_set3(d, s, s + stride, s + 2 * stride, k[0], k[1], k[2], n)
+    else:
+        _v_u8_set4(d, s, s + stride, s + 2 * stride, s + 3 * stride, k[0], k[1], k[2], k[3], n)
+    while t < taps:
+        c = taps - t
+        if c >= 4:
+            _v_u8_add4(d, s + t * stride, s + (t + 1) * stride, s + (t + 2) * stride,
+                       s + (t + 3) * stride, k[t], k[t + 1], k[t + 2], k[t + 3], n)
+            t += 4
+        elif c == 3:
+            _v_u8_add3(d, s + t * stride, s + (t + 1) * stride, s + (t + 2) * stride,
+                       k[t], k[t + 1], k[t + 2], n)
+            t += 3
+        elif c == 2:
+            _v_u8_add2(d, s + t * stride, s + (t + 1) * stride, k[t], k[t + 1], n)
+            t += 2
+        else:
+            _v_u8_add1(d, s + t * stride, k[t], n)
+            t += 1
 
 
 # --- output conversion ----------------------------------------------------------------------
@@ -537,6 +712,14 @@ cdef inline void _fin_f32(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w
         o[i] = ((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b
 
 
+cdef inline void _fin2_f32(ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1, ops_f32_rp o,
+                           Py_ssize_t n, float s, float b) noexcept nogil:
+    # _fin_f32 for a sum of at most two taps (a = zeros): 0 + x is x for the x >= +0 here.
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = (w0 * r0[i] + w1 * r1[i]) * s + b
+
+
 cdef inline void _fin_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
                           ops_u16_rp o, Py_ssize_t n, float s, float b) noexcept nogil:
     cdef Py_ssize_t i
@@ -561,6 +744,15 @@ cdef inline void _fin3_f32(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float 
         o[i] = ((a[i] + w0 * r0[i]) + w1 * r1[i]) * s[i] + b[i]
 
 
+cdef inline void _fin32_f32(ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                            ops_f32_rp o, Py_ssize_t n, ops_cf32_rp s,
+                            ops_cf32_rp b) noexcept nogil:
+    # _fin3_f32 for a sum of at most two taps, as _fin2_f32.
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = (w0 * r0[i] + w1 * r1[i]) * s[i] + b[i]
+
+
 cdef inline void _fin3_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
                            ops_u16_rp o, Py_ssize_t n, ops_cf32_rp s,
                            ops_cf32_rp b) noexcept nogil:
@@ -580,7 +772,10 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
     if c.layout == OPS_CHW:
         for ch in range(3):
             off = ch * n4
-            if c.dtype == OPS_FLOAT32:
+            if c.dtype == OPS_FLOAT32 and a == p.zero:
+                _fin2_f32(r0 + off, r1 + off, w0, w1, <float*>out + ch * plane + i * ow, ow,
+                          c.scale[ch], c.bias[ch])
+            elif c.dtype == OPS_FLOAT32:
                 _fin_f32(a + off, r0 + off, r1 + off, w0, w1,
                          <float*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
             elif c.dtype == OPS_UINT8:
@@ -594,7 +789,9 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
                 _fin_f16(a + off, r0 + off, r1 + off, w0, w1,
                          <uint16_t*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
     else:
-        if c.dtype == OPS_FLOAT32:
+        if c.dtype == OPS_FLOAT32 and a == p.zero:
+            _fin32_f32(r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
+        elif c.dtype == OPS_FLOAT32:
             _fin3_f32(a, r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
         elif c.dtype == OPS_UINT8:
             _fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow)
@@ -651,6 +848,7 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
     cdef const float* r0
     cdef float* acc = p.acc
     cdef float* ring = p.ring
+    cdef ops_v4f aff[6]
     if o.dtype != OPS_FLOAT32 and o.dtype != OPS_UINT8 and o.dtype != OPS_FLOAT16:
         return OPS_EARG
     if o.layout != OPS_CHW and o.layout != OPS_HWC:
@@ -659,6 +857,26 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
         for i in range(3 * ow):
             p.scale3[i] = o.scale[i % 3]
             p.bias3[i] = o.bias[i % 3]
+    if p.order == OPS_V_FIRST:
+        for i in range(3):
+            aff[i] = ops_v4f_set1(o.scale[i])
+            aff[3 + i] = ops_v4f_set1(o.bias[i])
+        # Each output row: the vertical sum over the source span (into src_row, whose zero
+        # tail the plan keeps), resampled horizontally into the first ring row, converted.
+        for i in range(oh):
+            _v_row_u8(src + p.v.start[i] * src_stride + 3 * p.h.src_lo, src_stride,
+                      p.v.weight + i * p.v.ksize, p.v.count[i], p.src_row,
+                      3 * (p.h.src_hi - p.h.src_lo))
+            if planar and o.dtype == OPS_FLOAT32:
+                _h_row_f32_chw(&p.h, p.hw4, p.src_row, <float*>out + i * ow, oh * ow, aff,
+                               ring)
+                continue
+            if planar:
+                _h_row_planar(&p.h, p.hw4, p.src_row, ring)
+            else:
+                _h_row_interleaved(&p.h, p.hw4, p.src_row, ring)
+            _finish_row(p, o, p.zero, ring, ring, <float>1.0, <float>0.0, out, i, f16c)
+        return OPS_OK
     next_row = 0
     for i in range(oh):
         a = p.v.start[i]
@@ -776,12 +994,15 @@ cdef class Workspace:
 
 def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h, double w,
                      uint8_t[::1] out, int oh, int ow, bint flip, int dtype, int layout,
-                     mean, std, Workspace ws):
+                     mean, std, Workspace ws, int order=-1):
     """Run the kernel on img (H, W, 3) uint8 with pixel stride 3 (rows may be strided) into the
-    bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code."""
+    bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code.
+    order: OPS_H_FIRST or OPS_V_FIRST forces that pass order (tests and benchmarks); -1, the
+    default, keeps the plan's choice as ops_resize_crop does."""
     cdef double m[3]
     cdef double s[3]
     cdef OpsOutput o
+    cdef OpsPlan p
     cdef int rc, c
     cdef int src_h = <int>img.shape[0], src_w = <int>img.shape[1]
     cdef Py_ssize_t stride = img.strides[0]
@@ -795,12 +1016,20 @@ def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h,
     for c in range(3):
         m[c] = mean[c]
         s[c] = std[c]
+    if order != -1 and order != OPS_H_FIRST and order != OPS_V_FIRST:
+        raise ConfigError(f"pass order {order} is not OPS_H_FIRST or OPS_V_FIRST")
     rc = ops_output_init(&o, dtype, layout, m, s)
     if rc != OPS_OK:
         _raise(rc, "output spec")
     with nogil:
-        rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
-                             oh, ow, flip, &o, &out[0])
+        if order == -1:
+            rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
+                                 oh, ow, flip, &o, &out[0])
+        else:
+            rc = ops_plan(&p, &ws.ws, src_h, src_w, y0, x0, h, w, oh, ow, flip)
+            if rc == OPS_OK:
+                p.order = order
+                rc = ops_run(&p, &img[0, 0, 0], stride, &o, &out[0])
     if rc != OPS_OK:
         _raise(rc, "resize_crop")
 
@@ -864,6 +1093,21 @@ def float32_to_float16_bits(const float[::1] src, uint16_t[::1] dst, bint f16c=F
 def has_f16c():
     """Whether float16 output uses x86's F16C instructions on this CPU."""
     return bool(ops_have_f16c())
+
+
+def pass_order(int src_h, int src_w, double y0, double x0, double h, double w, int oh, int ow):
+    """The pass order ops_plan picks for these sizes (ORDER_CODES); for tests and benchmarks."""
+    cdef OpsWorkspace ws
+    cdef OpsPlan p
+    cdef int rc
+    ops_ws_init(&ws)
+    try:
+        rc = ops_plan(&p, &ws, src_h, src_w, y0, x0, h, w, oh, ow, 0)
+        if rc != OPS_OK:
+            _raise(rc, "pass_order")
+        return p.order
+    finally:
+        ops_ws_free(&ws)
 
 
 def workspace_bytes(int src_w, double h, double w, int oh, int ow):
