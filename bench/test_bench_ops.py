@@ -6,6 +6,7 @@ Run:  .venv/bin/python -m pytest bench/test_bench_ops.py --benchmark-columns=min
 
 Crops are those RandomResizedCrop and the validation transform produce on a 500x375 image:
   down   a 280x300 box (scale ~0.45 of the area) shrunk to 224 — antialiasing at work
+  big    a 400x370 box (scale ~0.8), nearly the whole image, shrunk to 224
   up     a 101x120 box (scale ~0.065) enlarged to 224 — about 40 % of ImageNet train crops
   val    shorter side to 256, centre 224 crop (a 438x328 box)
 Every method produces float32 CHW normalized with the ImageNet mean/std unless its name says
@@ -30,6 +31,7 @@ MEAN = np.array(ops.IMAGENET_MEAN, np.float32)
 STD = np.array(ops.IMAGENET_STD, np.float32)
 CROPS = {
     "down": (30.5, 40.25, 300.3, 280.7),
+    "big": (2.3, 50.6, 370.2, 400.4),
     "up": (10.2, 20.7, 120.4, 100.9),
     "val": ops.center_crop_box(375, 500, SIZE, 256),
 }

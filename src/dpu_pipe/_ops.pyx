@@ -10,6 +10,12 @@
 # writes its rows planar (R, G, B planes) for CHW output and interleaved for HWC, so the
 # vertical pass and the conversion always run over contiguous memory, which GCC vectorizes
 # on SSE2 and NEON alike.
+# That is pass order OPS_H_FIRST. When the box shrinks vertically, OPS_V_FIRST is cheaper: per
+# output row, the vertical taps are summed straight from the uint8 source rows over the used
+# span, and the horizontal pass then runs on oh rows instead of every source row (for float32
+# CHW it also applies the conversion and stores into the sample). ops_plan picks the order by
+# an integer estimate of both passes' work, so the choice, like the arithmetic of each order,
+# depends on the sizes only.
 #
 # Arithmetic, and why it is bit-identical on x86-64 and aarch64:
 #   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
