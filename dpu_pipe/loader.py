@@ -290,17 +290,25 @@ class _Run:
             raise DpuPipeError("this iterator is no longer current: the loader started another "
                                "iteration, or moved with set_epoch/load_state_dict/close")
 
-    def __next__(self):
-        loader = self.loader
-        self._check_current()
+    def _release_held(self):
         if self.held is not None:
             self.free.put(self.held)
             self.held = None
+
+    def _begin_next(self):
+        """What every next() starts with: still current, give back the batch the caller
+        held, end the run after its last step."""
+        self._check_current()
+        self._release_held()
         if self.next_step >= self.end:
             self.close()
-            loader._run = None
-            loader._epoch_done()
+            self.loader._run = None
+            self.loader._epoch_done()
             raise StopIteration
+
+    def __next__(self):
+        loader = self.loader
+        self._begin_next()
         t0 = time.perf_counter()
         deadline = t0 + loader.timeout
         while True:

@@ -248,18 +248,10 @@ class _RemoteRun(_Run):
 
     def __next__(self):
         loader = self.loader
-        self._check_current()
         if self.failed is not None:
             raise DpuPipeError(f"this iteration ended with an error at epoch {self.epoch} "
                                f"step {self.next_step}: {self.failed}; start a new one")
-        if self.held is not None:
-            self.held.release()
-            self.held = None
-        if self.next_step >= self.end:
-            self.close()
-            loader._run = None
-            loader._epoch_done()
-            raise StopIteration
+        self._begin_next()
         if self.consumer is None:
             self._open()
         while self.requested < self.end and self.requested - self.next_step < loader.slots:
@@ -283,6 +275,11 @@ class _RemoteRun(_Run):
         self.next_step += 1
         loader._advance()
         return loader._emit(images, labels)
+
+    def _release_held(self):
+        if self.held is not None:
+            self.held.release()
+            self.held = None
 
     def _unpack(self, batch):
         loader = self.loader
@@ -316,9 +313,7 @@ class _RemoteRun(_Run):
     def suspend(self):
         """Stop the transport stream but keep the position: the next step is requested again
         when the run continues."""
-        if self.held is not None:
-            self.held.release()
-            self.held = None
+        self._release_held()
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
             try:

@@ -661,6 +661,7 @@ class Producer(_Endpoint):
             self._free_window()
             raise
         self._last_beat = 0.0
+        self.last_publish_ns = 0
         self._host_beat = None
         self._host_seen = time.monotonic()
         self._write(self._entry + _ENTRY["beat"], [1])
@@ -737,12 +738,15 @@ class Producer(_Endpoint):
         if total > self.layout.slot_bytes:
             raise ConfigError(f"payload of {total} bytes does not fit a slot of "
                               f"{self.layout.slot_bytes} bytes")
+        t0 = time.perf_counter_ns()
         offset = self.layout.payload_offset(work.slot)
         for v in views:
             if v.nbytes:
                 self._win.Put(v, 0, target=(offset, v.nbytes, self._MPI.BYTE))
             offset += v.nbytes
         self._post(work, READY, total, 0)
+        #: Nanoseconds the last publish took (Put, Flush, status update).
+        self.last_publish_ns = time.perf_counter_ns() - t0
 
     def publish_error(self, work, exc, tb_text=None):
         """Deliver an error for ``work`` instead of a payload: the exception (pickled when

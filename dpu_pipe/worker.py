@@ -42,7 +42,7 @@ class _Maker:
         self.labels = np.empty(self.steps.batch_size, dtype=np.int64)
         self.header = np.zeros(len(PAYLOAD_HEADER), dtype=np.int64)
         self.reported = set()
-        self.publish_ns = 0
+        self.producer = None      # the transport endpoint serving the current stream
 
     def _bad_report(self):
         """JSON of the bad samples the host has not heard of yet, as many as fit a slot's
@@ -69,7 +69,8 @@ class _Maker:
         n = self.steps.produce(work.epoch, work.step, self.images, self.labels)
         report = self._bad_report()
         self.header[:5] = (n, len(report), round((tm["read_s"] - read0) * 1e9),
-                           round((tm["process_s"] - proc0) * 1e9), self.publish_ns)
+                           round((tm["process_s"] - proc0) * 1e9),
+                           self.producer.last_publish_ns if self.producer else 0)
         return self.header, self.labels, self.images[:n], report
 
 
@@ -104,24 +105,10 @@ def serve(comm=None, *, idle_timeout=86400.0):
             if maker is None:
                 maker = makers[key] = _Maker(spec)
             with Producer(group) as producer:
-                total += _serve_stream(producer, maker)
+                maker.producer = producer
+                total += producer.serve(maker)
     finally:
         group.Free()
-
-
-def _serve_stream(producer, maker):
-    count = 0
-    while (work := producer.claim()) is not None:
-        try:
-            parts = maker(work)
-        except Exception as exc:
-            producer.publish_error(work, exc)
-        else:
-            t0 = time.perf_counter_ns()
-            producer.publish(work, *parts)
-            maker.publish_ns = time.perf_counter_ns() - t0
-        count += 1
-    return count
 
 
 def main(argv=None):

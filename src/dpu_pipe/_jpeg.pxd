@@ -52,7 +52,7 @@ cdef struct Decoder:
     uint8_t* row                   # scratch scanline, grown on demand
     size_t row_cap
 
-cdef int dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil
+cdef void dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil
 cdef void dec_free(Decoder* d) noexcept nogil
 cdef const char* dec_message(const Decoder* d) noexcept nogil
 cdef int dec_read_header(Decoder* d, const uint8_t* data, size_t size) noexcept nogil

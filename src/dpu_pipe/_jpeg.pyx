@@ -48,7 +48,7 @@ cdef void _progress(lj.j_common_ptr cinfo) noexcept nogil:
 
 # --- decoder lifecycle --------------------------------------------------------------------------
 
-cdef int dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil:
+cdef void dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil:
     memset(d, 0, sizeof(Decoder))
     d.opts = opts[0]
     d.cinfo.err = lj.jpeg_std_error(&d.err.pub)
@@ -57,7 +57,6 @@ cdef int dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil:
     d.err.pub.output_message = _output_message
     d.err.strict = opts.strict
     d.progress.progress_monitor = _progress
-    return DP_OK
 
 
 cdef void dec_free(Decoder* d) noexcept nogil:
@@ -323,19 +322,23 @@ def py_choose_scale(int64_t height, int64_t width, int min_h, int min_w):
     return choose_scale(height, width, min_h, min_w)
 
 
+cdef _header_or_raise(Decoder* d, const uint8_t[::1] data):
+    cdef int rc
+    with nogil:
+        rc = dec_read_header(d, &data[0] if data.shape[0] else NULL, data.shape[0])
+    if rc != DP_OK:
+        raise ValueError(dec_message(d).decode("utf-8", "replace"))
+
+
 def read_header(const uint8_t[::1] data, int64_t max_pixels, int max_scans):
     """(width, height, components, colorspace code, progressive, arithmetic) of one JPEG.
     Raises ValueError with libjpeg's message when the header cannot be read."""
     cdef Decoder d
     cdef DecodeOptions o = _options(0, 0, max_pixels, max_scans)
     cdef int rc
-    if dec_init(&d, &o) != DP_OK:
-        raise MemoryError("cannot create a JPEG decoder")
+    dec_init(&d, &o)
     try:
-        with nogil:
-            rc = dec_read_header(&d, &data[0] if data.shape[0] else NULL, data.shape[0])
-        if rc != DP_OK:
-            raise ValueError(dec_message(&d).decode("utf-8", "replace"))
+        _header_or_raise(&d, data)
         return (d.info.width, d.info.height, d.info.components, d.info.colorspace,
                 bool(d.info.progressive), bool(d.info.arithmetic))
     finally:
@@ -352,13 +355,9 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
     cdef Region r
     cdef int rc, scale, top, left, height, width
     cdef uint8_t[:, :, ::1] out
-    if dec_init(&d, &o) != DP_OK:
-        raise MemoryError("cannot create a JPEG decoder")
+    dec_init(&d, &o)
     try:
-        with nogil:
-            rc = dec_read_header(&d, &data[0] if data.shape[0] else NULL, data.shape[0])
-        if rc != DP_OK:
-            raise ValueError(dec_message(&d).decode("utf-8", "replace"))
+        _header_or_raise(&d, data)
         if region is None:
             top, left, height, width = 0, 0, d.info.height, d.info.width
         else:
@@ -396,9 +395,9 @@ def decode_batch(BufferList buffers, uint8_t[:, :, :, ::1] out, const int64_t[:,
     if use_regions and (regions.shape[0] < n or regions.shape[1] != 4):
         raise ValueError("regions must have shape (N, 4): top, left, height, width")
     messages = <char*>malloc(max(n, 1) * 200)
-    if messages == NULL or dec_init(&d, &o) != DP_OK:
-        free(messages)
-        raise MemoryError("cannot create a JPEG decoder")
+    if messages == NULL:
+        raise MemoryError()
+    dec_init(&d, &o)
     try:
         with nogil:
             for i in range(n):

@@ -174,8 +174,7 @@ cdef class Pipeline:
         if self.workers == NULL:
             raise MemoryError()
         for c in range(num_threads):
-            if dec_init(&self.workers[c].dec, &self.cfg.dopts) != DP_OK:
-                raise MemoryError("cannot create a JPEG decoder")
+            dec_init(&self.workers[c].dec, &self.cfg.dopts)
             ops_ws_init(&self.workers[c].ws)
             self.workers[c].ready = 1
 
