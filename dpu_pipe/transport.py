@@ -553,8 +553,8 @@ class Consumer(_Endpoint):
         return "no producer has claimed it yet"
 
     def _check_producers(self, doing):
-        """Raise PipeTimeout naming the first producer whose heartbeat has been still for
-        ``liveness_timeout`` seconds; marks the consumer broken (the window cannot be freed
+        """Raise PipeTimeout naming the producers whose heartbeat has been still for
+        ``liveness_timeout`` seconds, longest silent first; marks the consumer broken (the window cannot be freed
         collectively without that rank)."""
         entries = self._entries()
         now = time.monotonic()
@@ -567,14 +567,22 @@ class Consumer(_Endpoint):
         self._beats[moved] = entries[moved, 0]
         self._beat_seen[moved] = now
         silent = now - self._beat_seen
-        for r in np.flatnonzero((silent > self.liveness_timeout) & (entries[:, 2] == 0)):
-            ticket = int(entries[r, 1])
-            held = (f"; it held step {self._assigned[ticket][1]} of epoch "
-                    f"{self._assigned[ticket][0]}" if ticket in self._assigned else "")
-            self._broken = (f"{self.describe(r + 1)} stopped answering: no heartbeat for "
-                            f"{silent[r]:.1f} s (liveness_timeout {self.liveness_timeout:g} s) "
-                            f"while the host was {doing}{held}")
-            raise PipeTimeout(self._broken)
+        dead = np.flatnonzero((silent > self.liveness_timeout) & (entries[:, 2] == 0))
+        if dead.size == 0:
+            return
+        # Longest silent first: a stopped rank can stall others that share a channel with it
+        # (same DPU, shared memory), and those fall silent after it.
+        dead = dead[np.argsort(-silent[dead], kind="stable")]
+        r = int(dead[0])
+        ticket = int(entries[r, 1])
+        held = (f"; it held step {self._assigned[ticket][1]} of epoch "
+                f"{self._assigned[ticket][0]}" if ticket in self._assigned else "")
+        others = "".join(f"; also silent for {silent[o]:.1f} s: {self.describe(int(o) + 1)}"
+                         for o in dead[1:])
+        self._broken = (f"{self.describe(r + 1)} stopped answering: no heartbeat for "
+                        f"{silent[r]:.1f} s (liveness_timeout {self.liveness_timeout:g} s) "
+                        f"while the host was {doing}{held}{others}")
+        raise PipeTimeout(self._broken)
 
     def _check_usable(self):
         if self._closed:
