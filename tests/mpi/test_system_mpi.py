@@ -1,0 +1,45 @@
+"""DPULoader on a system MPI (Open MPI from the distribution), not the mpich wheel.
+
+Needs a Python whose mpi4py is built against that MPI, named by DPU_PIPE_SYSTEM_MPI_PYTHON,
+and its launcher in DPU_PIPE_SYSTEM_MPIEXEC; scripts/check_system_mpi.sh sets both up
+(apt's Open MPI, mpi4py compiled against it) and runs this file.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = os.environ.get("DPU_PIPE_SYSTEM_MPI_PYTHON")
+MPIEXEC = os.environ.get("DPU_PIPE_SYSTEM_MPIEXEC", "mpiexec.openmpi")
+
+pytestmark = pytest.mark.skipif(
+    not PYTHON, reason="system-MPI check: run scripts/check_system_mpi.sh "
+                       "(sets DPU_PIPE_SYSTEM_MPI_PYTHON)")
+
+
+def test_dpuloader_over_system_mpi(tmp_path):
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-c",
+                    "import sys; from dpu_pipe.sample_data import make_imagenet_like; "
+                    "make_imagenet_like(sys.argv[1], n=40, classes=4, seed=0)", str(data)],
+                   check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           # Open MPI refuses root and more ranks than cores unless told; its UCX one-sided
+           # component warns on machines without a UCX network.
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_osc": "^ucx"}
+    argv = ["timeout", "-k", "5", "240", MPIEXEC, "--oversubscribe",
+            "-n", "1", PYTHON, "-m", "mpi4py", str(ROOT / "tests/mpi/system_mpi_host.py"),
+            str(data), ":", "-n", "2", PYTHON, "-m", "mpi4py", "-m", "dpu_pipe.worker"]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    ok = [line for line in proc.stdout.splitlines() if line.startswith("OK epoch")]
+    assert len(ok) == 2, proc.stdout
+    lib = subprocess.run([PYTHON, "-c", "from mpi4py import MPI; "
+                          "print(MPI.Get_library_version().split(',')[0])"],
+                         capture_output=True, text=True, env=env).stdout.strip()
+    print(f"{lib}: {ok}")
