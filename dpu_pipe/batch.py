@@ -6,6 +6,8 @@ the epoch, the seed and the :class:`~dpu_pipe.transforms.TransformConfig` — no
 is in, its position, or the number of threads.
 """
 
+import warnings
+
 import numpy as np
 
 from . import _jpeg, _pipeline
@@ -42,6 +44,11 @@ class BatchProcessor:
         if isinstance(num_threads, (bool, np.bool_)) \
                 or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
             raise ConfigError(f"num_threads must be an integer >= 1, got {num_threads!r}")
+        if num_threads > 1 and not _jpeg.build_flags()["openmp"]:
+            warnings.warn("dpu_pipe was built without OpenMP: batches run on one thread "
+                          "whatever num_threads says (rebuild with a compiler that has "
+                          "OpenMP, and without DPU_PIPE_OPENMP=0)", RuntimeWarning,
+                          stacklevel=2)
         self.config = config
         self.num_threads = int(num_threads)
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
