@@ -9,7 +9,6 @@ core for its own run and restores it afterwards. ``DPU_PIPE_BENCH_N`` sets the i
 epoch (default 200).
 """
 
-import io
 
 import numpy as np
 import pytest

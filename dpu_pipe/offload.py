@@ -224,7 +224,7 @@ class _RemoteRun(_Run):
     active one; a suspended run reopens it at its next step.
     """
 
-    def __init__(self, loader, epoch, start):  # noqa: super().__init__ would start a thread
+    def __init__(self, loader, epoch, start):  # not _Run.__init__: that starts a thread
         self.loader = loader
         self.epoch = epoch
         self.next_step = start

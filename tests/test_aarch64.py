@@ -15,7 +15,6 @@ The wheels come from ``scripts/build_wheels.sh`` (``$DPU_PIPE_AARCH64_WHEEL`` /
 module is skipped only when the cross toolchain or the emulator is absent.
 """
 
-import io
 import json
 import os
 import re

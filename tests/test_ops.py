@@ -17,7 +17,6 @@ Tolerance per dtype, on the normalized scale (x/255 - mean)/std unless noted:
 
 import functools
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

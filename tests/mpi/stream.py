@@ -9,7 +9,6 @@ Hosts print ``OK host=<rank> ...`` on success; the exit code says the rest.
 import argparse
 import os
 import signal
-import sys
 import time
 
 import numpy as np
