@@ -107,7 +107,7 @@ def host(args):
 
 def dataset_list(n):
     """A file list of the first ``n`` images of the cached ImageNet-like dataset."""
-    from dpu_pipe.sample_data import dataset_files, make_imagenet_like
+    from dpu_pipe.tools.sample_data import dataset_files, make_imagenet_like
 
     root = os.path.join(CACHE, "imagenet_like_n1000_s0")
     make_imagenet_like(root, n=1000, classes=10, seed=0)

@@ -3,7 +3,7 @@
 The ImageNet-like sample dataset is made once from real photographs under ``.cache/`` in the
 repository (gitignored; the same place ``dpu-pipe bench`` uses) and reused by later runs. File bytes and RandomResizedCrop boxes are
 prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
-``dpu_pipe.bench.decode_benchmark`` does.
+``dpu_pipe.tools.bench.decode_benchmark`` does.
 
 ``DPU_PIPE_BENCH_N`` sets the number of images (default 200: each benchmark round decodes all of
 them, keeping a full run well under a minute per method).
@@ -55,7 +55,7 @@ def imagenet_like():
     """(root, stats) of the cached sample dataset (1000 images; benchmarks use the first N)."""
     pytest.importorskip("PIL")
     pytest.importorskip("skimage")
-    from dpu_pipe.sample_data import make_imagenet_like
+    from dpu_pipe.tools.sample_data import make_imagenet_like
 
     root = CACHE / "dpu_pipe" / "imagenet_like_n1000_s0"
     stats = make_imagenet_like(root, n=1000, classes=10, seed=0)
@@ -68,7 +68,7 @@ def decode_inputs(imagenet_like):
     RandomResizedCrop boxes (N, 4) drawn with seed 0."""
     from PIL import Image
 
-    from dpu_pipe.bench import load_buffers, random_resized_crop_boxes
+    from dpu_pipe.tools.bench import load_buffers, random_resized_crop_boxes
 
     _, buffers = load_buffers(imagenet_like[0], _bench_n())
     sizes = []

@@ -1,14 +1,14 @@
-"""Decode microbenchmarks: one pytest-benchmark per method of ``dpu_pipe.bench.METHODS``.
+"""Decode microbenchmarks: one pytest-benchmark per method of ``dpu_pipe.tools.bench.METHODS``.
 
 Each benchmark round decodes every image of the sample (see conftest.py); ``extra_info`` holds
 the images per second of the median round. Timings are reported, never asserted.
-``dpu-pipe bench`` / ``dpu_pipe.bench.decode_benchmark`` gives the interleaved comparison table.
+``dpu-pipe bench`` / ``dpu_pipe.tools.bench.decode_benchmark`` gives the interleaved comparison table.
 """
 
 import numpy as np
 import pytest
 
-from dpu_pipe.bench import BATCH, METHODS, decode_methods, random_resized_crop_boxes
+from dpu_pipe.tools.bench import BATCH, METHODS, decode_methods, random_resized_crop_boxes
 
 ROUNDS = 5
 

@@ -2,7 +2,7 @@
 done by hand without torch (Pillow decode + RandomResizedCrop with the same boxes + flip +
 numpy normalize, in a thread pool and in a process pool of 1 and 2 workers), and the Loader's
 overhead over the raw batch kernel — one interleaved run, see
-``dpu_pipe.bench.loader_benchmark``. The table is printed; timings are never asserted.
+``dpu_pipe.tools.bench.loader_benchmark``. The table is printed; timings are never asserted.
 
 The session is pinned to one core (conftest.py); the benchmark widens the affinity to every
 core for its own run and restores it afterwards. ``DPU_PIPE_BENCH_N`` sets the images per
@@ -13,9 +13,10 @@ epoch (default 200).
 import numpy as np
 import pytest
 
-from dpu_pipe import bench, rng
+from dpu_pipe import rng
+from dpu_pipe.tools import bench
 from dpu_pipe.batch import BatchProcessor
-from dpu_pipe.sample_data import dataset_files
+from dpu_pipe.tools.sample_data import dataset_files
 from dpu_pipe.transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 
 from conftest import _bench_n

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import dpu_pipe
-from dpu_pipe import cli
+from dpu_pipe.tools import cli
 from dpu_pipe.packed import pack
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource
 
@@ -149,7 +149,7 @@ def test_adding_a_subcommand_is_one_entry(monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "hello hello"
     # Entries may name their functions as "module:function", imported on use.
     monkeypatch.setitem(cli.COMMANDS, "hello2",
-                        ("say hello", "dpu_pipe.cli:_info_args", "dpu_pipe.cli:_info_run"))
+                        ("say hello", "dpu_pipe.tools.cli:_info_args", "dpu_pipe.tools.cli:_info_run"))
     with pytest.raises(SystemExit):
         cli.main(["hello2", "--help"])
     assert "--json" in capsys.readouterr().out

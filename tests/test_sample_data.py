@@ -11,7 +11,7 @@ pytest.importorskip("skimage")
 from PIL import Image, JpegImagePlugin  # noqa: E402
 
 from dpu_pipe import ConfigError  # noqa: E402
-from dpu_pipe.sample_data import (MANIFEST_NAME, class_names, dataset_files,  # noqa: E402
+from dpu_pipe.tools.sample_data import (MANIFEST_NAME, class_names, dataset_files,  # noqa: E402
                                   make_imagenet_like, photo_corpus)
 
 N = 20
@@ -98,7 +98,7 @@ def test_stats_match_the_files(dataset):
 def test_proportions_are_imagenet_like():
     """The documented distributions, checked on a sample large enough to be stable (the
     per-image draws are cheap; only encoding is skipped here)."""
-    from dpu_pipe.sample_data import _draw_size
+    from dpu_pipe.tools.sample_data import _draw_size
 
     sizes = np.array([_draw_size(np.random.default_rng(np.random.SeedSequence([0, i])))
                       for i in range(4000)])
@@ -177,7 +177,7 @@ def test_refuses_foreign_directory_and_bad_arguments(tmp_path):
 
 
 def test_missing_scikit_image_names_the_pip_package(monkeypatch):
-    from dpu_pipe import sample_data
+    from dpu_pipe.tools import sample_data
 
     monkeypatch.setattr(sample_data, "_package_dir", lambda name: None)
     sample_data._corpus.cache_clear()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 def test_dpuloader_over_system_mpi(tmp_path):
     data = tmp_path / "data"
     subprocess.run([sys.executable, "-c",
-                    "import sys; from dpu_pipe.sample_data import make_imagenet_like; "
+                    "import sys; from dpu_pipe.tools.sample_data import make_imagenet_like; "
                     "make_imagenet_like(sys.argv[1], n=40, classes=4, seed=0)", str(data)],
                    check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     env = {**os.environ, "PYTHONPATH": str(ROOT),

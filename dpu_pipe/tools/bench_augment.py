@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from . import rng
-from .batch import BatchProcessor
+from .. import rng
+from ..batch import BatchProcessor
 from .bench import _pin, load_buffers
-from .jpeg import decode_batch, read_header
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
+from ..jpeg import decode_batch, read_header
+from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 
 __all__ = ["augment_benchmark", "format_augment_table", "add_args", "run"]
 

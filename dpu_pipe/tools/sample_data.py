@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["make_imagenet_like", "photo_corpus", "dataset_files", "MANIFEST_NAME"]
 
@@ -65,7 +65,7 @@ def _need_pillow():
     try:
         from PIL import Image  # noqa: F401
     except ImportError as exc:
-        raise ConfigError("dpu_pipe.sample_data needs Pillow to read and write images: "
+        raise ConfigError("dpu_pipe.tools.sample_data needs Pillow to read and write images: "
                           "pip install pillow") from exc
 
 
@@ -85,7 +85,7 @@ def _corpus():
 
     skimage_dir = _package_dir("skimage")
     if skimage_dir is None:
-        raise ConfigError("dpu_pipe.sample_data takes its photographs from scikit-image's sample "
+        raise ConfigError("dpu_pipe.tools.sample_data takes its photographs from scikit-image's sample "
                           "data: pip install scikit-image")
     paths = [("skimage/" + f.rsplit(".", 1)[0], skimage_dir / "data" / f) for f in _SKIMAGE_PHOTOS]
     missing = [str(p) for _, p in paths if not p.is_file()]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DEFAULT_ROOT = os.path.join(".cache", "dpu_pipe", "demo")
 
@@ -63,7 +63,7 @@ def _make_data(args):
 
 def _launch(args):
     """Run this demo's host rank and the producer ranks under mpiexec."""
-    from .mpi import mpiexec_path
+    from ..mpi import mpiexec_path
 
     host = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe", "demo", "--mpi-host"]
     for name in ("data", "images", "val_images", "classes", "epochs", "batch_size", "size",
@@ -87,7 +87,7 @@ def run(args):
     if args.mode == "offload" and not args.mpi_host:
         _make_data(args)
         return _launch(args)
-    from . import DPULoader, ImageFolder, Loader
+    from .. import DPULoader, ImageFolder, Loader
 
     if not args.mpi_host:
         _make_data(args)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, DpuPipeError
+from ..errors import ConfigError, DpuPipeError
 
 __all__ = ["decode_benchmark", "format_table", "random_resized_crop_boxes", "decode_methods",
            "load_buffers", "METHODS", "add_args", "run"]
@@ -78,7 +78,7 @@ def load_buffers(root_or_files, n=None):
     """Read up to ``n`` JPEG files into memory.
 
     ``root_or_files`` is a dataset directory (one made by
-    :func:`dpu_pipe.sample_data.make_imagenet_like` is read in sample order, any other is
+    :func:`dpu_pipe.tools.sample_data.make_imagenet_like` is read in sample order, any other is
     searched recursively for ``.jpg``/``.jpeg`` files in path order), one file, or a sequence
     of paths. Returns ``(paths, buffers)``: the first ``n`` paths (all when ``n`` is None) and
     their contents as ``bytes``.
@@ -152,7 +152,7 @@ def decode_methods(buffers, boxes, names=None):
     except ImportError:
         cv2 = None
     try:
-        from . import jpeg
+        from .. import jpeg
     except ImportError as exc:
         raise ConfigError(f"dpu_pipe's decoder is not built ({exc}): run "
                           "'pip install -e .' or 'python setup.py build_ext --inplace'") from exc
@@ -541,7 +541,7 @@ def loader_benchmark(root, *, n=200, batch_size=32, size=224, threads=(1, 2), re
     The Pillow methods get each epoch's boxes precomputed (vectorized) before timing; the
     dpu_pipe methods draw theirs inside. Methods are interleaved round by round (starting at
     a different method each round), each round is one epoch over the first ``n`` samples of
-    ``root`` (a :func:`dpu_pipe.sample_data.make_imagenet_like` dataset), one untimed warm-up
+    ``root`` (a :func:`dpu_pipe.tools.sample_data.make_imagenet_like` dataset), one untimed warm-up
     epoch first; the median round counts. Nothing is asserted about the timings.
 
     ``cores``: the cores to run on (None: every core of the machine; False: leave the
@@ -556,13 +556,13 @@ def loader_benchmark(root, *, n=200, batch_size=32, size=224, threads=(1, 2), re
     import multiprocessing
     from multiprocessing import shared_memory
 
-    from .batch import BatchProcessor
-    from .loader import Loader
-    from .rng import random_flip, random_resized_crop
-    from .sampler import EpochSampler
+    from ..batch import BatchProcessor
+    from ..loader import Loader
+    from ..rng import random_flip, random_resized_crop
+    from ..sampler import EpochSampler
     from .sample_data import dataset_files
-    from .sources import FileList
-    from .transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
+    from ..sources import FileList
+    from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 
     for name, v in (("n", n), ("repeat", repeat), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:

@@ -4,7 +4,7 @@ Each subcommand is one entry of :data:`COMMANDS`: ``name -> (help, add_args, run
 ``add_args(parser)`` declares its arguments on an ``argparse`` sub-parser and
 ``run(args) -> int`` does the work and returns the exit status. Adding a subcommand is
 adding one entry; ``add_args`` and ``run`` may also be ``"module:function"`` strings
-(relative to the ``dpu_pipe`` package, e.g. ``"dpu_pipe.bench:run"``), imported only when
+(relative to ``dpu_pipe.tools``, e.g. ``".bench:run"``), imported only when
 needed, so a subcommand can live in its own module.
 
 Exit status: 0 on success, 1 when the work failed, 2 for invalid arguments or configuration
@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from .errors import ConfigError, DpuPipeError
+from ..errors import ConfigError, DpuPipeError
 
 __all__ = ["COMMANDS", "main"]
 
@@ -39,8 +39,8 @@ def _pack_args(p):
 
 
 def _pack_run(args):
-    from .packed import pack
-    from .sources import open_path
+    from ..packed import pack
+    from ..sources import open_path
 
     src = open_path(args.src, root=args.root)
     packed = pack(src, args.out, progress=not args.quiet, verify=args.verify,
@@ -62,8 +62,8 @@ def _info_args(p):
 
 def _summary(path, root):
     """Count, classes, total bytes and format of the dataset at ``path``."""
-    from .packed import VERSION
-    from .sources import PackedSource, open_path
+    from ..packed import VERSION
+    from ..sources import PackedSource, open_path
 
     src = open_path(path, root=root)
     labels = src.labels
@@ -111,7 +111,7 @@ def _info_run(args):
     result, status = {}, 0
     try:
         # Imported here: it loads the compiled kernels, which `pack` does not need.
-        from .build_info import build_info
+        from ..build_info import build_info
         result["build"] = build_info()
     except ImportError as e:
         result["build"] = {"error": f"compiled kernels unavailable: {e}"}
@@ -151,7 +151,7 @@ def _resolve(fn):
 
 
 def _parser():
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="dpu-pipe",
