@@ -63,12 +63,8 @@ class StepProducer:
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
         self.labels = np.asarray(source.labels, dtype=np.int64)
-        raw = getattr(source, "raw", None)
-        self._packed = None
-        if raw is not None:
-            buf, offsets, lengths = raw()
-            self._packed = (buf, np.asarray(offsets).view(np.int64),
-                            np.asarray(lengths).astype(np.int64))
+        # A packed source gathers a batch's records itself, without a copy per record.
+        self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
         #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
@@ -84,9 +80,8 @@ class StepProducer:
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
-        if self._packed is not None:
-            buf, offsets, lengths = self._packed
-            return _jpeg.BufferList.from_packed(buf, offsets[indices], lengths[indices]), {}
+        if self._gather is not None:
+            return self._gather(indices)
         datas, errors = [], {}
         for j, i in enumerate(indices.tolist()):
             try:
