@@ -46,14 +46,24 @@ def parse_size(text):
 
 def _transcoder(restart_interval):
     """The per-record JPEG transform of ``pack(transcode=True)``: bytes -> bytes, or None
-    when the file stays as it is."""
+    when the file stays as it is; DecodeError when libjpeg cannot read it."""
     transcode = getattr(jpeg, "transcode", None)
     if transcode is None:
         raise ConfigError("this dpu_pipe has no JPEG transcoder (dpu_pipe.jpeg.transcode); "
                           "pack with transcode=False (--no-transcode)")
+    if restart_interval != "row":
+        if isinstance(restart_interval, bool) or not isinstance(
+                restart_interval, (int, np.integer)) or not 1 <= restart_interval <= 65535:
+            raise ConfigError(f"restart_interval must be a number of MCUs (1 to 65535) or "
+                              f"'row', got {restart_interval!r}")
+        restart_interval = int(restart_interval)
+    unsupported = jpeg.TranscodeUnsupported
 
     def apply(data):
-        return transcode(data, restart_interval=restart_interval, optimize=True)
+        try:
+            return transcode(data, restart_interval=restart_interval, optimize=True)
+        except unsupported:  # readable, but rewriting it would change what decoders see
+            return None
     return apply
 
 
@@ -67,7 +77,10 @@ def _prepare(data, transform):
         except DecodeError:
             return data, fmt.UNREADABLE, code
         if transform is not None:
-            out = transform(data)
+            try:
+                out = transform(data)
+            except DecodeError:  # the header reads, the coefficients do not
+                return data, fmt.UNREADABLE, code
             if out is not None:
                 return out, fmt.TRANSCODED, code
     elif code == 0:
@@ -251,7 +264,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     if not isinstance(transcode, bool):
         raise ConfigError(f"transcode must be True or False, got {transcode!r}")
-    transform = _transcoder(int(restart_interval)) if transcode else None
+    transform = _transcoder(restart_interval) if transcode else None
     count = len(source)
     if count == 0:
         raise ConfigError(f"nothing to pack: the source has no records ({source.spec()})")
@@ -319,7 +332,8 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
             "created_by": f"dpu_pipe {__version__}",
             "source": spec,
             "shard_size": int(shard_size),
-            "transcode": ({"restart_interval": int(restart_interval), "optimize": True}
+            "transcode": ({"restart_interval": restart_interval if restart_interval == "row"
+                           else int(restart_interval), "optimize": True}
                           if transcode else None),
             "formats": {name: int(n) for name, n in zip(fmt.FORMATS, formats) if n},
             "unreadable": len(unreadable),

@@ -37,8 +37,9 @@ def _pack_args(p):
     p.add_argument("--no-transcode", dest="transcode", action="store_false",
                    help="keep each JPEG's original bytes instead of transcoding it losslessly "
                         "to baseline with restart markers")
-    p.add_argument("--restart-interval", type=int, default=1, metavar="MCUS",
-                   help="MCUs per restart interval of transcoded JPEGs (default: 1)")
+    p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
+                   help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
+                        "interval per MCU row (default: 1)")
     p.add_argument("--threads", type=int, default=1,
                    help="threads reading and transcoding records (default: 1)")
     p.add_argument("--root", help="directory that relative paths of a file list are "
@@ -49,6 +50,10 @@ def _pack_args(p):
                    help="skip re-reading each written shard to check every record's CRC")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _interval(text):
+    return text if text == "row" else int(text)
 
 
 def _pack_run(args):
