@@ -103,8 +103,8 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert r.returncode == 0, r.stderr
     packed = json.loads(r.stdout)["dataset"]
     assert packed["format"] == "dpu_pipe packed v2" and packed["bad_shards"] == {}
-    assert {k: packed[k] for k in ("count", "total_bytes", "classes")} == \
-        {k: folder[k] for k in ("count", "total_bytes", "classes")}
+    keys = ("count", "total_bytes", "classes", "num_labels", "label_range")
+    assert {k: packed[k] for k in keys} == {k: folder[k] for k in keys}
     assert (packed["original_bytes"], packed["transcoded"], packed["size_growth"]) == \
         (jpeg_bytes, 0, 0.0)
     r = run("info", out, cwd=tmp_path)  # human-readable form

@@ -177,6 +177,8 @@ def test_a_shard_verifies_on_its_own(sharded, tmp_path):
         [sharded.read(first + j) for j in range(len(sh))]
     with pytest.raises(ConfigError, match="is a shard of a packed dataset, not a manifest"):
         PackedSource(lone)
+    with pytest.raises(ConfigError, match="open the dataset's directory"):
+        open_path(lone)
 
 
 def test_progress_bar(folder, tmp_path, capsys):

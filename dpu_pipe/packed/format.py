@@ -47,8 +47,9 @@ reports it as it would the original file.
 The manifest's JSON object: ``classes`` (list of str or null), ``created_by``, ``source`` (the
 spec of the packed source), ``shard_size`` (the target in bytes), ``transcode`` (null, or
 ``{"restart_interval", "optimize"}``), ``formats`` ({name: record count}), ``unreadable``
-(record count), ``data_bytes`` and ``orig_bytes`` (sums of the record sizes as stored and as
-read from the source).
+(record count) and ``unreadable_examples`` (up to 20 of their paths), ``data_bytes`` and
+``orig_bytes`` (sums of the record sizes as stored and as read from the source),
+``label_range`` ([min, max]) and ``num_labels`` (distinct labels).
 
 Versions: 1 was a single file of records plus one index (dpu_pipe 0.1, magic ``DPUPACK\\0``,
 the manifest's magic). This module reads version 2 only and names any other version it meets.
@@ -225,8 +226,9 @@ def _parse_header(raw, dtype, magic, file_size, where):
     got_magic, version = parse_prefix(raw, where)
     if got_magic != magic:
         what = "a shard" if got_magic == SHARD_MAGIC else "a manifest"
+        hint = "; open the dataset's directory" if got_magic == SHARD_MAGIC else ""
         raise ConfigError(f"{where} is {what} of a packed dataset, not "
-                          f"{'a shard' if magic == SHARD_MAGIC else 'a manifest'}")
+                          f"{'a shard' if magic == SHARD_MAGIC else 'a manifest'}{hint}")
     _check_version(version, where)
     raw = bytes(raw[:HEADER_SIZE])
     if len(raw) < HEADER_SIZE:

@@ -24,8 +24,9 @@ __all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path"]
 
 
 def manifest_path(path):
-    """The manifest of the packed dataset at ``path`` (its directory or its manifest), or
-    None when ``path`` is neither."""
+    """The manifest of the packed dataset at ``path`` (its directory, its manifest — or one
+    of its shards, which opening then refuses by name), or None when ``path`` is none of
+    these."""
     path = os.fspath(path)
     if os.path.isdir(path):
         candidate = os.path.join(path, fmt.MANIFEST_NAME)
@@ -35,11 +36,12 @@ def manifest_path(path):
             head = f.read(len(fmt.MAGIC))
     except OSError:
         return None
-    return path if head == fmt.MAGIC else None
+    return path if head in (fmt.MAGIC, fmt.SHARD_MAGIC) else None
 
 
 def is_packed(path):
-    """True when ``path`` is a packed dataset's directory or manifest (of any version)."""
+    """True when ``path`` is a packed dataset's directory, manifest (of any version) or
+    shard."""
     return manifest_path(path) is not None
 
 
@@ -244,6 +246,12 @@ class PackedDataset:
     @property
     def num_shards(self):
         return self.header["num_shards"]
+
+    @property
+    def fingerprint(self):
+        """The manifest header's CRC as hex. It covers the shard table, which holds each
+        shard's header CRC, which covers that shard's index CRCs (paths and labels)."""
+        return f"crc32:{int.from_bytes(self._mm[124:128].tobytes(), 'little'):08x}"
 
     def shard_path(self, k):
         return os.path.join(self.path, fmt.shard_name(k))

@@ -338,6 +338,8 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
             "formats": {name: int(n) for name, n in zip(fmt.FORMATS, formats) if n},
             "unreadable": len(unreadable),
             "unreadable_examples": unreadable[:20],
+            "label_range": [int(labels.min()), int(labels.max())],
+            "num_labels": int(len(np.unique(labels))),
             "data_bytes": int(table["data_bytes"].sum()),
             "orig_bytes": int(table["orig_bytes"].sum()),
         }
