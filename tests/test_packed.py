@@ -286,6 +286,8 @@ def test_corrupted_record_names_its_shard_and_record(sharded, copy):
     with pytest.raises(DecodeError, match="CRC") as info:
         checked.read(lo)
     assert info.value.index == lo and f"shard {k}, record {lo}" in info.value.path
+    bufs, errors = checked.buffers(np.array([lo - 1, lo, hi], dtype=np.int64))
+    assert len(bufs) == 3 and list(errors) == [1] and errors[1].index == lo
 
 
 def test_missing_shard_names_itself(sharded, copy):

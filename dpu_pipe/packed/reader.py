@@ -344,36 +344,41 @@ class PackedDataset:
         indices = np.asarray(indices, dtype=np.int64)
         n = len(indices)
         if n and (indices.min() < 0 or indices.max() >= len(self)):
-            bad = indices[(indices < 0) | (indices >= len(self))][0]
-            self._check_index(int(bad))
+            self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         ks = self.shard_of(indices)
-        errors, shard_of_pos = {}, {}
+        errors = {}
         offsets = np.zeros(n, dtype=np.int64)
         lengths = np.zeros(n, dtype=np.int64)
+        which = np.full(n, -1, dtype=np.int64)   # position -> entry of ``bufs``
         bufs = []
+
+        def fail(positions, exc, k):
+            for p in positions.tolist():
+                errors[p] = DecodeError(str(exc), index=int(indices[p]),
+                                        path=self.shard_path(k))
+
         for k in np.unique(ks).tolist():
             pos = np.flatnonzero(ks == k)
             try:
                 sh = self.shard(k)
             except ConfigError as exc:
-                for p in pos.tolist():
-                    errors[p] = DecodeError(str(exc), index=int(indices[p]),
-                                            path=self.shard_path(k))
+                fail(pos, exc, k)
                 continue
             local = indices[pos] - self._firsts[k]
-            b = sh.header["block_records"]
-            for blk in np.unique(local // b).tolist():
+            blk = local // sh.header["block_records"]
+            good = np.ones(len(pos), dtype=bool)
+            for b in np.unique(blk).tolist():
                 try:
-                    sh.check_block(blk)
+                    sh.check_block(b)
                 except ConfigError as exc:
-                    for p in pos[local // b == blk].tolist():
-                        errors[p] = DecodeError(str(exc), index=int(indices[p]),
-                                                path=self.shard_path(k))
-            ok = np.array([p not in errors for p in pos.tolist()], dtype=bool)
-            pos, local = pos[ok], local[ok]
+                    fail(pos[blk == b], exc, k)
+                    good[blk == b] = False
+            pos, local = pos[good], local[good]
             rec = sh.records[local]
             offsets[pos] = rec["offset"].astype(np.int64)
             lengths[pos] = rec["length"].astype(np.int64)
+            which[pos] = len(bufs)
+            bufs.append(sh.buffer)
             if self.verify_reads:
                 mv = memoryview(sh.buffer)
                 for p, o, ln, crc in zip(pos.tolist(), offsets[pos].tolist(),
@@ -382,14 +387,13 @@ class PackedDataset:
                         errors[p] = DecodeError("packed record fails its CRC check "
                                                 "(corrupted shard)", index=int(indices[p]),
                                                 path=self.describe(int(indices[p])))
-            bufs.append(sh.buffer)
-            for p in pos.tolist():
-                shard_of_pos[p] = len(bufs) - 1
+                        which[p] = -1
         if len(bufs) == 1 and not errors:
             # One shard: its mapping and the offsets, no Python object per record.
             return _jpeg.BufferList.from_packed(bufs[0], offsets, lengths), errors
-        views = [memoryview(bufs[shard_of_pos[p]])[offsets[p]:offsets[p] + lengths[p]]
-                 if p in shard_of_pos and p not in errors else b"" for p in range(n)]
+        maps = [memoryview(b) for b in bufs]
+        views = [maps[w][o:o + ln] if w >= 0 else b""
+                 for w, o, ln in zip(which.tolist(), offsets.tolist(), lengths.tolist())]
         return _jpeg.BufferList.from_buffers(views), errors
 
     def check(self, shards=None, *, progress=None):
