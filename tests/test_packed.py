@@ -70,6 +70,13 @@ def sharded(folder, tmp_path_factory):
     return _pack(folder, out, shard_size=8000)
 
 
+@pytest.fixture(scope="module")
+def transcoded(folder, tmp_path_factory):
+    """The folder packed with transcoding (restart every MCU) into shards of ~8 kB."""
+    out = tmp_path_factory.mktemp("transcoded") / "ds"
+    return _pack(folder, out, shard_size=8000, transcode=True)
+
+
 def assert_same_samples(a, b):
     assert len(a) == len(b)
     assert np.array_equal(a.labels, b.labels)
@@ -130,17 +137,42 @@ def test_file_list_and_repack(folder, tmp_path):
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_loader_stream_equals_the_original_files(folder, sharded, train):
-    """A sharded dataset (batches spanning shards) yields the original files' stream."""
-    assert sharded.dataset.num_shards > 3
+@pytest.mark.parametrize("which", ["sharded", "transcoded"])
+def test_loader_stream_equals_the_original_files(folder, request, which, train):
+    """A sharded dataset (batches spanning shards), its records transcoded or not, yields
+    the original files' stream bit for bit."""
+    packed = request.getfixturevalue(which)
+    assert packed.dataset.num_shards > 3
     kw = dict(train=train, size=24, dtype="float32", seed=3, num_threads=2)
-    with Loader(folder, 5, **kw) as a, Loader(sharded, 5, **kw) as b:
+    with Loader(folder, 5, **kw) as a, Loader(packed, 5, **kw) as b:
         for _ in range(2):
             ea = [(x.copy(), y.copy()) for x, y in a]
             eb = [(x.copy(), y.copy()) for x, y in b]
             assert len(ea) == 3
             for (xa, ya), (xb, yb) in zip(ea, eb):
                 assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+
+
+def test_transcoded_records(folder, transcoded):
+    """Every JPEG rewritten to baseline with a restart marker per MCU, decoding to the
+    original's pixels; flags and original sizes recorded; sizes summed in the manifest."""
+    ds = transcoded.dataset
+    for i in range(N):
+        orig, rec = folder.read(i), transcoded.read(i)
+        e = ds.entry(i)
+        assert (int(e["flags"]), int(e["format"])) == (fmt.TRANSCODED, 1)
+        assert (int(e["orig_length"]), int(e["length"])) == (len(orig), len(rec))
+        sofs = [m for m, *_ in jc.segments(rec) if m in jc.SOF_MARKERS]
+        assert sofs in ([0xC0], [0xC1]), i  # baseline Huffman, the progressive ones too
+        dri = jc.find_segment(rec, jc.DRI)
+        assert dri and struct.unpack(">H", rec[dri[0] + 4:dri[0] + 6])[0] == 1
+        assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig)), i
+    assert int(ds.shards["transcoded"].sum()) == N
+    meta = ds.meta
+    assert meta["transcode"] == {"restart_interval": 1, "optimize": True}
+    assert meta["orig_bytes"] == sum(len(folder.read(i)) for i in range(N))
+    assert meta["data_bytes"] == sum(len(transcoded.read(i)) for i in range(N))
+    transcoded.verify()
 
 
 def test_spec_and_pickle_reopen_lazily(sharded):
@@ -561,7 +593,9 @@ def _png_bytes():
 def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     good = folder.read(0)
     cases = {
-        "a/jpeg.jpg": (good, 1, 0),
+        "a/jpeg.jpg": (good, 1, fmt.TRANSCODED),
+        # libjpeg reads it with a warning: the transcoder leaves it as it is.
+        "a/truncated.jpg": (good[:len(good) * 2 // 3], 1, 0),
         "a/png-named.jpg": (_png_bytes(), 2, 0),
         "a/gif.jpg": (b"GIF89a" + bytes(40), 3, 0),
         "a/webp.jpg": (b"RIFF\x10\0\0\0WEBPVP8 " + bytes(20), 4, 0),
@@ -573,23 +607,25 @@ def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     for rel, (data, _, _) in cases.items():
         _write(str(root / rel), data)
     src = ImageFolder(root)
-    packed = _pack(src, tmp_path / "out")
-    assert_same_samples(src, packed)
+    packed = _pack(src, tmp_path / "out", transcode=True)
     for i in range(len(src)):
         e = packed.dataset.entry(i)
         _, code, flags = cases[src.relpath(i)]
         assert (int(e["format"]), int(e["flags"])) == (code, flags), src.relpath(i)
+        assert int(e["orig_length"]) == len(src.read(i))
+        if not flags & fmt.TRANSCODED:  # kept as it was
+            assert packed.read(i) == src.read(i), src.relpath(i)
     meta = packed.dataset.meta
-    assert meta["formats"] == {"unknown": 2, "jpeg": 2, "png": 1, "gif": 1, "webp": 1}
+    assert meta["formats"] == {"unknown": 2, "jpeg": 3, "png": 1, "gif": 1, "webp": 1}
     assert meta["unreadable"] == 3
     assert sorted(meta["unreadable_examples"]) == ["a/cut-header.jpg", "a/empty.jpg",
                                                    "a/text.jpg"]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(PKG))
     r = subprocess.run([sys.executable, "-m", "dpu_pipe", "pack", root, tmp_path / "cli",
-                        "--no-transcode", "-q"], env=env, capture_output=True, text=True,
-                       timeout=120)
+                        "-q"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "7 records (2 UNKNOWN, 2 JPEG, 1 PNG, 1 GIF, 1 WEBP)" in r.stdout
+    assert "8 records (2 UNKNOWN, 3 JPEG, 1 PNG, 1 GIF, 1 WEBP)" in r.stdout
+    assert "1 JPEGs transcoded (" in r.stdout and "% in size)" in r.stdout
     assert "3 records have a header their decoder cannot read" in r.stdout
 
 
@@ -646,8 +682,25 @@ def test_unreadable_source_file_fails_naming_it(folder, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("interval", [2, "row"])
+def test_restart_interval_choice(folder, tmp_path, interval):
+    packed = _pack(FileList([(folder.describe(i), i) for i in (0, 4)]), tmp_path / "ds",
+                   transcode=True, restart_interval=interval)
+    assert packed.dataset.meta["transcode"]["restart_interval"] == interval
+    for i, orig in zip(range(2), (folder.read(0), folder.read(4))):
+        rec = packed.read(i)
+        dri = jc.find_segment(rec, jc.DRI)
+        got = struct.unpack(">H", rec[dri[0] + 4:dri[0] + 6])[0]
+        mcu_w = jc.imcu_size(rec)[1]
+        width = dpu_pipe.jpeg.read_header(rec).width
+        assert got == (2 if interval == 2 else -(-width // mcu_w))
+        assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig))
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(alignment=48), "power of two"),
+    (dict(transcode=True, restart_interval=0), "restart_interval must be"),
+    (dict(transcode=True, restart_interval="col"), "restart_interval must be"),
     (dict(shard_size=0), "shard_size must be a positive"),
     (dict(shard_size="big"), "not a size: 'big'"),
     (dict(threads=0), "threads must be a positive"),

@@ -213,7 +213,7 @@ def _progress_bar(progress, total, desc):
                 disable=None if progress is None else False)
 
 
-def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart_interval=1,
+def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_interval=1,
          threads=1, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
          block_records=fmt.DEFAULT_BLOCK_RECORDS):
     """Write every record of ``source`` into the packed dataset directory ``out``.
