@@ -45,9 +45,11 @@ from .errors import ConfigError, DecodeError
 from .packed.reader import PackedDataset, is_packed
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "open_source", "open_path",
-           "JPEG_EXTENSIONS"]
+           "as_source", "JPEG_EXTENSIONS", "LIST_EXTENSIONS"]
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
+#: File names a path given to a loader may end with to be read as a :class:`FileList`.
+LIST_EXTENSIONS = (".txt", ".csv", ".lst", ".tsv")
 
 
 def _fingerprint(relpaths, labels):
@@ -475,3 +477,26 @@ def open_path(path, *, root=None):
     if not os.path.exists(path):
         raise ConfigError(f"dataset path does not exist: {path}")
     return FileList(path, root=root)
+
+
+def as_source(obj):
+    """A source from what a loader was given: a source object is returned as it is; a path
+    is opened as a dataset — a directory as an :class:`ImageFolder`, a packed file (found by
+    its header, whatever its name) as a :class:`PackedSource`, a ``.txt``/``.csv``/``.lst``/
+    ``.tsv`` file as a :class:`FileList`. Anything else raises :class:`ConfigError`."""
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        path = os.fsdecode(obj)
+        if os.path.isdir(path):
+            return ImageFolder(path)
+        if not os.path.exists(path):
+            raise ConfigError(f"dataset path does not exist: {path}")
+        if is_packed_file(path):
+            return PackedSource(path)
+        if path.lower().endswith(LIST_EXTENSIONS):
+            return FileList(path)
+        raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), a "
+                          f"packed file, or a file list ({', '.join(LIST_EXTENSIONS)})")
+    if all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__")):
+        return obj
+    raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource) "
+                      f"or a dataset path, got {type(obj).__name__}")

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from . import _jpeg
+from . import _validate as _v
 from .batch import BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
@@ -42,13 +43,9 @@ class StepProducer:
 
     def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
                  world_size=1, drop_last=True, num_threads=1, on_error="raise"):
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        on_error = _v.choice(on_error, "on_error", ON_ERROR)
         self.source = source
-        self.batch_size = int(batch_size)
+        self.batch_size = _v.positive_int(batch_size, "batch_size")
         self.on_error = on_error
         self.drop_last = bool(drop_last)
         self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,

@@ -122,14 +122,8 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
 
 def test_info_build(tmp_path):
     r = run("info", "--json", cwd=tmp_path)
-    build = json.loads(r.stdout)["build"]
-    try:
-        expected = dpu_pipe.build_info()
-    except ImportError:  # kernels not compiled here: info must say so and fail
-        assert r.returncode == 1 and "compiled kernels unavailable" in build["error"]
-    else:
-        assert r.returncode == 0, r.stderr
-        assert build == json.loads(json.dumps(expected))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["build"] == json.loads(json.dumps(dpu_pipe.build_info()))
 
 
 @pytest.mark.parametrize("args, status, message", [

@@ -19,7 +19,77 @@ import sys
 
 from ..errors import ConfigError, DpuPipeError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "main", "add_data", "add_images", "add_seed", "add_json", "add_plots",
+           "positive_int", "nonnegative_int"]
+
+
+# -- the flags every subcommand spells the same way ---------------------------------------
+# --data PATH, -n/--images N, --seed S, --json PATH, --plots DIR: one meaning everywhere,
+# help on every option, and argparse errors that name the flag ("argument -n/--images: ...").
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text):
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text, low):
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+    return value
+
+
+def add_data(p, what="dataset to use"):
+    p.add_argument("--data", metavar="PATH",
+                   help=f"{what}: an ImageFolder directory, a packed file or a file list "
+                        f"(default: an ImageNet-like dataset made once from real photographs "
+                        f"under $XDG_CACHE_HOME/dpu_pipe, i.e. ~/.cache/dpu_pipe)")
+
+
+def add_images(p, default, what="images"):
+    p.add_argument("-n", "--images", type=positive_int, default=default, metavar="N",
+                   help=f"number of {what} (default: {default})")
+
+
+def add_seed(p):
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the random crops and of a generated dataset (default: 0)")
+
+
+def add_json(p):
+    p.add_argument("--json", metavar="PATH", nargs="?", const="-",
+                   help="write the results as JSON to PATH; without PATH (or with '-'), print "
+                        "them as JSON on stdout instead of the table")
+
+
+def add_plots(p):
+    p.add_argument("--plots", metavar="DIR",
+                   help="also write PNG plots of the results into DIR (needs matplotlib)")
+
+
+def write_json(path, result):
+    """Write ``result`` as JSON to ``path`` (``-`` = stdout)."""
+    text = json.dumps(result, indent=2, default=_jsonable)
+    if path == "-":
+        print(text)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def _jsonable(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
 
 
 # -- pack -------------------------------------------------------------------------------
@@ -42,11 +112,11 @@ def _pack_args(p):
                    help="threads reading and transcoding records (default: 1)")
     p.add_argument("--root", help="directory that relative paths of a file list are "
                                   "resolved against (default: the list's directory)")
-    p.add_argument("--alignment", type=int, default=64,
+    p.add_argument("--alignment", type=positive_int, default=64,
                    help="record alignment in bytes, a power of two (default: 64)")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip re-reading each written shard to check every record's CRC")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_json(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -66,8 +136,9 @@ def _pack_run(args):
     summary = _packed_summary(packed)
     summary["verified"] = bool(args.verify)
     if args.json:
-        print(json.dumps(summary, indent=2))
-        return 0
+        write_json(args.json, summary)
+        if args.json == "-":
+            return 0
     formats = ", ".join(f"{n} {name.upper()}" for name, n in summary["formats"].items())
     growth = summary["size_growth"]
     print(f"wrote {summary['path']}: {summary['count']} records ({formats}) in "
@@ -92,7 +163,7 @@ def _info_args(p):
     p.add_argument("--verify", action="store_true",
                    help="packed dataset: check every shard (index and record CRCs) and "
                         "name the ones that fail")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json(p)
 
 
 def _packed_summary(src):
@@ -174,26 +245,20 @@ def _print_kv(title, d):
 
 
 def _info_run(args):
-    result, status = {}, 0
-    try:
-        # Imported here: it loads the compiled kernels, which `pack` does not need.
-        from ..build_info import build_info
-        result["build"] = build_info()
-    except ImportError as e:
-        result["build"] = {"error": f"compiled kernels unavailable: {e}"}
-        status = 1
+    from ..build_info import build_info
+
+    result = {"build": build_info()}
     if args.path is not None:
         result["dataset"] = _summary(args.path, args.root, args.verify)
-        status = 0  # the question was about the dataset, and it was answered
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
+        write_json(args.json, result)
+    if args.json != "-":
         _print_kv("dpu_pipe build", result["build"])
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
     if result.get("dataset", {}).get("bad_shards"):
         return 1
-    return status
+    return 0
 
 
 # -- registry and entry point -----------------------------------------------------------
