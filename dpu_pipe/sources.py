@@ -481,21 +481,22 @@ def open_path(path, *, root=None):
 
 def as_source(obj):
     """A source from what a loader was given: a source object is returned as it is; a path
-    is opened as a dataset — a directory as an :class:`ImageFolder`, a packed file (found by
-    its header, whatever its name) as a :class:`PackedSource`, a ``.txt``/``.csv``/``.lst``/
-    ``.tsv`` file as a :class:`FileList`. Anything else raises :class:`ConfigError`."""
+    is opened as a dataset — a packed dataset (its directory or manifest, found by the
+    manifest's header whatever the name) as a :class:`PackedSource`, any other directory as an
+    :class:`ImageFolder`, a ``.txt``/``.csv``/``.lst``/``.tsv`` file as a :class:`FileList`.
+    Anything else raises :class:`ConfigError`."""
     if isinstance(obj, (str, bytes, os.PathLike)):
         path = os.fsdecode(obj)
+        if is_packed(path):
+            return PackedSource(path)
         if os.path.isdir(path):
             return ImageFolder(path)
         if not os.path.exists(path):
             raise ConfigError(f"dataset path does not exist: {path}")
-        if is_packed_file(path):
-            return PackedSource(path)
         if path.lower().endswith(LIST_EXTENSIONS):
             return FileList(path)
         raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), a "
-                          f"packed file, or a file list ({', '.join(LIST_EXTENSIONS)})")
+                          f"packed dataset, or a file list ({', '.join(LIST_EXTENSIONS)})")
     if all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__")):
         return obj
     raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource) "

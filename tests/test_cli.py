@@ -106,7 +106,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert folder["format"] == "ImageFolder directory"
     assert folder["count"] == 5 and folder["total_bytes"] == jpeg_bytes
     assert folder["classes"] == ["cat", "dog", "eel"] and folder["label_range"] == [0, 2]
-    r = run("info", out, "--json", "--verify", cwd=tmp_path)
+    r = run("info", "--data", out, "--json", "--verify", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     packed = json.loads(r.stdout)["dataset"]
     assert packed["format"] == "dpu_pipe packed v2" and packed["bad_shards"] == {}
@@ -131,7 +131,12 @@ def test_info_build(tmp_path):
     (["pack", "bad.txt", "x.dpk"], 2, "bad.txt, line 2: label 'seven' is not an integer"),
     (["pack", "foreign.dpk", "x.dpk"], 2, "label 'x' is not an integer"),
     (["pack", "broken.dpk", "x.dpk"], 2, "truncated"),
-    (["pack", "ds", "x.dpk", "--shard-size", "lots"], 2, "not a size: 'lots'"),
+    (["pack", "ds", "x.dpk", "--shard-size", "lots"], 2,
+     "argument --shard-size: not a size: 'lots'"),
+    (["pack", "ds", "x.dpk", "--restart-interval", "0"], 2,
+     "argument --restart-interval: must be an integer >= 1"),
+    (["info", "--verify"], 2, "--verify and --root need a dataset"),
+    (["info", "ds", "--verify"], 2, "--verify applies to packed datasets"),
     (["pack", "ds", "x.dpk", "--alignment", "3"], 2, "power of two"),
     (["pack", "gone.txt", "x.dpk"], 1, "cannot read"),
     (["info", "broken.dpk"], 2, "truncated"),

@@ -23,7 +23,8 @@ from dpu_pipe.loader import Loader
 from dpu_pipe.packed import format as fmt
 from dpu_pipe.packed import writer as writer_mod
 from dpu_pipe.packed.reader import PackedShard
-from dpu_pipe.sources import FileList, ImageFolder, PackedSource, open_path, open_source
+from dpu_pipe.sources import (FileList, ImageFolder, PackedSource, as_source, open_path,
+                              open_source)
 
 import jpeg_corpus as jc
 
@@ -188,6 +189,8 @@ def test_open_path_recognises_packed_datasets(sharded, folder, tmp_path):
     assert isinstance(open_path(sharded.path), PackedSource)
     assert isinstance(open_path(os.path.join(sharded.path, "manifest.dpk")), PackedSource)
     assert isinstance(open_path(folder.root), ImageFolder)
+    for path in (sharded.path, os.path.join(sharded.path, "manifest.dpk")):
+        assert isinstance(as_source(path), PackedSource)
     with pytest.raises(ConfigError, match="root= applies to file lists"):
         open_path(sharded.path, root=tmp_path)
 
