@@ -460,6 +460,50 @@ def test_lying_index_is_named_never_read_out_of_bounds(sharded, copy, lie):
     assert len(bufs) == N and sorted(errors) == list(range(lo, hi))  # its whole block
 
 
+S = fmt.SHARD_HEADER
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(index_offset=2**63), "inconsistent part sizes"),
+    (dict(data_size=2**40), "inconsistent part sizes"),
+    (dict(paths_size=1), "inconsistent part sizes"),
+    (dict(count=2**50), "invalid record count"),
+    (dict(count=0), "invalid record count"),
+    (dict(block_records=0), "invalid record count .* or block size 0"),
+    (dict(block_records=1), "inconsistent part sizes"),
+    (dict(alignment=3), "invalid record alignment 3"),
+    (dict(file_size=10), "followed by unexpected bytes"),
+    (dict(version=7), "version 7 is not supported"),
+], ids=["index-offset", "data-size", "paths-size", "count-huge", "count-0", "block-0",
+        "block-1", "alignment", "file-size", "version"])
+def test_shard_header_that_lies(sharded, fields, match):
+    raw = open(os.path.join(sharded.path, fmt.shard_name(0)), "rb").read()
+    with pytest.raises(ConfigError, match=match):
+        fmt.parse_shard(rewrite(raw, S, **fields), where="s")
+
+
+def test_shard_table_counts_that_lie(sharded, copy):
+    """Two shard entries shifted by one record (the total still right, every CRC redone):
+    the shard files disagree with the manifest and say so."""
+    man = copy / "manifest.dpk"
+    raw = bytearray(man.read_bytes())
+    h = fmt.parse_manifest(bytes(raw))[0]
+    table = np.frombuffer(raw, fmt.SHARD_ENTRY, count=h["num_shards"],
+                          offset=h["shards_offset"]).copy()
+    a = int(np.flatnonzero(table["count"][1:] > 1)[0])  # shards a and a+1, a+1 with 2+
+    table[a]["count"] += 1
+    table[a + 1]["first"] += 1
+    table[a + 1]["count"] -= 1
+    raw[h["shards_offset"]:h["shards_offset"] + table.nbytes] = table.tobytes()
+    man.write_bytes(rewrite(bytes(raw), M, shards_crc32=zlib.crc32(table)))
+    src = PackedSource(copy)
+    for k in (a, a + 1):
+        i = int(table[k]["first"])
+        with pytest.raises(DecodeError, match=f"shard {k} .* does not belong to this dataset"):
+            src.read(i)
+    assert sorted(src.dataset.check()) == [a, a + 1]
+
+
 def test_label_disagreeing_with_the_manifest_is_named(sharded, copy):
     k = 1
     lo, _ = _first_last(sharded.dataset, k)
