@@ -824,3 +824,31 @@ def test_packed_and_sources_import_one_way():
         r = subprocess.run([sys.executable, "-c", f"import {first}"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
+
+
+# -- what the transcoder takes, keeps, and cannot read -------------------------------------
+
+def test_cmyk_arithmetic_12_bit_and_lossless_jpegs(tmp_path):
+    """CMYK is transcoded; arithmetic coding is transcoded where this build decodes it and
+    kept where it does not; 12-bit and lossless JPEGs, which libjpeg cannot read here, are
+    kept and flagged unreadable. Readable records decode to the original's pixels."""
+    import test_jpeg as tj
+    want = {"cmyk-adobe": fmt.TRANSCODED, "ycck-adobe": fmt.TRANSCODED,
+            "arith-420": fmt.TRANSCODED if tj.ARITH_DECODING else 0,
+            "sof-12-bit": fmt.UNREADABLE, "sof3-lossless": fmt.UNREADABLE}
+    datas = {name: (tj.BROKEN[name]() if name in tj.BROKEN else tj.case(name))
+             for name in want}
+    rows = []
+    for name, data in datas.items():
+        _write(str(tmp_path / "in" / f"{name}.jpg"), data)
+        rows.append((str(tmp_path / "in" / f"{name}.jpg"), len(rows)))
+    packed = _pack(FileList(rows), tmp_path / "ds", transcode=True)
+    for i, name in enumerate(want):
+        e = packed.dataset.entry(i)
+        assert (int(e["flags"]), int(e["format"])) == (want[name], 1), name
+        rec, orig = packed.read(i), datas[name]
+        if want[name] != fmt.TRANSCODED:
+            assert rec == orig, name
+        if want[name] != fmt.UNREADABLE:
+            assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig)), name
+    assert packed.dataset.meta["unreadable"] == 2
