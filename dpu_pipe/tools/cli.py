@@ -108,8 +108,9 @@ def _pack_args(p):
     p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
                    help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
                         "interval per MCU row (default: 1)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="threads reading and transcoding records (default: 1)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="threads reading and transcoding records (default: one per CPU this "
+                        "process may use); the output does not depend on it")
     p.add_argument("--root", help="directory that relative paths of a file list are "
                                   "resolved against (default: the list's directory)")
     p.add_argument("--alignment", type=positive_int, default=64,
