@@ -369,6 +369,14 @@ def rewrite(raw, dtype, **fields):
 M = fmt.MANIFEST_HEADER
 
 
+def remeta(raw, meta):
+    """The manifest with another JSON object, its sizes and CRCs redone."""
+    h = fmt.parse_manifest(raw)[0]
+    raw = raw[:h["meta_offset"]] + meta
+    return rewrite(raw, M, meta_size=len(meta), file_size=len(raw),
+                   meta_crc32=zlib.crc32(meta))
+
+
 @pytest.mark.parametrize("damage, match", [
     (lambda raw: raw[:-1], "truncated: its header describes"),
     (lambda raw: raw[:50], "truncated: 50 bytes"),
@@ -381,9 +389,13 @@ M = fmt.MANIFEST_HEADER
     (lambda raw: raw[:130] + bytes([raw[130] ^ 1]) + raw[131:], "shard table corrupted"),
     (lambda raw: raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:], "metadata corrupted"),
     (lambda raw: rewrite(raw, M, labels_offset=10**12), "inconsistent part sizes"),
+    (lambda raw: remeta(raw, b"[" * 100000), "unreadable metadata"),
+    (lambda raw: remeta(raw, b'{"classes": null}'), "metadata lacks a valid 'data_bytes'"),
+    (lambda raw: remeta(raw, b'{"classes": [1, 2]}'), "'classes' is not a list of names"),
     (lambda raw: rewrite(raw, M, count=N + 1), "inconsistent part sizes|hold 18 records"),
 ], ids=["minus-1-byte", "short-header", "empty", "trailing-byte", "jpeg", "version-1",
-        "version-3", "header-crc", "table-crc", "meta-crc", "offsets", "count"])
+        "version-3", "header-crc", "table-crc", "meta-crc", "offsets", "meta-nested",
+        "meta-missing-key", "meta-classes", "count"])
 def test_damaged_or_foreign_manifest(copy, damage, match):
     manifest = copy / "manifest.dpk"
     manifest.write_bytes(damage(manifest.read_bytes()))
