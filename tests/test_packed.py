@@ -714,6 +714,24 @@ def test_replaces_a_packed_dataset_and_refuses_anything_else(folder, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ds", "mine"]
 
 
+def test_failed_replacement_puts_the_old_dataset_back(folder, tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    _pack(folder, out)
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    real_rename = os.rename
+
+    def failing_rename(a, b):
+        if ".tmp-" in os.fspath(a):
+            raise OSError(28, "No space left on device")
+        real_rename(a, b)
+
+    monkeypatch.setattr(writer_mod.os, "rename", failing_rename)
+    with pytest.raises(OSError, match="No space left"):
+        _pack(folder, out, shard_size=1)
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
 def test_verify_catches_a_bad_write_and_keeps_the_old_dataset(folder, tmp_path, monkeypatch):
     out = tmp_path / "ds"
     _pack(folder, out)
