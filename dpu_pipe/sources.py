@@ -466,14 +466,10 @@ def open_path(path, *, root=None):
     :class:`PackedSource`, any other directory an :class:`ImageFolder`, any other file a
     :class:`FileList` (``root`` applies to file lists only)."""
     path = os.fspath(path)
-    if is_packed(path):
+    if is_packed(path) or os.path.isdir(path):
         if root is not None:
-            raise ConfigError("root= applies to file lists, not to a packed dataset")
-        return PackedSource(path)
-    if os.path.isdir(path):
-        if root is not None:
-            raise ConfigError("root= applies to file lists, not to an ImageFolder directory")
-        return ImageFolder(path)
+            raise ConfigError(f"root= applies to file lists, not to the dataset directory {path}")
+        return PackedSource(path) if is_packed(path) else ImageFolder(path)
     if not os.path.exists(path):
         raise ConfigError(f"dataset path does not exist: {path}")
     return FileList(path, root=root)
@@ -481,21 +477,17 @@ def open_path(path, *, root=None):
 
 def as_source(obj):
     """A source from what a loader was given: a source object is returned as it is; a path
-    is opened as a dataset — a directory as an :class:`ImageFolder`, a packed file (found by
-    its header, whatever its name) as a :class:`PackedSource`, a ``.txt``/``.csv``/``.lst``/
-    ``.tsv`` file as a :class:`FileList`. Anything else raises :class:`ConfigError`."""
+    is opened as a dataset — a packed dataset (its directory or manifest) as a
+    :class:`PackedSource`, any other directory as an :class:`ImageFolder`, a ``.txt``/
+    ``.csv``/``.lst``/``.tsv`` file as a :class:`FileList`. Anything else raises
+    :class:`ConfigError`."""
     if isinstance(obj, (str, bytes, os.PathLike)):
         path = os.fsdecode(obj)
-        if os.path.isdir(path):
-            return ImageFolder(path)
-        if not os.path.exists(path):
-            raise ConfigError(f"dataset path does not exist: {path}")
-        if is_packed_file(path):
-            return PackedSource(path)
-        if path.lower().endswith(LIST_EXTENSIONS):
-            return FileList(path)
-        raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), a "
-                          f"packed file, or a file list ({', '.join(LIST_EXTENSIONS)})")
+        if (os.path.isfile(path) and not is_packed(path)
+                and not path.lower().endswith(LIST_EXTENSIONS)):
+            raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), "
+                              f"a packed dataset, or a file list ({', '.join(LIST_EXTENSIONS)})")
+        return open_path(path)
     if all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__")):
         return obj
     raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource) "
