@@ -461,3 +461,23 @@ def test_decode_batch_over_transcoded_bytes():
         assert np.array_equal(sa, sb)
         for i, (h, w, _) in enumerate(sa):
             assert np.array_equal(a[i, :h, :w], b[i, :h, :w]), BATCH_NAMES[i]
+
+
+def test_transcode_paths_do_not_leak():
+    """Every outcome frees the decoder, the compressor and the output buffer."""
+    cases = [tj.case("size-16x16-420"), _truncated(), b"\xff\xd8" + bytes(100),
+             tj.case("gray-progressive-small-bomb")]
+
+    def run(n):
+        for i in range(n):
+            try:
+                jpeg.transcode(cases[i % len(cases)])
+            except DecodeError:
+                pass
+
+    run(400)
+    before = tj._rss()
+    run(4000)
+    growth = tj._rss() - before
+    # A leaked decompress or compress object is several KB: 4000 of them would be > 8 MB.
+    assert growth < 4 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 4000 transcodes"
