@@ -477,7 +477,8 @@ def open_path(path, *, root=None):
 
 def as_source(obj):
     """A source from what a loader was given: a source object is returned as it is; a path
-    is opened as a dataset — a packed dataset (its directory or manifest) as a
+    is opened as a dataset — a packed dataset (its directory or manifest, found by the
+    manifest's header whatever the name) as a
     :class:`PackedSource`, any other directory as an :class:`ImageFolder`, a ``.txt``/
     ``.csv``/``.lst``/``.tsv`` file as a :class:`FileList`. Anything else raises
     :class:`ConfigError`."""
