@@ -45,9 +45,12 @@ from .errors import ConfigError, DecodeError
 from .packed import PackedFile, is_packed_file
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "open_source", "open_path",
-           "as_source", "JPEG_EXTENSIONS", "LIST_EXTENSIONS"]
+           "as_source", "JPEG_EXTENSIONS", "IMG_EXTENSIONS", "LIST_EXTENSIONS"]
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
+#: The file extensions ImageFolder takes: torchvision's ``IMG_EXTENSIONS``. JPEGs take the fast
+#: path; other formats (and non-JPEG data behind any name) are decoded by OpenCV.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 #: File names a path given to a loader may end with to be read as a :class:`FileList`.
 LIST_EXTENSIONS = (".txt", ".csv", ".lst", ".tsv")
 
@@ -149,23 +152,27 @@ class _FileSource(Source):
 
 
 class ImageFolder(_FileSource):
-    """JPEG files in class sub-folders: ``root/<class>/**/<file>.jpg``.
+    """Image files in class sub-folders: ``root/<class>/**/<file>.jpg`` (or .png, ...).
 
     Classes are the sub-directories of ``root`` in sorted (code point) order and get labels
-    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them; a class folder without images
-    keeps its label so numbering does not depend on which folders happen to be empty. Files
-    with a ``.jpg``/``.jpeg`` extension in any letter case are taken from each class folder and
-    its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
+    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them. Files with an extension of
+    :data:`IMG_EXTENSIONS` (torchvision's) in any letter case are taken from each class folder
+    and its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
     entries (names starting with ``.``, e.g. ``.ipynb_checkpoints``) are ignored. Samples are
     ordered by class, then by directory, then by file name, so every node that lists the same
     tree gets the same indices.
 
-    Raises :class:`ConfigError` when ``root`` is not a directory or holds no JPEG file.
+    Like torchvision, a class folder without a usable file raises :class:`ConfigError` naming
+    it; with ``allow_empty=True`` it keeps its label (numbering does not depend on which
+    folders happen to be empty). Also raises :class:`ConfigError` when ``root`` is not a
+    directory or holds no image at all.
     """
 
     kind = "image_folder"
 
-    def __init__(self, root):
+    def __init__(self, root, *, allow_empty=False):
+        from ._validate import boolean
+        self._allow_empty = boolean(allow_empty, "allow_empty")
         root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(root):
             raise ConfigError(f"ImageFolder root is not a directory: {root}")
@@ -179,7 +186,7 @@ class ImageFolder(_FileSource):
             # different listings, so an unreadable one stops the scan.
             raise ConfigError(f"cannot list ImageFolder sub-folder: {err}") from err
 
-        relpaths, labels = [], []
+        relpaths, labels, empty = [], [], []
         for label, cls in enumerate(classes):
             found = []
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls),
@@ -187,16 +194,23 @@ class ImageFolder(_FileSource):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
                 for name in filenames:
-                    if not name.startswith(".") and name.lower().endswith(JPEG_EXTENSIONS):
+                    if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
                         found.append((rel, name))
             found.sort()  # os.walk's order depends on the file system; this does not
             relpaths.extend(f"{d}/{n}" for d, n in found)
             labels.extend([label] * len(found))
+            if not found:
+                empty.append(cls)
         if not relpaths:
             what = (f"class folders {classes[:5]}{'...' if len(classes) > 5 else ''}"
                     if classes else "no class sub-folders")
-            raise ConfigError(f"no .jpg/.jpeg files found under ImageFolder root {root} "
-                              f"({what}); expected root/<class>/<image>.jpg")
+            raise ConfigError(f"no image files found under ImageFolder root {root} ({what}); "
+                              f"expected root/<class>/<image>.jpg, with extensions "
+                              f"{', '.join(IMG_EXTENSIONS)}")
+        if empty and not self._allow_empty:
+            raise ConfigError(f"Found no valid file for the classes {', '.join(empty)} under "
+                              f"{root}. Supported extensions are: {', '.join(IMG_EXTENSIONS)} "
+                              f"(allow_empty=True keeps empty classes)")
         self._root = root
         self._relpaths = relpaths
         self._labels = _frozen(labels)
@@ -207,7 +221,7 @@ class ImageFolder(_FileSource):
         return self._root
 
     def _spec(self):
-        return {"root": self._root}
+        return {"root": self._root, "allow_empty": self._allow_empty}
 
 
 def _check_label_range(value, where):
@@ -422,7 +436,7 @@ def open_source(spec):
     kind = spec["kind"]
     try:
         if kind == "image_folder":
-            src = ImageFolder(spec["root"])
+            src = ImageFolder(spec["root"], allow_empty=spec.get("allow_empty", False))
         elif kind == "file_list":
             rows = spec.get("rows")
             src = FileList(spec["path"] if rows is None else rows, root=spec.get("root"))

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _jpeg
 from . import _validate as _v
-from .batch import BatchProcessor
+from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
 
@@ -68,8 +68,10 @@ class StepProducer:
                             np.asarray(lengths).astype(np.int64))
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
-        #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
-        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0}
+        #: Seconds spent reading bytes and in the batch kernel, batches and samples made, and
+        #: samples that were not JPEGs (decoded by OpenCV).
+        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0,
+                        "other_formats": 0}
 
     @property
     def batch_shape(self):
@@ -104,8 +106,9 @@ class StepProducer:
         t0 = time.perf_counter()
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
-        _, _, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
-                                       out=images[:n])
+        _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
+                                          out=images[:n])
+        other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
         labels[:n] = self.labels[indices]
@@ -117,6 +120,7 @@ class StepProducer:
         tm["process_s"] += (t2 - t1) + (t3 - t2)
         tm["batches"] += 1
         tm["samples"] += n
+        tm["other_formats"] += other
         return n
 
     def _named(self, exc, index):

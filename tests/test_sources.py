@@ -37,7 +37,7 @@ def write(path, data):
 @pytest.fixture
 def folder(tmp_path):
     """An ImageFolder tree with the awkward cases: mixed-case extensions, nested folders,
-    non-image files, hidden entries, files directly in root, an empty class."""
+    non-image files, hidden entries, files directly in root."""
     root = tmp_path / "ds"
     files = {  # relpath -> seed, for the files that must be found
         "B/z.jpg": 1,
@@ -51,11 +51,10 @@ def folder(tmp_path):
     }
     for rel, seed in files.items():
         write(str(root / rel), jpeg_bytes(seed))
-    ignored = ["a/readme.txt", "a/image.png", "a/xjpg", "a/.hidden.jpg", "a/.cache/h.jpg",
+    ignored = ["a/readme.txt", "a/image.gif", "a/xjpg", "a/.hidden.jpg", "a/.cache/h.jpg",
                "top.jpg", ".git/c/q.jpg"]
     for rel in ignored:
         write(str(root / rel), jpeg_bytes(99))
-    os.makedirs(root / "c_empty")
     return root, files
 
 
@@ -71,7 +70,10 @@ def reference_order(files):
 
 def test_image_folder_classes_labels_and_order(folder):
     root, files = folder
-    src = ImageFolder(root)
+    os.makedirs(root / "c_empty")
+    with pytest.raises(ConfigError, match="Found no valid file for the classes c_empty"):
+        ImageFolder(root)   # as torchvision's ImageFolder
+    src = ImageFolder(root, allow_empty=True)
     assert src.classes == ["B", "a", "b", "c_empty"]  # sorted code points, empty class kept
     expected = reference_order(files)
     assert [src.relpath(i) for i in range(len(src))] == expected
@@ -86,6 +88,15 @@ def test_image_folder_classes_labels_and_order(folder):
         assert src.describe(i) == os.path.join(str(root), rel)
 
 
+def test_image_folder_takes_torchvision_extensions(tmp_path):
+    names = ["a/x.jpg", "a/y.PNG", "a/z.webp", "b/p.bmp", "b/q.tiff", "b/r.ppm", "b/s.pgm",
+             "b/t.tif", "b/u.JPEG"]
+    for rel in names + ["a/v.gif", "b/w.txt"]:
+        write(str(tmp_path / "ds" / rel), jpeg_bytes(1))
+    src = ImageFolder(tmp_path / "ds")
+    assert sorted(src.relpath(i) for i in range(len(src))) == sorted(names)
+
+
 def test_image_folder_labels_are_read_only(folder):
     src = ImageFolder(folder[0])
     with pytest.raises(ValueError):
@@ -96,8 +107,8 @@ def test_image_folder_errors(tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         ImageFolder(tmp_path / "missing")
     (tmp_path / "empty" / "cls").mkdir(parents=True)
-    (tmp_path / "empty" / "cls" / "a.png").write_bytes(b"x")
-    with pytest.raises(ConfigError, match=r"no \.jpg/\.jpeg files.*cls"):
+    (tmp_path / "empty" / "cls" / "a.gif").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"no image files.*cls"):
         ImageFolder(tmp_path / "empty")
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(jpeg_bytes(0))
