@@ -15,7 +15,8 @@ provides:
     ``("cannot read: ...", index=i, path=...)``, so a loader's ``on_error`` policy treats an
     unreadable sample exactly like an undecodable one.
 ``src.label(i) -> int`` and ``src.labels -> np.ndarray[int64]`` of shape ``(N,)``
-    Labels, from the in-memory index (no I/O). ``labels`` is read-only.
+    Labels, from the in-memory index (no I/O). ``labels`` is read-only. A :class:`FileList`
+    may also hold float labels (float32) or several per sample (shape ``(N, K)``).
 ``src.classes -> list[str] | None``
     Class names (label ``k`` is ``classes[k]``) when the source has them.
 ``src.relpath(i) -> str``
@@ -91,9 +92,9 @@ class Source:
         return self._labels
 
     def label(self, i):
-        """Label of sample ``i`` as a Python int."""
+        """Label of sample ``i``: a Python int (a float, or a list for several labels)."""
         self._check_index(i)
-        return int(self._labels[i])
+        return self._labels[i].tolist()
 
     def read(self, i):  # pragma: no cover - every subclass overrides it
         """Encoded bytes of sample ``i``; :class:`DecodeError` if they cannot be read."""
@@ -231,40 +232,83 @@ def _check_label_range(value, where):
 
 
 def _parse_label(text, where):
+    """An int, or a finite float, from one label field."""
+    text = text.strip()
     try:
-        value = int(text.strip(), 10)
+        value = int(text, 10)
     except ValueError:
-        raise ConfigError(f"{where}: label {text.strip()!r} is not an integer") from None
-    return _check_label_range(value, where)
+        pass
+    else:
+        return _check_label_range(value, where)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: label {text!r} is not an integer (or a number)") from None
+    if not np.isfinite(value):
+        raise ConfigError(f"{where}: label {text!r} is not finite")
+    return value
 
 
 def _as_label(value, where):
-    """An int label from an int, a numpy integer or a decimal string."""
-    if isinstance(value, str):
-        return _parse_label(value, where)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return _check_label_range(int(value), where)
-    raise ConfigError(f"{where}: label {value!r} is not an integer")
+    """A label from an int, a float, a numpy number, a decimal string, or a sequence of those
+    (several labels per sample); returned as a tuple of numbers."""
+    if isinstance(value, (str, int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_)):
+        items = [value]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise ConfigError(f"{where}: label {value!r} is not a number") from None
+        if not items:
+            raise ConfigError(f"{where}: empty label list")
+    out = []
+    for v in items:
+        if isinstance(v, str):
+            out.append(_parse_label(v, where))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            out.append(_check_label_range(int(v), where))
+        elif isinstance(v, (float, np.floating)) and np.isfinite(v):
+            out.append(float(v))
+        else:
+            raise ConfigError(f"{where}: label {v!r} is not a finite number")
+    return tuple(out)
+
+
+def _label_array(rows, wheres):
+    """The labels array of a list: int64 when every label is an integer, else float32;
+    shape (N,) with one label per sample, (N, K) with K. ``wheres[i]`` names row i."""
+    for lab, where in zip(rows, wheres):
+        if len(lab) != len(rows[0]):
+            raise ConfigError(f"{where}: {len(lab)} labels where the first sample has "
+                              f"{len(rows[0])}; every sample needs the same number")
+    if all(isinstance(v, int) for lab in rows for v in lab):
+        arr = np.array(rows, dtype=np.int64)
+    else:
+        arr = np.array(rows, dtype=np.float32)
+    if arr.shape[1] == 1:
+        arr = arr[:, 0]
+    arr.flags.writeable = False
+    return arr
 
 
 def _parse_line(line, where):
-    """``path,label`` (CSV quoting allowed) or ``path label`` (the path may contain
-    spaces: the label is the last field)."""
+    """``path,label[,label...]`` (CSV quoting allowed) or ``path label`` (the path may
+    contain spaces: the label is the last field)."""
     if "," in line:
         fields = next(csv.reader([line]))
-        if len(fields) != 2:
-            raise ConfigError(f"{where}: expected 'path,label', got {len(fields)} "
-                              f"comma-separated fields: {line!r}")
-        path, label = fields
+        if len(fields) < 2:
+            raise ConfigError(f"{where}: expected 'path,label', got {line!r}")
+        path, labels = fields[0], fields[1:]
     else:
         fields = line.rsplit(None, 1)
         if len(fields) != 2:
             raise ConfigError(f"{where}: expected 'path label' or 'path,label', got {line!r}")
-        path, label = fields
+        path, labels = fields[0], fields[1:]
     path = path.strip()
     if not path:
         raise ConfigError(f"{where}: empty path")
-    return path, _parse_label(label, where)
+    return path, tuple(_parse_label(v, where) for v in labels)
 
 
 class FileList(_FileSource):
@@ -275,13 +319,20 @@ class FileList(_FileSource):
     ``path label`` (whitespace; the label is the last field, so paths may contain spaces), or
     an iterable of ``(path, label)`` pairs. Blank lines and
     lines starting with ``#`` are skipped, as is a first line ``path,label`` style header
-    whose label field is not a number but a word like ``label``. Relative paths are resolved
+    whose label field is not a number but a word like ``label``.
+
+    Labels: one integer per sample gives ``labels`` int64 of shape (N,), as for the other
+    sources. A label that is a float (``path,0.75``) makes the array float32; several label
+    columns (``path,1,0,1`` — CSV only — or rows with a sequence of numbers) give shape
+    (N, K), for multi-label or regression targets; every sample must have the same K. The
+    loader yields labels of the same dtype and shape. Only the local :class:`Loader` carries
+    such labels; the offload transport and packed files hold one integer per sample. Relative paths are resolved
     against ``root``, by default the list file's directory (or the working directory, for
     rows). Order and labels are kept as listed. Files are not checked at construction; a
     missing one raises :class:`DecodeError` when read.
 
-    Raises :class:`ConfigError` naming the line for a malformed line or a non-integer label,
-    and when the list is empty.
+    Raises :class:`ConfigError` naming the line for a malformed line or a label that is not a
+    finite number, and when the list is empty.
     """
 
     kind = "file_list"
@@ -301,7 +352,7 @@ class FileList(_FileSource):
                 except (TypeError, ValueError):
                     raise ConfigError(f"FileList row {n}: expected a (path, label) pair, "
                                       f"got {row!r}") from None
-                rows.append((path, _as_label(label, f"FileList row {n}")))
+                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}"))
             base = os.getcwd()
             self._list_path = None
         if not rows:
@@ -309,8 +360,8 @@ class FileList(_FileSource):
             raise ConfigError(f"FileList is empty: no samples in {where}")
         # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
         self._root = os.path.abspath(os.fspath(root)) if root is not None else base
-        self._relpaths = [p for p, _ in rows]
-        self._labels = _frozen([lab for _, lab in rows])
+        self._relpaths = [p for p, _, _ in rows]
+        self._labels = _label_array([lab for _, lab, _ in rows], [w for _, _, w in rows])
 
     @staticmethod
     def _read_list(list_path):
@@ -329,7 +380,7 @@ class FileList(_FileSource):
             where = f"{list_path}, line {lineno}"
             if not rows and _is_header(text):
                 continue
-            rows.append(_parse_line(text, where))
+            rows.append(_parse_line(text, where) + (where,))
         return rows
 
     @property
@@ -339,17 +390,27 @@ class FileList(_FileSource):
     def _spec(self):
         if self._list_path is not None:
             return {"path": self._list_path, "root": self._root}
-        return {"rows": [[p, int(lab)] for p, lab in zip(self._relpaths, self._labels.tolist())],
+        return {"rows": [[p, lab] for p, lab in zip(self._relpaths, self._labels.tolist())],
                 "root": self._root}
 
 
 def _is_header(text):
     """A first line like ``path,label`` or ``filename label``: its label field is a word."""
     fields = next(csv.reader([text])) if "," in text else text.rsplit(None, 1)
-    if len(fields) != 2:
+    if len(fields) < 2:
         return False
+    if len(fields) > 2:   # several label columns: all named
+        return not any(_is_number(f) for f in fields[1:])
     label = fields[1].strip().lower()
     return label in ("label", "labels", "class", "class_id", "target", "y")
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class PackedSource(Source):

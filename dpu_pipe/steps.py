@@ -59,7 +59,10 @@ class StepProducer:
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
-        self.labels = np.asarray(source.labels, dtype=np.int64)
+        labels = np.asarray(source.labels)
+        #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
+        self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
+                                    copy=False)
         raw = getattr(source, "raw", None)
         self._packed = None
         if raw is not None:

@@ -186,24 +186,40 @@ def test_file_list_rows(listed, monkeypatch):
     assert src.read(1) == (data / "sub" / "b.jpg").read_bytes()
     with pytest.raises(ConfigError, match="row 1: label True"):
         FileList([("a.jpg", 1), ("b.jpg", True)])
-    with pytest.raises(ConfigError, match="row 0: label 1.5"):
-        FileList([("a.jpg", 1.5)])
+    with pytest.raises(ConfigError, match="row 0: label nan is not a finite number"):
+        FileList([("a.jpg", float("nan"))])
     with pytest.raises(ConfigError, match="row 0: label 36893488147419103232 does not fit"):
         FileList([("a.jpg", 2**65)])
     with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
         FileList([(3, 1)])
-    with pytest.raises(ConfigError, match="row 0: label 1.5"):
-        FileList([("a.jpg", 1.5)])
+    with pytest.raises(ConfigError, match="row 1: 1 labels where the first sample has 2"):
+        FileList([("a.jpg", (1, 2)), ("b.jpg", 3)])
     with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
         FileList(["a.jpg"])
     with pytest.raises(ConfigError, match="empty"):
         FileList([])
 
 
+def test_file_list_float_and_multi_labels(tmp_path):
+    (tmp_path / "reg.csv").write_text("path,target\na.jpg,0.25\nb.jpg,3\n")
+    reg = FileList(tmp_path / "reg.csv")
+    assert reg.labels.dtype == np.float32 and reg.labels.tolist() == [0.25, 3.0]
+    assert reg.label(0) == 0.25
+    (tmp_path / "multi.csv").write_text("path,cat,dog,eel\na.jpg,1,0,1\nb.jpg,0,0,1\n")
+    multi = FileList(tmp_path / "multi.csv")
+    assert multi.labels.dtype == np.int64 and multi.labels.shape == (2, 3)
+    assert multi.label(1) == [0, 0, 1]
+    rows = FileList([("a.jpg", (0.5, 1)), ("b.jpg", [2, 3])])
+    assert rows.labels.dtype == np.float32 and rows.labels.tolist() == [[0.5, 1], [2, 3]]
+    assert open_source(rows.spec()).fingerprint() == rows.fingerprint()
+    with pytest.raises(ValueError):
+        multi.labels[0, 0] = 7
+
+
 @pytest.mark.parametrize("text, match", [
     ("a.jpg,1\nb.jpg,x\n", r"line 2: label 'x' is not an integer"),
-    ("a.jpg,1\n\nb.jpg 3.0\n", r"line 3: label '3.0' is not an integer"),
-    ("a.jpg,1\nb.jpg,2,3\n", r"line 2: expected 'path,label', got 3"),
+    ("a.jpg,1\n\nb.jpg inf\n", r"line 3: label 'inf' is not finite"),
+    ("a.jpg,1\nb.jpg,2,3\n", r"line 2: 2 labels where the first sample has 1"),
     ("a.jpg\n", r"line 1: expected 'path label'"),
     (" ,4\n", r"line 1: empty path"),
     ("# only a comment\n", r"empty"),

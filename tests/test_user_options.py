@@ -314,3 +314,28 @@ def test_undecodable_non_jpeg_is_a_decode_error_naming_the_file(tmp_path):
         with pytest.raises(DecodeError, match="neither a JPEG") as info:
             next(iter(loader))
     assert info.value.path == str(bad)
+
+
+# --- labels beyond one int ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels, dtype, shape", [
+    ([0.5 * i for i in range(N)], np.float32, ()),
+    ([(i % 2, i % 3, 1) for i in range(N)], np.int64, (3,)),
+    ([(0.1 * i, -i) for i in range(N)], np.float32, (2,))], ids=["float", "multi", "multi-float"])
+def test_loader_yields_float_and_multi_labels(data, labels, dtype, shape):
+    rows = [(str(data / "folder" / f"c{i:02d}" / "x.jpg"), lab) for i, lab in enumerate(labels)]
+    src = FileList(rows)
+    with Loader(src, 4, **KW) as loader, Loader(data / "folder", 4, **KW) as ref_loader:
+        got, ref = list(batches(loader)), batches(ref_loader)
+    want = np.asarray(labels, dtype=dtype)
+    for k, ((x, y), (rx, _)) in enumerate(zip(got, ref)):
+        assert y.dtype == dtype and y.shape == (len(x),) + shape
+        assert np.array_equal(y, want[4 * k:4 * k + len(x)])
+        assert np.array_equal(x, rx)
+
+
+def test_offload_loader_refuses_labels_its_transport_cannot_carry(data):
+    from dpu_pipe import DPULoader
+    src = FileList([(str(data / "folder" / "c00" / "x.jpg"), (1, 2))] * 4)
+    with pytest.raises(ConfigError, match="one integer label per sample"):
+        DPULoader(src, 2, mode="local", size=16)
