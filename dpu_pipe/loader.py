@@ -145,6 +145,12 @@ class _BaseLoader:
         step = int(step)
         self._step = step
 
+    def iterable_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
+        :mod:`dpu_pipe.torch_dataset`): wrap it in ``DataLoader(ds, batch_size=None)``."""
+        from .torch_dataset import LoaderDataset
+        return LoaderDataset(self)
+
     @property
     def bad_samples(self):
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
