@@ -20,7 +20,7 @@ from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, Produce
 from .build_info import build_info
 from .loader import Loader
 from .offload import DPULoader
-from .packed import pack
+from .packed.writer import pack
 from .transforms import TransformConfig
 from .sources import FileList, ImageFolder, PackedSource, open_source
 

@@ -63,12 +63,8 @@ class StepProducer:
         #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
         self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
                                     copy=False)
-        raw = getattr(source, "raw", None)
-        self._packed = None
-        if raw is not None:
-            buf, offsets, lengths = raw()
-            self._packed = (buf, np.asarray(offsets).view(np.int64),
-                            np.asarray(lengths).astype(np.int64))
+        # A packed source gathers a batch's records itself, without a copy per record.
+        self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
         #: Seconds spent reading bytes and in the batch kernel, batches and samples made, and
@@ -86,9 +82,8 @@ class StepProducer:
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
-        if self._packed is not None:
-            buf, offsets, lengths = self._packed
-            return _jpeg.BufferList.from_packed(buf, offsets[indices], lengths[indices]), {}
+        if self._gather is not None:
+            return self._gather(indices)
         datas, errors = [], {}
         for j, i in enumerate(indices.tolist()):
             try:
@@ -102,7 +97,8 @@ class StepProducer:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` int64 (>= n,). Returns n, the batch's sample count.
+        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...). Returns n, the batch's
+        sample count.
         """
         indices = self.step_indices(epoch, step)
         n = len(indices)

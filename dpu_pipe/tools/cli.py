@@ -99,27 +99,60 @@ def _jsonable(obj):
 def _pack_args(p):
     p.add_argument("src", help="dataset: an ImageFolder directory (root/<class>/*.jpg), "
                                "a file list ('path,label' or 'path label' per line), "
-                               "or a packed file")
-    p.add_argument("out", help="packed file to write (replaced atomically)")
+                               "or a packed dataset")
+    p.add_argument("out", help="packed dataset directory to write (an existing packed "
+                               "dataset there is replaced once the new one is complete)")
+    p.add_argument("--shard-size", default="1GiB",
+                   help="target bytes per shard, e.g. 1GiB, 256MiB, 500MB (default: 1GiB)")
+    p.add_argument("--no-transcode", dest="transcode", action="store_false",
+                   help="keep each JPEG's original bytes instead of transcoding it losslessly "
+                        "to baseline with restart markers")
+    p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
+                   help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
+                        "interval per MCU row (default: 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads reading and transcoding records (default: 1)")
     p.add_argument("--root", help="directory that relative paths of a file list are "
                                   "resolved against (default: the list's directory)")
     p.add_argument("--alignment", type=positive_int, default=64,
                    help="record alignment in bytes, a power of two (default: 64)")
     p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="skip re-reading the written file to check every record's CRC")
+                   help="skip re-reading each written shard to check every record's CRC")
+    add_json(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
+def _interval(text):
+    return text if text == "row" else int(text)
+
+
 def _pack_run(args):
-    from ..packed import pack
+    from ..packed.writer import pack, parse_size
     from ..sources import open_path
 
     src = open_path(args.src, root=args.root)
-    packed = pack(src, args.out, progress=not args.quiet, verify=args.verify,
-                  alignment=args.alignment)
-    size = os.path.getsize(packed.path)
-    print(f"wrote {packed.path}: {len(packed)} records, {size} bytes"
-          f"{', verified' if args.verify else ''}")
+    packed = pack(src, args.out, shard_size=parse_size(args.shard_size),
+                  transcode=args.transcode, restart_interval=args.restart_interval,
+                  threads=args.threads, progress=False if args.quiet else None,
+                  verify=args.verify, alignment=args.alignment)
+    summary = _packed_summary(packed)
+    summary["verified"] = bool(args.verify)
+    if args.json:
+        write_json(args.json, summary)
+        if args.json == "-":
+            return 0
+    formats = ", ".join(f"{n} {name.upper()}" for name, n in summary["formats"].items())
+    growth = summary["size_growth"]
+    print(f"wrote {summary['path']}: {summary['count']} records ({formats}) in "
+          f"{summary['shards']} shards, {summary['total_bytes']} bytes of records; "
+          f"{summary['transcoded']} JPEGs transcoded"
+          + (f" ({100 * growth:+.1f} % in size)" if summary["transcoded"] else "")
+          + (", every shard re-read and its CRCs checked" if args.verify else ""))
+    if summary["unreadable"]:
+        print(f"{summary['unreadable']} records have a header their decoder cannot read "
+              f"(kept; a loader reports them): "
+              f"{', '.join(packed.dataset.meta['unreadable_examples'][:5])}"
+              f"{', ...' if summary['unreadable'] > 5 else ''}")
     return 0
 
 
@@ -127,31 +160,63 @@ def _pack_run(args):
 
 def _info_args(p):
     p.add_argument("path", nargs="?",
-                   help="also summarise this dataset (directory, file list or packed file)")
+                   help="also summarise this dataset (directory, file list or packed dataset)")
     p.add_argument("--root", help="root for relative paths of a file list")
+    p.add_argument("--verify", action="store_true",
+                   help="packed dataset: check every shard (index and record CRCs) and "
+                        "name the ones that fail")
     add_json(p)
 
 
-def _summary(path, root):
+def _packed_summary(src):
+    """What a packed dataset's manifest says: counts, shards, sizes, formats, transcoding."""
+    from ..packed.format import FORMATS
+
+    ds = src.dataset
+    meta = ds.meta
+    data, orig = int(meta["data_bytes"]), int(meta["orig_bytes"])
+    return {
+        "path": ds.path,
+        "format": f"dpu_pipe packed v{ds.header['version']}",
+        "count": len(src),
+        "shards": ds.num_shards,
+        "total_bytes": data,
+        "original_bytes": orig,
+        "size_growth": data / orig - 1 if orig else 0.0,
+        "transcoded": int(ds.shards["transcoded"].sum()),
+        "transcode": meta.get("transcode"),
+        "formats": {name: meta["formats"][name] for name in FORMATS
+                    if name in meta.get("formats", {})},
+        "unreadable": int(meta.get("unreadable", 0)),
+        "classes": src.classes,
+        # From the manifest: a billion labels are not read to summarise them.
+        "num_labels": meta["num_labels"],
+        "label_range": meta["label_range"],
+    }
+
+
+def _summary(path, root, verify):
     """Count, classes, total bytes and format of the dataset at ``path``."""
-    from ..packed import VERSION
     from ..sources import PackedSource, open_path
 
     src = open_path(path, root=root)
-    labels = src.labels
     if isinstance(src, PackedSource):
-        total = src.file.total_bytes
-        fmt = f"dpu_pipe packed v{VERSION}"
-        missing = 0
-    else:
-        # File sizes come from stat: one call per file, no data read.
-        total, missing = 0, 0
-        for i in range(len(src)):
-            try:
-                total += os.stat(src.describe(i)).st_size
-            except OSError:
-                missing += 1
-        fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[src.kind]
+        out = _packed_summary(src)
+        if verify:
+            failures = src.dataset.check()
+            out["bad_shards"] = {str(k): msg for k, msg in sorted(failures.items())}
+        return out
+    if verify:
+        raise ConfigError("--verify applies to packed datasets")
+    labels = src.labels
+    # File sizes come from stat: one call per file, no data read.
+    total, missing = 0, 0
+    for i in range(len(src)):
+        try:
+            total += os.stat(src.describe(i)).st_size
+        except OSError:
+            missing += 1
+    fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[src.kind]
     out = {
         "path": os.path.abspath(path),
         "format": fmt,
@@ -176,8 +241,10 @@ def _print_kv(title, d):
             v = f"{len(v)}: {', '.join(v[:8])}, ..."
         elif k == "classes" and isinstance(v, list):
             v = f"{len(v)}: {', '.join(v)}"
-        elif k == "total_bytes":
+        elif k in ("total_bytes", "original_bytes"):
             v = f"{v} ({v / 2**20:.1f} MiB)"
+        elif k == "size_growth":
+            v = f"{100 * v:+.2f} %"
         print(f"  {k:<{width}}  {v}")
 
 
@@ -186,13 +253,15 @@ def _info_run(args):
 
     result = {"build": build_info()}
     if args.path is not None:
-        result["dataset"] = _summary(args.path, args.root)
+        result["dataset"] = _summary(args.path, args.root, args.verify)
     if args.json:
         write_json(args.json, result)
     if args.json != "-":
         _print_kv("dpu_pipe build", result["build"])
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
+    if result.get("dataset", {}).get("bad_shards"):
+        return 1
     return 0
 
 
@@ -200,7 +269,8 @@ def _info_run(args):
 
 #: name -> (help, add_args, run); see the module docstring.
 COMMANDS = {
-    "pack": ("pack a dataset into one memory-mappable file", _pack_args, _pack_run),
+    "pack": ("pack a dataset into memory-mappable shards plus a manifest", _pack_args,
+             _pack_run),
     "info": ("show how dpu_pipe was built, and summarise a dataset", _info_args, _info_run),
     "demo": ("make a dataset from real photographs, train a small CNN on it, report phases",
              ".demo:add_args", ".demo:run"),

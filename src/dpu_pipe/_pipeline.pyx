@@ -221,6 +221,7 @@ cdef class Pipeline:
         self.cfg.dopts.strict = bool(config.get("strict", False))
         self.cfg.dopts.max_pixels = config["max_pixels"]
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
+        self.cfg.dopts.intervals = 1
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
         self.dtype = np.dtype(config["dtype"])
         self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
