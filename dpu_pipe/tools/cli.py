@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from ..errors import ConfigError, DpuPipeError
 
 __all__ = ["COMMANDS", "main", "add_data", "add_images", "add_seed", "add_json", "add_plots",
@@ -268,8 +270,10 @@ def _summary(path, root, verify):
         "count": len(src),
         "total_bytes": total,
         "classes": src.classes,
-        "num_labels": int(len(set(labels.tolist()))),
-        "label_range": [int(labels.min()), int(labels.max())],
+        "num_labels": int(len(np.unique(labels, axis=0))),
+        "label_range": [labels.min().item(), labels.max().item()],
+        "label_dtype": str(labels.dtype),
+        "label_shape": list(labels.shape[1:]),
     }
     if missing:
         out["unreadable_files"] = missing
