@@ -323,6 +323,9 @@ def test_corrupted_record_names_its_shard_and_record(sharded, copy):
     assert info.value.index == lo and f"shard {k}, record {lo}" in info.value.path
     bufs, errors = checked.buffers(np.array([lo - 1, lo, hi], dtype=np.int64))
     assert len(bufs) == 3 and list(errors) == [1] and errors[1].index == lo
+    bufs, errors = checked.buffers(np.array([lo, lo], dtype=np.int64))  # one shard
+    assert len(bufs) == 2 and list(errors) == [0, 1]
+    assert not checked.buffers(np.array([hi - 1], dtype=np.int64))[1]
 
 
 def test_missing_shard_names_itself(sharded, copy):
@@ -470,6 +473,8 @@ def test_lying_index_is_named_never_read_out_of_bounds(sharded, copy, lie):
     assert info.value.index == lo + j
     bufs, errors = src.buffers(np.arange(N, dtype=np.int64))
     assert len(bufs) == N and sorted(errors) == list(range(lo, hi))  # its whole block
+    bufs, errors = src.buffers(np.arange(lo, hi, dtype=np.int64))  # that shard alone
+    assert len(bufs) == hi - lo and sorted(errors) == list(range(hi - lo))
 
 
 S = fmt.SHARD_HEADER

@@ -95,6 +95,8 @@ class PackedShard:
         self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
         self._labels = labels
         self._checked = np.zeros(h["nblocks"], dtype=bool)
+        self.first, self.block_records = h["first"], h["block_records"]
+        self._view = None
 
     def __len__(self):
         return self.header["count"]
@@ -103,6 +105,13 @@ class PackedShard:
     def buffer(self):
         """The whole shard file as a read-only ``uint8`` array (a memory map)."""
         return self._mm
+
+    @property
+    def view(self):
+        """The whole shard file as a read-only ``memoryview`` (of :attr:`buffer`)."""
+        if self._view is None:
+            self._view = memoryview(self._mm)
+        return self._view
 
     def _path_lo(self, k):
         if k == 0:
@@ -189,7 +198,7 @@ class PackedShard:
                               f"check (corrupted data); first bad: record {int(bad[0])}")
 
     def close(self):
-        self._mm = self.records = self._blocks = self._paths = None
+        self._mm = self.records = self._blocks = self._paths = self._view = None
 
 
 class PackedDataset:
@@ -346,55 +355,65 @@ class PackedDataset:
         if n and (indices.min() < 0 or indices.max() >= len(self)):
             self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         ks = self.shard_of(indices)
-        errors = {}
-        offsets = np.zeros(n, dtype=np.int64)
-        lengths = np.zeros(n, dtype=np.int64)
-        which = np.full(n, -1, dtype=np.int64)   # position -> entry of ``bufs``
-        bufs = []
-
-        def fail(positions, exc, k):
-            for p in positions.tolist():
-                errors[p] = DecodeError(str(exc), index=int(indices[p]),
-                                        path=self.shard_path(k))
-
-        for k in np.unique(ks).tolist():
-            pos = np.flatnonzero(ks == k)
-            try:
-                sh = self.shard(k)
-            except ConfigError as exc:
-                fail(pos, exc, k)
+        if n and ks[0] == ks[-1] and (ks == ks[0]).all():
+            got = self._one_shard(int(ks[0]), indices)
+            if got is not None:
+                return got
+        # A shuffled batch touches about as many shards as it has records: one pass over the
+        # records, each costing a few dictionary and array look-ups.
+        errors, views, opened = {}, [], {}
+        empty = b""
+        for p, (k, i) in enumerate(zip(ks.tolist(), indices.tolist())):
+            sh = opened.get(k)
+            if sh is None:
+                try:
+                    sh = self.shard(k)
+                except ConfigError as exc:
+                    sh = exc
+                opened[k] = sh
+            if isinstance(sh, ConfigError):
+                errors[p] = DecodeError(str(sh), index=i, path=self.shard_path(k))
+                views.append(empty)
                 continue
-            local = indices[pos] - self._firsts[k]
-            blk = local // sh.header["block_records"]
-            good = np.ones(len(pos), dtype=bool)
-            for b in np.unique(blk).tolist():
+            j = i - sh.first
+            b = j // sh.block_records
+            if not sh._checked[b]:
                 try:
                     sh.check_block(b)
                 except ConfigError as exc:
-                    fail(pos[blk == b], exc, k)
-                    good[blk == b] = False
-            pos, local = pos[good], local[good]
-            rec = sh.records[local]
-            offsets[pos] = rec["offset"].astype(np.int64)
-            lengths[pos] = rec["length"].astype(np.int64)
-            which[pos] = len(bufs)
-            bufs.append(sh.buffer)
-            if self.verify_reads:
-                mv = memoryview(sh.buffer)
-                for p, o, ln, crc in zip(pos.tolist(), offsets[pos].tolist(),
-                                         lengths[pos].tolist(), rec["crc32"].tolist()):
-                    if zlib.crc32(mv[o:o + ln]) != crc:
-                        errors[p] = DecodeError("packed record fails its CRC check "
-                                                "(corrupted shard)", index=int(indices[p]),
-                                                path=self.describe(int(indices[p])))
-                        which[p] = -1
-        if len(bufs) == 1 and not errors:
-            # One shard: its mapping and the offsets, no Python object per record.
-            return _jpeg.BufferList.from_packed(bufs[0], offsets, lengths), errors
-        maps = [memoryview(b) for b in bufs]
-        views = [maps[w][o:o + ln] if w >= 0 else b""
-                 for w, o, ln in zip(which.tolist(), offsets.tolist(), lengths.tolist())]
+                    errors[p] = DecodeError(str(exc), index=i, path=self.shard_path(k))
+                    views.append(empty)
+                    continue
+            r = sh.records[j]
+            o, ln = int(r["offset"]), int(r["length"])
+            view = sh.view[o:o + ln]
+            if self.verify_reads and zlib.crc32(view) != int(r["crc32"]):
+                errors[p] = DecodeError("packed record fails its CRC check (corrupted shard)",
+                                        index=i, path=self.describe(i))
+                view = empty
+            views.append(view)
         return _jpeg.BufferList.from_buffers(views), errors
+
+    def _one_shard(self, k, indices):
+        """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,
+        no Python object per record; None when a record needs an error (the general path
+        names it)."""
+        try:
+            sh = self.shard(k)
+            local = indices - sh.first
+            for b in np.unique(local // sh.block_records).tolist():
+                sh.check_block(b)
+        except ConfigError:
+            return None
+        rec = sh.records[local]
+        offsets = rec["offset"].astype(np.int64)
+        lengths = rec["length"].astype(np.int64)
+        if self.verify_reads:
+            mv = sh.view
+            for o, ln, crc in zip(offsets.tolist(), lengths.tolist(), rec["crc32"].tolist()):
+                if zlib.crc32(mv[o:o + ln]) != crc:
+                    return None
+        return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
 
     def check(self, shards=None, *, progress=None):
         """Verify shards (all, or the numbers in ``shards``) on their own: header against the
