@@ -195,11 +195,24 @@ def test_open_path_recognises_packed_datasets(sharded, folder, tmp_path):
         open_path(sharded.path, root=tmp_path)
 
 
-def test_max_open_shards_bounds_the_mappings(sharded):
+def test_max_open_shards_bounds_the_mappings(sharded, monkeypatch):
     src = PackedSource(sharded.path, max_open_shards=2)
     order = list(range(N))[::-1] + list(range(N))
     assert [src.read(i) for i in order] == [sharded.read(i) for i in order]
     assert len(src.dataset._open) == 2
+    # Reopened shards keep the index blocks they had checked: none is checked twice.
+    calls = []
+    real = fmt.check_records
+    monkeypatch.setattr(fmt, "check_records", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    assert [src.read(i) for i in order] == [sharded.read(i) for i in order]
+    assert calls == []
+    from dpu_pipe.packed.reader import default_max_open_shards
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert PackedSource(sharded.path).dataset.max_open_shards == default_max_open_shards() \
+        == max(16, min(1024, (4096 if soft == resource.RLIM_INFINITY else soft) // 4))
+    with pytest.raises(ConfigError, match="max_open_shards must be a positive integer"):
+        PackedSource(sharded.path, max_open_shards=0)
 
 
 def test_a_shard_verifies_on_its_own(sharded, tmp_path):

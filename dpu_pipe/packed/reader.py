@@ -20,7 +20,8 @@ from .. import _jpeg
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
-__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path"]
+__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path",
+           "default_max_open_shards"]
 
 
 def manifest_path(path):
@@ -45,6 +46,19 @@ def is_packed(path):
     return manifest_path(path) is not None
 
 
+def default_max_open_shards():
+    """Shards a reader keeps open by default: a quarter of the soft file-descriptor limit,
+    between 16 and 1024."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 4096
+    except (ImportError, OSError, ValueError):  # no resource module (not POSIX)
+        soft = 1024
+    return max(16, min(1024, soft // 4))
+
+
 def _read_head(path, where):
     try:
         with open(path, "rb") as f:
@@ -58,14 +72,15 @@ def _read_head(path, where):
 class PackedShard:
     """One shard file, memory-mapped read-only.
 
-    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest; the shard must match it.
+    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest; the shard must match it
+    (``checked``, the :attr:`checked` array of an earlier opening of it, is only trusted then).
     Without it the shard is opened on its own (its own CRCs still cover every part).
     ``labels`` (``<i8`` array of the shard's records, e.g. the manifest's slice) is compared
     with each index block as it is checked. Errors are :class:`ConfigError` naming the shard
     and, for an index entry, the record.
     """
 
-    def __init__(self, path, *, expect=None, labels=None):
+    def __init__(self, path, *, expect=None, labels=None, checked=None):
         self.path = os.fspath(path)
         self.where = (f"shard {expect[0]} ({self.path})" if expect is not None
                       else f"shard {self.path}")
@@ -94,12 +109,20 @@ class PackedShard:
                                      offset=h["index_offset"])
         self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
         self._labels = labels
-        self._checked = np.zeros(h["nblocks"], dtype=bool)
+        # Which index blocks passed check_block; a reader that reopens the same shard (same
+        # header CRC, so the same CRC-covered index) passes the array back in.
+        self._checked = (checked if checked is not None and len(checked) == h["nblocks"]
+                         else np.zeros(h["nblocks"], dtype=bool))
         self.first, self.block_records = h["first"], h["block_records"]
         self._view = None
 
     def __len__(self):
         return self.header["count"]
+
+    @property
+    def checked(self):
+        """``bool`` array, one per index block: checked already."""
+        return self._checked
 
     @property
     def buffer(self):
@@ -209,12 +232,16 @@ class PackedDataset:
     first out; a batch still holding records of an evicted shard keeps its mapping alive).
     With ``verify_reads`` every record read is checked against its CRC.
 
+    Each open shard holds one file descriptor and one memory mapping; by default at most a
+    quarter of the process's file-descriptor limit, capped at 1024. Index blocks checked stay
+    checked across a shard's closing and reopening (1 byte per 256 records).
+
     A shard that is missing, corrupt or foreign raises, when one of its records is read,
     :class:`DecodeError` naming the record and the shard (so a loader's ``on_error`` policy
     applies); the manifest's own damage raises :class:`ConfigError` at opening.
     """
 
-    def __init__(self, path, *, verify_reads=False, max_open_shards=64):
+    def __init__(self, path, *, verify_reads=False, max_open_shards=None):
         path = os.path.abspath(os.fspath(path))
         if os.path.isdir(path):
             manifest = os.path.join(path, fmt.MANIFEST_NAME)
@@ -230,8 +257,13 @@ class PackedDataset:
         self.manifest = manifest
         self.header = h
         self.verify_reads = bool(verify_reads)
-        if int(max_open_shards) < 1:
-            raise ConfigError(f"max_open_shards must be >= 1, got {max_open_shards!r}")
+        if max_open_shards is None:
+            max_open_shards = default_max_open_shards()
+        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards,
+                                                                (int, np.integer)) \
+                or max_open_shards < 1:
+            raise ConfigError(f"max_open_shards must be a positive integer, got "
+                              f"{max_open_shards!r}")
         self.max_open_shards = int(max_open_shards)
         self._mm = np.memmap(manifest, dtype=np.uint8, mode="r")
         if len(self._mm) != h["file_size"]:
@@ -247,6 +279,7 @@ class PackedDataset:
         self.meta = fmt.parse_meta(memoryview(self._mm)[m0:m0 + h["meta_size"]],
                                    h["meta_crc32"], where)
         self._open = collections.OrderedDict()   # shard number -> PackedShard, LRU order
+        self._checked = {}                       # shard number -> its PackedShard.checked
         self._failed = {}                        # shard number -> its ConfigError
         self._lock = threading.Lock()
 
@@ -288,13 +321,14 @@ class PackedDataset:
         first, n = int(e["first"]), int(e["count"])
         try:
             sh = PackedShard(self.shard_path(k), expect=(k, e),
-                             labels=self.labels[first:first + n])
+                             labels=self.labels[first:first + n], checked=self._checked.get(k))
         except ConfigError as exc:
             with self._lock:
                 self._failed[k] = exc
             raise
         with self._lock:
             sh = self._open.setdefault(k, sh)
+            self._checked[k] = sh.checked
             self._open.move_to_end(k)
             while len(self._open) > self.max_open_shards:
                 self._open.popitem(last=False)
