@@ -167,12 +167,6 @@ class PackedShard:
                                   f"in the shard and {int(want[diff[0]])} in the manifest")
         self._checked[k] = True
 
-    def check(self, local):
-        """Check the index blocks holding the shard-local record numbers ``local``."""
-        b = self.header["block_records"]
-        for k in np.unique(np.asarray(local, dtype=np.int64) // b).tolist():
-            self.check_block(k)
-
     def record(self, j):
         """Record ``j``'s bytes as a read-only memoryview of the mapping (index checked)."""
         self.check_block(j // self.header["block_records"])
@@ -238,7 +232,8 @@ class PackedDataset:
 
     A shard that is missing, corrupt or foreign raises, when one of its records is read,
     :class:`DecodeError` naming the record and the shard (so a loader's ``on_error`` policy
-    applies); the manifest's own damage raises :class:`ConfigError` at opening.
+    applies); this object does not retry it (open the dataset again to). The manifest's own
+    damage raises :class:`ConfigError` at opening.
     """
 
     def __init__(self, path, *, verify_reads=False, max_open_shards=None):
