@@ -26,14 +26,6 @@ class DecodeError(DpuPipeError, ValueError):
         self.path = path
         super().__init__(message)
 
-    def with_sample(self, *, index=None, path=None):
-        """A copy of this error that also names the sample (the original stays the cause)."""
-        err = DecodeError(self.message,
-                          index=self.index if index is None else index,
-                          path=self.path if path is None else path)
-        err.__cause__ = self.__cause__
-        return err
-
     def __str__(self):
         where = []
         if self.index is not None:

@@ -104,10 +104,7 @@ def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
     """
     _check_budget(max_pixels, DEFAULT_MAX_SCANS)
     view = _as_view(data)
-    try:
-        w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
-    except ValueError as exc:
-        raise DecodeError(str(exc)) from None
+    w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
     return JpegHeader(w, h, comps, _COLORSPACES.get(cs, "UNKNOWN"), progressive)
 
 
@@ -179,13 +176,8 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    try:
-        out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
-                              max_scans)
-    except IndexError as exc:
-        raise ConfigError(str(exc)) from None
-    except ValueError as exc:
-        raise DecodeError(str(exc)) from None
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+                          max_scans)
     return out
 
 

@@ -9,7 +9,8 @@ import time
 import numpy as np
 
 from . import _jpeg
-from .batch import BatchProcessor
+from . import _validate as _v
+from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
 
@@ -42,13 +43,9 @@ class StepProducer:
 
     def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
                  world_size=1, drop_last=True, num_threads=1, on_error="raise"):
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        on_error = _v.choice(on_error, "on_error", ON_ERROR)
         self.source = source
-        self.batch_size = int(batch_size)
+        self.batch_size = _v.positive_int(batch_size, "batch_size")
         self.on_error = on_error
         self.drop_last = bool(drop_last)
         self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,
@@ -62,17 +59,18 @@ class StepProducer:
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
-        self.labels = np.asarray(source.labels, dtype=np.int64)
-        raw = getattr(source, "raw", None)
-        self._packed = None
-        if raw is not None:
-            buf, offsets, lengths = raw()
-            self._packed = (buf, np.asarray(offsets).view(np.int64),
-                            np.asarray(lengths).astype(np.int64))
+        labels = np.asarray(source.labels)
+        #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
+        self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
+                                    copy=False)
+        # A packed source gathers a batch's records itself, without a copy per record.
+        self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
-        #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
-        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0}
+        #: Seconds spent reading bytes and in the batch kernel, batches and samples made, and
+        #: samples that were not JPEGs (decoded by OpenCV).
+        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0,
+                        "other_formats": 0}
 
     @property
     def batch_shape(self):
@@ -84,9 +82,8 @@ class StepProducer:
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
-        if self._packed is not None:
-            buf, offsets, lengths = self._packed
-            return _jpeg.BufferList.from_packed(buf, offsets[indices], lengths[indices]), {}
+        if self._gather is not None:
+            return self._gather(indices)
         datas, errors = [], {}
         for j, i in enumerate(indices.tolist()):
             try:
@@ -100,15 +97,17 @@ class StepProducer:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` int64 (>= n,). Returns n, the batch's sample count.
+        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...). Returns n, the batch's
+        sample count.
         """
         indices = self.step_indices(epoch, step)
         n = len(indices)
         t0 = time.perf_counter()
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
-        _, _, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
-                                       out=images[:n])
+        _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
+                                          out=images[:n])
+        other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
         labels[:n] = self.labels[indices]
@@ -120,6 +119,7 @@ class StepProducer:
         tm["process_s"] += (t2 - t1) + (t3 - t2)
         tm["batches"] += 1
         tm["samples"] += n
+        tm["other_formats"] += other
         return n
 
     def _named(self, exc, index):

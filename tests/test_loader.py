@@ -404,12 +404,6 @@ def test_load_state_dict_refuses_a_bad_epoch(folder, epoch):
 
 # --- bad samples -------------------------------------------------------------------------------
 
-def _png():
-    buf = io.BytesIO()
-    Image.fromarray(jc.photo_sized("coffee", 40, 50)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def bad_bytes(kind):
     """Bytes of each kind of undecodable file (None: the file is missing)."""
     good = _image(0)
@@ -418,12 +412,13 @@ def bad_bytes(kind):
         "corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
         "truncated": good[:scan + 20],                           # cut in the first scan row
         "empty": b"",
-        "not-jpeg": _png(),
+        # Neither a JPEG nor a format OpenCV decodes (PNGs and the like are decoded).
+        "not-an-image": b"path,label\nimages/a.jpg,3\n" * 8,
         "missing": None,
     }[kind]
 
 
-BAD_KINDS = ["corrupt", "truncated", "empty", "not-jpeg", "missing"]
+BAD_KINDS = ["corrupt", "truncated", "empty", "not-an-image", "missing"]
 # Files libjpeg decodes through other paths: they must come out fine.
 SPECIAL = {
     "cmyk": lambda: jc.pil_jpeg(jc.photo_sized("astronaut", 90, 70), mode="CMYK"),
@@ -488,7 +483,7 @@ def test_several_bad_samples_in_one_batch_raise_the_first(tmp_path):
     assert info.value.index == 2 and info.value.path == src.describe(2)
 
 
-BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-jpeg", 17: "missing"}
+BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-an-image", 17: "missing"}
 GOOD_SPECIAL = {1: "cmyk", 7: "gray", 13: "progressive"}
 
 
@@ -677,6 +672,20 @@ def test_output_torch_without_torch_is_a_config_error(folder, monkeypatch):
 
 # --- batch validity: copy=False reuses buffers, copy=True does not -------------------------------
 
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_labels_kept_across_batches_stay_right(folder, output):
+    """The images of a kept batch are overwritten by design (without copy); its labels are not:
+    a user keeping (x, y) pairs gets every label of a copy=True run."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    with make(folder, 2, prefetch=1, output=output) as loader, \
+            make(folder, 2, copy=True) as check:
+        ref = one_epoch(check)
+        held = [(x, y) for x, y in loader]
+    assert len(held) == len(ref) >= 4
+    assert all(np.array_equal(np.asarray(y), r[1]) for (_, y), r in zip(held, ref))
+
+
 @pytest.mark.parametrize("prefetch", [1, 3], ids=lambda p: f"prefetch{p}")
 def test_without_copy_a_batch_buffer_is_reused_after_prefetch_plus_one_steps(folder, prefetch):
     ring = prefetch + 1
@@ -688,11 +697,13 @@ def test_without_copy_a_batch_buffer_is_reused_after_prefetch_plus_one_steps(fol
             assert np.array_equal(images, ref[k][0]) and np.array_equal(labels, ref[k][1])
             views.append((images, labels))
             if k >= ring:
-                # Batch k lives in the buffer of batch k - (prefetch + 1), which now shows it.
+                # Batch k lives in the buffer of batch k - (prefetch + 1), which now shows it;
+                # labels are fresh arrays and keep their values.
                 old_images, old_labels = views[k - ring]
                 assert np.shares_memory(old_images, images)
-                assert np.shares_memory(old_labels, labels)
-                assert np.array_equal(old_images, images) and np.array_equal(old_labels, labels)
+                assert np.array_equal(old_images, images)
+                assert not np.shares_memory(old_labels, labels)
+                assert np.array_equal(old_labels, ref[k - ring][1])
             for j in range(max(0, k - ring + 1), k):
                 assert not np.shares_memory(views[j][0], images)
         assert len(views) == len(ref) >= 3 * ring

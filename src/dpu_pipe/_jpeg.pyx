@@ -8,6 +8,8 @@ cimport dpu_pipe._libjpeg as lj
 
 import numpy as np
 
+from dpu_pipe.errors import ConfigError, DecodeError
+
 # Extra output columns decoded on each side of a region: fancy upsampling of subsampled chroma
 # reads one neighbouring chroma sample, and libjpeg treats the edge of a cropped scanline as the
 # image edge. Decoding a little beyond the region keeps it identical to the full decode.
@@ -561,12 +563,12 @@ cdef class BufferList:
         cdef Py_ssize_t i
         cdef Py_ssize_t total = data.shape[0]
         if offsets.shape[0] != lengths.shape[0]:
-            raise ValueError("offsets and lengths differ in length")
+            raise ConfigError("offsets and lengths differ in length")
         self._alloc(offsets.shape[0])
         self.keep = data
         for i in range(self.n):
             if offsets[i] < 0 or lengths[i] < 0 or offsets[i] + lengths[i] > total:
-                raise ValueError(f"record {i} (offset {offsets[i]}, length {lengths[i]}) "
+                raise ConfigError(f"record {i} (offset {offsets[i]}, length {lengths[i]}) "
                                  f"lies outside the {total}-byte buffer")
             self.sizes[i] = lengths[i]
             self.ptrs[i] = &data[0] + offsets[i] if lengths[i] > 0 else NULL
@@ -597,12 +599,12 @@ cdef _header_or_raise(Decoder* d, const uint8_t[::1] data):
     with nogil:
         rc = dec_read_header(d, &data[0] if data.shape[0] else NULL, data.shape[0])
     if rc != DP_OK:
-        raise ValueError(dec_message(d).decode("utf-8", "replace"))
+        raise DecodeError(dec_message(d).decode("utf-8", "replace"))
 
 
 def read_header(const uint8_t[::1] data, int64_t max_pixels, int max_scans):
     """(width, height, components, colorspace code, progressive, arithmetic) of one JPEG.
-    Raises ValueError with libjpeg's message when the header cannot be read."""
+    Raises DecodeError with libjpeg's message when the header cannot be read."""
     cdef Decoder d
     cdef DecodeOptions o = _options(0, 0, max_pixels, max_scans)
     cdef int rc
@@ -621,7 +623,7 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
     at the smallest power-of-two DCT scale that keeps the region at least min_h x min_w.
     Returns (uint8 array (h, w, 3), scale in eighths), and with ``report`` a third item: whether
     only the covering restart intervals were decoded. ``intervals=False`` forces the plain
-    region decode. Raises ValueError on bad data."""
+    region decode. Raises DecodeError on bad data, ConfigError for a region outside the image."""
     cdef Decoder d
     cdef DecodeOptions o = _options(fast, strict, max_pixels, max_scans, intervals)
     cdef Region r
@@ -636,14 +638,14 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
             top, left, height, width = region
         scale = choose_scale(height, width, min_h, min_w)
         if scale_region(&d.info, scale, top, left, height, width, &r) != DP_OK:
-            raise IndexError(f"region (top={top}, left={left}, height={height}, "
+            raise ConfigError(f"region (top={top}, left={left}, height={height}, "
                              f"width={width}) is not inside the {d.info.width}x{d.info.height} image")
         arr = np.empty((r.height, r.width, 3), dtype=np.uint8)
         out = arr
         with nogil:
             rc = dec_decode(&d, scale, &r, &out[0, 0, 0], out.strides[0])
         if rc != DP_OK:
-            raise ValueError(dec_message(&d).decode("utf-8", "replace"))
+            raise DecodeError(dec_message(&d).decode("utf-8", "replace"))
         return (arr, scale, bool(d.assembled)) if report else (arr, scale)
     finally:
         dec_free(&d)
@@ -665,7 +667,7 @@ def assemble(const uint8_t[::1] data, region, int min_h, int min_w):
         top, left, height, width = region
         scale = choose_scale(height, width, min_h, min_w)
         if scale_region(&d.info, scale, top, left, height, width, &r) != DP_OK:
-            raise IndexError("region outside the image")
+            raise ConfigError(f"region {region} lies outside the image")
         with nogil:
             ok = dec_assemble(&d, scale, &r, &sub)
         if not ok:
@@ -690,9 +692,9 @@ def decode_batch(BufferList buffers, uint8_t[:, :, :, ::1] out, const int64_t[:,
     cdef int use_regions = regions is not None
     cdef char* messages
     if out.shape[0] < n or shapes.shape[0] < n or status.shape[0] < n:
-        raise ValueError("out, shapes and status need one entry per buffer")
+        raise ConfigError("out, shapes and status need one entry per buffer")
     if use_regions and (regions.shape[0] < n or regions.shape[1] != 4):
-        raise ValueError("regions must have shape (N, 4): top, left, height, width")
+        raise ConfigError("regions must have shape (N, 4): top, left, height, width")
     messages = <char*>malloc(max(n, 1) * 200)
     if messages == NULL:
         raise MemoryError()
