@@ -18,7 +18,9 @@ from .transforms import TransformConfig
 
 __all__ = ["Loader"]
 
-STATE_VERSION = 1
+# 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
+# a state of version 1 would resume into a different stream.
+STATE_VERSION = 2
 
 
 def _torch():
@@ -39,9 +41,9 @@ def _positive_int(value, name):
 class _BaseLoader:
     """What every loader shares: arguments, position in the stream, state_dict, output."""
 
-    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=True,
-                 drop_last=True, dtype="float32", layout="CHW", num_threads=1, prefetch=2,
-                 on_error="raise", rank=0, world_size=1, output="numpy", copy=False,
+    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
+                 drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
+                 num_threads=1, prefetch=2, on_error="raise", rank=0, world_size=1, output="numpy", copy=False,
                  timeout=300.0, **transform_options):
         self.transform = TransformConfig(train=train, size=size, dtype=dtype, layout=layout,
                                          **transform_options)
@@ -61,10 +63,15 @@ class _BaseLoader:
         self.copy = bool(copy)
         self.prefetch = prefetch
         self.timeout = float(timeout)
+        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        if shuffle is None:
+            shuffle = self.transform.train
+        if shard_tail is None:
+            shard_tail = "pad" if self.transform.train else "uneven"
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
-                                     drop_last=drop_last, num_threads=num_threads,
-                                     on_error=on_error)
+                                     shard_tail=shard_tail, drop_last=drop_last,
+                                     num_threads=num_threads, on_error=on_error)
         self.batch_size = self.producer.batch_size
         self.num_threads = num_threads
         self._epoch = 0
@@ -101,7 +108,8 @@ class _BaseLoader:
         return {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step,
                 "seed": p.seed, "num_samples": len(p.source), "batch_size": self.batch_size,
                 "rank": p.sampler.rank, "world_size": p.sampler.world_size,
-                "drop_last": p.drop_last, "shuffle": p.sampler.shuffle,
+                "drop_last": p.drop_last, "shard_tail": p.sampler.shard_tail,
+                "shuffle": p.sampler.shuffle,
                 "transform": self.transform.to_dict()}
 
     def load_state_dict(self, state):
@@ -110,7 +118,7 @@ class _BaseLoader:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
         mine = self.state_dict()
         for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
-                    "shuffle", "transform"):
+                    "shard_tail", "shuffle", "transform"):
             if state.get(key) != mine[key]:
                 raise ConfigError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
@@ -188,9 +196,21 @@ class Loader(_BaseLoader):
         Output size in pixels.
     seed : int
         Keys the epoch permutation and every sample's augmentation.
-    shuffle, drop_last, rank, world_size
-        Sharding and batching as :class:`dpu_pipe.sampler.EpochSampler`; ``drop_last`` also
-        drops the last partial batch (kept, shorter, when False).
+    shuffle : bool, optional
+        Shuffle every epoch (default: ``train``; evaluation reads in index order).
+    rank, world_size : int
+        This rank's shard of the dataset, striding the epoch's order as
+        ``DistributedSampler`` does.
+    shard_tail : "pad", "drop" or "uneven", optional
+        The samples left over when ``world_size`` does not divide the dataset (see
+        :class:`dpu_pipe.sampler.EpochSampler`, with a worked table): ``"pad"`` repeats a
+        few (``DistributedSampler``'s default), ``"drop"`` leaves a few out, ``"uneven"``
+        gives the first ranks one sample more so every sample is read exactly once across
+        ranks. Default: ``"pad"`` when ``train``, ``"uneven"`` otherwise — distributed
+        evaluation counts every sample once, with nothing padded or duplicated.
+    drop_last : bool
+        Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last`` (default
+        False: the last batch is kept, shorter). ``len()`` counts batches accordingly.
     dtype : "float32", "float16" or "uint8"; layout : "CHW" or "HWC"
         Batches are (B, 3, H, W) or (B, H, W, 3); float outputs are normalized by mean/std.
     num_threads : int
@@ -222,7 +242,7 @@ class Loader(_BaseLoader):
 
     def __iter__(self):
         self._close_run()
-        if self._step >= len(self):
+        if self._step >= len(self) > 0:
             self._epoch_done()
         self._run = self._make_run(self._epoch, self._step)
         return self._run
