@@ -43,8 +43,8 @@ class _BaseLoader:
 
     def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
-                 num_threads=1, prefetch=2, on_error="raise", rank=0, world_size=1, output="numpy", copy=False,
-                 timeout=300.0, **transform_options):
+                 num_threads=1, prefetch=2, on_error="raise", rank=0, world_size=1,
+                 output="numpy", copy=False, timeout=300.0, **transform_options):
         self.transform = TransformConfig(train=train, size=size, dtype=dtype, layout=layout,
                                          **transform_options)
         if output not in ("numpy", "torch"):
