@@ -264,28 +264,28 @@ def _passes(pvalues, tests):
 
 
 @pytest.mark.parametrize("n", QUALITY_SIZES)
-def test_positions_are_uniform(n):
+def test_quality_positions_are_uniform(n):
     for keys in ("seeds", "epochs"):
         p = position_pvalues(library, n, keys)
         assert _passes(p, p.size), (keys, p)
 
 
 @pytest.mark.parametrize("n", QUALITY_SIZES[1:])
-def test_pairs_are_independent(n):
+def test_quality_pairs_are_independent(n):
     for keys in ("seeds", "epochs"):
         p = pair_pvalues(library, n, keys)
         assert _passes(p, p.size), (keys, p)
 
 
 @pytest.mark.parametrize("n", [7, 1000, 65537])
-def test_consecutive_epochs_are_independent(n):
+def test_quality_consecutive_epochs_are_independent(n):
     epochs = 200 if n < 10**4 else 20
     p, r = epoch_pvalue(library, n, epochs=epochs)
     assert p > ALPHA, p
     assert abs(r) < 5 / np.sqrt(20 * (epochs // 20) * n), r
 
 
-def test_the_tests_reject_weak_permutations():
+def test_quality_tests_reject_weak_permutations():
     """Each weak permutation is a bijection of [0, n) yet fails a test the library passes."""
     for weak in (one_round, two_rounds, affine):
         for n in (16, 256, 1000):
