@@ -22,7 +22,6 @@ device, pinned, and with ``copy=True``; not otherwise.
 
 import warnings
 
-import numpy as np
 
 from . import _validate as _v
 from .errors import ConfigError
@@ -113,12 +112,6 @@ class OutputSpec:
         self._torch = torch
         self._stage = None
 
-    def describe(self):
-        """The options as plain data (for stats and reprs)."""
-        return {"output": self.output, "dtype": self.dtype, "channels_last": self.channels_last,
-                "device": None if self.device is None else str(self.device),
-                "pin_memory": self.pin_memory, "copy": self.copy}
-
     def emit(self, images, labels):
         """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``."""
         labels = labels.copy()
@@ -135,10 +128,10 @@ class OutputSpec:
             if self._stage is None:
                 self._stage = DeviceStage(torch, self.device)
             return self._stage.send(x, y, x.dtype)
+        if self.pin_memory:
+            return x.pin_memory(), y.pin_memory()   # new pinned copies
         if self.copy:
             x = x.clone()                   # strides (channels_last) kept
-        if self.pin_memory:
-            x, y = x.pin_memory(), y.pin_memory()
         return x, y
 
 
