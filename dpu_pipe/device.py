@@ -22,7 +22,6 @@ device, pinned, and with ``copy=True``; not otherwise.
 
 import warnings
 
-
 from . import _validate as _v
 from .errors import ConfigError
 
