@@ -51,8 +51,8 @@ def sort_permutation(n, seed, epoch):
 def old_quality_perm(pos, n, seed, epoch):
     """sort_permutation in the (positions, n, seed, epoch) form of the quality tests, with
     the per-key loop the broadcast keys need."""
-    seed, epoch, pos = np.broadcast_arrays(np.asarray(seed, np.uint64), np.asarray(epoch, np.uint64),
-                                           np.asarray(pos, np.int64))
+    seed, epoch, pos = np.broadcast_arrays(np.asarray(seed, np.uint64),
+                                           np.asarray(epoch, np.uint64), np.asarray(pos, np.int64))
     out = np.empty(pos.shape, np.int64)
     keys = {}
     for idx in np.ndindex(pos.shape):

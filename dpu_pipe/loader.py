@@ -69,9 +69,11 @@ class _BaseLoader:
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
                                          dtype=self.out.kernel_dtype,
                                          layout=self.out.kernel_layout, **transform_options)
-        if shuffle is not None:
-            shuffle = _v.boolean(shuffle, "shuffle")
+        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        shuffle = self.transform.train if shuffle is None else _v.boolean(shuffle, "shuffle")
         drop_last = _v.boolean(drop_last, "drop_last")
+        if shard_tail is None:
+            shard_tail = "pad" if self.transform.train else "uneven"
         prefetch = _v.positive_int(prefetch, "prefetch")
         num_threads = _v.positive_int(num_threads, "num_threads")
         source = as_source(source)
@@ -81,11 +83,6 @@ class _BaseLoader:
         self.copy = self.out.copy
         self.prefetch = prefetch
         self.timeout = _v.seconds(timeout, "timeout")
-        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
-        if shuffle is None:
-            shuffle = self.transform.train
-        if shard_tail is None:
-            shard_tail = "pad" if self.transform.train else "uneven"
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
                                      shard_tail=shard_tail, drop_last=drop_last,
@@ -219,10 +216,6 @@ class Loader(_BaseLoader):
         Keys the epoch permutation and every sample's augmentation.
     shuffle : bool, optional
         Shuffle every epoch (default: ``train``; evaluation reads in index order).
-    rank, world_size : int, optional
-        This process's shard. Unset, they come from ``torch.distributed`` when its process
-        group is initialized, else they are 0 and 1 (with a warning when the launcher's
-        environment, e.g. ``WORLD_SIZE``, says the job has several processes).
     shard_tail : "pad", "drop" or "uneven", optional
         The samples left over when ``world_size`` does not divide the dataset (see
         :class:`dpu_pipe.sampler.EpochSampler`, with a worked table): ``"pad"`` repeats a
@@ -233,9 +226,13 @@ class Loader(_BaseLoader):
     drop_last : bool
         Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last`` (default
         False: the last batch is kept, shorter). ``len()`` counts batches accordingly.
+    rank, world_size : int, optional
+        This process's shard. Unset, they come from ``torch.distributed`` when its process
+        group is initialized, else they are 0 and 1 (with a warning when the launcher's
+        environment, e.g. ``WORLD_SIZE``, says the job has several processes).
     dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
-        Float outputs are normalized by mean/std. bfloat16 (written by the kernel: the
-        float32 value rounded to nearest even) needs torch output.
+        Float outputs are normalized by mean/std. bfloat16 is torch-only: the kernel writes
+        float32 and the loader converts.
     layout : "CHW" or "HWC"
         Batches are (B, 3, H, W) or (B, H, W, 3).
     memory_format : torch.channels_last, optional
@@ -262,7 +259,7 @@ class Loader(_BaseLoader):
 
     Buffers and aliasing
     --------------------
-    **Without** ``copy``, a device or pin_memory, **the images of a yielded batch
+    **Without** ``copy``, a device, bfloat16 or pin_memory, **the images of a yielded batch
     are a view of a reused ring buffer: they stay valid only until the next batch is
     requested.** Keeping batches across iterations (``held = list(loader)``) then keeps
     buffers that later batches overwrite. With ``output="torch"`` the tensor shares that

@@ -11,6 +11,7 @@ computes the same order without talking to the others. Each rank takes every
 
 import numpy as np
 
+from . import _validate as _v
 from ._rng import permute
 from .errors import ConfigError
 from .rng import check_epoch, check_seed
@@ -24,29 +25,6 @@ SHARD_TAILS = ("pad", "drop", "uneven")
 
 # Positions go to the kernel this many at a time: bounded memory for whole-shard requests.
 _CHUNK = 1 << 16
-
-
-def _check_int(value, name, low, high=None):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value >= high):
-        bound = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ConfigError(f"{name} must be {'in ' if high is not None else ''}{bound}, got {value}")
-    return value
-
-
-def _check_bool(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def check_shard_tail(value):
-    """``value`` after checking it is one of :data:`SHARD_TAILS` (ConfigError otherwise)."""
-    if value not in SHARD_TAILS:
-        raise ConfigError(f"shard_tail must be one of {SHARD_TAILS}, got {value!r}")
-    return value
 
 
 class EpochSampler:
@@ -111,12 +89,12 @@ class EpochSampler:
 
     def __init__(self, num_samples, *, seed=0, shuffle=True, rank=0, world_size=1,
                  shard_tail="pad"):
-        self.num_samples = _check_int(num_samples, "num_samples", 1, MAX_SAMPLES + 1)
+        self.num_samples = _v.integer(num_samples, "num_samples", 1, MAX_SAMPLES)
         self.seed = check_seed(seed)
-        self.world_size = _check_int(world_size, "world_size", 1)
-        self.rank = _check_int(rank, "rank", 0, self.world_size)
-        self.shuffle = _check_bool(shuffle, "shuffle")
-        self.shard_tail = check_shard_tail(shard_tail)
+        self.world_size = _v.positive_int(world_size, "world_size")
+        self.rank = _v.integer(rank, "rank", 0, self.world_size - 1)
+        self.shuffle = _v.boolean(shuffle, "shuffle")
+        self.shard_tail = _v.choice(shard_tail, "shard_tail", SHARD_TAILS)
         n, ws = self.num_samples, self.world_size
         if shard_tail == "pad":
             self._per_rank = -(-n // ws)
@@ -166,8 +144,8 @@ class EpochSampler:
         (default: the whole shard): int64, shape (stop - start,)."""
         epoch = self._epoch(epoch)
         stop = self._per_rank if stop is None else stop
-        start = _check_int(start, "start", 0)
-        stop = _check_int(stop, "stop", start, self._per_rank + 1)
+        start = _v.integer(start, "start", 0)
+        stop = _v.integer(stop, "stop", start, self._per_rank)
         out = np.empty(stop - start, np.int64)
         for lo in range(start, stop, _CHUNK):
             hi = min(stop, lo + _CHUNK)
@@ -179,8 +157,8 @@ class EpochSampler:
 
     def num_batches(self, batch_size, drop_last=False):
         """Number of batches :meth:`batches` yields per epoch on this rank."""
-        batch_size = _check_int(batch_size, "batch_size", 1)
-        drop_last = _check_bool(drop_last, "drop_last")
+        batch_size = _v.positive_int(batch_size, "batch_size")
+        drop_last = _v.boolean(drop_last, "drop_last")
         return self._per_rank // batch_size if drop_last else -(-self._per_rank // batch_size)
 
     def batch(self, epoch, step, batch_size, drop_last=False):
@@ -188,7 +166,7 @@ class EpochSampler:
         (batch_size,), or shorter for the last batch when it is kept. O(batch_size) time
         and memory."""
         n = self.num_batches(batch_size, drop_last)
-        step = _check_int(step, "step", 0)
+        step = _v.integer(step, "step", 0)
         if step >= n:
             raise ConfigError(f"step {step} is past the last batch of the epoch ({n} batches "
                               f"of {batch_size})")

@@ -90,6 +90,18 @@ def test_measure_times_the_kernel_on_the_users_data(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "data")) == before      # the user's data untouched
 
 
+def test_measure_names_an_undecodable_sample(tmp_path, capsys):
+    d = tmp_path / "data" / "c0"
+    d.mkdir(parents=True)
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(buf, format="JPEG")
+    (d / "a.jpg").write_bytes(buf.getvalue())
+    (d / "b.jpg").write_bytes(buf.getvalue()[:40])
+    assert cli.main(["plan", "--train-rate", "10", "--measure", "--data",
+                     str(tmp_path / "data")]) == 1
+    assert "b.jpg" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--train-rate", "100", "--producer-rate", "10", "--preset", "bluefield2"], "--arm-factor"),
     (["--train-rate", "100", "--measure"], "--data"),

@@ -37,7 +37,8 @@ import os
 import resource
 import time
 
-from ..errors import ConfigError
+from .. import _validate as _v
+from ..errors import ConfigError, DecodeError
 
 __all__ = ["PRESETS", "plan", "measure_kernel", "add_args", "run"]
 
@@ -54,15 +55,6 @@ PRESETS = {
 #: Mean encoded size of an ImageNet-1k training JPEG (~140 GB / 1.28 M images), used when
 #: no --data is measured and no --jpeg-bytes given.
 IMAGENET_JPEG_BYTES = 110_000
-
-
-def _positive(value, flag, integer=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value > 0 and (not integer or value == int(value))
-    if not ok:
-        raise ConfigError(f"{flag} must be a positive {'integer' if integer else 'number'}, "
-                          f"got {value!r}")
-    return int(value) if integer else float(value)
 
 
 def _rss_bytes():
@@ -90,9 +82,10 @@ def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
         _, _, errors = proc.run(bufs, idx, epoch=epoch, seed=0)
         best = min(best, time.perf_counter() - t)
         if errors:
-            first = min(errors)
-            raise ConfigError(f"--data: sample {int(idx[first])} ({src.describe(int(idx[first]))}) "
-                              f"does not decode: {errors[first]}")
+            j = min(errors)
+            i = int(idx[j])
+            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
+                              f"{errors[j]}", index=i, path=src.describe(i))
     return {"rate_per_core": len(idx) / best, "images": int(len(idx)),
             "mean_jpeg_bytes": float(np.mean([len(b) for b in bufs])),
             "kernel_memory_bytes": max(0, _rss_bytes() - before)}
@@ -104,7 +97,7 @@ def _sample(data, images):
 
     from ..sources import open_path
 
-    images = _positive(images, "--images", integer=True)
+    images = _v.positive_int(images, "--images")
     src = open_path(data)
     idx = np.unique(np.linspace(0, len(src) - 1, min(images, len(src))).astype(np.int64))
     return idx, [src.read(int(i)) for i in idx], src
@@ -131,21 +124,20 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
     """
     from ..transforms import TransformConfig
 
-    train_rate = _positive(train_rate, "--train-rate")
-    producer_rate = _positive(producer_rate, "--producer-rate")
-    arm_factor = _positive(arm_factor, "--arm-factor")
-    batch = _positive(batch, "--batch", integer=True)
-    jpeg_bytes = _positive(jpeg_bytes, "--jpeg-bytes")
-    if not (isinstance(headroom, (int, float)) and 0 <= headroom < 10):
-        raise ConfigError(f"--headroom must be in [0, 10), got {headroom!r}")
-    if preset is not None and preset not in PRESETS:
-        raise ConfigError(f"--preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    train_rate = _v.number(train_rate, "--train-rate", 0, low_open=True)
+    producer_rate = _v.number(producer_rate, "--producer-rate", 0, low_open=True)
+    arm_factor = _v.number(arm_factor, "--arm-factor", 0, low_open=True)
+    batch = _v.positive_int(batch, "--batch")
+    jpeg_bytes = _v.number(jpeg_bytes, "--jpeg-bytes", 0, low_open=True)
+    headroom = _v.number(headroom, "--headroom", 0, 10)
+    if preset is not None:
+        _v.choice(preset, "--preset", tuple(PRESETS))
     sample_bytes = TransformConfig(train=True, size=size, dtype=dtype).sample_bytes
 
     core_rate = producer_rate * arm_factor
     # rounded first: 1000 * 1.1 / 50 is 22.000000000000004 in binary floating point
     cores = math.ceil(round(train_rate * (1 + headroom) / core_rate, 9))
-    slots = cores + 2 if slots is None else _positive(slots, "--slots", integer=True)
+    slots = cores + 2 if slots is None else _v.positive_int(slots, "--slots")
     slot = _slot_bytes(batch, sample_bytes)
     buffers = batch * sample_bytes + 8 * batch
     per_rank = process_bytes + buffers + (kernel_memory_bytes or 0)
