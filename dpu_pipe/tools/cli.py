@@ -330,6 +330,8 @@ COMMANDS = {
               ".bench_augment:add_args", ".bench_augment:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
                      ".bench:add_args", ".bench:run"),
+    "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "
+             "training rate", ".plan:add_args", ".plan:run"),
 }
 
 
