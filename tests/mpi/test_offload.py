@@ -327,3 +327,92 @@ def test_mid_epoch_validation_with_a_second_loader_does_not_hang(data, tmp_path)
     else:
         assert err is not None and err["type"] in (
             "ConfigError", "PipeTimeout", "ProducerError", "DpuPipeError"), job.explain()
+
+
+# --- every producer busy, request channel, GIL, takeover, early close ---------------------------
+
+@pytest.mark.parametrize("producers,slots", [(8, 3), (16, 2)], ids=["8x3slots", "16x2slots"])
+def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots):
+    """Producers that take 0.2 s per batch (test-only wrapper): the host receives at least
+    0.85 x producers / 0.2 batches/s with fewer slots than producers."""
+    out = str(tmp_path)
+    job = launch(1, producers, "concurrency", out, "--data", data, "--slots", str(slots),
+                 "--epochs", "20" if producers < 16 else "30", "--size", "16", worker_args=("--fixed-delay", "0.2"),
+                 limit=120)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    ideal = producers / 0.2
+    assert res["rate"] >= 0.85 * ideal, (res, ideal)
+    assert len(res["steps_per_producer"]) == producers, res
+
+
+@pytest.fixture(scope="module")
+def misc_run(data, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("misc"))
+    job = launch(1, 2, "misc", out, "--data", data, "--slots", "3", env="nolocal", limit=60)
+    return job, read(out, "host0.json")
+
+
+def test_request_channel_answers_and_carries_errors(misc_run):
+    job, res = misc_run
+    assert job.returncode == 0, job.explain()
+    assert res["ping"] == [{"x": [1, 2, 3]}] * 2
+    unknown = res["unknown"]
+    assert unknown is not None and "no handler for request kind 'no-such-kind'" in \
+        unknown["message"] and "producer rank 1" in unknown["producer"], unknown
+    assert "Traceback" in unknown["traceback"]
+
+
+def test_last_batch_stays_valid_after_the_loop(misc_run):
+    job, res = misc_run
+    assert job.returncode == 0 and res["last_batch_checked"], job.explain()
+
+
+def test_producers_fill_the_window_while_the_host_holds_the_gil(misc_run):
+    """NOLOCAL (off-node RMA): the host sits 2 s in one C call holding the GIL; every
+    granted buffer is filled meanwhile (no host progress needed)."""
+    job, res = misc_run
+    assert job.returncode == 0, job.explain()
+    assert res["granted"] == 2 and res["ready_after_hold"] == res["granted"], res
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "between-epochs"])
+def test_hybrid_takes_over_a_stopped_producer(data, tmp_path, where):
+    """Hybrid mode: a producer SIGSTOPped (mid-epoch, or between epochs) loses its work to
+    the host's thread; every epoch equals the Loader's, every sample once; after SIGCONT the
+    woken producer corrupts nothing (two more epochs checked), and the job ends cleanly."""
+    out = str(tmp_path)
+    extra = ["--between"] if where == "between-epochs" else ["--kill-after", "3"]
+    job = launch(1, 2, "takeover", out, "--data", data, "--slots", "3", "--liveness", "2",
+                 "--epochs", "5", "--sleep", "0.02", *extra,
+                 worker_args=("--fixed-delay", "0.02"), env="nolocal", limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert res["host_samples"] > 0 and res["producer_samples"] > 0, res
+    assert len(res["takeover_warnings"]) == 1 and f"pid {res['stopped']}" in \
+        res["takeover_warnings"][0], res
+    assert gone(res["stopped"]), "the stopped producer outlived the job"
+
+
+def test_host_that_closes_early_ends_the_job(data, tmp_path):
+    out = str(tmp_path)
+    job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
+    assert job.returncode == 0 and job.seconds < 30, job.explain()
+    for pid in read(out, "host0.json")["workers"]:
+        assert gone(pid), f"worker pid {pid} outlived the job"
+
+
+@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("producers", [1, 3, 8])
+def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
+    """Producers {1, 3, 8} x NOLOCAL {0, 1}, each launch running slots {1, 3} x modes
+    {offload, hybrid} with set_epoch jumps and a mid-epoch resume: the Loader's stream."""
+    out = str(tmp_path)
+    job = launch(1, producers, "matrix", out, "--data", data, env=env, limit=150)
+    assert job.returncode == 0, job.explain()
+    runs = read(out, "host0.json")["runs"]
+    assert [(r["mode"], r["slots"]) for r in runs] == \
+        [("offload", 1), ("offload", 3), ("hybrid", 1), ("hybrid", 3)]
+    for r in runs:
+        if r["mode"] == "offload":
+            assert r["host_samples"] == 0, r
