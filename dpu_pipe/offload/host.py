@@ -222,8 +222,7 @@ class DPULoader(Loader):
             self._session = session(comm, hostmap=hostmap)
             rank = self._session.host_index if rank is None else rank
             world_size = self._session.num_hosts if world_size is None else world_size
-        super().__init__(source, batch_size, rank=0 if rank is None else rank,
-                         world_size=1 if world_size is None else world_size, **kwargs)
+        super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
