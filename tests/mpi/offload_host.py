@@ -402,18 +402,25 @@ def run_kill(args, src, warnings):
                    **loader_kwargs(args))
     consumed = 0
     killed = None
+
+    def kill():
+        workers = job_workers()
+        assert workers, "no dpu_pipe.worker process found in this job"
+        write_json(os.path.join(args.out, "killed.json"),
+                   {"pid": workers[-1], "workers": workers, "after": consumed,
+                    "signal": args.signal})
+        os.kill(workers[-1], getattr(signal, f"SIG{args.signal}"))
+        return workers[-1], time.monotonic()
+
     try:
-        for _ in range(args.epochs):
+        for e in range(args.epochs):
+            if args.between and e == 1:
+                killed = kill()     # between two epochs: the host is not in next()
+                time.sleep(args.sleep)
             for x, y in dl:
                 consumed += 1
-                if consumed == args.kill_after:
-                    workers = job_workers()
-                    assert workers, "no dpu_pipe.worker process found in this job"
-                    killed = (workers[-1], time.monotonic())
-                    write_json(os.path.join(args.out, "killed.json"),
-                               {"pid": workers[-1], "workers": workers, "after": consumed,
-                                "signal": args.signal})
-                    os.kill(workers[-1], getattr(signal, f"SIG{args.signal}"))
+                if not args.between and consumed == args.kill_after:
+                    killed = kill()
                 time.sleep(args.sleep)
     except Exception as exc:
         record_error(args, 0, exc, consumed=consumed, killed_pid=killed and killed[0],
