@@ -206,12 +206,13 @@ def scaling(args):
                                         "--list", listing, "--batch", args.batch, "--size",
                                         args.size, "--slots", slots, "--epochs", args.epochs)
                     tail = ["-m", "dpu_pipe.worker"] if work == "decode" else \
-                        [os.path.abspath(__file__), "--delayed-worker", "--delay", args.delay]
+                        [os.path.abspath(__file__), "--delayed-worker", "--delay", str(args.delay)]
                     argv = host + [":", "-n", str(p), sys.executable, "-m", "mpi4py", *tail]
                     try:
+                        # cwd: `-m dpu_pipe.worker` imports from the current directory first.
                         proc = subprocess.run(["timeout", "-k", "5", str(args.limit), *argv],
-                                              env=env, capture_output=True, text=True,
-                                              timeout=args.limit + 20)
+                                              env=env, cwd=tree, capture_output=True,
+                                              text=True, timeout=args.limit + 20)
                         lines = [l for l in proc.stdout.splitlines()
                                  if l.startswith("RESULT ")]
                         rate = json.loads(lines[-1][7:])["batch_s"] if lines else None

@@ -11,7 +11,9 @@ images + 256 int64 labels ~ 38.5 MB per step) and prints, per configuration:
 * ``host cpu/batch``: ``time.process_time()`` of the host process per batch while it waits
   (consume loop) and, separately, while it "trains" (sleeps ``--train`` seconds per batch, no
   MPI calls): what the protocol costs the host;
-* numpy ``memcpy`` of the same bytes on one core, for scale.
+* numpy ``memcpy`` of the same bytes on one core in the same job, for scale: into private
+  memory, and into MPI shared memory (``Win.Allocate_shared``, where an on-node ``Put``
+  writes), to tell the memory's cost from the cost of the Put path.
 
 Configurations: shared memory on one node; MPICH ``MPIR_CVAR_NOLOCAL=1`` (an off-node DPU:
 UCX does the RMA through its own shared-memory transports, one-sided like an RDMA NIC);
@@ -55,6 +57,27 @@ def memcpy_gbps(nbytes, repeats=10):
     return nbytes / best / 1e9
 
 
+def shm_memcpy_gbps(nbytes, repeats=10):
+    """Best-of copy bandwidth into MPI shared memory (``Win.Allocate_shared``, what an
+    on-node ``Put`` writes into), GB/s: separates the cost of the memory itself from the
+    cost of MPI's Put path."""
+    from mpi4py import MPI
+
+    win = MPI.Win.Allocate_shared(nbytes, 1, comm=MPI.COMM_SELF)
+    try:
+        dst = np.frombuffer(win.tomemory(), np.uint8)[:nbytes]
+        src = np.full(nbytes, 7, np.uint8)
+        dst[:] = 0  # first touch outside the timing
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        win.Free()
+    return nbytes / best / 1e9
+
+
 def worker(args):
     from mpi4py import MPI
 
@@ -63,7 +86,10 @@ def worker(args):
     comm = MPI.COMM_WORLD
     slot_bytes = IMAGE_BYTES + LABEL_BYTES
     if comm.Get_rank() == 0:
-        results = {}
+        # Copies of the same bytes in the same job, for scale: private memory, and MPI
+        # shared memory (what an on-node Put writes into).
+        results = {"memcpy_gbps": memcpy_gbps(slot_bytes),
+                   "shm_memcpy_gbps": shm_memcpy_gbps(slot_bytes)}
         t = HostTransport(comm, buffers=args.slots, slot_bytes=slot_bytes, timeout=120,
                           liveness_timeout=60)
         total = args.warmup + 2 * args.steps
@@ -127,8 +153,9 @@ def driver(args):
     print(f"payload {IMAGE_BYTES + LABEL_BYTES} bytes per step ({BATCH}x{H}x{W}x{C} uint8 + "
           f"{BATCH} int64 labels), {args.slots} slots, {args.ranks - 1} producer(s), "
           f"{args.steps} steps per loop, train {args.train * 1e3:.0f} ms/step")
-    print(f"numpy memcpy, one core: {memcpy_gbps(IMAGE_BYTES + LABEL_BYTES):.2f} GB/s\n")
-    head = (f"{'configuration':32s} {'put GB/s':>9s} {'stream GB/s':>12s} "
+    print()
+    head = (f"{'configuration':32s} {'memcpy':>7s} {'to shm':>7s} {'put GB/s':>9s} "
+            f"{'stream GB/s':>12s} "
             f"{'cpu/batch waiting':>18s} {'cpu/batch training':>19s} {'late/batch':>11s}")
     print(head)
     print("-" * len(head))
@@ -145,7 +172,8 @@ def driver(args):
             print(f"{name:32s} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
             continue
         r = json.loads(lines[-1][len("RESULT "):])
-        print(f"{name:32s} {r['put_gbps']:9.2f} {r['stream_gbps']:12.2f} "
+        print(f"{name:32s} {r['memcpy_gbps']:7.2f} {r['shm_memcpy_gbps']:7.2f} "
+              f"{r['put_gbps']:9.2f} {r['stream_gbps']:12.2f} "
               f"{r['wait_cpu_ms']:15.1f} ms {r['train_cpu_ms']:16.2f} ms "
               f"{r['train_wall_over_ms']:8.1f} ms", flush=True)
     print("\ncpu/batch: process_time of the whole host process (all threads) per batch; "

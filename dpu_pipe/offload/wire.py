@@ -16,6 +16,8 @@ Windows (one per host group for the whole run, displacement unit 1 byte):
 Everything is 64-byte aligned. :data:`WIRE_VERSION` changes with any layout here; ranks that
 disagree refuse to start with both versions named.
 """
+import struct
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -100,9 +102,13 @@ SPEC_VERSION = WIRE_VERSION
 
 for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
     assert _dt.itemsize % 64 == 0, _dt
+for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN):   # sealed: 64 bytes, check word last
+    assert _dt.itemsize == 64 and _dt.names[-1] == "check" and _dt.fields["check"][1] == 56
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-_SEED = np.uint64(0x6470755F70697065)   # "dpu_pipe"
+_MIX = 0x9E3779B97F4A7C15
+_SEED = 0x6470755F70697065   # "dpu_pipe"
+_MASK = (1 << 64) - 1
+_WORDS = struct.Struct("<7Q")
 
 
 def align(n):
@@ -111,12 +117,12 @@ def align(n):
 
 
 def _checksum(raw):
-    words = raw.view("<u8")[:-1]
-    with np.errstate(over="ignore"):
-        acc = _SEED
-        for w in words:  # 7 words: cheaper than any vectorized form at this size
-            acc = (acc ^ w) * _MIX
-            acc ^= acc >> np.uint64(29)
+    """64-bit mix of the 7 words before the check word of a 64-byte record (bytes-like).
+    Plain integers: a record is read on every poll, and numpy scalars cost 10x more."""
+    acc = _SEED
+    for w in _WORDS.unpack_from(raw):
+        acc = ((acc ^ w) * _MIX) & _MASK
+        acc ^= acc >> 29
     return acc
 
 
@@ -141,17 +147,37 @@ def unpack(raw, dtype):
 
 def seal(rec):
     """Set the ``check`` word of the one-record array ``rec`` from its other fields."""
-    rec["check"] = _checksum(rec.view(np.uint8).reshape(-1))
+    rec["check"] = _checksum(rec.tobytes())
 
 
 def intact(raw, dtype):
     """The record of ``dtype`` at the start of ``raw`` (bytes view) as a dict, or None when
     its check word does not match (half written, or never written)."""
-    view = np.array(raw[:dtype.itemsize], np.uint8)   # one snapshot, then verify it
-    rec = view.view(dtype)
-    if rec["check"][0] != _checksum(view):
+    snap = bytes(raw[:dtype.itemsize])   # one snapshot, then verify it
+    if int.from_bytes(snap[56:64], "little") != _checksum(snap):
         return None
-    return {name: rec[name][0].tolist() for name in dtype.names}
+    layout, names = _plain(dtype)
+    return dict(zip(names, layout.unpack(snap)))
+
+
+_PLAIN = {}
+_CODES = {"<i8": "q", "<u8": "Q", "<i4": "i", "<u4": "I"}
+
+
+def _plain(dtype):
+    """A struct.Struct reading a sealed record's fields (they tile it exactly); of an array
+    field (reserved words) the dict keeps the last element."""
+    got = _PLAIN.get(dtype)
+    if got is None:
+        fmt, names = "<", []
+        for _, n in sorted((dtype.fields[n][1], n) for n in dtype.names):
+            ft = dtype.fields[n][0]
+            count = int(np.prod(ft.shape)) if ft.shape else 1   # reserved words: skipped
+            fmt += _CODES[ft.base.str] * count
+            names += [n] * count
+        got = _PLAIN[dtype] = (struct.Struct(fmt), names)
+        assert got[0].size == dtype.itemsize, dtype
+    return got
 
 
 def check_version(version, who):

@@ -33,10 +33,25 @@ the open pipelines, ``ctx.transport``) and the payload the host sent. Its return
 picklable object; keep it small) goes back to the host's :class:`~transport.Reply`; an
 exception goes back as type, message and traceback (the host raises
 :class:`~transport.RemoteError`). Handlers are registered at import: a module that defines
-some is imported by :func:`serve` when listed in :data:`HANDLER_MODULES`. Bulk data (a
-weights snapshot) may travel in the payload itself (pickled point-to-point; a large message
-completes while the host makes MPI calls — every ``next()``, ``poll()`` or ``result()``) or
-by the handler's own point-to-point calls on ``ctx.comm`` with a tag of its own.
+some is imported by :func:`serve` when listed in :data:`HANDLER_MODULES`.
+
+Bulk data (a weights snapshot): a payload of a few MB may travel in the request itself (it is
+received whole before the handler starts). For more, post a non-blocking receive in the
+handler and yield until it completes, so batches keep flowing meanwhile; the host's side of
+the transfer progresses in its MPI calls (every ``next()``, ``poll()``, ``Reply.done()``)::
+
+    # host
+    replies = transport.request("load-weights", {"nbytes": blob.nbytes, "tag": 77})
+    sends = [transport.comm.Isend(blob, dest=r.to, tag=77) for r in replies]
+    # producer
+    @handler("load-weights")
+    def load(ctx, payload):
+        buf = np.empty(payload["nbytes"], np.uint8)
+        req = ctx.comm.Irecv(buf, source=0, tag=payload["tag"])
+        while not req.Test():
+            yield
+        ctx.weights = buf
+        return buf.nbytes
 
 Built-in kinds: ``"spec"`` (open a pipeline: ``(stream id, spec dict)``) and ``"ping"``
 (echo, used by tests and liveness checks).
@@ -306,6 +321,7 @@ class _Worker:
                 break
             if self.t.stop_requested():
                 return None
+            self.t.beat(done=self._done_seq())
             time.sleep(0.001)
         return self.ctx.streams.get(stream)
 

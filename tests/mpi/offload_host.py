@@ -516,6 +516,19 @@ def run_misc(args, src, warnings):
     t = session().transport
     replies = t.request("ping", {"x": [1, 2, 3]})
     result["ping"] = [r.result(timeout=10) for r in replies]
+    if args.bulk:
+        # A generator handler fed by a bulk point-to-point transfer, while batches flow.
+        data = np.arange(3_000_000, dtype=np.float64)
+        replies = t.request("bulk-sum", {"n": data.size, "tag": 77})
+        sends = [t.comm.Isend(data, dest=r.to, tag=77) for r in replies]
+        it = iter(dl)
+        made = sum(1 for _ in zip(range(5), it))
+        result["bulk"] = [r.result(timeout=30) for r in replies]
+        result["bulk_expected"] = float(data.sum())
+        result["batches_meanwhile"] = made
+        for s_ in sends:
+            s_.Wait()
+        dl.set_epoch(0)     # back to the start for the checks below
     try:
         t.request("no-such-kind", None, to=1).result(timeout=10)
         result["unknown"] = None
@@ -610,6 +623,18 @@ def run_worker(args):
         return produce(self, *a, **kw)
 
     steps.StepProducer.produce = slow_produce
+
+    from dpu_pipe.offload.worker import handler
+
+    @handler("bulk-sum")
+    def bulk_sum(ctx, payload):
+        """Receive ``payload["n"]`` float64 by a non-blocking receive, in pieces between
+        batches, and return their sum."""
+        buf = np.empty(payload["n"], np.float64)
+        req = ctx.comm.Irecv(buf, source=0, tag=payload["tag"])
+        while not req.Test():
+            yield
+        return float(buf.sum())
     worker.serve()
 
 
@@ -644,6 +669,7 @@ def main():
     ap.add_argument("--delay", type=float, default=0.0, help="worker: max delay per batch, s")
     ap.add_argument("--fixed-delay", type=float, default=0.0, help="worker: delay per batch, s")
     ap.add_argument("--between", action="store_true", help="takeover: stop between epochs")
+    ap.add_argument("--bulk", action="store_true", help="misc: bulk-sum request (wrapper)")
     args = ap.parse_args()
     if args.scenario == "worker":
         return run_worker(args)

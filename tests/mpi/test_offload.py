@@ -352,7 +352,8 @@ def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots
 @pytest.fixture(scope="module")
 def misc_run(data, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("misc"))
-    job = launch(1, 2, "misc", out, "--data", data, "--slots", "3", env="nolocal", limit=60)
+    job = launch(1, 2, "misc", out, "--data", data, "--slots", "3", "--bulk", env="nolocal",
+                 worker_args=("--fixed-delay", "0"), limit=60)
     return job, read(out, "host0.json")
 
 
@@ -364,6 +365,8 @@ def test_request_channel_answers_and_carries_errors(misc_run):
     assert unknown is not None and "no handler for request kind 'no-such-kind'" in \
         unknown["message"] and "producer rank 1" in unknown["producer"], unknown
     assert "Traceback" in unknown["traceback"]
+    # A handler run in pieces, fed by a 24 MB non-blocking transfer, answered by each.
+    assert res["bulk"] == [res["bulk_expected"]] * 2 and res["batches_meanwhile"] == 5, res
 
 
 def test_last_batch_stays_valid_after_the_loop(misc_run):

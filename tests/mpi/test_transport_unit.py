@@ -39,7 +39,10 @@ def test_seal_detects_every_torn_or_foreign_record(dtype):
               and dtype.fields[n][0].shape == ()}
     rec = wire.pack(dtype, **fields)
     raw = rec.view(np.uint8).reshape(-1)
-    assert {k: v for k, v in wire.intact(raw, dtype).items() if k in fields} == fields
+    got = wire.intact(raw, dtype)
+    assert {k: v for k, v in got.items() if k in fields} == fields
+    assert got == {n: rec[n][0].tolist() for n in dtype.names if n not in ("reserved",)} | \
+        {k: v for k, v in got.items() if k == "reserved"}
     assert wire.intact(np.zeros(dtype.itemsize, np.uint8), dtype) is None   # never written
     old = wire.pack(dtype, **{k: v + 1 for k, v in fields.items()}).view(np.uint8).reshape(-1)
     for cut in range(8, dtype.itemsize, 8):   # half new, half old: a torn Put
