@@ -6,10 +6,11 @@ without MPI; the first helper that needs MPI imports it and says how to install 
 import os
 import shutil
 import sys
+import time
 
-from .errors import ConfigError
+from .errors import ConfigError, PipeTimeout
 
-__all__ = ["load_mpi", "mpiexec_path", "mpiexec_argv"]
+__all__ = ["load_mpi", "wait_request", "mpiexec_path", "mpiexec_argv"]
 
 
 def load_mpi():
@@ -26,6 +27,19 @@ def load_mpi():
             "pip install mpi4py mpich  (or mpi4py built against the cluster's MPI)"
         ) from exc
     return MPI
+
+
+def wait_request(req, deadline, what):
+    """Test the MPI request ``req`` until it completes, sleeping between tests (up to 5 ms:
+    a blocking MPI wait would spin a core), or raise :class:`PipeTimeout` saying ``what``
+    when ``deadline`` (``time.monotonic()`` seconds) passes."""
+    delay = 0.0
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise PipeTimeout(f"{what}: no answer before the deadline")
+        if delay:
+            time.sleep(delay)
+        delay = min(0.005, max(2e-5, delay * 2))
 
 
 def mpiexec_path():

@@ -33,6 +33,7 @@ import json
 import logging
 import queue
 import threading
+import traceback
 from collections import deque
 
 import numpy as np
@@ -92,7 +93,8 @@ class Session:
     _sessions = {}
 
     def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
-        roles = discover_roles(comm, "host", hostmap=hostmap)
+        # Hosts reach their first DPULoader at about the same point of their program.
+        roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
         self.roles = roles
         self.group = host_comm(comm, roles)
         self.host_index = roles.hosts.index(roles.rank)
@@ -324,7 +326,6 @@ class _LocalMaker(threading.Thread):
                     version=wire.WIRE_VERSION).view(np.uint8)
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
-                import traceback
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 self.done.put((ticket, buf, FAILED, _pack_error(exc, tb, 1 << 20,
                                                                 "a host thread")))

@@ -14,9 +14,11 @@ out.
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..mpi import wait_request
 
 __all__ = ["Roles", "assign_producers", "parse_hostmap", "discover_roles", "host_comm",
            "HOSTMAP_ENV"]
@@ -146,11 +148,16 @@ def assign_producers(roles, hostnames, hostmap=None):
     return host_of, tuple(warnings)
 
 
-def discover_roles(comm, role, *, hostname=None, hostmap=None):
+def discover_roles(comm, role, *, hostname=None, hostmap=None, timeout=86400.0):
     """Collective (start-up only): every rank of ``comm`` declares ``role`` ("host" or
     "producer"); returns the same :class:`Roles` on every rank. ``hostmap`` (text, hosts
     only) overrides ``DPU_PIPE_HOSTMAP``; the first host's map is everyone's. Raises
-    ConfigError on every rank when any role is invalid or no host exists."""
+    ConfigError on every rank when any role is invalid or no host exists, PipeTimeout when
+    not every rank arrives within ``timeout`` seconds (producers wait for their hosts to
+    build their first DPULoader, sleeping rather than spinning in a collective)."""
+    wait_request(comm.Ibarrier(), time.monotonic() + timeout,
+                 f"start-up: rank {comm.Get_rank()} waited for every rank of the job to "
+                 f"declare its role")
     hostname = socket.gethostname() if hostname is None else str(hostname)
     if hostmap is None:
         hostmap = os.environ.get(HOSTMAP_ENV) or None

@@ -59,7 +59,7 @@ import traceback
 import numpy as np
 
 from ..errors import ConfigError, DecodeError, PipeTimeout, ProducerError
-from ..mpi import load_mpi
+from ..mpi import load_mpi, wait_request
 from . import wire
 from .wire import (ASSIGN, BUFFER_HEADER, CANCELLED, CONTROL, FAILED, OK, QUEUE, STATUS,
                    WAITING, HostLayout, ProducerLayout)
@@ -97,15 +97,6 @@ class _Backoff:
         self.delay = min(cap, max(2e-5, self.delay * 2))
 
 
-def _wait_request(req, deadline, what):
-    """Test ``req`` until it completes or ``deadline`` (monotonic) passes → PipeTimeout."""
-    backoff = _Backoff(0.005)
-    while not req.Test():
-        if time.monotonic() > deadline:
-            raise PipeTimeout(f"{what}: no answer before the deadline")
-        backoff()
-
-
 class _Endpoint:
     """Start-up shared by both ends: version check, window, names of the ranks."""
 
@@ -118,7 +109,7 @@ class _Endpoint:
         self.size = comm.Get_size()
         deadline = time.monotonic() + setup_timeout
         # Every rank must be here before the blocking collectives of start-up.
-        _wait_request(comm.Ibarrier(), deadline,
+        wait_request(comm.Ibarrier(), deadline,
                       f"start-up of the host group of {self.size} ranks (rank {self.rank})")
         idents = comm.allgather((wire.WIRE_VERSION, socket.gethostname(), os.getpid(),
                                  MPI.COMM_WORLD.Get_rank()))
@@ -136,7 +127,7 @@ class _Endpoint:
 
     def _ready(self, setup_timeout):
         # Nobody writes into another rank's window before that rank zeroed it.
-        _wait_request(self.comm.Ibarrier(), time.monotonic() + setup_timeout,
+        wait_request(self.comm.Ibarrier(), time.monotonic() + setup_timeout,
                       "window set-up")
 
     def describe(self, rank):
@@ -163,7 +154,7 @@ class _Endpoint:
         self.mem = None
         win.Unlock_all()
         # Win.Free is collective: only enter it once everyone is known to be there.
-        _wait_request(self.comm.Ibarrier(), deadline, what)
+        wait_request(self.comm.Ibarrier(), deadline, what)
         win.Free()
 
 
@@ -305,7 +296,6 @@ class HostTransport(_Endpoint):
         self._host_beat = 0
         self._last_beat = 0.0
         self._abort_at_exit = False
-        self.stats = {"polls": 0, "delivered": 0, "local": 0}
         atexit.register(self._exit)
 
     def _window(self, buffers, slot_bytes):
@@ -394,7 +384,6 @@ class HostTransport(_Endpoint):
             return
         t.ready = Delivery(t.ticket, t.stream, t.epoch, t.step, LOCAL, payload, -1)
         t.header = {"status": status}
-        self.stats["local"] += 1
 
     def state(self, ticket):
         """"ready", "waiting" or None (unknown: cancelled or released)."""
@@ -430,7 +419,6 @@ class HostTransport(_Endpoint):
             who = self.describe(d.producer) if d.producer else "a host thread"
             self.release(ticket)
             _raise_remote(blob, who, t.epoch, t.step)
-        self.stats["delivered"] += 1
         return d
 
     def release(self, ticket):
@@ -461,7 +449,6 @@ class HostTransport(_Endpoint):
         queues, grant free buffers, deliver replies. Cheap; never blocks."""
         if self.closed:
             return
-        self.stats["polls"] += 1
         now = time.monotonic()
         self.win.Sync()
         dirty = set()
@@ -878,7 +865,7 @@ class ProducerTransport(_Endpoint):
         self.beat(force=True)
         deadline = time.monotonic() + self.setup_timeout
         for r in getattr(self, "_pending_replies", []):
-            _wait_request(r, deadline, "a reply to the host")
+            wait_request(r, deadline, "a reply to the host")
         self._free_window(deadline, f"{self.describe(self.rank)} freeing the window")
 
 
