@@ -422,3 +422,14 @@ def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
     for r in runs:
         if r["mode"] == "offload":
             assert r["host_samples"] == 0, r
+
+
+def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):
+    """DPU_PIPE_HOSTMAP wins over hostnames; one that names a host no rank runs on is a
+    ConfigError on every rank, and the job ends promptly."""
+    from mpi_launch import run_mpi
+
+    job = run_mpi(1, "offload_host.py", "close-early", "--data", data, "--out", str(tmp_path),
+                  *workers(2), env={"DPU_PIPE_HOSTMAP": "no-such-node:whatever"}, limit=60)
+    assert job.returncode != 0 and job.seconds < 30, job.explain()
+    assert "host map names host 'no-such-node'" in job.stderr, job.explain()
