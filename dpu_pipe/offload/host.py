@@ -204,7 +204,8 @@ class DPULoader(Loader):
         ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
         by name (see :mod:`dpu_pipe.offload.roles`). Used when the session starts.
 
-    Producer memory: ``DEPTH`` (2) batches per producer rank plus its decoder's scratch.
+    Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
+    its decoder's scratch.
     """
 
     def __init__(self, source, batch_size, *, comm=None, mode="offload", host_threads=1,

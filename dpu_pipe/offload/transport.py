@@ -77,6 +77,9 @@ LOCAL = 0
 # Heartbeat period, seconds: often enough that silence is seen quickly, rare enough to cost
 # nothing next to a batch.
 BEAT_EVERY = 0.05
+#: Hybrid takeover of a slow producer: its batch took this many times the usual batch time,
+#: and at least SLOW_FLOOR seconds.
+SLOW_FACTOR, SLOW_FLOOR = 10, 1.0
 
 
 class _Backoff:
@@ -241,6 +244,9 @@ class _Peer:
         self.stopped = False
         self.made = 0
         self.entries = {}       # seq -> _Ticket, not yet passed by the producer
+        self.working = -1       # ticket it reports making, since when, and its usual
+        self.working_since = now    # batch time (moving average, seconds)
+        self.batch_s = None
 
 
 class HostTransport(_Endpoint):
@@ -261,7 +267,8 @@ class HostTransport(_Endpoint):
     takeover : bool
         False: a silent producer raises PipeTimeout (from :meth:`wait`). True: it is retired,
         its tickets return to the pool for :meth:`take` (the host's threads), its granted
-        buffers are quarantined.
+        buffers are quarantined; so is a producer whose batch takes ``SLOW_FACTOR`` times
+        the usual time.
     timeout : float
         Default deadline of :meth:`wait` and :meth:`Reply.result`, seconds.
     setup_timeout : float
@@ -491,6 +498,11 @@ class HostTransport(_Endpoint):
             peer.beat, peer.seen = st["beat"], now
         peer.made = st["made"]
         peer.stopped = bool(st["stopped"])
+        if st["working"] != peer.working:
+            if peer.working >= 0:
+                took = now - peer.working_since
+                peer.batch_s = took if peer.batch_s is None else 0.8 * peer.batch_s + 0.2 * took
+            peer.working, peer.working_since = st["working"], now
         if st["done"] > peer.done:
             peer.done = st["done"]
             for seq in [s for s in peer.entries if s < peer.done]:
@@ -517,6 +529,8 @@ class HostTransport(_Endpoint):
         silent = [p for p in self.peers.values()
                   if not p.retired and not p.stopped and now - p.seen > self.liveness_timeout]
         if not silent:
+            if self.takeover:
+                self._check_slow(now)
             return
         silent.sort(key=lambda p: p.seen)
         if not self.takeover:
@@ -530,6 +544,20 @@ class HostTransport(_Endpoint):
             return
         for p in silent:
             self._retire(p, f"no heartbeat for {now - p.seen:.1f} s")
+
+    def _check_slow(self, now):
+        """Takeover: a producer whose current batch has taken ``SLOW_FACTOR`` times the
+        producers' usual batch time (and at least ``SLOW_FLOOR`` s) — hung in a read, say,
+        while its heartbeat goes on — is retired like a silent one."""
+        live = [p for p in self.peers.values() if not p.retired and not p.stopped]
+        usual = sorted(p.batch_s for p in live if p.batch_s is not None)
+        if len(usual) < 2:
+            return
+        limit = max(SLOW_FLOOR, SLOW_FACTOR * usual[len(usual) // 2])
+        for p in live:
+            if p.working in self.tickets and now - p.working_since > limit:
+                self._retire(p, f"its batch has taken {now - p.working_since:.1f} s, over "
+                                f"{SLOW_FACTOR}x the usual {usual[len(usual) // 2]:.3f} s")
 
     def _held_by(self, peer):
         held = sorted((t.epoch, t.step) for t in peer.entries.values()

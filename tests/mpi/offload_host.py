@@ -419,7 +419,7 @@ def run_kill(args, src, warnings):
                 time.sleep(args.sleep)
             for x, y in dl:
                 consumed += 1
-                if not args.between and consumed == args.kill_after:
+                if not args.between and not args.no_signal and consumed == args.kill_after:
                     killed = kill()
                 time.sleep(args.sleep)
     except Exception as exc:
@@ -579,12 +579,14 @@ def run_takeover(args, src, warnings):
             os.kill(stopped, signal.SIGSTOP)
         if stopped and e == 3:
             os.kill(stopped, signal.SIGCONT)
+        if args.no_signal and stopped is None:
+            stopped = job_workers()[-1]      # the slow one (last world rank), not stopped
         labels = []
         for j, (x, y) in enumerate(dl):
             check_same((x, y), ref[e][j], f"hybrid epoch {e} step {j}")
             labels.extend(y.tolist())
             consumed += 1
-            if not args.between and consumed == args.kill_after:
+            if not args.between and not args.no_signal and consumed == args.kill_after:
                 stopped = job_workers()[-1]
                 os.kill(stopped, signal.SIGSTOP)
             time.sleep(args.sleep)
@@ -618,7 +620,12 @@ def run_worker(args):
     rng = random.Random(1234 + MPI.COMM_WORLD.Get_rank())
     produce = steps.StepProducer.produce
 
+    made = [0]
+
     def slow_produce(self, *a, **kw):
+        made[0] += 1
+        if args.slow_rank == MPI.COMM_WORLD.Get_rank() and made[0] == 5:
+            time.sleep(args.slow_delay)      # one batch far slower than the others'
         time.sleep(args.fixed_delay or rng.uniform(0, args.delay))
         return produce(self, *a, **kw)
 
@@ -670,6 +677,11 @@ def main():
     ap.add_argument("--fixed-delay", type=float, default=0.0, help="worker: delay per batch, s")
     ap.add_argument("--between", action="store_true", help="takeover: stop between epochs")
     ap.add_argument("--bulk", action="store_true", help="misc: bulk-sum request (wrapper)")
+    ap.add_argument("--slow-rank", type=int, default=-1,
+                    help="worker: this world rank's 5th batch takes --slow-delay s more")
+    ap.add_argument("--slow-delay", type=float, default=0.0)
+    ap.add_argument("--no-signal", action="store_true",
+                    help="takeover: stop nobody (a slow producer is the fault)")
     args = ap.parse_args()
     if args.scenario == "worker":
         return run_worker(args)

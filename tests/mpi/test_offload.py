@@ -400,6 +400,20 @@ def test_hybrid_takes_over_a_stopped_producer(data, tmp_path, where):
     assert gone(res["stopped"]), "the stopped producer outlived the job"
 
 
+def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
+    """Hybrid mode: one producer's batch takes 3 s where the others take 0.05 s (its
+    heartbeat goes on): the host takes its work over, the streams stay the Loader's."""
+    out = str(tmp_path)
+    job = launch(1, 3, "takeover", out, "--data", data, "--slots", "3", "--liveness", "60",
+                 "--epochs", "3", "--no-signal",
+                 worker_args=("--fixed-delay", "0.05", "--slow-rank", "3", "--slow-delay", "3"),
+                 limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert len(res["takeover_warnings"]) == 1 and "usual" in res["takeover_warnings"][0], res
+    assert f"pid {res['stopped']}" in res["takeover_warnings"][0], res
+
+
 def test_host_that_closes_early_ends_the_job(data, tmp_path):
     out = str(tmp_path)
     job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
