@@ -51,6 +51,7 @@ for epoch in range(2):
     check(remote, local, f"offload epoch {epoch}")
 remote.close()
 hybrid = DPULoader(src, 8, mode="hybrid", liveness_timeout=2.0, **kw)
+hybrid.set_epoch(2)         # where `local` stands
 for epoch in range(2, 4):
     check(hybrid, local, f"hybrid epoch {epoch}")
 hybrid.set_epoch(4)
