@@ -25,15 +25,19 @@ Restart intervals
 -----------------
 A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
 in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
-it: the markers are found by a scan of the entropy-coded data (memchr speed, stopping after the
-last interval needed), the covering intervals plus one MCU all round are copied into a
-per-decoder scratch stream (at most the file's size) with a SOF of the sub-image's size and
-renumbered markers, and that stream is decoded as above. The pixels are those of the plain
-region decode, bit for bit; only the intervals above and beside the region are no longer
-Huffman-decoded. A stream whose markers are missing, misnumbered, misplaced or cut short, or
-whose interval is neither a whole number of MCU rows nor a divisor of one, takes the plain
-region decode (which reports bad data as usual). In ``strict`` mode a corrupt-data warning in
-an interval outside the region goes unnoticed, as it does today below the region.
+it: the markers are found by a scan of the entropy-coded data (memchr, stopping after the last
+interval needed), the covering intervals plus two pixels all round (whole MCU rows when the
+interval does not divide a row) are copied into a per-decoder scratch stream (at most the
+file's size, plus 16 bytes per interval in the covered span for their offsets) with a SOF of
+the sub-image's size and renumbered markers, and that stream is decoded as above. The pixels
+are those of the plain region decode, bit for bit; only the intervals above and beside the
+region are no longer Huffman-decoded. A stream whose markers are missing, misnumbered,
+misplaced or cut short takes the plain region decode (which reports bad data as usual). Two
+outcomes differ from the plain region decode, both on damaged files and never in pixels: in
+``strict`` mode a corrupt-data warning in an interval outside the region goes unnoticed (as it
+does below the region), and a stream cut short after the intervals a region needs decodes that
+region, where the plain decode, which reads one iMCU row further for chroma upsampling context,
+reports the truncation.
 
 Budgets
 -------
@@ -46,6 +50,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _jpeg
+from . import _validate as _v
 from .errors import ConfigError, DecodeError, TranscodeUnsupported
 
 __all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale", "transcode",
@@ -84,11 +89,8 @@ _INT31 = 2**31
 
 
 def _int(value, name, low, high):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if not low <= value < high:
-        raise ConfigError(f"{name} must be in [{low}, {high}), got {value}")
-    return int(value)
+    """An int in [low, high) (the C int and int64 ranges the decoder takes)."""
+    return _v.integer(value, name, low, high - 1)
 
 
 def _check_budget(max_pixels, max_scans):
@@ -176,7 +178,7 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"), max_pixels,
                           max_scans)
     return out
 
@@ -233,7 +235,7 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
                           f"({n}, H, W, 3)")
     shapes = np.zeros((n, 3), dtype=np.int32)
     status = np.zeros(n, dtype=np.int32)
-    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, bool(fast), bool(strict),
+    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"),
                                   max_pixels, max_scans, shapes, status)
     errors = {i: DecodeError(msg, index=i) for i, msg in messages.items()}
     if on_error == "return":

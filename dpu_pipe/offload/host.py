@@ -249,7 +249,8 @@ class DPULoader(Loader):
         return {"version": wire.SPEC_VERSION, "source": self.source.spec(),
                 "batch_size": self.batch_size, "transform": self.transform.to_dict(),
                 "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
-                "world_size": p.sampler.world_size, "drop_last": p.drop_last,
+                "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
+                "drop_last": p.drop_last,
                 "on_error": p.on_error, "num_threads": self.producer_threads}
 
     @property
@@ -379,7 +380,8 @@ class _Stream:
                 prod = p if k == 0 else StepProducer(
                     p.source, p.batch_size, p.transform, seed=p.seed,
                     shuffle=p.sampler.shuffle, rank=p.sampler.rank,
-                    world_size=p.sampler.world_size, drop_last=p.drop_last,
+                    world_size=p.sampler.world_size, shard_tail=p.sampler.shard_tail,
+                    drop_last=p.drop_last,
                     num_threads=loader.num_threads, on_error=p.on_error)
                 m = _LocalMaker(loader, prod, self.local_free, self.local_done)
                 m.start()

@@ -105,7 +105,8 @@ class Maker:
         self.steps = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
                                   seed=spec["seed"], shuffle=spec["shuffle"],
                                   rank=spec["rank"], world_size=spec["world_size"],
-                                  drop_last=spec["drop_last"], num_threads=spec["num_threads"],
+                                  shard_tail=spec["shard_tail"], drop_last=spec["drop_last"],
+                                  num_threads=spec["num_threads"],
                                   on_error=spec["on_error"])
         shape, dtype = self.steps.batch_shape, transform.np_dtype
         self.free = [(np.empty(shape, dtype), np.empty(self.steps.batch_size, np.int64))
