@@ -1,7 +1,7 @@
 """Small MPI helpers: import mpi4py on demand, launch lines.
 
 Nothing here imports mpi4py at module import time, so ``import dpu_pipe`` works on machines
-without MPI; the first helper that needs MPI imports it and says how to install it if missing.
+without MPI; the first function that needs MPI imports it and says how to install it if missing.
 """
 import os
 import shutil

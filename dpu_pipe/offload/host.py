@@ -10,17 +10,17 @@ and on a cluster, hosts and DPUs as separate machines (MPMD)::
     mpiexec -hosts node1,node2 -n 2 python -m mpi4py train.py \\
           : -hosts node1-dpu,node2-dpu -n 16 python -m mpi4py -m dpu_pipe.worker
 
-The first DPULoader of a host process starts its *session* (collective over the hosts and
+The first DPULoader of a host process starts its *host group* (collective over the hosts and
 producers of the job: roles, one window, once): see :mod:`dpu_pipe.offload.roles` for who
 serves whom and :mod:`dpu_pipe.offload.transport` for the protocol. Every loader of the
-process is a *stream* of that session: its pipeline spec goes to the producers once, then its
+process is a *stream* of that host group: its pipeline spec goes to the producers once, then its
 epochs, ``set_epoch`` jumps, ``load_state_dict`` resumes are just the tickets it submits. One
 stream is active at a time; iterating another loader cancels the work the previous one had
 in flight (re-made when it continues). The producers serve the host until its process exits
 (or :func:`shutdown`); an exception that ends the host ends the job (``python -m mpi4py``).
 
-Request channel for other work (validation, say): :func:`session` gives the host's
-:class:`Session`; ``session.transport.request(kind, payload, to=None)`` sends a request to
+Request channel for other work (validation, say): :func:`host_group` gives the host's
+:class:`HostGroup`; ``host_group().transport.request(kind, payload, to=None)`` sends a request to
 one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which
 producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
 
@@ -47,7 +47,7 @@ from .roles import discover_roles, host_comm
 from .transport import FAILED, OK, HostTransport, _pack_error
 from .wire import QUEUE
 
-__all__ = ["DPULoader", "Session", "session", "shutdown", "MODES"]
+__all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
 
 log = logging.getLogger("dpu_pipe")
 
@@ -62,26 +62,26 @@ def _mpi_running():
     return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
 
 
-def session(comm=None, *, hostmap=None):
-    """This host process's :class:`Session` over ``comm`` (default ``COMM_WORLD``), started
+def host_group(comm=None, *, hostmap=None):
+    """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
     on first use — collectively with every rank of ``comm``, so every host must call it (or
     build its first DPULoader) at the same point of its program."""
     MPI = load_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     key = comm.py2f()
-    s = Session._sessions.get(key)
+    s = HostGroup._groups.get(key)
     if s is None:
-        s = Session._sessions[key] = Session(comm, hostmap=hostmap)
+        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap)
     return s
 
 
 def shutdown():
-    """Stop the producers of every session of this process (also done at exit)."""
-    for s in list(Session._sessions.values()):
+    """Stop the producers of every host group of this process (also done at exit)."""
+    for s in list(HostGroup._groups.values()):
         s.close()
 
 
-class Session:
+class HostGroup:
     """This host's place in the job: its group (rank 0 = this host, then its producers),
     its index among the hosts, and the transport (one window for the process lifetime).
 
@@ -90,7 +90,7 @@ class Session:
     ranks serving this host (0: no transport, loaders produce locally).
     """
 
-    _sessions = {}
+    _groups = {}
 
     def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
         # Hosts reach their first DPULoader at about the same point of their program.
@@ -177,7 +177,7 @@ class DPULoader(Loader):
     ----------
     comm : mpi4py communicator, optional
         The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
-        first DPULoader of a process starts the session: collective over ``comm``.
+        first DPULoader of a process starts the host group: collective over ``comm``.
     mode : "offload", "hybrid" or "local"
         ``"offload"``: producers make the batches (this host's threads when it has no
         producer, with a warning). ``"hybrid"``: producers and ``host_threads`` host threads
@@ -202,7 +202,7 @@ class DPULoader(Loader):
         raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
     hostmap : str, optional
         ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
-        by name (see :mod:`dpu_pipe.offload.roles`). Used when the session starts.
+        by name (see :mod:`dpu_pipe.offload.roles`). Used when the host group starts.
 
     Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
     its decoder's scratch.
@@ -217,14 +217,14 @@ class DPULoader(Loader):
                 or host_threads < (1 if mode == "hybrid" else 0):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
                               f"{host_threads!r}")
-        self._session = None
+        self._group = None
         self._stream = None
         if mode != "local" or comm is not None or _mpi_running():
-            # In an MPI job the hosts start the session whatever the mode, so shard defaults
+            # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
-            self._session = session(comm, hostmap=hostmap)
-            rank = self._session.host_index if rank is None else rank
-            world_size = self._session.num_hosts if world_size is None else world_size
+            self._group = host_group(comm, hostmap=hostmap)
+            rank = self._group.host_index if rank is None else rank
+            world_size = self._group.num_hosts if world_size is None else world_size
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
@@ -232,9 +232,9 @@ class DPULoader(Loader):
         self.producer_threads = int(producer_threads)
         self.liveness_timeout = float(liveness_timeout)
         self.host_threads = int(host_threads)
-        if self._session is not None:
-            self._session.reserve(self.slots, self.payload_bytes)
-            if mode != "local" and self._session.producers == 0:
+        if self._group is not None:
+            self._group.reserve(self.slots, self.payload_bytes)
+            if mode != "local" and self._group.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
         self.mode = mode
@@ -348,13 +348,13 @@ def _views(payload, batch_size, transform, n):
 
 
 class _Stream:
-    """A loader's place in the session: its stream id, the tickets it has in flight (in
+    """A loader's place in its host group: its stream id, the tickets it has in flight (in
     order), the batch the caller holds, and in hybrid mode the host threads."""
 
     def __init__(self, loader):
         self.loader = loader
-        self.session = loader._session
-        self.transport = self.session.transport
+        self.hostgroup = loader._group
+        self.transport = self.hostgroup.transport
         self.id = None
         self.spec_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
@@ -372,8 +372,8 @@ class _Stream:
         if self.transport is not None and self.id is None:
             t = self.transport
             if loader.slots > t.layout.buffers or loader.payload_bytes > t.layout.slot_bytes:
-                self.session.grow(loader.slots, loader.payload_bytes)
-            self.id, self.spec_replies = self.session.register(loader.spec())
+                self.hostgroup.grow(loader.slots, loader.payload_bytes)
+            self.id, self.spec_replies = self.hostgroup.register(loader.spec())
         if loader.mode == "hybrid" and not self.makers:
             p = loader.producer
             for k in range(loader.host_threads):
@@ -399,7 +399,7 @@ class _Stream:
         """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
         continue from there, else cancel them."""
         self._ensure()
-        self.session.activate(self.loader)
+        self.hostgroup.activate(self.loader)
         if self.pending and self.pending[0][1:] == (epoch, step):
             return
         self.suspend(keep_held=True)
@@ -534,8 +534,8 @@ class _Stream:
                 self.local_made.discard(tk)
                 self.local_free.append(buf)
         self.pending.clear()
-        if self.session.active is self.loader:
-            self.session.active = None
+        if self.hostgroup.active is self.loader:
+            self.hostgroup.active = None
 
     def close(self):
         self.suspend()
@@ -545,7 +545,7 @@ class _Stream:
 
 
 class _RemoteRun(_Run):
-    """The remote engine: batches from the session's producers (and hybrid host threads)."""
+    """The remote engine: batches from the host group's producers (and hybrid host threads)."""
 
     def __init__(self, loader, epoch, start):
         super().__init__(loader, epoch, start)

@@ -79,7 +79,7 @@ __all__ = ["serve", "main", "handler", "Context", "HANDLERS", "HANDLER_MODULES",
 #: Batches a producer makes ahead into its own memory (its memory bound: DEPTH batches
 #: of the largest stream, plus the decoder's scratch).
 DEPTH = 2
-#: {kind: handler}; see the module docstring.
+#: {kind: handler}; see the module docstring. "resize" is reserved (the window itself).
 HANDLERS = {}
 #: Modules imported by :func:`serve` before it starts, for their handlers.
 HANDLER_MODULES = []
@@ -197,7 +197,7 @@ class _Worker:
         self.t = transport
         self.ctx = Context(transport)
         self.made = []          # Work made, waiting for a grant, in seq order
-        self.tasks = []         # (id, generator) of handlers running in pieces
+        self.running = []         # (id, generator) of handlers running in pieces
         self.backoff_max = transport.poll_interval
         self.publish_ns = 0
         self.current = None     # the Work being made, by the maker thread
@@ -229,21 +229,21 @@ class _Worker:
             self._finish(rid, False, error_record(exc))
             return
         if hasattr(out, "__next__") and hasattr(out, "send"):
-            self.tasks.append((rid, out))
+            self.running.append((rid, out))
         else:
             self._finish(rid, True, out)
 
-    def _step_tasks(self):
+    def _step_handlers(self):
         busy = False
-        for rid, gen in list(self.tasks):
+        for rid, gen in list(self.running):
             busy = True
             try:
                 next(gen)
             except StopIteration as stop:
-                self.tasks.remove((rid, gen))
+                self.running.remove((rid, gen))
                 self._finish(rid, True, stop.value)
             except Exception as exc:  # noqa: BLE001
-                self.tasks.remove((rid, gen))
+                self.running.remove((rid, gen))
                 self._finish(rid, False, error_record(exc))
         return busy
 
@@ -335,7 +335,7 @@ class _Worker:
                 busy = True
             if self.t.stop_requested():
                 return
-            busy |= self._step_tasks()
+            busy |= self._step_handlers()
             busy |= self._publish_granted()
             busy |= self._make_next()
             busy |= self._publish_granted()

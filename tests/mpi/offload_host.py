@@ -134,8 +134,8 @@ class Hosts:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
-        self.index = loader._session.host_index
-        self.count = loader._session.num_hosts
+        self.index = loader._group.host_index
+        self.count = loader._group.num_hosts
         assert self.index == world.Get_rank(), "hosts must be the first ranks of the launch"
         group = world.Get_group().Incl(list(range(self.count)))
         self.comm = world.Create_group(group, tag=77)
@@ -506,14 +506,14 @@ def run_misc(args, src, warnings):
     import ctypes
 
     from dpu_pipe import DPULoader, Loader
-    from dpu_pipe.offload.host import session
+    from dpu_pipe.offload.host import host_group
     from dpu_pipe.offload.transport import RemoteError
 
     kw = loader_kwargs(args)
     dl = DPULoader(src, args.batch, slots=args.slots[0], **kw)
     ref = Loader(src, args.batch, **kw)
     result = {}
-    t = session().transport
+    t = host_group().transport
     replies = t.request("ping", {"x": [1, 2, 3]})
     result["ping"] = [r.result(timeout=10) for r in replies]
     if args.bulk:
