@@ -7,6 +7,7 @@ from .loader import Loader
 from .offload import DPULoader
 from .packed import pack
 from .transforms import TransformConfig
+from .validation import RemoteValidation
 from .sources import FileList, ImageFolder, PackedSource, open_source
 
 __version__ = "0.1.0"
@@ -25,5 +26,6 @@ __all__ = [
     "DpuPipeError",
     "PipeTimeout",
     "ProducerError",
+    "RemoteValidation",
     "TransformConfig",
 ]

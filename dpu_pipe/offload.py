@@ -32,6 +32,7 @@ from .errors import ConfigError, DpuPipeError
 from .loader import Loader, _Run
 from .mpi import load_mpi
 from .transport import Consumer, discover_roles, host_comm
+from .validation import open_channel
 
 __all__ = ["DPULoader", "SPEC_TAG", "PAYLOAD_HEADER"]
 
@@ -73,7 +74,10 @@ class _HostSession:
 
     def __init__(self, comm):
         roles = discover_roles(comm, "host")
+        self.roles = roles
         self.group = host_comm(comm, roles)
+        #: RemoteValidation's channel, set up with the group as the producers do.
+        self.validation = open_channel(self.group, "host")
         self.host_index = roles.hosts.index(roles.rank)
         self.num_hosts = len(roles.hosts)
         self.producers = self.group.Get_size() - 1

@@ -3,7 +3,8 @@
 It takes no arguments. It finds its host in the MPI job, then loops: receive a pipeline spec
 from the host (one per iteration of a DPULoader), reopen the source it names (shared file
 system or packed file), and produce the steps the host grants until the host stops the
-stream; a ``None`` spec (the host's exit) ends the process. Launch it under
+stream; a ``None`` spec (the host's exit) ends the process. Meanwhile a validation thread
+serves the host's :class:`~dpu_pipe.RemoteValidation` snapshots (:mod:`dpu_pipe.validation`). Launch it under
 ``python -m mpi4py`` so that an error in any rank aborts the job instead of hanging it.
 """
 
@@ -20,6 +21,7 @@ from .sources import open_source
 from .steps import StepProducer
 from .transforms import TransformConfig
 from .transport import Producer, discover_roles, host_comm
+from .validation import ValidationService, open_channel
 
 __all__ = ["serve", "main"]
 
@@ -93,6 +95,8 @@ def serve(comm=None, *, idle_timeout=86400.0):
     comm = MPI.COMM_WORLD if comm is None else comm
     roles = discover_roles(comm, "producer")
     group = host_comm(comm, roles)
+    validation = ValidationService(open_channel(group, "producer"))
+    validation.start()
     makers = {}
     total = 0
     try:
@@ -108,6 +112,7 @@ def serve(comm=None, *, idle_timeout=86400.0):
                 maker.producer = producer
                 total += producer.serve(maker)
     finally:
+        validation.stop()
         group.Free()
 
 
