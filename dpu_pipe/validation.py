@@ -34,7 +34,6 @@ one weights buffer, its model and one validation batch.
 
 import logging
 import os
-import pickle
 import threading
 import time
 import traceback

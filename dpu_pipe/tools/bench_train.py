@@ -44,6 +44,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from .progress import bar
 
 CONFIGS = {
     1: "host serial + torchvision",
@@ -61,33 +62,40 @@ POINTS = {"aug-bound": 2.0, "research": 0.175 / 0.825}
 VAL_SHARE = 0.10
 HOST_CORE, PRODUCER_CORE = 0, 1
 MODEL = "dpu_pipe.models:resnet_tiny"
-DEFAULT_ROOT = os.path.join(".cache", "dpu_pipe", "bench_train")
 
 
 def add_args(p):
+    from .cli import add_data, add_json, add_plots, add_seed, positive_int
+
     p.add_argument("--quick", action="store_true",
                    help="small images, few steps: a smoke run of every configuration (CI)")
-    p.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots into this directory")
-    p.add_argument("--data", metavar="PATH",
-                   help="training data: an ImageFolder directory or a packed file (a directory "
-                        "with train/ and val/ inside gives both); default: an ImageNet-like "
-                        "dataset made on the spot")
-    p.add_argument("--val-data", metavar="PATH", help="validation data (default: --data's val/ "
-                                                      "or --data itself)")
-    p.add_argument("--cache", default=DEFAULT_ROOT, help="where the made dataset is kept")
-    p.add_argument("--epochs", type=int, default=None, help="epochs per configuration (2)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per epoch (24)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size (32)")
-    p.add_argument("--size", type=int, default=None, help="crop size in pixels (160)")
-    p.add_argument("--classes", type=int, default=10, help="classes of the made dataset")
-    p.add_argument("--producers", type=int, default=1,
-                   help="producer ranks, all pinned to core 1")
+    add_data(p, "training data (a directory holding train/ and val/ gives both)")
+    p.add_argument("--val-data", metavar="PATH",
+                   help="validation data (default: --data's val/, else --data itself)")
+    p.add_argument("--cache", metavar="DIR", default=None,
+                   help="where the made dataset is kept (default: bench_train/ under "
+                        "$XDG_CACHE_HOME/dpu_pipe)")
+    p.add_argument("--epochs", type=positive_int, default=None,
+                   help="epochs per configuration (default: 2)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="training steps per epoch (default: 24; --quick 3)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="batch size (default: 32; --quick 8)")
+    p.add_argument("--size", type=positive_int, default=None,
+                   help="crop size in pixels (default: 160; --quick 64)")
+    p.add_argument("--classes", type=positive_int, default=10,
+                   help="classes of the made dataset (default: 10)")
+    p.add_argument("--producers", type=positive_int, default=1,
+                   help="producer ranks, all pinned to core 1 (default: 1)")
     p.add_argument("--points", default="aug-bound,research",
-                   help="operating points to run, comma-separated: " + ", ".join(POINTS))
-    p.add_argument("--configs", default="1,2,3,4,5,6", help="configurations to run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+                   help="operating points to run, comma-separated (default: "
+                        + ",".join(POINTS) + ")")
+    p.add_argument("--configs", default="1,2,3,4,5,6",
+                   help="configurations to run, comma-separated (default: 1,2,3,4,5,6)")
+    add_seed(p)
+    add_json(p)
+    add_plots(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.add_argument("--mpi-host", metavar="JOB", help=argparse.SUPPRESS)
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
 
@@ -589,7 +597,8 @@ def prepare_data(args):
                                            f"val {val_path or train_path} ({len(val)})"
     n = args.steps * args.batch_size
     train_root = os.path.join(args.cache, "train")
-    make_imagenet_like(train_root, n=n, classes=args.classes, seed=args.seed)
+    make_imagenet_like(train_root, n=n, classes=args.classes, seed=args.seed,
+                       progress=not args.quiet)
     train = _open(train_root)
     return train, None, f"made on the spot: {n} train images in {args.classes} classes"
 
@@ -605,7 +614,8 @@ def val_for_points(args, points):
         batches = serial_epoch * VAL_SHARE / (1 - VAL_SHARE) / p["val_batch_s"]
         need[name] = max(args.batch_size, int(round(batches * args.batch_size)))
     root = os.path.join(args.cache, "val")
-    make_imagenet_like(root, n=max(need.values()), classes=args.classes, seed=args.seed + 1)
+    make_imagenet_like(root, n=max(need.values()), classes=args.classes, seed=args.seed + 1,
+                       progress=not args.quiet)
     paths, labels = dataset_files(root)
     return {name: FileList(list(zip(map(str, paths[:k]), labels[:k])))
             for name, k in need.items()}
@@ -645,19 +655,19 @@ def mpi_host(path):
         job = json.load(f)
     train_src = _open_spec(job["train"])
     val_src = _open_spec(job["val"])
-    bar = _bar(job, len(job["configs"]) * job["epochs"], f"{job['point']}: offload")
-    job["tick"] = lambda: bar.update(1)
     results = []
-    for config in job["configs"]:
-        try:
-            results.append(run_offload(job, train_src, val_src, config))
-        except (ConfigError, ImportError, TypeError, AttributeError) as exc:
-            if config == 4:
-                raise
-            # Configurations whose feature this build lacks are reported, not faked.
-            results.append({"config": config, "name": CONFIGS[config],
-                            "skipped": f"{type(exc).__name__}: {exc}"})
-    bar.close()
+    with bar(len(job["configs"]) * job["epochs"], f"{job['point']}: offload", unit="epoch",
+             enabled=job["progress"]) as b:
+        job["tick"] = lambda: b.update(1)
+        for config in job["configs"]:
+            try:
+                results.append(run_offload(job, train_src, val_src, config))
+            except (ConfigError, ImportError, TypeError, AttributeError) as exc:
+                if config == 4:
+                    raise
+                # Configurations whose feature this build lacks are reported, not faked.
+                results.append({"config": config, "name": CONFIGS[config],
+                                "skipped": f"{type(exc).__name__}: {exc}"})
     with open(job["out"], "w") as f:
         json.dump(results, f)
 
@@ -672,12 +682,6 @@ def mpi_worker():
 def _open_spec(spec):
     from ..sources import open_source
     return open_source(spec)
-
-
-def _bar(job, total, desc):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="epoch", leave=False,
-                disable=True if job.get("no_progress") else None)
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -755,10 +759,9 @@ def table(results):
 def plot_breakdown(results, path):
     """Stacked bars per configuration and operating point: host compute, host waiting for
     data, validation on the host's path, the rest — seconds per epoch."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import _pyplot
 
+    plt = _pyplot()
     points = list(results["points"])
     fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4), squeeze=False)
     parts = (("compute_s", "host compute"), ("wait_s", "host waits for data"),
@@ -784,10 +787,9 @@ def plot_breakdown(results, path):
 def plot_timeline(result, path, title):
     """Per step: host compute and host wait as time spans on the host's row, and the
     producer's busy seconds for the batch that step consumed (drawn ending when it arrived)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import _pyplot
 
+    plt = _pyplot()
     tl = result["timeline"]
     fig, ax = plt.subplots(figsize=(10, 2.8))
     ax.broken_barh([(w, r - w) for w, r in zip(tl["wait_start"], tl["ready"])], (20, 8),
@@ -829,6 +831,9 @@ def _defaults(args):
             setattr(args, name, small if quick else full)
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.cache is None:
+        from .sample_data import default_cache_dir
+        args.cache = os.path.join(default_cache_dir(), "bench_train")
     args.points = [p.strip() for p in args.points.split(",") if p.strip()]
     bad = [p for p in args.points if p not in POINTS]
     if bad or not args.points:
@@ -850,13 +855,17 @@ def run(args):
     if args.mpi_host:
         mpi_host(args.mpi_host)
         return 0
+    from .cli import write_json
+
     _defaults(args)
     torch = _torch()
     pin(HOST_CORE)
     t_start = now()
     train_src, val_of, data_desc = prepare_data(args)
     classes = int(train_src.labels.max()) + 1
-    print(f"data: {data_desc}", flush=True)
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json == "-" \
+        else (lambda *a: print(*a, flush=True))
+    say(f"data: {data_desc}")
     calibration = calibrate(train_src, args, classes, args.quick)
     if val_of is None:
         vals = val_for_points(args, calibration)
@@ -874,18 +883,19 @@ def run(args):
         val_src = val_of(point)
         job = {"point": point, "epochs": args.epochs, "steps": args.steps,
                "batch_size": args.batch_size, "size": args.size, "seed": args.seed,
-               "lr": 0.05, "producers": args.producers, "no_progress": args.no_progress,
+               "lr": 0.05, "producers": args.producers,
+               # The MPI job's stderr is a pipe; its bars show when ours would.
+               "progress": not args.quiet and sys.stderr.isatty(),
                "model_kwargs": {"classes": classes, "width": cal["width"], "seed": args.seed},
                "train": train_src.spec(), "val": val_src.spec(), "val_count": len(val_src)}
-        print(f"{point}: model width {cal['width']}, {len(val_src)} validation images",
-              flush=True)
+        say(f"{point}: model width {cal['width']}, {len(val_src)} validation images")
         res = []
         host = [c for c in args.configs if c in HOST_CONFIGS]
-        bar = _bar(job, len(host) * args.epochs, f"{point}: host")
-        job["tick"] = lambda: bar.update(1)
-        for c in host:
-            res.append(host_runs[c](job, train_src, val_src))
-        bar.close()
+        with bar(len(host) * args.epochs, f"{point}: host", unit="epoch",
+                 enabled=not args.quiet) as b:
+            job["tick"] = lambda: b.update(1)
+            for c in host:
+                res.append(host_runs[c](job, train_src, val_src))
         mpi = [c for c in args.configs if c in MPI_CONFIGS]
         if mpi:
             mjob = {k: v for k, v in job.items() if k != "tick"}
@@ -896,14 +906,13 @@ def run(args):
         results["points"][point] = {"configs": res, "summary": summarize(res, point),
                                     "val_count": len(val_src)}
     results["seconds"] = now() - t_start
-    print(table(results), flush=True)
+    if args.json != "-":
+        print(table(results), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, results)
     if args.plots:
         for p in write_plots(results, args.plots):
-            print(f"wrote {p}")
+            print(f"wrote {p}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
 
 
