@@ -492,6 +492,8 @@ def run_offload(job, train_src, val_src, config):
                 collect(False)
             job["tick"]()
         collect(True)
+        extra["train_stats"] = {k: v for k, v in train.stats().items()
+                                if isinstance(v, (int, float, dict))}
         busy = made()
         if val is not None:
             s = val.stats()
