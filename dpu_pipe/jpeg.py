@@ -26,7 +26,7 @@ Restart intervals
 A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
 in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
 it: the markers are found by a scan of the entropy-coded data (memchr speed, stopping after the
-last interval needed), the covering intervals plus one MCU all round are copied into a
+last interval needed), the covering intervals plus two pixels all round are copied into a
 per-decoder scratch stream (at most the file's size) with a SOF of the sub-image's size and
 renumbered markers, and that stream is decoded as above. The pixels are those of the plain
 region decode, bit for bit; only the intervals above and beside the region are no longer

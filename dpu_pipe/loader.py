@@ -145,6 +145,12 @@ class _BaseLoader:
         step = int(step)
         self._step = step
 
+    def iterable_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
+        :mod:`dpu_pipe.torch_dataset`): wrap it in ``DataLoader(ds, batch_size=None)``."""
+        from .torch_dataset import LoaderDataset
+        return LoaderDataset(self)
+
     @property
     def bad_samples(self):
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
@@ -258,7 +264,14 @@ class Loader(_BaseLoader):
         shape = self.producer.batch_shape
         nslots = self.prefetch + 1
         self._images = [np.empty(shape, dtype=self.transform.np_dtype) for _ in range(nslots)]
-        self._labels = [np.empty(self.batch_size, dtype=np.int64) for _ in range(nslots)]
+        labels = self.producer.labels
+        if (labels.dtype != np.int64 or labels.ndim != 1) \
+                and type(self)._make_run is not Loader._make_run:
+            raise ConfigError(f"{type(self).__name__} carries one integer label per sample; "
+                              f"labels of dtype {labels.dtype} and shape {labels.shape[1:]} "
+                              f"need the local Loader")
+        self._labels = [np.empty((self.batch_size,) + labels.shape[1:], dtype=labels.dtype)
+                        for _ in range(nslots)]
         self._run = None
 
     def __iter__(self):

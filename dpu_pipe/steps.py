@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _jpeg
 from . import _validate as _v
-from .batch import BatchProcessor
+from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
 
@@ -59,13 +59,18 @@ class StepProducer:
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
-        self.labels = np.asarray(source.labels, dtype=np.int64)
+        labels = np.asarray(source.labels)
+        #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
+        self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
+                                    copy=False)
         # A packed source gathers a batch's records itself, without a copy per record.
         self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
-        #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
-        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0}
+        #: Seconds spent reading bytes and in the batch kernel, batches and samples made, and
+        #: samples that were not JPEGs (decoded by OpenCV).
+        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0,
+                        "other_formats": 0}
 
     @property
     def batch_shape(self):
@@ -92,15 +97,17 @@ class StepProducer:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` int64 (>= n,). Returns n, the batch's sample count.
+        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...). Returns n, the batch's
+        sample count.
         """
         indices = self.step_indices(epoch, step)
         n = len(indices)
         t0 = time.perf_counter()
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
-        _, _, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
-                                       out=images[:n])
+        _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
+                                          out=images[:n])
+        other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
         labels[:n] = self.labels[indices]
@@ -112,6 +119,7 @@ class StepProducer:
         tm["process_s"] += (t2 - t1) + (t3 - t2)
         tm["batches"] += 1
         tm["samples"] += n
+        tm["other_formats"] += other
         return n
 
     def _named(self, exc, index):

@@ -404,12 +404,6 @@ def test_load_state_dict_refuses_a_bad_epoch(folder, epoch):
 
 # --- bad samples -------------------------------------------------------------------------------
 
-def _png():
-    buf = io.BytesIO()
-    Image.fromarray(jc.photo_sized("coffee", 40, 50)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def bad_bytes(kind):
     """Bytes of each kind of undecodable file (None: the file is missing)."""
     good = _image(0)
@@ -418,12 +412,13 @@ def bad_bytes(kind):
         "corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
         "truncated": good[:scan + 20],                           # cut in the first scan row
         "empty": b"",
-        "not-jpeg": _png(),
+        # Neither a JPEG nor a format OpenCV decodes (PNGs and the like are decoded).
+        "not-an-image": b"path,label\nimages/a.jpg,3\n" * 8,
         "missing": None,
     }[kind]
 
 
-BAD_KINDS = ["corrupt", "truncated", "empty", "not-jpeg", "missing"]
+BAD_KINDS = ["corrupt", "truncated", "empty", "not-an-image", "missing"]
 # Files libjpeg decodes through other paths: they must come out fine.
 SPECIAL = {
     "cmyk": lambda: jc.pil_jpeg(jc.photo_sized("astronaut", 90, 70), mode="CMYK"),
@@ -488,7 +483,7 @@ def test_several_bad_samples_in_one_batch_raise_the_first(tmp_path):
     assert info.value.index == 2 and info.value.path == src.describe(2)
 
 
-BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-jpeg", 17: "missing"}
+BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-an-image", 17: "missing"}
 GOOD_SPECIAL = {1: "cmyk", 7: "gray", 13: "progressive"}
 
 

@@ -260,3 +260,82 @@ def test_rank_defaults_single_process_is_quiet(monkeypatch, recwarn):
         monkeypatch.delenv(var, raising=False)
     assert default_shard(None, None) == (0, 1)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+# --- any image -------------------------------------------------------------------------------
+
+def _encoded(arr, fmt, **kw):
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_other_formats_posing_as_jpg_take_the_same_fused_pass(tmp_path, train):
+    """PNG, WebP, BMP, TIFF and GIF files named .jpg decode through OpenCV into the same
+    crop/resample/flip/normalize pass: with the pixels of a JPEG (decoded at full scale, as
+    the JPEG path does at this size) the output is bit-identical to the JPEG's."""
+    from dpu_pipe import jpeg
+    from dpu_pipe.batch import BatchProcessor
+
+    jpg = jc.pil_jpeg(jc.photo_sized("chelsea", 64, 80), quality=95)
+    rgb = jpeg.decode(jpg)
+    gif = _encoded(rgb, "GIF")
+    with Image.open(io.BytesIO(gif)) as im:
+        gif_rgb = np.asarray(im.convert("RGB"))
+    files = [("jpeg", jpg, jpg), ("png", _encoded(rgb, "PNG"), jpg),
+             ("webp", _encoded(rgb, "WEBP", lossless=True), jpg),
+             ("bmp", _encoded(rgb, "BMP"), jpg), ("tiff", _encoded(rgb, "TIFF"), jpg),
+             ("gif", gif, _encoded(gif_rgb, "PNG")),
+             ("cmyk", jc.pil_jpeg(jc.photo_sized("coffee", 60, 70), mode="CMYK"), None)]
+    rows = []
+    for i, (name, data, _) in enumerate(files):
+        (tmp_path / f"{i}_{name}.jpg").write_bytes(data)
+        rows.append((str(tmp_path / f"{i}_{name}.jpg"), i))
+    kw = dict(train=train, size=48, seed=5, shuffle=False, drop_last=False)
+    with Loader(FileList(rows), len(rows), **kw) as loader:
+        images, labels = next(iter(loader))
+        stats = loader.stats()
+    assert labels.tolist() == list(range(len(rows)))
+    assert stats["other_formats"] == 5              # png, webp, bmp, tiff, gif; not the JPEGs
+    bp = BatchProcessor(TransformConfig(train=train, size=48), 1)
+    for i, (name, _, ref_bytes) in enumerate(files):
+        if ref_bytes is None:
+            continue
+        ref, info, errors = bp.run([ref_bytes], np.array([i]), seed=5)
+        assert not errors and info[0, 6] == 8, name   # the reference decoded at full scale
+        assert np.array_equal(images[i], ref[0]), name
+
+
+def test_undecodable_non_jpeg_is_a_decode_error_naming_the_file(tmp_path):
+    bad = tmp_path / "x.jpg"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with Loader(FileList([(str(bad), 0)]), 1, size=16) as loader:
+        with pytest.raises(DecodeError, match="neither a JPEG") as info:
+            next(iter(loader))
+    assert info.value.path == str(bad)
+
+
+# --- labels beyond one int ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels, dtype, shape", [
+    ([0.5 * i for i in range(N)], np.float32, ()),
+    ([(i % 2, i % 3, 1) for i in range(N)], np.int64, (3,)),
+    ([(0.1 * i, -i) for i in range(N)], np.float32, (2,))], ids=["float", "multi", "multi-float"])
+def test_loader_yields_float_and_multi_labels(data, labels, dtype, shape):
+    rows = [(str(data / "folder" / f"c{i:02d}" / "x.jpg"), lab) for i, lab in enumerate(labels)]
+    src = FileList(rows)
+    with Loader(src, 4, **KW) as loader, Loader(data / "folder", 4, **KW) as ref_loader:
+        got, ref = list(batches(loader)), batches(ref_loader)
+    want = np.asarray(labels, dtype=dtype)
+    for k, ((x, y), (rx, _)) in enumerate(zip(got, ref)):
+        assert y.dtype == dtype and y.shape == (len(x),) + shape
+        assert np.array_equal(y, want[4 * k:4 * k + len(x)])
+        assert np.array_equal(x, rx)
+
+
+def test_offload_loader_refuses_labels_its_transport_cannot_carry(data):
+    from dpu_pipe import DPULoader
+    src = FileList([(str(data / "folder" / "c00" / "x.jpg"), (1, 2))] * 4)
+    with pytest.raises(ConfigError, match="one integer label per sample"):
+        DPULoader(src, 2, mode="local", size=16)

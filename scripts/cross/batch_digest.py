@@ -5,7 +5,8 @@
 Run once by the x86-64 build on the host and once by the aarch64 build under emulation;
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
-(full, region, DCT-scaled, fast), the per-image transform, the fused batch kernel and the local
+(full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
+records, the per-image transform, the fused batch kernel and the local
 Loader; a section whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
@@ -46,6 +47,36 @@ def decode_section(paths, put):
     out, shapes = jpeg.decode_batch(bufs)[:2]
     put("decode_batch/out", out)
     put("decode_batch/shapes", shapes)
+
+
+def transcode_section(paths, put):
+    """Transcoded records (restart markers every MCU, and every MCU row): their bytes, and their
+    region decodes, which read only the restart intervals covering the region."""
+    from dpu_pipe import jpeg
+    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.transforms import TransformConfig
+
+    for interval in (1, "row"):
+        trans = []
+        for p in paths:
+            name = os.path.basename(p)
+            t = jpeg.transcode(open(p, "rb").read(), restart_interval=interval)
+            trans.append(t)
+            put(f"transcode/{interval}/{name}/bytes", np.frombuffer(t, dtype=np.uint8))
+            h = jpeg.read_header(t)
+            for k, (a, b, c, d) in enumerate(((5, 3, 2, 2), (3, 1, 3, 2), (1, 2, 2, 1))):
+                region = (h.height * a // 8, h.width * b // 8, max(1, h.height * c // 8),
+                          max(1, h.width * d // 8))
+                for m in (0, 24, 64):
+                    put(f"transcode/{interval}/{name}/region{k}-min{m}",
+                        jpeg.decode(t, region=region, min_size=(m, m) if m else None))
+                put(f"transcode/{interval}/{name}/region{k}-fast", jpeg.decode(t, region=region, fast=True))
+        idx = np.arange(len(trans), dtype=np.int64) * 7 + 3
+        for cname, kw in (("train", dict(train=True, size=48)), ("val", dict(train=False, size=40))):
+            out, info, errors = BatchProcessor(TransformConfig(**kw), num_threads=2).run(
+                trans, idx, epoch=1, seed=9)
+            put(f"transcode/{interval}/batch-{cname}/out", out)
+            put(f"transcode/{interval}/batch-{cname}/info", info)
 
 
 def ops_section(paths, put):
@@ -120,6 +151,7 @@ def main(root, out_path):
 
     paths = files(root)
     sections = [("decode", lambda: decode_section(paths, put)),
+                ("transcode", lambda: transcode_section(paths, put)),
                 ("ops", lambda: ops_section(paths, put)),
                 ("batch", lambda: batch_section(paths, put)),
                 ("loader", lambda: loader_section(root, put))]
