@@ -234,8 +234,11 @@ class ShardEvaluator:
         prod = self._producers.get(key)
         if prod is None:
             transform = TransformConfig.from_dict(spec["transform"])
+            # Loader(train=False)'s sharding: in order, uneven shards, nothing padded or
+            # dropped, so every sample counts once over the hosts.
             prod = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
-                                shuffle=False, drop_last=False, rank=spec["rank"],
+                                shuffle=False, shard_tail="uneven", drop_last=False,
+                                rank=spec["rank"],
                                 world_size=spec["world_size"],
                                 num_threads=spec.get("num_threads", 1))
             prod.buffers = (np.empty(prod.batch_shape, transform.np_dtype),

@@ -215,10 +215,10 @@ def test_without_torch_a_clear_error(monkeypatch):
 
 # --- the producer's shard evaluation against the host's Loader(train=False) -------------------
 
-def host_reference(model, folder, batch_size, rank=0, world_size=1, ks=(1, 5)):
-    loader = Loader(ImageFolder(folder), batch_size, train=False, shuffle=False,
-                    drop_last=False, size=32, rank=rank, world_size=world_size,
-                    output="torch")
+def host_reference(model, folder, batch_size, rank=0, world_size=1, ks=(1, 5), src=None):
+    """The snapshot evaluated on the host through Loader(train=False) and its defaults."""
+    loader = Loader(src or ImageFolder(folder), batch_size, train=False, size=32, rank=rank,
+                    world_size=world_size, output="torch")
     m = Metrics(ks)
     with loader:
         for images, labels in loader:
@@ -252,3 +252,35 @@ def test_shard_evaluation_equals_host_loader(val_folder, batch_size, parts):
     ref2 = host_reference(other, val_folder, batch_size)
     assert m.correct == ref2.correct and m.loss_sum == pytest.approx(ref2.loss_sum, rel=1e-6)
     assert len(ev._models) == 1
+
+
+def test_exact_counts_on_uneven_shards(val_folder, tmp_path):
+    """7 samples, 2 ranks, batch 3: ranks evaluate 4 and 3 samples (batches 3+1 and 3), every
+    sample once, and the merged metrics equal the whole set's."""
+    from dpu_pipe.sources import FileList
+
+    src = ImageFolder(val_folder)
+    seven = FileList([(src.describe(i), int(src.labels[i])) for i in range(7)])
+    snapshot = trained_model()
+    whole = host_reference(snapshot, None, 3, src=seven)
+    assert whole.count == 7
+    spec = {"source": seven.spec(),
+            "transform": Loader(seven, 1, train=False, size=32).transform.to_dict(),
+            "batch_size": 3, "world_size": 2, "model": MODEL, "model_kwargs": MODEL_KW,
+            "topk": [1, 5], "num_threads": 1}
+    weights = pack_state(snapshot.state_dict())
+    ev = ShardEvaluator()
+    total, seen = Metrics((1, 5)), []
+    for rank in range(2):
+        loader = Loader(seven, 3, train=False, size=32, rank=rank, world_size=2)
+        sizes = [len(labels) for _, labels in loader]
+        assert sizes == ([3, 1] if rank == 0 else [3])
+        seen += loader.producer.sampler.indices(0).tolist()
+        m, _, _ = ev.run(dict(spec, rank=rank), weights)
+        assert m.count == (4 if rank == 0 else 3)
+        ref = host_reference(snapshot, None, 3, rank=rank, world_size=2, src=seven)
+        assert m.correct == ref.correct and m.count == ref.count
+        total.merge(m)
+    assert sorted(seen) == list(range(7))
+    assert total.count == 7 and total.correct == whole.correct
+    assert total.loss_sum == pytest.approx(whole.loss_sum, rel=1e-6)

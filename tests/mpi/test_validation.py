@@ -19,15 +19,23 @@ CLASSES = 5
 ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """An ImageFolder of 24 photos in 5 classes."""
-    root = tmp_path_factory.mktemp("validation") / "val"
-    for i in range(24):
+def make_data(root, n):
+    """An ImageFolder of ``n`` photos in 5 classes."""
+    for i in range(n):
         d = root / f"class{i % CLASSES}"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{i:03d}.jpg").write_bytes(sample_jpeg(i))
     return str(root)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("validation") / "val", 24)
+
+
+@pytest.fixture(scope="module")
+def seven(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("validation") / "seven", 7)
 
 
 def launch(hosts, producers, scenario, data, out, *args, limit=150):
@@ -47,17 +55,19 @@ def results(out, hosts):
     return got
 
 
-@pytest.mark.parametrize("hosts,producers,batch", [(1, 1, 5), (1, 3, 4), (2, 2, 3), (2, 4, 5)],
-                         ids=["1host-1prod", "1host-3prod", "2hosts-1prod-each",
+@pytest.mark.parametrize("hosts,producers,batch,n", [(1, 1, 5, 24), (1, 3, 4, 24),
+                                                     (2, 2, 3, 7), (2, 4, 5, 24)],
+                         ids=["1host-1prod", "1host-3prod", "2hosts-1prod-each-7samples-batch3",
                               "2hosts-2prod-each"])
-def test_metrics_equal_host_evaluation(data, tmp_path, hosts, producers, batch):
-    job = launch(hosts, producers, "equal", data, str(tmp_path), "--batch-size", str(batch))
+def test_metrics_equal_host_evaluation(data, seven, tmp_path, hosts, producers, batch, n):
+    job = launch(hosts, producers, "equal", data if n == 24 else seven, str(tmp_path),
+                 "--batch-size", str(batch))
     assert job.returncode == 0, job.explain()
     for h, res in enumerate(results(str(tmp_path), hosts)):
         for name in ("a", "b"):
             remote, host = res[name]["remote"], res[name]["host"]
             assert remote["tag"] == name
-            assert remote["count"] == host["count"] == 24, (h, name, remote, host)
+            assert remote["count"] == host["count"] == n, (h, name, remote, host)
             assert remote["top1"] == host["top1"] and remote["top5"] == host["top5"], \
                 (h, name, remote, host)
             assert remote["loss"] == pytest.approx(host["loss"], rel=1e-6)
@@ -65,7 +75,9 @@ def test_metrics_equal_host_evaluation(data, tmp_path, hosts, producers, batch):
             # Every producer of every host took part, and the parts add up.
             parts = res[name]["parts"]
             assert len(parts) == producers
-            assert sum(c for _, _, c in parts) == 24
+            assert sum(c for _, _, c in parts) == n
+            if n == 7:   # uneven shards: host 0 evaluates 4 samples, host 1 three
+                assert sorted((h, c) for h, _, c in parts) == [(0, 4), (1, 3)]
         # The two snapshots differ, so the queued second one was evaluated with its own
         # weights, not the first's.
         assert res["a"]["remote"]["loss"] != res["b"]["remote"]["loss"]

@@ -62,7 +62,9 @@ def host_metrics(model, src, batch_size):
     from dpu_pipe.evaluate import Metrics, evaluate_batch
 
     m = Metrics((1, 5))
-    with Loader(src, batch_size, train=False, shuffle=False, drop_last=False, size=SIZE,
+    # The whole set on this process: Loader(train=False)'s defaults (in order, every sample
+    # once), one rank.
+    with Loader(src, batch_size, train=False, size=SIZE, rank=0, world_size=1,
                 output="torch") as loader:
         for images, labels in loader:
             evaluate_batch(model, images, labels, m)
