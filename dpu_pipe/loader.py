@@ -231,8 +231,8 @@ class Loader(_BaseLoader):
         group is initialized, else they are 0 and 1 (with a warning when the launcher's
         environment, e.g. ``WORLD_SIZE``, says the job has several processes).
     dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
-        Float outputs are normalized by mean/std. bfloat16 is torch-only: the kernel writes
-        float32 and the loader converts.
+        Float outputs are normalized by mean/std. bfloat16 (written by the kernel: the
+        float32 value rounded to nearest even) needs torch output.
     layout : "CHW" or "HWC"
         Batches are (B, 3, H, W) or (B, H, W, 3).
     memory_format : torch.channels_last, optional
@@ -259,7 +259,7 @@ class Loader(_BaseLoader):
 
     Buffers and aliasing
     --------------------
-    **Without** ``copy``, a device, bfloat16 or pin_memory, **the images of a yielded batch
+    **Without** ``copy``, a device or pin_memory, **the images of a yielded batch
     are a view of a reused ring buffer: they stay valid only until the next batch is
     requested.** Keeping batches across iterations (``held = list(loader)``) then keeps
     buffers that later batches overwrite. With ``output="torch"`` the tensor shares that
