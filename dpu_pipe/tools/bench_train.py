@@ -357,7 +357,7 @@ def run_serial(job, train_src, val_src):
         run.validate_host(epoch, val_batches())
         job["tick"]()
     return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0],
-                       "producers": 0})
+                       "producers": 0, "name": f"host serial + {train_rec.kind}"})
 
 
 def _pin_worker(_):
@@ -406,7 +406,8 @@ def run_dataloader(job, train_src, val_src):
         start = e * (job["steps"] + per_epoch_val)
         train_bs += bs[start:start + job["steps"]]
     run.timeline["producer_s"] = train_bs
-    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0], "producers": 1})
+    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0], "producers": 1,
+                       "name": f"DataLoader(num_workers=1) + {train_rec.kind}"})
 
 
 def run_loader(job, train_src, val_src):
