@@ -32,6 +32,7 @@ has answered (a buffer a silent producer may still read is never freed); each pr
 one weights buffer, its model and one validation batch.
 """
 
+import json
 import logging
 import os
 import threading
@@ -296,7 +297,6 @@ class RemoteValidation:
             raise ConfigError(f"model must be 'module:factory', got {model!r}")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ConfigError(f"timeout must be positive seconds, got {timeout!r}")
-        import json
         try:
             json.dumps(model_kwargs or {})
         except TypeError as exc:
