@@ -33,7 +33,6 @@ one weights buffer, its model and one validation batch.
 """
 
 import json
-import logging
 import os
 import threading
 import time
@@ -49,7 +48,6 @@ from .weights import pack_state
 
 __all__ = ["RemoteValidation", "ValidationFuture", "open_channel", "ValidationService"]
 
-log = logging.getLogger("dpu_pipe")
 
 REQUEST_TAG = 0x5601     # host -> producer: a job (dict) or None (stop)
 RESULT_TAG = 0x5602      # producer -> host: a result record
