@@ -45,6 +45,7 @@ from ..steps import StepProducer
 from . import wire
 from .roles import discover_roles, host_comm
 from .transport import FAILED, OK, HostTransport, _pack_error
+from .validation import open_channel
 from .wire import QUEUE
 
 __all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
@@ -97,6 +98,8 @@ class HostGroup:
         roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
         self.roles = roles
         self.group = host_comm(comm, roles)
+        #: RemoteValidation's channel, set up with the group as the producers do.
+        self.validation = open_channel(self.group, "host")
         self.host_index = roles.hosts.index(roles.rank)
         self.num_hosts = len(roles.hosts)
         self.producers = self.group.Get_size() - 1
@@ -256,8 +259,7 @@ class DPULoader(Loader):
     @property
     def payload_bytes(self):
         """Bytes of one batch payload: header, labels, images, bad-sample report."""
-        return (wire.PAYLOAD_HEADER.itemsize + 8 * self.batch_size
-                + self.batch_size * self.transform.sample_bytes + wire.BAD_REPORT_BYTES)
+        return wire.payload_bytes(self.batch_size, self.transform.sample_bytes)
 
     def _make_run(self, epoch, start):
         if self.mode == "local":

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
-    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "SPEC_VERSION", "WAITING", "CANCELLED",
+    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "payload_bytes", "SPEC_VERSION", "WAITING", "CANCELLED",
     "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
     "align", "check_version",
 ]
@@ -99,6 +99,13 @@ PAYLOAD_HEADER = np.dtype([
 ])
 BAD_REPORT_BYTES = 16384
 SPEC_VERSION = WIRE_VERSION
+
+
+def payload_bytes(batch_size, sample_bytes):
+    """Bytes of one batch payload: header, int64 labels, images (``sample_bytes`` each) and
+    the bad-sample report."""
+    return PAYLOAD_HEADER.itemsize + 8 * batch_size + batch_size * sample_bytes \
+        + BAD_REPORT_BYTES
 
 for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
     assert _dt.itemsize % 64 == 0, _dt

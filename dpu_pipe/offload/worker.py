@@ -73,6 +73,7 @@ from ..transforms import TransformConfig
 from . import wire
 from .roles import discover_roles, host_comm
 from .transport import CANCELLED, ProducerTransport, error_record
+from .validation import ValidationService, open_channel
 
 __all__ = ["serve", "main", "handler", "Context", "HANDLERS", "HANDLER_MODULES", "DEPTH"]
 
@@ -356,11 +357,16 @@ def serve(comm=None, *, hostmap=None):
         importlib.import_module(name)
     roles = discover_roles(comm, "producer", hostmap=hostmap)
     group = host_comm(comm, roles)
+    # Validation snapshots are served by a low-priority thread of their own, in the gaps
+    # between batches (see dpu_pipe.offload.validation).
+    validation = ValidationService(open_channel(group, "producer"))
+    validation.start()
     transport = ProducerTransport(group)
     # On an exception no clean shutdown is attempted: python -m mpi4py aborts the job.
     loop = _Worker(transport)
     loop.run()
     loop.pool.shutdown(wait=True)
+    validation.stop()
     transport.close()
     group.Free()
     return transport.made
