@@ -50,6 +50,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _jpeg
+from . import _validate as _v
 from .errors import ConfigError, DecodeError, TranscodeUnsupported
 
 __all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale", "transcode",
@@ -88,11 +89,8 @@ _INT31 = 2**31
 
 
 def _int(value, name, low, high):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if not low <= value < high:
-        raise ConfigError(f"{name} must be in [{low}, {high}), got {value}")
-    return int(value)
+    """An int in [low, high) (the C int and int64 ranges the decoder takes)."""
+    return _v.integer(value, name, low, high - 1)
 
 
 def _check_budget(max_pixels, max_scans):
@@ -180,7 +178,7 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"), max_pixels,
                           max_scans)
     return out
 
@@ -237,7 +235,7 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
                           f"({n}, H, W, 3)")
     shapes = np.zeros((n, 3), dtype=np.int32)
     status = np.zeros(n, dtype=np.int32)
-    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, bool(fast), bool(strict),
+    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"),
                                   max_pixels, max_scans, shapes, status)
     errors = {i: DecodeError(msg, index=i) for i, msg in messages.items()}
     if on_error == "return":

@@ -419,7 +419,8 @@ class PackedSource(Source):
     Opening reads the manifest's header, shard table and metadata and maps its labels; a
     shard is mapped, and an index block of it checked, when one of its records is first read,
     so memory grows with what a rank reads, not with the dataset (at most
-    ``max_open_shards`` shards mapped at once). ``read(i)`` copies record ``i`` into
+    ``max_open_shards`` shards mapped at once, by default a quarter of the file-descriptor
+    limit up to 1024). ``read(i)`` copies record ``i`` into
     ``bytes``, ``view(i)`` returns it as a zero-copy ``memoryview``, and ``buffers(indices)``
     gives a batch decoder every record of a batch without a Python object per record when
     they share a shard. With ``verify_reads`` each read checks the record's CRC (about a 5 %
@@ -433,7 +434,7 @@ class PackedSource(Source):
 
     kind = "packed"
 
-    def __init__(self, path, *, verify_reads=False, max_open_shards=64):
+    def __init__(self, path, *, verify_reads=False, max_open_shards=None):
         self._ds = PackedDataset(path, verify_reads=verify_reads,
                                  max_open_shards=max_open_shards)
         self._labels = self._ds.labels  # memory-mapped: pages load as they are used
@@ -500,7 +501,7 @@ class PackedSource(Source):
 
     def __setstate__(self, state):
         self.__init__(state["path"], verify_reads=state["verify_reads"],
-                      max_open_shards=state.get("max_open_shards", 64))
+                      max_open_shards=state.get("max_open_shards"))
 
 
 _KINDS = {"image_folder", "file_list", "packed"}

@@ -114,6 +114,15 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert {k: packed[k] for k in keys} == {k: folder[k] for k in keys}
     assert (packed["original_bytes"], packed["transcoded"], packed["size_growth"]) == \
         (jpeg_bytes, 0, 0.0)
+    flip = out / "shard-000000.dpks"  # a shard checked on its own names its bad record
+    raw = bytearray(flip.read_bytes())
+    raw[200] ^= 0xFF
+    flip.write_bytes(bytes(raw))
+    r = run("info", "--data", flip, "--verify", "--json", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    shard = json.loads(r.stdout)["dataset"]
+    assert shard["format"] == "dpu_pipe packed v2 shard" and shard["count"] == 5
+    assert "1 of 5 records fail their CRC check" in shard["bad_shards"]["0"]
     r = run("info", out, cwd=tmp_path)  # human-readable form
     assert r.returncode == 0, r.stderr
     assert "dpu_pipe build:" in r.stdout and "dataset:" in r.stdout

@@ -351,9 +351,15 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                         json.dumps(meta, sort_keys=True).encode("utf-8"))
         _fsync_dir(tmp)
         if os.path.lexists(out):
+            # A directory cannot be renamed over a non-empty one: move the old dataset aside,
+            # put the new one in place (or the old one back), then delete the old one.
             old = os.path.join(parent, f".{os.path.basename(out)}.old-{uuid.uuid4().hex[:12]}")
             os.rename(out, old)
-            os.rename(tmp, out)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
             (shutil.rmtree if os.path.isdir(old) else os.unlink)(old)
         else:
             os.rename(tmp, out)

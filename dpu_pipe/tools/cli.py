@@ -176,7 +176,7 @@ def _info_args(p):
     p.add_argument("--root", help="root for relative paths of a file list")
     p.add_argument("--verify", action="store_true",
                    help="packed dataset: check every shard (index and record CRCs) and "
-                        "name the ones that fail")
+                        "name the ones that fail; a shard file given alone is checked alone")
     add_json(p)
 
 
@@ -207,10 +207,45 @@ def _packed_summary(src):
     }
 
 
+def _shard_summary(path, verify):
+    """One shard of a packed dataset, on its own (None when ``path`` is not a shard)."""
+    from ..packed.format import SHARD_MAGIC
+    from ..packed.reader import PackedShard
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(SHARD_MAGIC)) != SHARD_MAGIC:
+                return None
+    except OSError:
+        return None
+    sh = PackedShard(path)
+    h, recs = sh.header, sh.records
+    out = {
+        "path": os.path.abspath(path),
+        "format": f"dpu_pipe packed v{h['version']} shard",
+        "shard": h["shard"],
+        "records": [h["first"], h["first"] + h["count"] - 1],
+        "count": h["count"],
+        "total_bytes": int(recs["length"].sum()),
+        "original_bytes": int(recs["orig_length"].sum()),
+    }
+    if verify:
+        try:
+            sh.verify()
+            out["bad_shards"] = {}
+        except ConfigError as e:
+            out["bad_shards"] = {str(h["shard"]): str(e)}
+    sh.close()
+    return out
+
+
 def _summary(path, root, verify):
     """Count, classes, total bytes and format of the dataset at ``path``."""
     from ..sources import PackedSource, open_path
 
+    shard = _shard_summary(path, verify)
+    if shard is not None:
+        return shard
     src = open_path(path, root=root)
     if isinstance(src, PackedSource):
         out = _packed_summary(src)
@@ -295,6 +330,8 @@ COMMANDS = {
               ".bench_augment:add_args", ".bench_augment:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
                      ".bench:add_args", ".bench:run"),
+    "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "
+             "training rate", ".plan:add_args", ".plan:run"),
 }
 
 

@@ -6,8 +6,9 @@ Run once by the x86-64 build on the host and once by the aarch64 build under emu
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
-records, the per-image transform, the fused batch kernel and the local
-Loader; a section whose entry point this build lacks is recorded as missing, not failed.
+records, the per-image transform, the fused batch kernel, the epoch permutation and the
+samplers' shards, and the local Loader; a section whose entry point this build lacks is recorded
+as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
 
@@ -123,6 +124,26 @@ def batch_section(paths, put):
                     np.array(sorted(errors), dtype=np.int64))
 
 
+def permutation_section(put):
+    """The epoch order: the C kernel and the numpy twin (integer-only, so the same bits on
+    every machine) over small and huge datasets, and shards of every tail policy."""
+    from dpu_pipe import _rng, rng
+    from dpu_pipe.sampler import EpochSampler
+
+    for n in (1, 2, 3, 255, 256, 257, 1000, 65537, 1_281_167, 10**9 + 7, 2**40):
+        pos = np.unique(np.concatenate([np.arange(min(n, 2000)),
+                                        (np.arange(500, dtype=np.uint64) * np.uint64(0x9E3779B1))
+                                        % np.uint64(n)]).astype(np.int64))
+        for seed, epoch in ((0, 0), (2**64 - 1, 2**32 - 1), (20240611, 3)):
+            put(f"perm/n{n}/s{seed}/e{epoch}/kernel", _rng.permute(pos, n, seed, epoch))
+        put(f"perm/n{n}/twin", rng.permutation_at(pos[:300], n, 7, 1))
+    for tail in ("pad", "drop", "uneven"):
+        for r in range(3):
+            s = EpochSampler(1000, seed=5, rank=r, world_size=3, shard_tail=tail)
+            put(f"shard/{tail}/r{r}", s.indices(2))
+            put(f"shard/{tail}/r{r}/batches", np.concatenate(s.batches(2, 64, drop_last=True)))
+
+
 def loader_section(root, put):
     import dpu_pipe
 
@@ -154,6 +175,7 @@ def main(root, out_path):
                 ("transcode", lambda: transcode_section(paths, put)),
                 ("ops", lambda: ops_section(paths, put)),
                 ("batch", lambda: batch_section(paths, put)),
+                ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put))]
     for name, fn in sections:
         before = len(arrays)

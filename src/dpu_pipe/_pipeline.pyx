@@ -13,7 +13,7 @@ from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, 
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
                              dec_decode, choose_scale, scale_region)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
-                            OPS_FLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
+                            OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
                             ops_output_init, ops_resize_crop, ops_center_crop_box)
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
 
@@ -213,7 +213,8 @@ cdef class Pipeline:
         for c in range(3):
             mean[c] = config["mean"][c]
             std[c] = config["std"][c]
-        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}[config["dtype"]]
+        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
+                 "bfloat16": OPS_BFLOAT16}[config["dtype"]]
         layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[config["layout"]]
         if ops_output_init(&self.cfg.output, dtype, layout, mean, std) != OPS_OK:
             raise ConfigError("invalid output settings (dtype, layout, mean, std)")
@@ -223,7 +224,8 @@ cdef class Pipeline:
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
         self.cfg.dopts.intervals = 1
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
-        self.dtype = np.dtype(config["dtype"])
+        # numpy has no bfloat16: its samples are held as their uint16 bits.
+        self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])
         self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
         if self.workers == NULL:
             raise MemoryError()
