@@ -213,7 +213,12 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
     # Horizontal crop: libjpeg moves xoff down to an iMCU boundary and reports it.
     xoff = 0
     cw = cinfo.output_width
-    if region.left > CROP_MARGIN or region.left + region.width + CROP_MARGIN < <int>cw:
+    # libjpeg-turbo before 2.1 (2.0.x: Ubuntu 20.04, the wheels' bundled library) overruns the
+    # heap when jpeg_crop_scanline meets its merged upsampler (plain chroma upsampling: fast
+    # mode); whole rows are decoded there instead, the same pixels.
+    if d.opts.fast and lj.LIBJPEG_TURBO_VERSION_NUMBER < 2001000:
+        pass
+    elif region.left > CROP_MARGIN or region.left + region.width + CROP_MARGIN < <int>cw:
         xoff = region.left - CROP_MARGIN if region.left > CROP_MARGIN else 0
         xend = region.left + region.width + CROP_MARGIN
         if xend > <int>cinfo.output_width:
