@@ -1,6 +1,6 @@
 """What lossless transcoding to restart intervals buys: file size against region-decode speed.
 
-    python -m dpu_pipe.tools.bench_transcode [--n 1000] [--repeat 5] [--root DIR] [--json PATH]
+    dpu-pipe bench-transcode [-n 1000] [--repeat 5] [--data PATH] [--json [PATH]]
 
 On an ImageNet-like dataset made from real photographs (:mod:`dpu_pipe.tools.sample_data`),
 one process pinned to one core, file bytes in memory, the crop boxes of RandomResizedCrop
@@ -203,9 +203,7 @@ def _table(rows, cols):
 
 
 def run_benchmark(root, n=1000, repeat=5, chunk=16, seed=0, log=print):
-    from .sample_data import make_imagenet_like
-
-    make_imagenet_like(root, n=n, classes=10, seed=seed)
+    """Run every table on the first ``n`` JPEGs of the dataset at ``root`` (only read)."""
     buffers = load_buffers(root, n)[1]
     headers = [jpeg.read_header(b) for b in buffers]
     boxes = [tuple(int(v) for v in rng.random_resized_crop(seed, 0, i, h.height, h.width))
@@ -412,19 +410,36 @@ def run_benchmark(root, n=1000, repeat=5, chunk=16, seed=0, log=print):
     return result
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "dpu_pipe_imagenet_like"))
-    p.add_argument("--json", default=None)
-    p.add_argument("--no-pin", action="store_true")
-    args = p.parse_args(argv)
+def add_args(p):
+    from .cli import add_data, add_images, add_json, add_seed, positive_int
+
+    add_data(p, "JPEGs to measure (only read)")
+    add_images(p, 1000)
+    add_seed(p)
+    add_json(p)
+    p.add_argument("--repeat", type=positive_int, default=5,
+                   help="timing rounds; each table reports the median (default: 5)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin the process to one core")
+
+
+def run(args):
+    from .cli import write_json
+    from .sample_data import sample_dataset
+
     if not args.no_pin:
         _pin(True)
-    result = run_benchmark(args.root, n=args.n, repeat=args.repeat)
+    root = args.data or sample_dataset(args.images, args.seed)
+    result = run_benchmark(root, n=args.images, repeat=args.repeat, seed=args.seed)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        write_json(args.json, result)
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_args(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

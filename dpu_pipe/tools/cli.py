@@ -333,6 +333,9 @@ COMMANDS = {
                     ".bench_train:add_args", ".bench_train:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
                      ".bench:add_args", ".bench:run"),
+    "bench-transcode": ("what restart-interval transcoding buys: size against region-decode and "
+                        "end-to-end img/s, with Pillow and a C region decode as anchors",
+                        ".bench_transcode:add_args", ".bench_transcode:run"),
     "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "
              "training rate", ".plan:add_args", ".plan:run"),
 }
