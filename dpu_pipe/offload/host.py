@@ -405,6 +405,9 @@ class _Stream:
         if self.pending and self.pending[0][1:] == (epoch, step):
             return
         self.suspend(keep_held=True)
+        # suspend() leaves no stream active; this one is, or another loader starting later
+        # would not cancel the tickets submitted from here on.
+        self.hostgroup.activate(self.loader)
         self.feed = (epoch, step)
 
     def _top_up(self):
@@ -461,6 +464,9 @@ class _Stream:
         deadline."""
         loader, t = self.loader, self.transport
         self._release_held()
+        if self.hostgroup.active is not self.loader:
+            # Another loader ran meanwhile and cancelled this one's work: continue from here.
+            self.start(epoch, step)
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):

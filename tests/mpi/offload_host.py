@@ -344,34 +344,43 @@ def run_bad(args, src, warnings):
 
 
 def run_interleave(args, src, warnings):
-    """Validation in the middle of a training epoch: a second DPULoader iterated to its end
-    while the first one's iteration is open, then the first one continues."""
+    """Two DPULoaders sharing the producers: validation in the middle of a training epoch (a
+    second DPULoader iterated to its end while the first one's iteration is open, then the
+    first one continues), then whole epochs of each in turn."""
     from dpu_pipe import DPULoader
 
     kw = loader_kwargs(args)
     val_kw = dict(kw, train=False, shuffle=False)
-    ref_train = reference_epochs(src, args.batch, 1, **kw)[0]
+    ref_train = reference_epochs(src, args.batch, 2, **kw)
     ref_val = reference_epochs(src, args.batch, 1, **val_kw)[0]
     opts = dict(slots=args.slots[0], timeout=args.timeout, liveness_timeout=args.liveness)
     train = DPULoader(src, args.batch, **opts, **kw)
     val = DPULoader(src, args.batch, **opts, **val_kw)
     t0 = time.monotonic()
-    j = 0
+    j = vals = 0
+
+    def validate():
+        k = 0
+        for vx, vy in val:
+            check_same((vx, vy), ref_val[k], f"val step {k}")
+            k += 1
+        assert k == len(ref_val), k
+        return 1
+
     try:
-        for x, y in train:
-            check_same((x, y), ref_train[j], f"train step {j}")
-            j += 1
-            if j == 3:
-                k = 0
-                for vx, vy in val:
-                    check_same((vx, vy), ref_val[k], f"val step {k}")
-                    k += 1
-                assert k == len(ref_val), k
-        assert j == len(ref_train), j
+        for epoch in range(2):
+            j = 0
+            for x, y in train:
+                check_same((x, y), ref_train[epoch][j], f"train epoch {epoch} step {j}")
+                j += 1
+                if epoch == 0 and j == 3:
+                    vals += validate()
+            assert j == len(ref_train[epoch]), j
+            vals += validate()
     except Exception as exc:
         record_error(args, 0, exc, train_steps=j, seconds=time.monotonic() - t0)
         raise
-    return {"train_steps": j, "val_steps": len(ref_val)}
+    return {"train_steps": j, "val_steps": len(ref_val), "validations": vals}
 
 
 def job_workers():

@@ -317,19 +317,16 @@ def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher,
 
 # --- misuse that must not hang -------------------------------------------------------------------
 
-def test_mid_epoch_validation_with_a_second_loader_does_not_hang(data, tmp_path):
-    """Training with one DPULoader, validating with another after 3 batches: the job must
-    either deliver both streams or fail with a dpu_pipe error, within bounded time."""
+def test_two_loaders_take_turns_on_the_producers(data, tmp_path):
+    """Training with one DPULoader, validating with another after 3 batches and after every
+    epoch: both streams equal Loader's, within bounded time (the loader that starts cancels
+    the other's work in flight, so neither waits for buffers the other holds)."""
     out = str(tmp_path)
-    job = launch(1, 1, "interleave", out, "--data", data, "--timeout", "8", "--liveness", "3",
-                 "--slots", "2", limit=20)
-    err = read(out, "error0.json")
-    assert job.seconds < 18, f"hung (killed at the wall-clock limit)\n{job.explain()}"
-    if job.returncode == 0:
-        assert read(out, "host0.json")["val_steps"] == N // 4
-    else:
-        assert err is not None and err["type"] in (
-            "ConfigError", "PipeTimeout", "ProducerError", "DpuPipeError"), job.explain()
+    job = launch(1, 1, "interleave", out, "--data", data, "--timeout", "20", "--liveness", "10",
+                 "--slots", "2", limit=60)
+    assert job.returncode == 0, f"{read(out, 'error0.json')}\n{job.explain()}"
+    res = read(out, "host0.json")
+    assert res["val_steps"] == N // 4 and res["validations"] == 3
 
 
 # --- every producer busy, request channel, GIL, takeover, early close ---------------------------
