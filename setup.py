@@ -91,9 +91,17 @@ common = dict(
 
 # Every kernel module in src/dpu_pipe/ becomes dpu_pipe.<name>; .pxd files beside them are
 # cimported across modules through include_path.
+sources = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "src", "dpu_pipe", "*.pyx")))
+if not sources:
+    # Without this check a source tree missing its kernels builds a pure-Python wheel that
+    # installs "successfully" and then cannot be imported.
+    sys.exit("dpu_pipe: no Cython sources (src/dpu_pipe/*.pyx) next to setup.py; the source "
+             "distribution is incomplete. Build from a git checkout or a complete sdist.")
 extensions = [
-    Extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", [p], libraries=libs, **common)
-    for p in sorted(glob.glob("src/dpu_pipe/*.pyx"))
+    Extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", [os.path.relpath(p)], libraries=libs,
+              **common)
+    for p in sources
 ]
 
 setup(

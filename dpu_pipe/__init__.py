@@ -1,11 +1,26 @@
 """dpu_pipe: JPEG decode and ImageNet-style augmentation in Cython kernels, runnable on the
 host or offloaded to DPU cores that ship ready batches into the host's memory over MPI RMA."""
 
+try:
+    from . import _jpeg, _ops, _pipeline, _rng  # noqa: F401 - the compiled kernels
+except ImportError as exc:
+    # Without this, the first module that needs a kernel fails with a confusing "cannot
+    # import name ... (most likely due to a circular import)".
+    import os as _os
+    import sysconfig as _sysconfig
+
+    raise ImportError(
+        f"dpu_pipe: the compiled kernels are not built: no importable dpu_pipe._jpeg/_ops/"
+        f"_pipeline/_rng{_sysconfig.get_config_var('EXT_SUFFIX')} in "
+        f"{_os.path.dirname(_os.path.abspath(__file__))}. Install a binary wheel, or "
+        f"build from a source tree (pip install . with Cython, a C compiler and libjpeg-turbo "
+        f"headers; in a checkout: python setup.py build_ext --inplace)") from exc
+
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .build_info import build_info
 from .loader import Loader
 from .offload import DPULoader
-from .packed import pack
+from .packed.writer import pack
 from .transforms import TransformConfig
 from .sources import FileList, ImageFolder, PackedSource, open_source
 

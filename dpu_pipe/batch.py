@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from . import _jpeg, _pipeline
+from . import _validate as _v
 from .errors import ConfigError, DecodeError
 from .transforms import TransformConfig
 
@@ -41,9 +42,7 @@ class BatchProcessor:
             config = TransformConfig.from_dict(config)
         elif not isinstance(config, TransformConfig):
             raise ConfigError(f"config must be a TransformConfig, got {type(config).__name__}")
-        if isinstance(num_threads, (bool, np.bool_)) \
-                or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
-            raise ConfigError(f"num_threads must be an integer >= 1, got {num_threads!r}")
+        num_threads = _v.positive_int(num_threads, "num_threads")
         if num_threads > 1 and not _jpeg.build_flags()["openmp"]:
             warnings.warn("dpu_pipe was built without OpenMP: batches run on one thread "
                           "whatever num_threads says (rebuild with a compiler that has "

@@ -5,7 +5,8 @@ derives from the builtin exception users would reach for (``ValueError``, ``Time
 ``RuntimeError``), so ``except ValueError`` keeps working around bad data.
 """
 
-__all__ = ["DpuPipeError", "DecodeError", "ConfigError", "ProducerError", "PipeTimeout"]
+__all__ = ["DpuPipeError", "DecodeError", "ConfigError", "ProducerError", "PipeTimeout",
+           "TranscodeUnsupported"]
 
 
 class DpuPipeError(Exception):
@@ -24,14 +25,6 @@ class DecodeError(DpuPipeError, ValueError):
         self.index = index
         self.path = path
         super().__init__(message)
-
-    def with_sample(self, *, index=None, path=None):
-        """A copy of this error that also names the sample (the original stays the cause)."""
-        err = DecodeError(self.message,
-                          index=self.index if index is None else index,
-                          path=self.path if path is None else path)
-        err.__cause__ = self.__cause__
-        return err
 
     def __str__(self):
         where = []
@@ -68,3 +61,10 @@ class ProducerError(DpuPipeError, RuntimeError):
 
 class PipeTimeout(DpuPipeError, TimeoutError):
     """A bounded wait ran out: a producer or the consumer stopped answering."""
+
+
+class TranscodeUnsupported(DecodeError):
+    """A JPEG that :func:`dpu_pipe.jpeg.transcode` leaves as it is: libjpeg reads it only with a
+    corrupt-data warning (truncated, extraneous bytes, an inconsistent progression — rewriting
+    it would change what the decoder does with it), or this build cannot read its coefficients
+    (arithmetic coding without arithmetic decoding). Keep the original bytes."""

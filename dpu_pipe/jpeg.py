@@ -21,6 +21,20 @@ with grey); a region that ends before the cut decodes correctly. Other corrupt-d
 ``strict=True``, as Pillow does. A corrupted entropy-coded segment that libjpeg cannot detect
 decodes to wrong pixels: JPEG carries no checksum.
 
+Restart intervals
+-----------------
+A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
+in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
+it: the markers are found by a scan of the entropy-coded data (memchr speed, stopping after the
+last interval needed), the covering intervals plus one MCU all round are copied into a
+per-decoder scratch stream (at most the file's size) with a SOF of the sub-image's size and
+renumbered markers, and that stream is decoded as above. The pixels are those of the plain
+region decode, bit for bit; only the intervals above and beside the region are no longer
+Huffman-decoded. A stream whose markers are missing, misnumbered, misplaced or cut short, or
+whose interval is neither a whole number of MCU rows nor a divisor of one, takes the plain
+region decode (which reports bad data as usual). In ``strict`` mode a corrupt-data warning in
+an interval outside the region goes unnoticed, as it does today below the region.
+
 Budgets
 -------
 ``max_pixels`` (default 100 million) rejects decompression bombs from the header alone;
@@ -32,10 +46,10 @@ from collections import namedtuple
 import numpy as np
 
 from . import _jpeg
-from .errors import ConfigError, DecodeError
+from .errors import ConfigError, DecodeError, TranscodeUnsupported
 
-__all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale",
-           "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_SCANS"]
+__all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale", "transcode",
+           "TranscodeUnsupported", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_SCANS"]
 
 DEFAULT_MAX_PIXELS = 100_000_000
 DEFAULT_MAX_SCANS = 1000
@@ -90,10 +104,7 @@ def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
     """
     _check_budget(max_pixels, DEFAULT_MAX_SCANS)
     view = _as_view(data)
-    try:
-        w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
-    except ValueError as exc:
-        raise DecodeError(str(exc)) from None
+    w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
     return JpegHeader(w, h, comps, _COLORSPACES.get(cs, "UNKNOWN"), progressive)
 
 
@@ -165,13 +176,8 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    try:
-        out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
-                              max_scans)
-    except IndexError as exc:
-        raise ConfigError(str(exc)) from None
-    except ValueError as exc:
-        raise DecodeError(str(exc)) from None
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+                          max_scans)
     return out
 
 
@@ -255,3 +261,59 @@ def _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels):
         hmax = max(hmax, -(-h * s // 8) + 1)
         wmax = max(wmax, -(-w * s // 8) + 1)
     return np.empty((len(bufs), hmax, wmax, 3), dtype=np.uint8)
+
+
+def transcode(data, *, restart_interval=1, optimize=True, copy_markers=True,
+              max_pixels=DEFAULT_MAX_PIXELS, max_scans=DEFAULT_MAX_SCANS):
+    """Rewrite a JPEG losslessly as one baseline Huffman scan with restart markers.
+
+    The DCT coefficients are copied unchanged (``jpeg_read_coefficients`` →
+    ``jpeg_write_coefficients``, as ``jpegtran`` does), so the result decodes to exactly the
+    pixels of ``data`` — whole, by region, at every DCT scale, in fast mode — while a region
+    decode of it Huffman-decodes only the restart intervals covering the region (see the
+    module docstring). Progressive and arithmetic-coded inputs become baseline Huffman.
+
+    Parameters
+    ----------
+    data : bytes-like
+        One complete JPEG stream.
+    restart_interval : int or "row"
+        A restart marker every this many MCUs (1 to 65535), or ``"row"``: one per MCU row.
+        An interval that divides the number of MCUs in a row lets a region skip columns too.
+        An MCU is 8×8 pixels for greyscale, 16×16 for 4:2:0, 16×8 for 4:2:2, 8×8 for 4:4:4.
+    optimize : bool
+        Huffman tables optimized for this image (two passes over the coefficients already in
+        memory; smaller files, same pixels) instead of the standard tables.
+    copy_markers : bool
+        Copy APPn (EXIF, ICC profile, XMP) and COM segments. The JFIF APP0 or Adobe APP14
+        segment that fixes the colour space is always written (by libjpeg, for the stream's
+        colour space: YCbCr, greyscale, RGB, CMYK or YCCK as the original is read).
+    max_pixels, max_scans : int
+        Budgets checked as in :func:`decode` (the input is untrusted).
+
+    Returns
+    -------
+    bytes: the new JPEG. Memory while it runs: the coefficients (2 bytes per sample of every
+    component: 2 × width × height × (1 + 2/chroma-subsampling) bytes) and the output.
+
+    Raises
+    ------
+    TranscodeUnsupported (a DecodeError)
+        Keep ``data`` as it is: libjpeg reads it only with a corrupt-data warning (truncated,
+        extraneous bytes, an inconsistent progressive sequence, a bad Huffman code — rewriting
+        would fix in place what the decoder does with the damage, and strict mode would no
+        longer see it), or this build cannot read its coefficients (arithmetic coding without
+        arithmetic decoding).
+    DecodeError
+        libjpeg cannot read the data at all: not a JPEG, 12-bit or lossless (this libjpeg-turbo
+        reads 8-bit DCT JPEGs only), or over a budget — :func:`decode` fails on it as well.
+    ConfigError
+        An argument is invalid.
+    """
+    _check_budget(max_pixels, max_scans)
+    if restart_interval == "row":
+        interval, rows = 0, 1
+    else:
+        interval, rows = _int(restart_interval, "restart_interval", 1, 65536), 0
+    return _jpeg.transcode(_as_view(data), interval, rows, bool(optimize), bool(copy_markers),
+                           max_pixels, max_scans)

@@ -3,16 +3,21 @@
 It is also the fallback of the offloaded modes, and the reference stream they reproduce.
 """
 
-import math
+import os
 import queue
+import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 
+from . import _validate as _v
+from .device import OutputSpec
 from .rng import check_epoch
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
+from .sources import as_source
 from .steps import StepProducer
 from .transforms import TransformConfig
 
@@ -21,19 +26,32 @@ __all__ = ["Loader"]
 STATE_VERSION = 1
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError("output='torch' needs PyTorch: pip install torch") from None
-    return torch
+#: Environment variables launchers set to the number of processes in the job.
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
+                    "SLURM_NTASKS")
 
 
-def _positive_int(value, name):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+def default_shard(rank, world_size):
+    """``(rank, world_size)`` with what was left unset taken from ``torch.distributed`` when
+    it is initialized, else ``(0, 1)`` — with a warning when the launcher says this process is
+    one of several (every rank would then read the whole dataset)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    torch = sys.modules.get("torch")   # a job using torch.distributed has imported torch
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return (dist.get_rank() if rank is None else rank,
+                dist.get_world_size() if world_size is None else world_size)
+    for var in _WORLD_SIZE_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1 and world_size is None:
+            warnings.warn(f"this process is one of {value} ({var}={value}) but rank and "
+                          f"world_size were not given and torch.distributed is not "
+                          f"initialized: this loader reads the whole dataset, as every other "
+                          f"rank does. Pass rank= and world_size=, or initialize the process "
+                          f"group first.", RuntimeWarning, stacklevel=4)
+            break
+    return (0 if rank is None else rank, 1 if world_size is None else world_size)
 
 
 class _BaseLoader:
@@ -41,26 +59,27 @@ class _BaseLoader:
 
     def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=True,
                  drop_last=True, dtype="float32", layout="CHW", num_threads=1, prefetch=2,
-                 on_error="raise", rank=0, world_size=1, output="numpy", copy=False,
-                 timeout=300.0, **transform_options):
-        self.transform = TransformConfig(train=train, size=size, dtype=dtype, layout=layout,
-                                         **transform_options)
-        if output not in ("numpy", "torch"):
-            raise ConfigError(f"output must be 'numpy' or 'torch', got {output!r}")
-        if output == "torch":
-            _torch()
-        prefetch = _positive_int(prefetch, "prefetch")
-        num_threads = _positive_int(num_threads, "num_threads")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
-                                                                  np.floating)) \
-                or not math.isfinite(timeout) or timeout <= 0:
-            raise ConfigError(f"timeout must be a finite positive number of seconds, got "
-                              f"{timeout!r}")
+                 on_error="raise", rank=None, world_size=None, output=None, copy=False,
+                 device=None, pin_memory=False, memory_format=None, timeout=300.0,
+                 **transform_options):
+        self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
+                              pin_memory=pin_memory, memory_format=memory_format, copy=copy)
+        self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
+                                         dtype=self.out.kernel_dtype,
+                                         layout=self.out.kernel_layout, **transform_options)
+        if shuffle is not None:
+            shuffle = _v.boolean(shuffle, "shuffle")
+        if drop_last is not None:
+            drop_last = _v.boolean(drop_last, "drop_last")
+        prefetch = _v.positive_int(prefetch, "prefetch")
+        num_threads = _v.positive_int(num_threads, "num_threads")
+        source = as_source(source)
+        rank, world_size = default_shard(rank, world_size)
         self.source = source
-        self.output = output
-        self.copy = bool(copy)
+        self.output = self.out.output
+        self.copy = self.out.copy
         self.prefetch = prefetch
-        self.timeout = float(timeout)
+        self.timeout = _v.seconds(timeout, "timeout")
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
                                      drop_last=drop_last, num_threads=num_threads,
@@ -139,12 +158,7 @@ class _BaseLoader:
         return d
 
     def _emit(self, images, labels):
-        if self.copy:
-            images, labels = images.copy(), labels.copy()
-        if self.output == "torch":
-            torch = _torch()
-            return torch.from_numpy(images), torch.from_numpy(labels)
-        return images, labels
+        return self.out.emit(images, labels)
 
     def _advance(self):
         self._step += 1
@@ -180,7 +194,9 @@ class Loader(_BaseLoader):
 
     Parameters
     ----------
-    source : ImageFolder, FileList or PackedSource
+    source : ImageFolder, FileList, PackedSource, or a dataset path
+        A path is opened by :func:`dpu_pipe.sources.as_source`: a directory as an
+        ImageFolder, a packed file as a PackedSource, a ``.txt``/``.csv`` list as a FileList.
     batch_size : int
     train : bool
         RandomResizedCrop + flip (True) or resize + center crop (False).
@@ -188,11 +204,30 @@ class Loader(_BaseLoader):
         Output size in pixels.
     seed : int
         Keys the epoch permutation and every sample's augmentation.
-    shuffle, drop_last, rank, world_size
+    shuffle, drop_last
         Sharding and batching as :class:`dpu_pipe.sampler.EpochSampler`; ``drop_last`` also
         drops the last partial batch (kept, shorter, when False).
-    dtype : "float32", "float16" or "uint8"; layout : "CHW" or "HWC"
-        Batches are (B, 3, H, W) or (B, H, W, 3); float outputs are normalized by mean/std.
+    rank, world_size : int, optional
+        This process's shard. Unset, they come from ``torch.distributed`` when its process
+        group is initialized, else they are 0 and 1 (with a warning when the launcher's
+        environment, e.g. ``WORLD_SIZE``, says the job has several processes).
+    dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
+        Float outputs are normalized by mean/std. bfloat16 is torch-only: the kernel writes
+        float32 and the loader converts.
+    layout : "CHW" or "HWC"
+        Batches are (B, 3, H, W) or (B, H, W, 3).
+    memory_format : torch.channels_last, optional
+        The kernel writes NHWC and the loader yields (B, 3, H, W) tensors that are
+        channels-last in memory, with no copy.
+    output : "numpy", "torch", or None
+        None means torch when a torch-only option (``device``, ``pin_memory``,
+        ``memory_format``, a torch dtype, bfloat16) is given, numpy otherwise.
+    device : str or torch.device, optional
+        Yield tensors on this device. An accelerator device gets each batch through pinned
+        staging buffers and a ``non_blocking`` copy on a side stream, overlapped with the
+        making of the next batch (see :mod:`dpu_pipe.device`).
+    pin_memory : bool
+        Yield CPU tensors in pinned memory (ignored, with a warning, without an accelerator).
     num_threads : int
         Threads decoding each batch.
     prefetch : int
@@ -200,11 +235,17 @@ class Loader(_BaseLoader):
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
         See :class:`dpu_pipe.steps.StepProducer`.
-    output : "numpy" or "torch"
-        torch tensors share memory with the loader's buffers (``torch.from_numpy``).
     copy : bool
-        Yield copies. Without it, **a yielded batch stays valid only until the next one is
-        requested**: its buffer is then reused.
+        Yield images the caller owns.
+
+    Buffers and aliasing
+    --------------------
+    **Without** ``copy``, a device, bfloat16 or pin_memory, **the images of a yielded batch
+    are a view of a reused ring buffer: they stay valid only until the next batch is
+    requested.** Keeping batches across iterations (``held = list(loader)``) then keeps
+    buffers that later batches overwrite. With ``output="torch"`` the tensor shares that
+    memory (``torch.from_numpy``): ``images.clone()``, a ``.to(device)``, or ``copy=True``
+    detaches it. Labels are always a fresh array (or tensor) per batch.
     timeout : float
         Seconds the consumer waits for one batch before raising :class:`PipeTimeout`.
     **transform_options

@@ -19,10 +19,10 @@ provides:
 ``src.classes -> list[str] | None``
     Class names (label ``k`` is ``classes[k]``) when the source has them.
 ``src.relpath(i) -> str``
-    Sample ``i``'s path relative to the dataset root (what a packed file stores).
+    Sample ``i``'s path relative to the dataset root (what a packed dataset stores).
 ``src.describe(i) -> str``
     Where sample ``i`` lives, for error messages: a file path, or
-    ``"packed file X, record i (relpath)"``.
+    ``"packed dataset X, shard k, record i (relpath)"``.
 ``src.spec() -> dict``
     A JSON-serialisable description from which :func:`open_source` reopens an equivalent
     source in another process, e.g. a DPU rank reading the same dataset from a shared file
@@ -42,12 +42,14 @@ import os
 import numpy as np
 
 from .errors import ConfigError, DecodeError
-from .packed import PackedFile, is_packed_file
+from .packed.reader import PackedDataset, is_packed
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "open_source", "open_path",
-           "JPEG_EXTENSIONS"]
+           "as_source", "JPEG_EXTENSIONS", "LIST_EXTENSIONS"]
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
+#: File names a path given to a loader may end with to be read as a :class:`FileList`.
+LIST_EXTENSIONS = (".txt", ".csv", ".lst", ".tsv")
 
 
 def _fingerprint(relpaths, labels):
@@ -337,71 +339,93 @@ def _is_header(text):
 
 
 class PackedSource(Source):
-    """Samples from a packed file (see :mod:`dpu_pipe.packed`), memory-mapped.
+    """Samples from a packed dataset (see :mod:`dpu_pipe.packed`): its directory or manifest.
 
-    ``read(i)`` copies record ``i`` into ``bytes``; ``view(i)`` returns it as a zero-copy
-    ``memoryview`` and ``raw()`` gives ``(buffer, offsets, lengths)`` so a batch decoder can
-    address every record without a Python object per sample. With ``verify_reads`` each read
-    checks the record's CRC and raises :class:`DecodeError` on a mismatch (about a 5 % cost
-    on decode time for 100 KB records), worth it on a file system that may return bad data.
+    Opening reads the manifest's header, shard table and metadata and maps its labels; a
+    shard is mapped, and an index block of it checked, when one of its records is first read,
+    so memory grows with what a rank reads, not with the dataset (at most
+    ``max_open_shards`` shards mapped at once). ``read(i)`` copies record ``i`` into
+    ``bytes``, ``view(i)`` returns it as a zero-copy ``memoryview``, and ``buffers(indices)``
+    gives a batch decoder every record of a batch without a Python object per record when
+    they share a shard. With ``verify_reads`` each read checks the record's CRC (about a 5 %
+    cost on decode time for 100 KB records), worth it on a file system that may return bad
+    data.
 
-    Opening raises :class:`ConfigError` for a file that is missing, foreign, truncated or
-    from an unsupported format version.
+    Opening raises :class:`ConfigError` for a path that is missing or foreign, a damaged
+    manifest, or an unsupported format version (named). A missing, corrupt or foreign shard
+    raises :class:`DecodeError` naming the shard and the record when a record of it is read.
     """
 
     kind = "packed"
 
-    def __init__(self, path, *, verify_reads=False):
-        self._file = PackedFile(path, verify_reads=verify_reads)
-        self._labels = _frozen(self._file.labels)
-        self.classes = self._file.classes
+    def __init__(self, path, *, verify_reads=False, max_open_shards=64):
+        self._ds = PackedDataset(path, verify_reads=verify_reads,
+                                 max_open_shards=max_open_shards)
+        self._labels = self._ds.labels  # memory-mapped: pages load as they are used
+        self.classes = self._ds.classes
 
     @property
     def path(self):
-        return self._file.path
+        """The dataset's directory."""
+        return self._ds.path
 
     @property
-    def file(self):
-        """The underlying :class:`dpu_pipe.packed.PackedFile`."""
-        return self._file
+    def dataset(self):
+        """The underlying :class:`dpu_pipe.packed.PackedDataset`."""
+        return self._ds
+
+    def label(self, i):
+        self._check_index(i)
+        self._ds.entry(i)  # checks the index block, which holds the label too
+        return int(self._labels[i])
 
     def read(self, i):
-        return bytes(self._file.record(i))
+        self._check_index(i)
+        return bytes(self._ds.record(i))
 
     def view(self, i):
-        """Record ``i`` as a read-only ``memoryview`` into the mapping (no copy)."""
-        return self._file.record(i)
+        """Record ``i`` as a read-only ``memoryview`` into its shard's mapping (no copy)."""
+        self._check_index(i)
+        return self._ds.record(i)
 
-    def raw(self):
-        """``(buffer uint8[file_size], offsets uint64[N], lengths uint64[N])``; record i is
-        ``buffer[offsets[i]:offsets[i] + lengths[i]]``."""
-        return self._file.raw()
+    def buffers(self, indices):
+        """``(BufferList, {batch position: DecodeError})`` of the records ``indices``
+        (int64 array of shape (n,)); a record of a missing or corrupt shard gets an empty
+        buffer and an error naming it."""
+        return self._ds.buffers(indices)
 
     def relpath(self, i):
-        return self._file.relpath(i)
+        self._check_index(i)
+        return self._ds.relpath(i)
 
     def describe(self, i):
-        return self._file.describe(i)
+        return self._ds.describe(i)
 
-    def verify(self):
-        """Check every record's CRC; :class:`DecodeError` names the first bad one."""
-        self._file.verify()
+    def verify(self, *, progress=None):
+        """Check every shard on its own (header, index, every record's CRC);
+        :class:`DecodeError` names the first bad shard and how many are bad."""
+        failures = self._ds.check(progress=progress)
+        if failures:
+            k = min(failures)
+            raise DecodeError(f"{len(failures)} of {self._ds.num_shards} shards fail their "
+                              f"check; first: {failures[k]}", path=self._ds.shard_path(k))
 
     def fingerprint(self):
-        # The index CRC covers paths and labels (and offsets); no need to hash them again.
-        return f"crc32:{self._file.header['index_crc32']:08x}"
+        return self._ds.fingerprint  # a CRC chain over the whole index: no need to hash it
 
     def close(self):
-        self._file.close()
+        self._ds.close()
 
     def _spec(self):
-        return {"path": self._file.path, "verify_reads": self._file.verify_reads}
+        return {"path": self._ds.path, "verify_reads": self._ds.verify_reads}
 
     def __getstate__(self):
-        return {"path": self._file.path, "verify_reads": self._file.verify_reads}
+        return {"path": self._ds.path, "verify_reads": self._ds.verify_reads,
+                "max_open_shards": self._ds.max_open_shards}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], verify_reads=state["verify_reads"])
+        self.__init__(state["path"], verify_reads=state["verify_reads"],
+                      max_open_shards=state.get("max_open_shards", 64))
 
 
 _KINDS = {"image_folder", "file_list", "packed"}
@@ -438,16 +462,41 @@ def open_source(spec):
 
 
 def open_path(path, *, root=None):
-    """Open a dataset path as a source: a directory is an :class:`ImageFolder`, a packed
-    file a :class:`PackedSource`, any other file a :class:`FileList` (``root`` applies to
-    file lists only)."""
+    """Open a dataset path as a source: a packed dataset (its directory or manifest) is a
+    :class:`PackedSource`, any other directory an :class:`ImageFolder`, any other file a
+    :class:`FileList` (``root`` applies to file lists only)."""
     path = os.fspath(path)
+    if is_packed(path):
+        if root is not None:
+            raise ConfigError("root= applies to file lists, not to a packed dataset")
+        return PackedSource(path)
     if os.path.isdir(path):
         if root is not None:
             raise ConfigError("root= applies to file lists, not to an ImageFolder directory")
         return ImageFolder(path)
     if not os.path.exists(path):
         raise ConfigError(f"dataset path does not exist: {path}")
-    if is_packed_file(path):
-        return PackedSource(path)
     return FileList(path, root=root)
+
+
+def as_source(obj):
+    """A source from what a loader was given: a source object is returned as it is; a path
+    is opened as a dataset — a directory as an :class:`ImageFolder`, a packed file (found by
+    its header, whatever its name) as a :class:`PackedSource`, a ``.txt``/``.csv``/``.lst``/
+    ``.tsv`` file as a :class:`FileList`. Anything else raises :class:`ConfigError`."""
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        path = os.fsdecode(obj)
+        if os.path.isdir(path):
+            return ImageFolder(path)
+        if not os.path.exists(path):
+            raise ConfigError(f"dataset path does not exist: {path}")
+        if is_packed_file(path):
+            return PackedSource(path)
+        if path.lower().endswith(LIST_EXTENSIONS):
+            return FileList(path)
+        raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), a "
+                          f"packed file, or a file list ({', '.join(LIST_EXTENSIONS)})")
+    if all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__")):
+        return obj
+    raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource) "
+                      f"or a dataset path, got {type(obj).__name__}")

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from . import _jpeg
+from . import _validate as _v
 from .batch import BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
@@ -42,13 +43,9 @@ class StepProducer:
 
     def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
                  world_size=1, drop_last=True, num_threads=1, on_error="raise"):
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        on_error = _v.choice(on_error, "on_error", ON_ERROR)
         self.source = source
-        self.batch_size = int(batch_size)
+        self.batch_size = _v.positive_int(batch_size, "batch_size")
         self.on_error = on_error
         self.drop_last = bool(drop_last)
         self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,
@@ -63,12 +60,8 @@ class StepProducer:
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
         self.labels = np.asarray(source.labels, dtype=np.int64)
-        raw = getattr(source, "raw", None)
-        self._packed = None
-        if raw is not None:
-            buf, offsets, lengths = raw()
-            self._packed = (buf, np.asarray(offsets).view(np.int64),
-                            np.asarray(lengths).astype(np.int64))
+        # A packed source gathers a batch's records itself, without a copy per record.
+        self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
         #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
@@ -84,9 +77,8 @@ class StepProducer:
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
-        if self._packed is not None:
-            buf, offsets, lengths = self._packed
-            return _jpeg.BufferList.from_packed(buf, offsets[indices], lengths[indices]), {}
+        if self._gather is not None:
+            return self._gather(indices)
         datas, errors = [], {}
         for j, i in enumerate(indices.tolist()):
             try:

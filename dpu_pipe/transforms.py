@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from . import _validate as _v
 from .errors import ConfigError
 from .jpeg import DEFAULT_MAX_PIXELS
 
@@ -43,50 +44,44 @@ class TransformConfig:
 
     def __post_init__(self):
         size = self.size
-        if isinstance(size, (int, np.integer)):
-            size = (int(size), int(size))
+        if isinstance(size, (int, np.integer)) and not isinstance(size, (bool, np.bool_)):
+            size = (size, size)
         try:
-            size = tuple(int(v) for v in size)
-        except (TypeError, ValueError):
+            size = tuple(size)
+        except TypeError:
             raise ConfigError(f"size must be an int or (height, width), got {self.size!r}") \
                 from None
-        if len(size) != 2 or min(size) <= 0:
-            raise ConfigError(f"size must be positive (height, width), got {self.size!r}")
+        if len(size) != 2:
+            raise ConfigError(f"size must be an int or (height, width), got {self.size!r}")
+        size = tuple(_v.positive_int(v, "size") for v in size)
         object.__setattr__(self, "size", size)
-        scale = _pair("scale", self.scale)
-        ratio = _pair("ratio", self.ratio)
-        if not (0 < scale[0] <= scale[1] <= 1.0):
+        scale = _v.pair(self.scale, "scale")
+        ratio = _v.pair(self.ratio, "ratio")
+        if not 0 < scale[0] <= scale[1] <= 1.0:
             raise ConfigError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
-        if not (0 < ratio[0] <= ratio[1]):
+        if not 0 < ratio[0]:
             raise ConfigError(f"ratio must satisfy 0 < min <= max, got {self.ratio!r}")
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "ratio", ratio)
-        if not 0.0 <= float(self.flip_p) <= 1.0:
-            raise ConfigError(f"flip_p must be in [0, 1], got {self.flip_p!r}")
-        object.__setattr__(self, "flip_p", float(self.flip_p))
-        resize = int(self.resize) or int(round(min(size) / 0.875))
+        object.__setattr__(self, "flip_p", _v.number(self.flip_p, "flip_p", 0.0, 1.0))
+        resize = _v.integer(self.resize, "resize", low=0) or int(round(min(size) / 0.875))
         if resize < min(size):
             raise ConfigError(f"resize ({resize}) must be at least the crop size {size}")
         object.__setattr__(self, "resize", resize)
-        for name in ("mean", "std"):
-            vals = getattr(self, name)
-            try:
-                vals = tuple(float(v) for v in vals)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{name} must be 3 numbers, got {vals!r}") from None
-            if len(vals) != 3:
-                raise ConfigError(f"{name} must be 3 numbers (R, G, B), got {vals!r}")
-            object.__setattr__(self, name, vals)
-        if min(self.std) <= 0:
+        object.__setattr__(self, "mean", _v.triple(self.mean, "mean"))
+        std = _v.triple(self.std, "std")
+        if min(std) <= 0:
             raise ConfigError(f"std must be positive, got {self.std!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        object.__setattr__(self, "train", bool(self.train))
-        object.__setattr__(self, "fast", bool(self.fast))
-        if int(self.max_pixels) <= 0:
-            raise ConfigError("max_pixels must be positive")
+        object.__setattr__(self, "std", std)
+        dtype = _v.dtype(self.dtype)
+        if dtype not in DTYPES:
+            raise ConfigError(f"the kernel writes {', '.join(DTYPES)}, not {dtype}; a loader "
+                              f"converts its output to bfloat16 (Loader(dtype='bfloat16'))")
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "layout", _v.choice(self.layout, "layout", LAYOUTS))
+        object.__setattr__(self, "train", _v.boolean(self.train, "train"))
+        object.__setattr__(self, "fast", _v.boolean(self.fast, "fast"))
+        object.__setattr__(self, "max_pixels", _v.positive_int(self.max_pixels, "max_pixels"))
 
     @property
     def sample_shape(self):
@@ -115,10 +110,3 @@ class TransformConfig:
             raise ConfigError(f"unknown transform settings: {sorted(unknown)}")
         return cls(**d)
 
-
-def _pair(name, value):
-    try:
-        a, b = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a (min, max) pair, got {value!r}") from None
-    return a, b

@@ -677,6 +677,20 @@ def test_output_torch_without_torch_is_a_config_error(folder, monkeypatch):
 
 # --- batch validity: copy=False reuses buffers, copy=True does not -------------------------------
 
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_labels_kept_across_batches_stay_right(folder, output):
+    """The images of a kept batch are overwritten by design (without copy); its labels are not:
+    a user keeping (x, y) pairs gets every label of a copy=True run."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    with make(folder, 2, prefetch=1, output=output) as loader, \
+            make(folder, 2, copy=True) as check:
+        ref = one_epoch(check)
+        held = [(x, y) for x, y in loader]
+    assert len(held) == len(ref) >= 4
+    assert all(np.array_equal(np.asarray(y), r[1]) for (_, y), r in zip(held, ref))
+
+
 @pytest.mark.parametrize("prefetch", [1, 3], ids=lambda p: f"prefetch{p}")
 def test_without_copy_a_batch_buffer_is_reused_after_prefetch_plus_one_steps(folder, prefetch):
     ring = prefetch + 1
@@ -688,11 +702,13 @@ def test_without_copy_a_batch_buffer_is_reused_after_prefetch_plus_one_steps(fol
             assert np.array_equal(images, ref[k][0]) and np.array_equal(labels, ref[k][1])
             views.append((images, labels))
             if k >= ring:
-                # Batch k lives in the buffer of batch k - (prefetch + 1), which now shows it.
+                # Batch k lives in the buffer of batch k - (prefetch + 1), which now shows it;
+                # labels are fresh arrays and keep their values.
                 old_images, old_labels = views[k - ring]
                 assert np.shares_memory(old_images, images)
-                assert np.shares_memory(old_labels, labels)
-                assert np.array_equal(old_images, images) and np.array_equal(old_labels, labels)
+                assert np.array_equal(old_images, images)
+                assert not np.shares_memory(old_labels, labels)
+                assert np.array_equal(old_labels, ref[k - ring][1])
             for j in range(max(0, k - ring + 1), k):
                 assert not np.shares_memory(views[j][0], images)
         assert len(views) == len(ref) >= 3 * ring

@@ -86,9 +86,9 @@ def test_stats_match_the_files(dataset):
                 sub["gray"] += 1
             else:
                 sub[SAMPLING_NAMES[JpegImagePlugin.get_sampling(im)]] += 1
-    assert stats["mean_width"] == pytest.approx(np.mean(widths), abs=0.05)
-    assert stats["mean_height"] == pytest.approx(np.mean(heights), abs=0.05)
-    assert stats["mean_bytes"] == pytest.approx(np.mean(sizes), abs=0.05)
+    assert stats["mean_width"] == pytest.approx(np.mean(widths), abs=0.0501)
+    assert stats["mean_height"] == pytest.approx(np.mean(heights), abs=0.0501)
+    assert stats["mean_bytes"] == pytest.approx(np.mean(sizes), abs=0.0501)  # 1 decimal
     assert stats["total_bytes"] == sum(sizes)
     assert stats["progressive"] == progressive
     assert stats["gray"] == gray

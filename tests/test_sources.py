@@ -1,20 +1,18 @@
-"""Sources (ImageFolder, FileList, PackedSource), the packed format and the spec round trip."""
+"""Sources (ImageFolder, FileList, PackedSource) and the spec round trip; the packed format
+itself is tested in test_packed.py."""
 
 import io
 import json
 import os
 import pickle
 import shutil
-import struct
-import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from dpu_pipe import packed as packed_mod
-from dpu_pipe.errors import ConfigError, DecodeError, DpuPipeError
-from dpu_pipe.packed import HEADER_SIZE, MAGIC, PackedFile, pack
+from dpu_pipe import pack
+from dpu_pipe.errors import ConfigError, DecodeError
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource, open_path, open_source
 
 
@@ -210,8 +208,6 @@ def test_file_list_missing_list(tmp_path):
         FileList(tmp_path / "nope.txt")
 
 
-# -- packed format ------------------------------------------------------------------------
-
 def assert_same_samples(a, b):
     assert len(a) == len(b)
     assert np.array_equal(a.labels, b.labels)
@@ -219,191 +215,6 @@ def assert_same_samples(a, b):
     for i in range(len(a)):
         assert a.read(i) == b.read(i), i
         assert a.relpath(i) == b.relpath(i)
-
-
-@pytest.mark.parametrize("alignment", [1, 64, 4096])
-def test_pack_round_trip_image_folder(folder, tmp_path, alignment):
-    src = ImageFolder(folder[0])
-    out = tmp_path / "ds.dpk"
-    packed = pack(src, out, progress=False, alignment=alignment)
-    assert isinstance(packed, PackedSource)
-    assert_same_samples(src, packed)
-    reopened = PackedSource(out)
-    assert_same_samples(src, reopened)
-    buf, offsets, lengths = reopened.raw()
-    assert buf.dtype == np.uint8 and offsets.dtype == np.uint64 and lengths.dtype == np.uint64
-    assert np.all(offsets % alignment == 0)
-    for i in range(len(src)):
-        o, n = int(offsets[i]), int(lengths[i])
-        assert buf[o:o + n].tobytes() == src.read(i)
-        assert bytes(reopened.view(i)) == src.read(i)
-    assert reopened.describe(3) == f"packed file {out}, record 3 ({src.relpath(3)})"
-    assert reopened.file.total_bytes == sum(len(src.read(i)) for i in range(len(src)))
-    reopened.verify()
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
-
-
-def test_pack_round_trip_file_list_and_repack(listed, tmp_path):
-    data, names = listed
-    src = FileList([(str(data / n), k * 11 - 3) for k, n in enumerate(names)])
-    first = pack(src, tmp_path / "a.dpk", progress=False)
-    assert_same_samples(src, first)
-    second = pack(first, tmp_path / "b.dpk", progress=False)  # a packed source packs too
-    assert_same_samples(src, second)
-
-
-def test_pack_layout_matches_documented_format(folder, tmp_path):
-    """Parse the file with struct and the documented offsets alone, as a reader in another
-    language or on another architecture would."""
-    src = ImageFolder(folder[0])
-    out = tmp_path / "ds.dpk"
-    pack(src, out, progress=False, alignment=64)
-    raw = out.read_bytes()
-    (magic, version, header_size, count, data_offset, data_size, index_offset, index_size,
-     paths_size, meta_size, alignment, index_crc) = struct.unpack_from("<8sIIQQQQQQQII", raw, 0)
-    assert (magic, version, header_size, alignment) == (MAGIC, 1, 128, 64)
-    assert raw[80:124] == bytes(44)
-    assert struct.unpack_from("<I", raw, 124)[0] == zlib.crc32(raw[:124])
-    assert count == len(src) and len(raw) == index_offset + index_size
-    index = raw[index_offset:]
-    assert zlib.crc32(index) == index_crc
-    offsets = struct.unpack_from(f"<{count}Q", index, 0)
-    lengths = struct.unpack_from(f"<{count}Q", index, 8 * count)
-    labels = struct.unpack_from(f"<{count}q", index, 16 * count)
-    path_end = struct.unpack_from(f"<{count}Q", index, 24 * count)
-    crcs = struct.unpack_from(f"<{count}I", index, 32 * count)
-    fixed = 36 * count + (-36 * count) % 8
-    paths = index[fixed:fixed + paths_size]
-    meta = json.loads(index[fixed + paths_size:].decode("utf-8"))
-    assert fixed + paths_size + meta_size == index_size
-    assert meta["classes"] == src.classes and meta["source"] == src.spec()
-    assert data_offset <= offsets[0] and offsets[-1] + lengths[-1] <= data_offset + data_size
-    for i in range(count):
-        rec = raw[offsets[i]:offsets[i] + lengths[i]]
-        assert rec == src.read(i)
-        assert crcs[i] == zlib.crc32(rec)
-        assert labels[i] == src.label(i)
-        lo = path_end[i - 1] if i else 0
-        assert paths[lo:path_end[i]].decode("utf-8") == src.relpath(i)
-
-
-def record_position(path, i):
-    with PackedFile(path) as f:
-        return int(f.offsets[i]), int(f.lengths[i])
-
-
-def flip_byte(path, pos):
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
-def test_verify_detects_corrupted_record(folder, tmp_path):
-    out = tmp_path / "ds.dpk"
-    pack(ImageFolder(folder[0]), out, progress=False)
-    off, n = record_position(out, 5)
-    flip_byte(out, off + n // 2)
-    src = PackedSource(out)  # the index is intact, so opening works
-    assert src.file.find_corrupt().tolist() == [5]
-    with pytest.raises(DecodeError, match="1 of 8 packed records fail") as info:
-        src.verify()
-    assert info.value.index == 5 and "record 5" in info.value.path
-    checked = PackedSource(out, verify_reads=True)
-    checked.read(4)
-    with pytest.raises(DecodeError, match="CRC") as info:
-        checked.read(5)
-    assert info.value.index == 5
-
-
-def test_pack_verify_catches_bad_write_and_keeps_old_file(folder, tmp_path, monkeypatch):
-    out = tmp_path / "ds.dpk"
-    out.write_bytes(b"previous contents")
-    real_fsync = os.fsync
-
-    def corrupting_fsync(fd):
-        # Stands in for storage that returns other bytes than were written.
-        if os.fstat(fd).st_size > HEADER_SIZE:
-            os.pwrite(fd, b"\x00\x01\x02", HEADER_SIZE + 10)
-        real_fsync(fd)
-
-    monkeypatch.setattr(packed_mod.os, "fsync", corrupting_fsync)
-    with pytest.raises(DpuPipeError, match="written packed file failed: 1 records differ"):
-        pack(ImageFolder(folder[0]), out, progress=False)
-    assert out.read_bytes() == b"previous contents"
-    assert sorted(os.listdir(tmp_path)) == ["ds", "ds.dpk"]  # no temporary file left
-
-
-def test_pack_unreadable_source_file(folder, tmp_path):
-    src = ImageFolder(folder[0])
-    os.remove(src.describe(3))
-    with pytest.raises(DecodeError, match="cannot read") as info:
-        pack(src, tmp_path / "ds.dpk", progress=False)
-    assert info.value.index == 3
-    assert sorted(os.listdir(tmp_path)) == ["ds"]
-
-
-def test_pack_argument_errors(folder, tmp_path):
-    src = ImageFolder(folder[0])
-    with pytest.raises(ConfigError, match="power of two"):
-        pack(src, tmp_path / "x.dpk", alignment=48)
-    with pytest.raises(ConfigError, match="needs a dpu_pipe source"):
-        pack([b"abc"], tmp_path / "x.dpk")
-    with pytest.raises(ConfigError, match="output directory does not exist"):
-        pack(src, tmp_path / "no" / "x.dpk")
-
-
-def test_pack_progress_bar(folder, tmp_path, capsys):
-    pack(ImageFolder(folder[0]), tmp_path / "ds.dpk", progress=True)
-    err = capsys.readouterr().err
-    assert "packing ds.dpk" in err and "8/8 (100.0 %)" in err and "verifying ds.dpk" in err
-    pack(ImageFolder(folder[0]), tmp_path / "ds.dpk", progress=False)
-    assert capsys.readouterr().err == ""
-
-
-@pytest.fixture
-def packed_file(folder, tmp_path):
-    out = tmp_path / "ds.dpk"
-    pack(ImageFolder(folder[0]), out, progress=False)
-    return out
-
-
-def rewrite_header(raw, **fields):
-    """Change header fields and recompute the header CRC, as a different writer would."""
-    h = np.frombuffer(raw[:HEADER_SIZE], dtype=packed_mod._HEADER_DTYPE).copy()
-    for k, v in fields.items():
-        h[0][k] = v
-    head = bytearray(h.tobytes())
-    head[124:] = zlib.crc32(head[:124]).to_bytes(4, "little")
-    return bytes(head) + raw[HEADER_SIZE:]
-
-
-@pytest.mark.parametrize("damage, match", [
-    (lambda raw: raw[:-1], "truncated: the header describes"),
-    (lambda raw: raw[:len(raw) // 2], "truncated"),
-    (lambda raw: raw[:50], "truncated: 50 bytes"),
-    (lambda raw: b"", "not a dpu_pipe packed file"),
-    (lambda raw: raw + b"\0", "followed by unexpected bytes"),
-    (lambda raw: jpeg_bytes(0), "not a dpu_pipe packed file"),
-    (lambda raw: b"path,label\na.jpg,1\n" * 20, "not a dpu_pipe packed file"),
-    (lambda raw: rewrite_header(raw, version=2), "version 2 is not supported.*newer"),
-    (lambda raw: raw[:16] + b"\x07" + raw[17:], "header .* corrupted"),
-    (lambda raw: raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:], "index .* corrupted"),
-    (lambda raw: rewrite_header(raw, alignment=3), "invalid record alignment"),
-    (lambda raw: rewrite_header(raw, data_size=10**12), "inconsistent part sizes"),
-], ids=["minus-1-byte", "half", "short-header", "empty", "trailing-byte", "jpeg", "text",
-        "version", "header-crc", "index-crc", "alignment", "sizes"])
-def test_damaged_or_foreign_packed_file(packed_file, tmp_path, damage, match):
-    bad = tmp_path / "bad.dpk"
-    bad.write_bytes(damage(packed_file.read_bytes()))
-    with pytest.raises(ConfigError, match=match):
-        PackedSource(bad)
-
-
-def test_missing_packed_file(tmp_path):
-    with pytest.raises(ConfigError, match="cannot open packed file"):
-        PackedSource(tmp_path / "nope.dpk")
 
 
 # -- spec, open_source, pickling ----------------------------------------------------------
@@ -416,7 +227,7 @@ def all_sources(folder, listed, tmp_path):
                    encoding="utf-8")
     from_file = FileList(lst)
     from_rows = FileList([(str(data / n), k) for k, n in enumerate(names)])
-    pk = pack(img, tmp_path / "ds.dpk", progress=False)
+    pk = pack(img, tmp_path / "ds.dpk", progress=False, transcode=False)
     return {"image_folder": img, "file_list": from_file, "rows": from_rows, "packed": pk}
 
 
@@ -457,7 +268,7 @@ def test_pickle(folder, listed, tmp_path):
         assert_same_samples(src, again)
         if name == "packed":  # pickles its path, not its data
             assert len(blob) < 1000
-            assert again.raw()[0].filename == src.raw()[0].filename
+            assert again.path == src.path
 
 
 def test_open_path_dispatch(folder, listed, tmp_path):
@@ -473,7 +284,7 @@ def test_packed_survives_moving_the_original_tree(folder, tmp_path):
     root, files = folder
     out = tmp_path / "ds.dpk"
     expected = {rel: jpeg_bytes(seed) for rel, seed in files.items()}
-    pack(ImageFolder(root), out, progress=False)
+    pack(ImageFolder(root), out, progress=False, transcode=False)
     shutil.rmtree(root)
     src = PackedSource(out)
     assert {src.relpath(i): src.read(i) for i in range(len(src))} == expected

@@ -9,7 +9,7 @@ The region methods decode the boxes torchvision's ``RandomResizedCrop`` would cu
 0.08-1, aspect 3/4-4/3, 10 attempts then a central crop), drawn once with a fixed seed before
 timing, so every method and every round sees the same boxes.
 
-``add_args``/``run`` back the ``dpu-pipe bench`` command.
+``add_args``/``run`` back the ``dpu-pipe bench-decode`` command.
 """
 
 import gc
@@ -79,10 +79,17 @@ def load_buffers(root_or_files, n=None):
 
     ``root_or_files`` is a dataset directory (one made by
     :func:`dpu_pipe.tools.sample_data.make_imagenet_like` is read in sample order, any other is
-    searched recursively for ``.jpg``/``.jpeg`` files in path order), one file, or a sequence
-    of paths. Returns ``(paths, buffers)``: the first ``n`` paths (all when ``n`` is None) and
+    searched recursively for ``.jpg``/``.jpeg`` files in path order), a packed file or a file
+    list (read in sample order), one JPEG file, or a sequence of paths. Returns ``(paths, buffers)``: the first ``n`` paths (all when ``n`` is None) and
     their contents as ``bytes``.
     """
+    if isinstance(root_or_files, (str, os.PathLike)) and os.path.isfile(root_or_files) \
+            and not str(root_or_files).lower().endswith(_EXTENSIONS):
+        # A packed file or a file list: the dataset's own samples, read through its source.
+        from ..sources import as_source
+        src = as_source(root_or_files)
+        count = len(src) if n is None else min(n, len(src))
+        return [src.describe(i) for i in range(count)], [src.read(i) for i in range(count)]
     files = _list_files(root_or_files)
     if n is not None:
         files = files[:n]
@@ -398,49 +405,60 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-# -- command line (``dpu-pipe bench``) ---------------------------------------------------
+# -- command line (``dpu-pipe bench-decode``) --------------------------------------------------
 
 def add_args(p):
-    """Arguments of ``dpu-pipe bench`` on an argparse (sub)parser."""
-    p.add_argument("path", nargs="?",
-                   help="JPEG directory or file (default: an ImageNet-like sample dataset "
-                        "made from real photographs under --cache)")
-    p.add_argument("-n", type=int, default=1000, help="number of images (default: 1000)")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default: 3)")
-    p.add_argument("--core", type=int, help="core to pin to (default: the last allowed one)")
+    """Arguments of ``dpu-pipe bench-decode`` on an argparse (sub)parser."""
+    from .cli import add_data, add_images, add_json, add_plots, add_seed, nonnegative_int, \
+        positive_int
+
+    add_data(p, "JPEG dataset to measure (only read, never written)")
+    add_images(p, 1000)
+    p.add_argument("--repeat", type=positive_int, default=3,
+                   help="interleaved timing rounds (default: 3)")
+    p.add_argument("--core", type=nonnegative_int,
+                   help="core to pin to (default: the last allowed one)")
     p.add_argument("--no-pin", action="store_true", help="do not pin to one core")
     p.add_argument("--methods", help=f"comma-separated subset of: {', '.join(METHODS)}")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the crop boxes and of the sample dataset (default: 0)")
-    p.add_argument("--cache", default=os.path.join(".cache", "dpu_pipe"),
-                   help="where the sample dataset is made (default: .cache/dpu_pipe)")
+    add_seed(p)
+    add_json(p)
+    add_plots(p)
 
 
 def run(args):
-    """``dpu-pipe bench``: print the decode benchmark table; returns the exit status."""
+    """``dpu-pipe bench-decode``: print the decode benchmark table; returns the exit status."""
     import sys
+
+    from .cli import write_json
+    from .progress import bar
 
     methods = None if not args.methods else [m.strip() for m in args.methods.split(",")]
     unknown = [m for m in methods or () if m not in METHODS]
     if unknown:  # before the dataset is made, which takes a minute
-        raise ConfigError(f"unknown decode methods {unknown}; choose from {list(METHODS)}")
-    path = args.path
+        raise ConfigError(f"--methods: unknown decode methods {unknown}; choose from "
+                          f"{list(METHODS)}")
+    path = args.data
     if path is None:
-        from .sample_data import make_imagenet_like
-        # Sample i depends on (seed, i) only: one dataset of at least 1000 serves every -n.
-        size = max(args.n, 1000)
-        path = os.path.join(args.cache, f"imagenet_like_n{size}_s{args.seed}")
-        print(f"sample dataset: {path} (made once, then reused)", file=sys.stderr)
-        stats = make_imagenet_like(path, n=size, classes=10, seed=args.seed)
-        print(f"  {stats['count']} JPEGs, mean {stats['mean_width']:.0f}x"
-              f"{stats['mean_height']:.0f} px, {stats['mean_bytes'] / 1000:.0f} kB",
+        from .sample_data import sample_dataset
+        path = sample_dataset(args.images, seed=args.seed, progress=True)
+        print(f"sample dataset: {path}", file=sys.stderr)
+    with bar(args.repeat, "rounds", unit="round") as b:
+        rows = decode_benchmark(path, n=args.images, repeat=args.repeat,
+                                pin_core=False if args.no_pin else (True if args.core is None
+                                                                    else args.core),
+                                methods=methods, seed=args.seed,
+                                progress=lambda s: b.update(1))
+    result = {"benchmark": "decode", "data": str(path), "n": rows[0]["images"] if rows else 0,
+              "repeat": args.repeat, "rows": rows}
+    if args.json:
+        write_json(args.json, result)
+    if args.json != "-":
+        print(format_table(rows))
+    if args.plots:
+        from .plots import plot_rates
+        os.makedirs(args.plots, exist_ok=True)
+        print(f"wrote {plot_rates(result, os.path.join(args.plots, 'decode_rates.png'))}",
               file=sys.stderr)
-    rows = decode_benchmark(path, n=args.n, repeat=args.repeat,
-                            pin_core=False if args.no_pin else (True if args.core is None
-                                                                else args.core),
-                            methods=methods, seed=args.seed,
-                            progress=lambda s: print(s, file=sys.stderr))
-    print(format_table(rows))
     return 0
 
 

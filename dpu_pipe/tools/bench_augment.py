@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import rng
 from ..batch import BatchProcessor
+from ..errors import ConfigError, DpuPipeError
 from .bench import _pin, load_buffers
 from ..jpeg import decode_batch, read_header
 from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
@@ -25,6 +26,7 @@ from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 __all__ = ["augment_benchmark", "format_augment_table", "add_args", "run"]
 
 SIZE = 224
+DECODE_ONLY = "dpu_pipe region decode only"
 MEAN = np.array(IMAGENET_MEAN, np.float32).reshape(3, 1, 1)
 STD = np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1)
 
@@ -73,11 +75,14 @@ def _baselines(buffers, boxes, flips):
 def _time_methods(methods, n, chunk, repeat):
     """{name: [seconds per round]}: methods take turns every `chunk` images."""
     times = {name: [] for name in methods}
-    for _ in range(repeat):
+    order = list(methods)
+    for r in range(repeat):
         spent = dict.fromkeys(methods, 0.0)
-        for start in range(0, n, chunk):
+        for c, start in enumerate(range(0, n, chunk)):
             stop = min(n, start + chunk)
-            for name, fn in methods.items():
+            k = (r + c) % len(order)    # each method leads in turn: no fixed neighbour
+            for name in order[k:] + order[:k]:
+                fn = methods[name]
                 t0 = time.perf_counter()
                 fn(start, stop)
                 spent[name] += time.perf_counter() - t0
@@ -88,9 +93,23 @@ def _time_methods(methods, n, chunk, repeat):
 
 def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoch=0,
                       threads=2):
-    """Run the benchmark; returns a dict with rows of (method, img/s, ratio vs Pillow)."""
+    """Run the benchmark on up to ``n`` images of ``root_or_files`` (see
+    :func:`dpu_pipe.tools.bench.load_buffers`); returns a JSON-serialisable dict: ``rows``
+    (method, median img/s, min and max over rounds, ratio to Pillow), ``split_ms`` (decode,
+    augment and total milliseconds per image of the accurate kernel), thread scaling."""
     _, buffers = load_buffers(root_or_files, n)
+    usable = []
+    for b in buffers:   # a user's dataset may hold files that are not decodable JPEGs
+        try:
+            read_header(b)
+            usable.append(b)
+        except DpuPipeError:
+            pass
+    skipped = len(buffers) - len(usable)
+    buffers = usable
     n = len(buffers)
+    if n == 0:
+        raise ConfigError(f"no decodable JPEG among the images of {root_or_files}")
     boxes, flips = _params(buffers, seed, epoch)
     out = np.empty((n, 3, SIZE, SIZE), np.float32)
     indices = np.arange(n, dtype=np.int64)
@@ -112,22 +131,32 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
 
     # Decode alone (same regions, same DCT scales) tells what the fused kernel costs after it.
     info = kernels["dpu_pipe (accurate)"].run(buffers, indices, epoch=epoch, seed=seed)[1]
-    regions = info[:, 1:5].astype(np.int64)
-    slot = np.empty((chunk, 1100, 1100, 3), np.uint8)
+    regions = np.ascontiguousarray(info[:, 1:5], dtype=np.int64)
+    # The decode slot is sized for the largest decoded region of this dataset and touched
+    # once before timing: a fresh buffer's first-touch page faults would otherwise be
+    # charged to the decode.
+    scale = info[:, 6].astype(np.int64)
+    hmax = int((-(-regions[:, 2] * scale // 8) + 1).max())
+    wmax = int((-(-regions[:, 3] * scale // 8) + 1).max())
+    slot = np.zeros((min(chunk, n), hmax, wmax, 3), np.uint8)
 
     def decode_only(start, stop):
-        decode_batch(buffers[start:stop], slot[:stop - start], regions=regions[start:stop],
-                     min_size=(SIZE, SIZE))
+        _, _, errors = decode_batch(buffers[start:stop], slot[:stop - start],
+                                    regions=regions[start:stop], min_size=(SIZE, SIZE),
+                                    on_error="return")
+        assert not errors, errors
 
     methods = {name: per_image(fn) for name, fn in _baselines(buffers, boxes, flips).items()}
     methods.update({name: kernel_method(bp) for name, bp in kernels.items()})
-    methods["dpu_pipe region decode only"] = decode_only
+    methods[DECODE_ONLY] = decode_only
     # Equal outputs first: the same crop and flip everywhere (up to interpolation details).
     ref = np.empty((1, 3, SIZE, SIZE), np.float32)
     _baselines(buffers, boxes, flips)["Pillow + numpy"](0, ref[0])
     kernels["dpu_pipe (accurate)"].run(buffers[:1], indices[:1], epoch=epoch, seed=seed,
                                        out=out[:1])
     mad = float(np.abs(out[0] - ref[0]).mean())
+    for fn in methods.values():   # warm-up pass: code paths, caches, allocations
+        fn(0, min(chunk, n))
 
     previous, _ = _pin(True)
     try:
@@ -135,11 +164,13 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
     finally:
         if previous:
             os.sched_setaffinity(0, previous)
-    rows = []
     ref_rate = n / statistics.median(times["Pillow + numpy"])
+    rows = []
     for name, ts in times.items():
-        rate = n / statistics.median(ts)
-        rows.append((name, rate, rate / ref_rate))
+        rates = [n / t for t in ts]
+        rows.append({"method": name, "img_per_s": statistics.median(rates),
+                     "min": min(rates), "max": max(rates),
+                     "vs_pillow": statistics.median(rates) / ref_rate})
 
     # Threads, on all cores, one batch call each: the kernel's OpenMP threads against the
     # other way to use them — one single-threaded kernel per Python thread, each on a share.
@@ -169,45 +200,77 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
                 th.join()
             runs.append(time.perf_counter() - t0)
         pythreads = n / statistics.median(runs)
-    rate = {name: r for name, r, _ in rows}
-    kernel_share = 1 - rate["dpu_pipe (accurate)"] / rate["dpu_pipe region decode only"]
-    return {"n": n, "rows": rows, "threads": scaling, "python_threads": pythreads,
-            "kernel_share": kernel_share,
-            "mad_vs_pillow": mad, "cores": len(os.sched_getaffinity(0))}
+    # Per-image time of the fused kernel = its region decode + the rest (resample, flip,
+    # normalize, layout), both medians of the same interleaved rounds.
+    total_ms = 1000 * statistics.median(times["dpu_pipe (accurate)"]) / n
+    decode_ms = 1000 * statistics.median(times[DECODE_ONLY]) / n
+    return {"benchmark": "augment", "data": str(root_or_files), "n": n, "repeat": repeat,
+            "rows": rows, "threads": {str(k): v for k, v in scaling.items()},
+            "python_threads": pythreads,
+            "split_ms": {"decode": decode_ms, "augment": total_ms - decode_ms,
+                         "total": total_ms},
+            "mad_vs_pillow": mad, "cores": len(os.sched_getaffinity(0)),
+            "skipped_undecodable": skipped}
 
 
 def format_augment_table(result):
     lines = [f"decode → RandomResizedCrop {SIZE} → flip → normalize, float32 CHW, "
-             f"{result['n']} images, one core:", "",
-             "| method | img/s | vs Pillow + numpy |", "|---|---:|---:|"]
-    for name, rate, ratio in result["rows"]:
-        lines.append(f"| {name} | {rate:.0f} | {ratio:.2f}x |")
-    t = result["threads"]
+             f"{result['n']} images of {result['data']}, one core, median (min–max) of "
+             f"{result['repeat']} interleaved rounds:", "",
+             "| method | img/s | min–max | vs Pillow + numpy |", "|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['method']} | {r['img_per_s']:.0f} | {r['min']:.0f}–{r['max']:.0f} "
+                     f"| {r['vs_pillow']:.2f}x |")
+    t = {int(k): v for k, v in result["threads"].items()}
     one, many = min(t), max(t)
+    sp = result["split_ms"]
     lines += ["", f"threads: {t[one]:.0f} img/s on {one}, {t[many]:.0f} img/s on {many} "
               f"({t[many] / t[one]:.2f}x, {result['cores']} cores available); "
               f"{many} Python threads with a one-thread kernel each: "
               f"{result['python_threads'] or 0:.0f} img/s",
-              f"fused resample+flip+normalize after decode: {result['kernel_share']:.1%} of "
-              f"the per-image time",
+              f"per image, dpu_pipe (accurate): region decode {sp['decode']:.2f} ms + "
+              f"resample/flip/normalize {sp['augment']:.2f} ms = {sp['total']:.2f} ms",
               f"mean |dpu_pipe - Pillow| on a sample: {result['mad_vs_pillow']:.4f} "
               f"(normalized units)"]
     return "\n".join(lines)
 
 
 def add_args(p):
-    p.add_argument("--data", default=os.path.join(".cache", "dpu_pipe", "imagenet_like_n1000_s0"),
-                   help="ImageNet-like dataset to use (made from real photographs when absent)")
-    p.add_argument("-n", "--images", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=5)
+    from .cli import add_data, add_images, add_json, add_plots, add_seed, positive_int
+
+    add_data(p, "JPEG dataset to measure (only read, never written)")
+    add_images(p, 1000)
+    p.add_argument("--repeat", type=positive_int, default=5,
+                   help="interleaved timing rounds (default: 5)")
+    p.add_argument("--threads", type=positive_int, default=2,
+                   help="threads of the scaling measurement (default: 2)")
+    add_seed(p)
+    add_json(p)
+    add_plots(p)
 
 
 def run(args):
-    from .sample_data import make_imagenet_like
+    import sys
 
-    make_imagenet_like(args.data, n=max(args.images, 1000), seed=0)
-    print(format_augment_table(augment_benchmark(args.data, n=args.images,
-                                                 repeat=args.repeat)))
+    from .cli import write_json
+    from .sample_data import sample_dataset
+
+    data = args.data
+    if data is None:
+        data = sample_dataset(args.images, seed=args.seed, progress=True)
+        print(f"sample dataset: {data}", file=sys.stderr)
+    result = augment_benchmark(data, n=args.images, repeat=args.repeat, seed=args.seed,
+                               threads=args.threads)
+    if args.json:
+        write_json(args.json, result)
+    if args.json != "-":
+        print(format_augment_table(result))
+    if args.plots:
+        from .plots import plot_rates, plot_split
+        os.makedirs(args.plots, exist_ok=True)
+        for path in (plot_rates(result, os.path.join(args.plots, "augment_rates.png")),
+                     plot_split(result, os.path.join(args.plots, "augment_split.png"))):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

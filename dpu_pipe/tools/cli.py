@@ -19,7 +19,77 @@ import sys
 
 from ..errors import ConfigError, DpuPipeError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "main", "add_data", "add_images", "add_seed", "add_json", "add_plots",
+           "positive_int", "nonnegative_int"]
+
+
+# -- the flags every subcommand spells the same way ---------------------------------------
+# --data PATH, -n/--images N, --seed S, --json PATH, --plots DIR: one meaning everywhere,
+# help on every option, and argparse errors that name the flag ("argument -n/--images: ...").
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text):
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text, low):
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+    return value
+
+
+def add_data(p, what="dataset to use"):
+    p.add_argument("--data", metavar="PATH",
+                   help=f"{what}: an ImageFolder directory, a packed file or a file list "
+                        f"(default: an ImageNet-like dataset made once from real photographs "
+                        f"under $XDG_CACHE_HOME/dpu_pipe, i.e. ~/.cache/dpu_pipe)")
+
+
+def add_images(p, default, what="images"):
+    p.add_argument("-n", "--images", type=positive_int, default=default, metavar="N",
+                   help=f"number of {what} (default: {default})")
+
+
+def add_seed(p):
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the random crops and of a generated dataset (default: 0)")
+
+
+def add_json(p):
+    p.add_argument("--json", metavar="PATH", nargs="?", const="-",
+                   help="write the results as JSON to PATH; without PATH (or with '-'), print "
+                        "them as JSON on stdout instead of the table")
+
+
+def add_plots(p):
+    p.add_argument("--plots", metavar="DIR",
+                   help="also write PNG plots of the results into DIR (needs matplotlib)")
+
+
+def write_json(path, result):
+    """Write ``result`` as JSON to ``path`` (``-`` = stdout)."""
+    text = json.dumps(result, indent=2, default=_jsonable)
+    if path == "-":
+        print(text)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def _jsonable(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
 
 
 # -- pack -------------------------------------------------------------------------------
@@ -27,27 +97,60 @@ __all__ = ["COMMANDS", "main"]
 def _pack_args(p):
     p.add_argument("src", help="dataset: an ImageFolder directory (root/<class>/*.jpg), "
                                "a file list ('path,label' or 'path label' per line), "
-                               "or a packed file")
-    p.add_argument("out", help="packed file to write (replaced atomically)")
+                               "or a packed dataset")
+    p.add_argument("out", help="packed dataset directory to write (an existing packed "
+                               "dataset there is replaced once the new one is complete)")
+    p.add_argument("--shard-size", default="1GiB",
+                   help="target bytes per shard, e.g. 1GiB, 256MiB, 500MB (default: 1GiB)")
+    p.add_argument("--no-transcode", dest="transcode", action="store_false",
+                   help="keep each JPEG's original bytes instead of transcoding it losslessly "
+                        "to baseline with restart markers")
+    p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
+                   help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
+                        "interval per MCU row (default: 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads reading and transcoding records (default: 1)")
     p.add_argument("--root", help="directory that relative paths of a file list are "
                                   "resolved against (default: the list's directory)")
-    p.add_argument("--alignment", type=int, default=64,
+    p.add_argument("--alignment", type=positive_int, default=64,
                    help="record alignment in bytes, a power of two (default: 64)")
     p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="skip re-reading the written file to check every record's CRC")
+                   help="skip re-reading each written shard to check every record's CRC")
+    add_json(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
+def _interval(text):
+    return text if text == "row" else int(text)
+
+
 def _pack_run(args):
-    from ..packed import pack
+    from ..packed.writer import pack, parse_size
     from ..sources import open_path
 
     src = open_path(args.src, root=args.root)
-    packed = pack(src, args.out, progress=not args.quiet, verify=args.verify,
-                  alignment=args.alignment)
-    size = os.path.getsize(packed.path)
-    print(f"wrote {packed.path}: {len(packed)} records, {size} bytes"
-          f"{', verified' if args.verify else ''}")
+    packed = pack(src, args.out, shard_size=parse_size(args.shard_size),
+                  transcode=args.transcode, restart_interval=args.restart_interval,
+                  threads=args.threads, progress=False if args.quiet else None,
+                  verify=args.verify, alignment=args.alignment)
+    summary = _packed_summary(packed)
+    summary["verified"] = bool(args.verify)
+    if args.json:
+        write_json(args.json, summary)
+        if args.json == "-":
+            return 0
+    formats = ", ".join(f"{n} {name.upper()}" for name, n in summary["formats"].items())
+    growth = summary["size_growth"]
+    print(f"wrote {summary['path']}: {summary['count']} records ({formats}) in "
+          f"{summary['shards']} shards, {summary['total_bytes']} bytes of records; "
+          f"{summary['transcoded']} JPEGs transcoded"
+          + (f" ({100 * growth:+.1f} % in size)" if summary["transcoded"] else "")
+          + (", every shard re-read and its CRCs checked" if args.verify else ""))
+    if summary["unreadable"]:
+        print(f"{summary['unreadable']} records have a header their decoder cannot read "
+              f"(kept; a loader reports them): "
+              f"{', '.join(packed.dataset.meta['unreadable_examples'][:5])}"
+              f"{', ...' if summary['unreadable'] > 5 else ''}")
     return 0
 
 
@@ -55,31 +158,63 @@ def _pack_run(args):
 
 def _info_args(p):
     p.add_argument("path", nargs="?",
-                   help="also summarise this dataset (directory, file list or packed file)")
+                   help="also summarise this dataset (directory, file list or packed dataset)")
     p.add_argument("--root", help="root for relative paths of a file list")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--verify", action="store_true",
+                   help="packed dataset: check every shard (index and record CRCs) and "
+                        "name the ones that fail")
+    add_json(p)
 
 
-def _summary(path, root):
+def _packed_summary(src):
+    """What a packed dataset's manifest says: counts, shards, sizes, formats, transcoding."""
+    from ..packed.format import FORMATS
+
+    ds = src.dataset
+    meta = ds.meta
+    data, orig = int(meta["data_bytes"]), int(meta["orig_bytes"])
+    return {
+        "path": ds.path,
+        "format": f"dpu_pipe packed v{ds.header['version']}",
+        "count": len(src),
+        "shards": ds.num_shards,
+        "total_bytes": data,
+        "original_bytes": orig,
+        "size_growth": data / orig - 1 if orig else 0.0,
+        "transcoded": int(ds.shards["transcoded"].sum()),
+        "transcode": meta.get("transcode"),
+        "formats": {name: meta["formats"][name] for name in FORMATS
+                    if name in meta.get("formats", {})},
+        "unreadable": int(meta.get("unreadable", 0)),
+        "classes": src.classes,
+        # From the manifest: a billion labels are not read to summarise them.
+        "num_labels": meta["num_labels"],
+        "label_range": meta["label_range"],
+    }
+
+
+def _summary(path, root, verify):
     """Count, classes, total bytes and format of the dataset at ``path``."""
-    from ..packed import VERSION
     from ..sources import PackedSource, open_path
 
     src = open_path(path, root=root)
-    labels = src.labels
     if isinstance(src, PackedSource):
-        total = src.file.total_bytes
-        fmt = f"dpu_pipe packed v{VERSION}"
-        missing = 0
-    else:
-        # File sizes come from stat: one call per file, no data read.
-        total, missing = 0, 0
-        for i in range(len(src)):
-            try:
-                total += os.stat(src.describe(i)).st_size
-            except OSError:
-                missing += 1
-        fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[src.kind]
+        out = _packed_summary(src)
+        if verify:
+            failures = src.dataset.check()
+            out["bad_shards"] = {str(k): msg for k, msg in sorted(failures.items())}
+        return out
+    if verify:
+        raise ConfigError("--verify applies to packed datasets")
+    labels = src.labels
+    # File sizes come from stat: one call per file, no data read.
+    total, missing = 0, 0
+    for i in range(len(src)):
+        try:
+            total += os.stat(src.describe(i)).st_size
+        except OSError:
+            missing += 1
+    fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[src.kind]
     out = {
         "path": os.path.abspath(path),
         "format": fmt,
@@ -102,37 +237,36 @@ def _print_kv(title, d):
             v = f"{len(v)}: {', '.join(v[:8])}, ..."
         elif k == "classes" and isinstance(v, list):
             v = f"{len(v)}: {', '.join(v)}"
-        elif k == "total_bytes":
+        elif k in ("total_bytes", "original_bytes"):
             v = f"{v} ({v / 2**20:.1f} MiB)"
+        elif k == "size_growth":
+            v = f"{100 * v:+.2f} %"
         print(f"  {k:<{width}}  {v}")
 
 
 def _info_run(args):
-    result, status = {}, 0
-    try:
-        # Imported here: it loads the compiled kernels, which `pack` does not need.
-        from ..build_info import build_info
-        result["build"] = build_info()
-    except ImportError as e:
-        result["build"] = {"error": f"compiled kernels unavailable: {e}"}
-        status = 1
+    from ..build_info import build_info
+
+    result = {"build": build_info()}
     if args.path is not None:
-        result["dataset"] = _summary(args.path, args.root)
-        status = 0  # the question was about the dataset, and it was answered
+        result["dataset"] = _summary(args.path, args.root, args.verify)
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
+        write_json(args.json, result)
+    if args.json != "-":
         _print_kv("dpu_pipe build", result["build"])
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
-    return status
+    if result.get("dataset", {}).get("bad_shards"):
+        return 1
+    return 0
 
 
 # -- registry and entry point -----------------------------------------------------------
 
 #: name -> (help, add_args, run); see the module docstring.
 COMMANDS = {
-    "pack": ("pack a dataset into one memory-mappable file", _pack_args, _pack_run),
+    "pack": ("pack a dataset into memory-mappable shards plus a manifest", _pack_args,
+             _pack_run),
     "info": ("show how dpu_pipe was built, and summarise a dataset", _info_args, _info_run),
     "demo": ("make a dataset from real photographs, train a small CNN on it, report phases",
              ".demo:add_args", ".demo:run"),

@@ -29,8 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from .progress import bar
 
-__all__ = ["make_imagenet_like", "photo_corpus", "dataset_files", "MANIFEST_NAME"]
+__all__ = ["make_imagenet_like", "photo_corpus", "dataset_files", "MANIFEST_NAME",
+           "default_cache_dir", "sample_dataset"]
 
 MANIFEST_NAME = "dpu_pipe_sample.json"
 # Bump when the generator changes so an old cached dataset is rebuilt instead of reused.
@@ -238,7 +240,24 @@ def _complete(root, params):
     return m["stats"] if len(sizes) == params["n"] else None
 
 
-def make_imagenet_like(root, n=1000, classes=10, seed=0):
+def default_cache_dir():
+    """Where generated data goes by default: ``$XDG_CACHE_HOME/dpu_pipe``, else
+    ``~/.cache/dpu_pipe`` (never the working directory)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dpu_pipe")
+
+
+def sample_dataset(n=1000, seed=0, *, classes=10, cache=None, progress=True):
+    """Path of the ImageNet-like dataset of ``n`` images under ``cache`` (default
+    :func:`default_cache_dir`), made once and then reused. Sample ``i`` depends on
+    ``(seed, i)`` only, so one dataset of ``max(n, 1000)`` images serves every smaller ``n``."""
+    size = max(int(n), 1000)
+    root = os.path.join(cache or default_cache_dir(), f"imagenet_like_n{size}_s{seed}")
+    make_imagenet_like(root, n=size, classes=classes, seed=seed, progress=progress)
+    return root
+
+
+def make_imagenet_like(root, n=1000, classes=10, seed=0, *, progress=False):
     """Write an ImageNet-like JPEG dataset in ImageFolder layout and return its statistics.
 
     Files are ``root/<class>/<index>.JPEG`` with ``<class>`` from :func:`class_names` and
@@ -262,6 +281,8 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0):
     ``mean_bytes``, ``total_bytes``, ``min_side``, ``max_side`` (pixels), ``progressive`` and
     ``gray`` (file counts), ``subsampling`` (counts keyed ``"4:2:0"``, ``"4:2:2"``, ``"4:4:4"``,
     ``"gray"``), ``quality_mean``, ``corpus`` (photo names) and ``root``.
+
+    ``progress=True`` shows a progress bar on stderr (tqdm) while images are written.
     """
     for name, v, lo in (("n", n, 1), ("classes", classes, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -296,16 +317,18 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0):
         for c in names:
             (tmp / c).mkdir()
         infos, sizes = [], {}
-        for i in range(n):
-            label = i % classes
-            rng = np.random.default_rng(np.random.SeedSequence([seed, i]))
-            data, info = _make_one(photos, label, rng)
-            rel = f"{names[label]}/{i:06d}.JPEG"
-            with open(tmp / rel, "wb") as f:
-                f.write(data)
-            sizes[rel] = len(data)
-            info["bytes"] = len(data)
-            infos.append(info)
+        with bar(n, f"making {root.name}", enabled=progress) as b:
+            for i in range(n):
+                label = i % classes
+                rng = np.random.default_rng(np.random.SeedSequence([seed, i]))
+                data, info = _make_one(photos, label, rng)
+                rel = f"{names[label]}/{i:06d}.JPEG"
+                with open(tmp / rel, "wb") as f:
+                    f.write(data)
+                sizes[rel] = len(data)
+                info["bytes"] = len(data)
+                infos.append(info)
+                b.update(1)
         stats = _summarize(infos, classes, photos)
         with open(tmp / MANIFEST_NAME, "w") as f:
             json.dump(dict(params=params, stats=stats, sizes=sizes), f, indent=1)

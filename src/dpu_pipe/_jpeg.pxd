@@ -20,6 +20,8 @@ cdef struct DecodeOptions:
     int strict           # corrupt-data warnings are errors
     int64_t max_pixels   # budget on width * height, checked from the header alone
     int max_scans        # bound on SOS markers (progressive scan bombs)
+    int intervals        # region decodes of restart-interval streams read only the covering
+                         # intervals (0: always the plain region decode)
 
 cdef struct JpegInfo:
     int width
@@ -51,6 +53,15 @@ cdef struct Decoder:
     int header_ok
     uint8_t* row                   # scratch scanline, grown on demand
     size_t row_cap
+    int save_markers               # keep APPn/COM markers in cinfo.marker_list (transcoding)
+    const uint8_t* src             # the bytes dec_read_header was given
+    size_t src_size
+    uint8_t* scratch               # sub-stream assembled from restart intervals, grown on demand
+    size_t scratch_cap
+    size_t scratch_len
+    size_t* marks                  # [start, end) of each restart interval the sub-stream takes
+    size_t marks_cap
+    int assembled                  # the last dec_decode read an assembled sub-stream
 
 cdef void dec_init(Decoder* d, const DecodeOptions* opts) noexcept nogil
 cdef void dec_free(Decoder* d) noexcept nogil
@@ -58,6 +69,8 @@ cdef const char* dec_message(const Decoder* d) noexcept nogil
 cdef int dec_read_header(Decoder* d, const uint8_t* data, size_t size) noexcept nogil
 cdef int dec_decode(Decoder* d, int scale, const Region* region,
                     uint8_t* out, Py_ssize_t out_stride) noexcept nogil
+
+cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) noexcept nogil
 
 cdef int choose_scale(int64_t height, int64_t width, int min_h, int min_w) noexcept nogil
 cdef int scaled_size(int size, int scale) noexcept nogil

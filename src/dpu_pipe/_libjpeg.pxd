@@ -56,6 +56,25 @@ cdef extern from "jpeglib.h" nogil:
         jpeg_progress_mgr* progress
         void* client_data
 
+    # --- components, saved markers -------------------------------------------------------
+    ctypedef struct jpeg_component_info:
+        int component_id
+        int h_samp_factor
+        int v_samp_factor
+
+    struct jpeg_marker_struct:
+        jpeg_marker_struct* next
+        unsigned char marker
+        unsigned int data_length
+        unsigned char* data
+    ctypedef jpeg_marker_struct* jpeg_saved_marker_ptr
+
+    struct jvirt_barray_control
+    ctypedef jvirt_barray_control* jvirt_barray_ptr
+
+    int JPEG_APP0
+    int JPEG_COM
+
     # --- decompression -----------------------------------------------------------------
     struct jpeg_decompress_struct:
         jpeg_error_mgr* err
@@ -68,6 +87,11 @@ cdef extern from "jpeglib.h" nogil:
         int num_components
         J_COLOR_SPACE jpeg_color_space
         J_COLOR_SPACE out_color_space
+        int data_precision
+        jpeg_component_info* comp_info
+        unsigned int restart_interval
+        int comps_in_scan
+        jpeg_saved_marker_ptr marker_list
 
         unsigned int scale_num
         unsigned int scale_denom
@@ -104,6 +128,37 @@ cdef extern from "jpeglib.h" nogil:
     void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION* xoffset, JDIMENSION* width)
 
     int JPEG_HEADER_OK
+
+    # --- lossless transcoding (what jpegtran does) ----------------------------------------
+    struct jpeg_compress_struct
+    ctypedef jpeg_compress_struct* j_compress_ptr
+
+    struct jpeg_destination_mgr:
+        unsigned char* next_output_byte
+        size_t free_in_buffer
+        void (*init_destination)(j_compress_ptr) noexcept nogil
+        boolean (*empty_output_buffer)(j_compress_ptr) noexcept nogil
+        void (*term_destination)(j_compress_ptr) noexcept nogil
+
+    struct jpeg_compress_struct:
+        jpeg_error_mgr* err
+        jpeg_memory_mgr* mem
+        jpeg_progress_mgr* progress
+        void* client_data
+        jpeg_destination_mgr* dest
+        boolean optimize_coding
+        unsigned int restart_interval
+        int restart_in_rows
+
+    void jpeg_create_compress(j_compress_ptr cinfo)
+    void jpeg_destroy_compress(j_compress_ptr cinfo)
+    void jpeg_save_markers(j_decompress_ptr cinfo, int marker_code, unsigned int length_limit)
+    jvirt_barray_ptr* jpeg_read_coefficients(j_decompress_ptr cinfo)
+    void jpeg_copy_critical_parameters(j_decompress_ptr srcinfo, j_compress_ptr dstinfo)
+    void jpeg_write_coefficients(j_compress_ptr cinfo, jvirt_barray_ptr* coef_arrays)
+    void jpeg_write_marker(j_compress_ptr cinfo, int marker, const unsigned char* dataptr,
+                           unsigned int datalen)
+    void jpeg_finish_compress(j_compress_ptr cinfo)
 
 cdef extern from "jerror.h" nogil:
     int JWRN_JPEG_EOF

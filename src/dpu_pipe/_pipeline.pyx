@@ -19,6 +19,8 @@ from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized
 
 import numpy as np
 
+from dpu_pipe.errors import ConfigError
+
 cdef enum:
     MSG_LEN = 200
     # Columns of the per-sample info array filled by Pipeline.run.
@@ -146,7 +148,7 @@ cdef class Pipeline:
         cdef int c, dtype, layout
         self.workers = NULL
         if num_threads < 1:
-            raise ValueError("num_threads must be >= 1")
+            raise ConfigError("num_threads must be >= 1")
         self.nthreads = num_threads
         oh, ow = config["size"]
         self.cfg.train = bool(config["train"])
@@ -156,18 +158,19 @@ cdef class Pipeline:
         self.cfg.flip_p = config["flip_p"]
         if crop_config_init(&self.cfg.crop, config["scale"][0], config["scale"][1],
                             config["ratio"][0], config["ratio"][1]) != 0:
-            raise ValueError("invalid scale/ratio for RandomResizedCrop")
+            raise ConfigError("invalid scale/ratio for RandomResizedCrop")
         for c in range(3):
             mean[c] = config["mean"][c]
             std[c] = config["std"][c]
         dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}[config["dtype"]]
         layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[config["layout"]]
         if ops_output_init(&self.cfg.output, dtype, layout, mean, std) != OPS_OK:
-            raise ValueError("invalid output settings (dtype, layout, mean, std)")
+            raise ConfigError("invalid output settings (dtype, layout, mean, std)")
         self.cfg.dopts.fast = bool(config["fast"])
         self.cfg.dopts.strict = bool(config.get("strict", False))
         self.cfg.dopts.max_pixels = config["max_pixels"]
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
+        self.cfg.dopts.intervals = 1
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
         self.dtype = np.dtype(config["dtype"])
         self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
@@ -206,13 +209,13 @@ cdef class Pipeline:
         cdef Py_ssize_t stride
         cdef int tid
         if indices.shape[0] != n or info.shape[0] != n or info.shape[1] != INFO_COLS:
-            raise ValueError(f"indices ({indices.shape[0]}) and info ({info.shape[0]}, "
+            raise ConfigError(f"indices ({indices.shape[0]}) and info ({info.shape[0]}, "
                              f"{info.shape[1]}) must match the {n} buffers; info has "
                              f"{INFO_COLS} columns")
         if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
                 and out.shape[1:] == self.sample_shape and out.shape[0] >= n
                 and out.flags.c_contiguous and out.flags.writeable):
-            raise ValueError(f"out must be a writable C-contiguous {self.dtype} array of "
+            raise ConfigError(f"out must be a writable C-contiguous {self.dtype} array of "
                              f"shape ({n}, {', '.join(map(str, self.sample_shape))})")
         cdef uint8_t[::1] flat = out.reshape(-1).view(np.uint8) if out.size else \
             np.empty(1, np.uint8)

@@ -1,0 +1,114 @@
+"""The one place that checks user arguments. Each check returns the normalised value or
+raises :class:`~dpu_pipe.errors.ConfigError` naming the argument and what it accepts.
+
+Truthiness is never accepted as a bool (``train="no"`` is a mistake, not ``True``), numbers
+must be finite (a NaN mean would reach the kernel), and bools are never integers.
+"""
+
+import math
+import numbers
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
+           "seconds", "dtype", "OUTPUT_DTYPES"]
+
+
+def boolean(value, name):
+    """``value`` as a bool; only ``True``/``False`` (or numpy bools) are accepted."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def integer(value, name, low=None, high=None):
+    """``value`` as an int in ``[low, high]`` (inclusive; ``None`` = unbounded)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value}")
+        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value}")
+    return value
+
+
+def positive_int(value, name):
+    """An integer >= 1."""
+    return integer(value, name, low=1)
+
+
+def number(value, name, low=None, high=None, *, low_open=False):
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be finite, got {value}")
+    below = low is not None and (value <= low if low_open else value < low)
+    if below or (high is not None and value > high):
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+        hi = "" if high is None else f"<= {high}"
+        raise ConfigError(f"{name} must be {' and '.join(x for x in (lo, hi) if x)}, "
+                          f"got {value}")
+    return value
+
+
+def _numbers(value, name, count, what):
+    try:
+        items = list(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be {what}, got {value!r}") from None
+    if len(items) != count:
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return tuple(number(v, name) for v in items)
+
+
+def pair(value, name):
+    """A ``(min, max)`` pair of finite floats with ``min <= max``."""
+    lo, hi = _numbers(value, name, 2, "a (min, max) pair of numbers")
+    if lo > hi:
+        raise ConfigError(f"{name} must have min <= max, got {value!r}")
+    return lo, hi
+
+
+def triple(value, name):
+    """Three finite floats (one per R, G, B channel)."""
+    return _numbers(value, name, 3, "3 numbers (R, G, B)")
+
+
+def choice(value, name, options):
+    """``value`` if it is one of ``options``."""
+    if isinstance(value, str) and value in options:
+        return value
+    raise ConfigError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def seconds(value, name):
+    """A finite, positive duration in seconds."""
+    return number(value, name, 0.0, low_open=True)
+
+
+#: Output dtypes a loader yields, by canonical name.
+OUTPUT_DTYPES = ("float32", "float16", "bfloat16", "uint8")
+
+
+def dtype(value, name="dtype"):
+    """Canonical name (one of :data:`OUTPUT_DTYPES`) of a dtype given as a string, a numpy
+    dtype or type (``np.float32``) or a torch dtype (``torch.bfloat16``)."""
+    text = None
+    if isinstance(value, str):
+        text = value
+    elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        text = str(value).split(".", 1)[1]          # torch.bfloat16 -> "bfloat16"
+    else:
+        try:
+            text = np.dtype(value).name
+        except TypeError:
+            text = None
+    if text not in OUTPUT_DTYPES:
+        raise ConfigError(f"{name} must be one of {', '.join(OUTPUT_DTYPES)} (a string, numpy "
+                          f"or torch dtype), got {value!r}")
+    return text

@@ -1,0 +1,262 @@
+"""What a PyTorch user passes to a loader: dataset paths, argument checks in one place, dtypes
+(numpy, torch, bfloat16), channels_last, devices and pinned staging, rank defaults — and the
+Cython kernels raising dpu_pipe's own errors."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import jpeg_corpus as jc
+from dpu_pipe import ConfigError, DecodeError, Loader, TransformConfig, pack
+from dpu_pipe import _jpeg, _pipeline
+from dpu_pipe.device import DeviceStage, OutputSpec
+from dpu_pipe.loader import default_shard
+from dpu_pipe.sources import FileList, ImageFolder, PackedSource
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 10
+KW = dict(size=24, seed=3, shuffle=False, drop_last=False)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """An ImageFolder of N samples (label = index), the same as a .txt and a .csv list and
+    a packed file."""
+    d = tmp_path_factory.mktemp("user")
+    rows = []
+    for i in range(N):
+        p = d / "folder" / f"c{i:02d}" / "x.jpg"
+        p.parent.mkdir(parents=True)
+        p.write_bytes(jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 40 + 3 * i, 50 + 2 * i)))
+        rows.append((str(p), i))
+    (d / "list.txt").write_text("".join(f"{p} {i}\n" for p, i in rows))
+    (d / "list.csv").write_text("path,label\n" + "".join(f"{p},{i}\n" for p, i in rows))
+    pack(ImageFolder(d / "folder"), d / "data.dpk", progress=False)
+    return d
+
+
+def batches(loader):
+    return [(np.array(x.float() if hasattr(x, "float") else x), np.array(y)) for x, y in loader]
+
+
+# --- Loader(path) -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, kind", [("folder", ImageFolder), ("data.dpk", PackedSource),
+                                        ("list.txt", FileList), ("list.csv", FileList)])
+def test_loader_accepts_a_dataset_path(data, name, kind):
+    with Loader(data / name, 4, **KW) as by_path, Loader(ImageFolder(data / "folder"), 4,
+                                                          **KW) as by_source:
+        assert isinstance(by_path.source, kind)
+        got, ref = batches(by_path), batches(by_source)
+    assert len(got) == len(ref) == 3
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+               for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("what, message", [
+    ("notes.json", "is not a dataset"), ("missing", "does not exist"), (42, "source must be"),
+    (["a.jpg"], "source must be")])
+def test_loader_rejects_what_is_not_a_dataset(data, what, message):
+    if isinstance(what, str):
+        if what == "notes.json":
+            (data / what).write_text("{}")
+        what = str(data / what)
+    with pytest.raises(ConfigError, match=message):
+        Loader(what, 4)
+
+
+# --- one validation module ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(train="no"), "train"), (dict(shuffle="no"), "shuffle"), (dict(copy=1), "copy"),
+    (dict(drop_last="False"), "drop_last"), (dict(pin_memory="yes"), "pin_memory"),
+    (dict(fast="yes"), "fast"), (dict(prefetch=True), "prefetch"),
+    (dict(num_threads=0), "num_threads"), (dict(timeout=float("inf")), "timeout"),
+    (dict(mean=(0.5, float("nan"), 0.5)), "mean"), (dict(std=(1, 1, float("inf"))), "std"),
+    (dict(ratio=(0.75, float("nan"))), "ratio"), (dict(scale=(float("nan"), 1)), "scale"),
+    (dict(flip_p=float("nan")), "flip_p"), (dict(size=(24, True)), "size"),
+    (dict(dtype="float64"), "dtype"), (dict(dtype=np.int32), "dtype"),
+    (dict(layout="NCHW"), "layout"), (dict(output="jax"), "output"),
+    (dict(memory_format="nhwc"), "memory_format"),
+])
+def test_bad_arguments_are_config_errors_naming_them(data, kw, name):
+    with pytest.raises(ConfigError, match=name):
+        Loader(data / "folder", 4, **{**KW, **kw})
+
+
+@pytest.mark.parametrize("field, value", [("mean", (0.4, float("nan"), 0.4)),
+                                          ("std", (0.2, 0.2, float("inf"))),
+                                          ("ratio", (float("nan"), 1.0)), ("train", "no")])
+def test_transform_config_rejects_before_the_kernel(field, value):
+    with pytest.raises(ConfigError, match=field):
+        TransformConfig(**{field: value})
+
+
+def test_kernels_raise_dpu_pipe_errors():
+    good = jc.pil_jpeg(jc.photo_sized("coffee", 32, 48))
+    with pytest.raises(DecodeError, match="JPEG"):
+        _jpeg.read_header(b"not a jpeg at all", 10**8, 100)
+    with pytest.raises(DecodeError):
+        _jpeg.decode(good[:40], None, 0, 0, False, False, 10**8, 100)
+    with pytest.raises(ConfigError, match="not inside"):
+        _jpeg.decode(good, (30, 0, 10, 10), 0, 0, False, False, 10**8, 100)
+    with pytest.raises(ConfigError, match="offsets and lengths"):
+        _jpeg.BufferList.from_packed(np.zeros(8, np.uint8), np.zeros(2, np.int64),
+                                     np.zeros(1, np.int64))
+    cfg = TransformConfig(size=8).to_dict()
+    with pytest.raises(ConfigError, match="num_threads"):
+        _pipeline.Pipeline(cfg, 0)
+    with pytest.raises(ConfigError, match="scale/ratio"):
+        _pipeline.Pipeline({**cfg, "scale": [0.5, 0.1]}, 1)
+
+
+# --- dtypes, layouts, devices ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reference(data):
+    with Loader(data / "folder", 4, **KW) as loader:
+        return batches(loader)
+
+
+@pytest.mark.parametrize("dtype", ["float32", np.float32, np.dtype("float32"),
+                                   torch.float32], ids=str)
+def test_dtype_as_string_numpy_or_torch(data, reference, dtype):
+    with Loader(data / "folder", 4, dtype=dtype, **KW) as loader:
+        x, _ = next(iter(loader))
+        assert isinstance(x, torch.Tensor) == (dtype is torch.float32)
+        assert np.array_equal(np.asarray(x), reference[0][0])
+
+
+def test_float16_from_torch_dtype(data, reference):
+    with Loader(data / "folder", 4, dtype=torch.float16, **KW) as loader:
+        x, y = next(iter(loader))
+    assert x.dtype == torch.float16 and y.dtype == torch.int64
+    np.testing.assert_allclose(x.float().numpy(), reference[0][0], atol=2e-2, rtol=1e-3)
+
+
+def test_bfloat16_is_the_float32_stream_rounded(data, reference):
+    with Loader(data / "folder", 4, dtype="bfloat16", **KW) as loader:
+        got = list(loader)
+    assert len(got) == len(reference)
+    for (x, y), (rx, ry) in zip(got, reference):
+        assert x.dtype == torch.bfloat16 and x.shape == rx.shape
+        assert torch.equal(x, torch.from_numpy(rx).to(torch.bfloat16))
+        assert np.array_equal(y.numpy(), ry)
+    # Converted tensors are new: batches kept across iterations stay valid.
+    assert not any(a[0].data_ptr() == b[0].data_ptr() for a, b in zip(got, got[1:]))
+
+
+def test_bfloat16_needs_torch_output(data):
+    with pytest.raises(ConfigError, match="output='torch'"):
+        Loader(data / "folder", 4, dtype="bfloat16", output="numpy")
+
+
+def test_channels_last_is_nhwc_memory_with_nchw_shape(data, reference):
+    with Loader(data / "folder", 4, memory_format=torch.channels_last, **KW) as loader:
+        x, _ = next(iter(loader))
+        assert x.shape == (4, 3, 24, 24)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert not x.is_contiguous()
+        assert np.array_equal(x.numpy(), reference[0][0])
+
+
+def test_device_cpu_yields_tensors_like_output_torch(data, reference):
+    with Loader(data / "folder", 4, device="cpu", **KW) as loader:
+        got = [(x.clone(), y) for x, y in loader]
+    assert all(x.device.type == "cpu" and np.array_equal(x.numpy(), r[0])
+               for (x, _), r in zip(got, reference))
+
+
+def test_pin_memory_without_an_accelerator_warns_and_yields_cpu_tensors(data, reference):
+    if torch.cuda.is_available():
+        pytest.skip("an accelerator is present: pinning works")
+    with pytest.warns(RuntimeWarning, match="no accelerator"):
+        loader = Loader(data / "folder", 4, pin_memory=True, **KW)
+    with loader:
+        x, _ = next(iter(loader))
+    assert isinstance(x, torch.Tensor) and np.array_equal(x.numpy(), reference[0][0])
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log, self.done = log, False
+
+    def record(self):
+        self.log.append("record")
+
+    def synchronize(self):
+        self.done = True
+        self.log.append("sync")
+
+
+class FakeBackend:
+    """A device whose memory is ordinary CPU memory; copies are recorded and completed by the
+    test, and each carries an event that says whether anyone waited for it."""
+
+    def __init__(self):
+        self.log, self.pending, self.pinned = [], [], []
+
+    def empty_pinned(self, like, dtype):
+        t = torch.empty_like(like, dtype=dtype, device="cpu")
+        self.pinned.append(t)
+        return t
+
+    def copy_to_device(self, pinned):
+        out = torch.empty_like(pinned)
+        ev = FakeEvent(self.log)
+        ev.record()
+        self.pending.append((ev, pinned, out))
+        self.log.append("copy")
+        return out, ev
+
+
+def test_device_stage_double_buffers_and_waits_before_reusing(reference):
+    backend = FakeBackend()
+    stage = DeviceStage(torch, torch.device("cpu"), backend=backend)
+    outs = []
+    for k, (x, y) in enumerate(reference):
+        bx = torch.from_numpy(x.copy()).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        outs.append(stage.send(bx, torch.from_numpy(y), torch.bfloat16))
+        # Before a staging buffer is written again, its previous copy has been waited for.
+        if k >= DeviceStage.SLOTS:
+            assert backend.pending[2 * (k - DeviceStage.SLOTS) + 1][0].done
+        # Completing the copies of this batch now reads the staging buffers as they stand.
+        for ev, src, dst in backend.pending[2 * k:2 * k + 2]:
+            dst.copy_(src)
+    assert len(backend.pinned) == 2 * DeviceStage.SLOTS   # images + labels per slot, once
+    for (ox, oy), (rx, ry) in zip(outs, reference):
+        assert ox.dtype == torch.bfloat16 and ox.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(ox, torch.from_numpy(rx).to(torch.bfloat16))
+        assert np.array_equal(oy.numpy(), ry)
+    # Partial last batch: a slice of the staging buffer, no new allocation.
+    assert reference[-1][0].shape[0] < reference[0][0].shape[0]
+
+
+def test_output_spec_chooses_torch_for_torch_options():
+    assert OutputSpec().output == "numpy"
+    assert OutputSpec(dtype=torch.float16).output == "torch"
+    assert OutputSpec(memory_format="channels_last").kernel_layout == "HWC"
+    with pytest.raises(ConfigError, match="layout"):
+        OutputSpec(memory_format=torch.channels_last, layout="HWC")
+
+
+# --- rank defaults -----------------------------------------------------------------------------
+
+def test_rank_defaults_warn_in_a_multi_rank_job(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.warns(RuntimeWarning, match="WORLD_SIZE=4"):
+        assert default_shard(None, None) == (0, 1)
+    assert default_shard(2, 4) == (2, 4)
+
+
+def test_rank_defaults_single_process_is_quiet(monkeypatch, recwarn):
+    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    assert default_shard(None, None) == (0, 1)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
