@@ -149,6 +149,10 @@ def write_all(outdir):
                                           seeds["tiny_9x17"]], tmp)
     put("packed", "three", _frame(manifest, shard, 0))
     put("packed", "three_crc_fixed", _frame(manifest, shard, 1))
+    for name in ("baseline_420", "progressive", "tiny_1x1"):
+        data = seeds[name]
+        pairs = np.array([[0, len(data)], [1, len(data) - 1], [0, len(data) // 2]], "<i8")
+        put("bufferlist", name, data + pairs.tobytes() + bytes([3]))
     for name, data in FILE_LISTS.items():
         put("filelist", name, data)
     return {t: len(os.listdir(d)) for t, d in dirs.items()}

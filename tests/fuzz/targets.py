@@ -287,5 +287,34 @@ def filelist(data):
     assert np.array_equal(again.labels, src.labels)
 
 
+def bufferlist(data):
+    """BufferList.from_packed (the batch decoders' view of a shard) with fuzzed offsets and
+    lengths over a fuzzed buffer, then a batch decode through it: a record outside the
+    buffer must be refused, never read. Input: the buffer, then k (offset, length) pairs as
+    <i8, then k in one byte."""
+    from dpu_pipe import _jpeg
+
+    if not data:
+        return
+    k = data[-1] % 5
+    if len(data) < 1 + 16 * k:
+        return
+    pairs = np.frombuffer(data[len(data) - 1 - 16 * k:len(data) - 1], "<i8").reshape(k, 2)
+    buf = _exact(data[:len(data) - 1 - 16 * k])
+    offsets = np.ascontiguousarray(pairs[:, 0], dtype=np.int64)
+    lengths = np.ascontiguousarray(pairs[:, 1], dtype=np.int64)
+    try:
+        bufs = _jpeg.BufferList.from_packed(buf, offsets, lengths)
+    except ConfigError:
+        assert any(o < 0 or ln < 0 or int(o) + int(ln) > len(buf)
+                   for o, ln in zip(offsets, lengths)), "a record inside the buffer refused"
+        return
+    for o, ln in zip(offsets.tolist(), lengths.tolist()):
+        assert 0 <= o and 0 <= ln and o + ln <= len(buf), f"record ({o}, {ln}) accepted"
+    if k:
+        jpeg.decode_batch(bufs, np.zeros((k, 64, 64, 3), np.uint8), on_error="return",
+                          max_pixels=64 * 64)
+
+
 TARGETS = {"header": header, "decode": decode, "batch": batch, "packed": packed,
-           "filelist": filelist}
+           "filelist": filelist, "bufferlist": bufferlist}
