@@ -139,6 +139,7 @@ def run_soak(args, src):
     local = {t: Loader(src, args.batch, num_threads=t, **common) for t in (1, 2)}
     rows = []
     last = None
+    bad_before = {}
     t0 = time.monotonic()
     for e in range(args.epochs):
         if e == args.epochs // 2:
@@ -149,6 +150,7 @@ def run_soak(args, src):
             it = iter(train)
             next(it), next(it)
             state = train.state_dict()
+            bad_before = {int(i): m for i, m in train.bad_samples.items()}
             train.close()
             train = DPULoader(src, args.batch, slots=3, **extra, **common)
             train.load_state_dict(state)
@@ -169,6 +171,7 @@ def run_soak(args, src):
                 row["ranks"][name] = None
         rows.append(row)
     bad = {int(i): m for i, m in train.bad_samples.items()}
+    val_bad = {int(i): m for i, m in val.bad_samples.items()}
     train.close()
     val.close()
     for loader in local.values():
@@ -177,6 +180,7 @@ def run_soak(args, src):
         fresh.set_epoch(args.epochs - 1)
         same_last = same(copy_epoch(fresh), last)
     return {"rows": rows, "last_epoch_equals_fresh_loader": same_last, "bad": bad,
+            "bad_before_resume": bad_before, "val_bad": val_bad,
             "host_pid": host, "producer_pids": producers, "mode": args.mode}
 
 
