@@ -186,27 +186,71 @@ def run_soak(args, src):
 
 # --- fault matrix --------------------------------------------------------------------------------
 
+def _fail_window_allocation():
+    """Make the host's ``MPI.Win.Allocate`` fail as it does when /dev/shm (or memory) is
+    full, without filling the machine's /dev/shm: every dpu_pipe module's ``MPI`` (and
+    ``load_mpi``) gives a view of mpi4py whose ``Win.Allocate`` raises ERR_NO_MEM."""
+    import importlib
+
+    from mpi4py import MPI
+
+    class FailingWin:
+        def __getattr__(self, name):
+            return getattr(MPI.Win, name)
+
+        @staticmethod
+        def Allocate(*a, **k):
+            raise MPI.Exception(MPI.ERR_NO_MEM)
+
+    failing = FailingWin()
+
+    class View:
+        Win = failing
+
+        def __getattr__(self, name):
+            return getattr(MPI, name)
+
+    for name in ("dpu_pipe.transport", "dpu_pipe.offload.transport"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    view = View()
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("dpu_pipe"):
+            continue
+        if getattr(mod, "MPI", None) is MPI:
+            mod.MPI = view
+        if callable(getattr(mod, "load_mpi", None)):   # the transports' lazy import
+            mod.load_mpi = lambda *a, **k: view
+
+
 def run_fault(args, src):
     from dpu_pipe import DPULoader
 
     host, producers = job_pids()
     write_json(os.path.join(args.out, "pids.json"), {"host": host, "producers": producers})
     extra = {} if args.mode == "offload" else {"mode": args.mode, "host_threads": 1}
-    slots = 100000 if args.fault == "window_alloc" else 2
-    size = 512 if args.fault == "window_alloc" else args.size
+    if args.fault == "window_alloc":
+        _fail_window_allocation()
     injected = None
     consumed = 0
+    epochs = []
     try:
-        dl = DPULoader(src, args.batch, slots=slots, liveness_timeout=args.liveness,
-                       timeout=args.timeout, size=size, dtype="uint8", seed=args.seed,
+        dl = DPULoader(src, args.batch, slots=2, liveness_timeout=args.liveness,
+                       timeout=args.timeout, size=args.size, dtype="uint8", seed=args.seed,
                        **extra)
         if args.fault in ("window_alloc", "unreachable", "raise", "slow"):
             injected = time.monotonic()  # producer-side faults act from the first batch
         for e in range(args.epochs):
+            labels = []
             for x, y in dl:
+                labels += np.asarray(y).tolist()
                 consumed += 1
-                if consumed == args.after and injected is None:
+                if consumed == args.after and injected is None and args.fault in (
+                        "kill", "stop_mid", "host_raise", "host_killed"):
                     injected = time.monotonic()
+                    write_json(os.path.join(args.out, "injected.json"), {"t": time.time()})
                     if args.fault in ("kill", "stop_mid"):
                         sig = signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP
                         if args.fault == "stop_mid":
@@ -216,11 +260,12 @@ def run_fault(args, src):
                     elif args.fault == "host_raise":
                         raise RuntimeError("injected host failure mid-epoch")
                     elif args.fault == "host_killed":
-                        write_json(os.path.join(args.out, "injected.json"), {"t": time.time()})
                         os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(args.sleep)
+            epochs.append(sorted(labels) == list(range(len(src))))
             if args.fault == "stop_between" and injected is None and e == 0:
                 injected = time.monotonic()
+                write_json(os.path.join(args.out, "injected.json"), {"t": time.time()})
                 os.kill(producers[-1], signal.SIGSTOP)
         dl.close()
     except BaseException as exc:
@@ -229,7 +274,7 @@ def run_fault(args, src):
             "seconds_after_injection": (time.monotonic() - injected) if injected else None,
             "traceback": traceback.format_exc()[-4000:]})
         raise
-    return {"consumed": consumed, "completed": True,
+    return {"consumed": consumed, "completed": True, "exactly_once": all(epochs),
             "seconds_after_injection": (time.monotonic() - injected) if injected else None}
 
 
