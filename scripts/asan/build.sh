@@ -8,8 +8,8 @@
 #              library. Python itself is not instrumented, so the runtime has to come first
 #              (LD_PRELOAD); libFuzzer in the global namespace makes atheris use it and see the
 #              extensions' edge counters.
-#   pkg/       an importable dpu_pipe: the instrumented extensions plus links to the Python files
-#              of this checkout (edits to .py files need no rebuild; .pyx edits do)
+#   pkg/       an importable dpu_pipe: the instrumented extensions and a copy of this checkout's
+#              Python files (rebuild after editing either)
 # Run Python with it through scripts/asan/python.sh. Needs: clang, cmake, dpkg-dev and a
 # deb-src line for apt (the libjpeg part falls back to the system libjpeg, uninstrumented,
 # with a warning when the source package cannot be fetched).
@@ -79,7 +79,10 @@ mkdir -p "$OUT/pkg/dpu_pipe"
 # arguments (defined in C++, not in C): that one UBSan check stays off for the extensions.
 CC=clang LDSHARED="clang -shared" CFLAGS="$SAN -fno-sanitize=pointer-overflow" DPU_PIPE_OPENMP=0 \
   "$PY" setup.py -q build_ext --force -b "$OUT/pkg" -t "$OUT/tmp" -j 2
+# A copy, not links: the Python files stay those the extensions were built with while the
+# checkout moves on (a long fuzzing run keeps a consistent package).
 for f in dpu_pipe/*.py dpu_pipe/*/; do
-  ln -sfn "$ROOT/${f%/}" "$OUT/pkg/dpu_pipe/$(basename "$f")"
+  rm -rf "$OUT/pkg/dpu_pipe/$(basename "$f")"
+  cp -r "$ROOT/${f%/}" "$OUT/pkg/dpu_pipe/$(basename "$f")"
 done
 log "done: scripts/asan/python.sh runs Python with build/asan/pkg first on the path"
