@@ -1,8 +1,8 @@
 """Shared set-up of the decode microbenchmarks (``pytest bench``, pytest-benchmark).
 
-The ImageNet-like sample dataset is made once from real photographs under ``.cache/`` in the
-repository (gitignored; the same place ``dpu-pipe bench`` uses) and reused by later runs. File bytes and RandomResizedCrop boxes are
-prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
+The ImageNet-like sample dataset is made once from real photographs under
+``$XDG_CACHE_HOME/dpu_pipe`` (``~/.cache/dpu_pipe``, the same place ``dpu-pipe bench`` uses) and
+reused by later runs. File bytes and RandomResizedCrop boxes are prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
 ``dpu_pipe.tools.bench.decode_benchmark`` does.
 
 ``DPU_PIPE_BENCH_N`` sets the number of images (default 200: each benchmark round decodes all of
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-CACHE = Path(__file__).resolve().parent.parent / ".cache"
 
 
 def _bench_n():
@@ -55,10 +54,10 @@ def imagenet_like():
     """(root, stats) of the cached sample dataset (1000 images; benchmarks use the first N)."""
     pytest.importorskip("PIL")
     pytest.importorskip("skimage")
-    from dpu_pipe.tools.sample_data import make_imagenet_like
+    from dpu_pipe.tools.sample_data import default_cache_dir, make_imagenet_like
 
-    root = CACHE / "dpu_pipe" / "imagenet_like_n1000_s0"
-    stats = make_imagenet_like(root, n=1000, classes=10, seed=0)
+    root = Path(default_cache_dir()) / "imagenet_like_n1000_s0"
+    stats = make_imagenet_like(root, n=1000, classes=10, seed=0, progress=True)
     return root, stats
 
 

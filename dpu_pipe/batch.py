@@ -17,8 +17,12 @@ from .transforms import TransformConfig
 
 __all__ = ["BatchProcessor", "SampleInfo"]
 
-STATUS_NAMES = {0: "ok", -1: "decode error", -2: "budget exceeded", -3: "bad region",
-                -4: "out of memory", -10: "resampling error"}
+STATUS_NAMES = {0: "ok", 1: "ok, decoded by OpenCV", -1: "decode error",
+                -2: "budget exceeded", -3: "bad region", -4: "out of memory",
+                -10: "resampling error", -11: "not a JPEG"}
+#: ``info`` status of a sample that is not a JPEG and was decoded by OpenCV instead.
+ST_OTHER_FORMAT = 1
+_ST_NOT_JPEG = -11
 
 #: Columns of the ``info`` array returned by :meth:`BatchProcessor.run`.
 SampleInfo = ("status", "top", "left", "height", "width", "flip", "scale")
@@ -77,6 +81,11 @@ class BatchProcessor:
         (crop box in full-resolution pixels, flip, DCT scale in eighths); ``errors`` maps the
         batch position of each failed sample to a :class:`DecodeError` (``index`` = its sample
         index). A failed sample's slot in ``out`` holds no meaningful data.
+
+        Samples that are not JPEG streams (PNG, GIF, WebP, BMP, TIFF... whatever their file
+        name says) are decoded by OpenCV (``cv2.imdecode``, RGB, full resolution) and go
+        through the same fused crop/resample/flip/normalize pass; their status in ``info`` is
+        :data:`ST_OTHER_FORMAT` (1).
         """
         bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
             _jpeg.BufferList.from_buffers(buffers)
@@ -97,7 +106,47 @@ class BatchProcessor:
                               f"of shape {(n,) + self.config.sample_shape}")
         info = np.zeros((n, len(SampleInfo)), dtype=np.int32)
         messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
+        for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
+            msg = self._other_format(bufs, i, int(idx[i]), int(seed), int(epoch), out, info)
+            if msg is None:
+                del messages[i]
+            else:
+                messages[i] = msg
         errors = {i: DecodeError(f"{msg} [{STATUS_NAMES.get(int(info[i, 0]), 'error')}]",
                                  index=int(idx[i]))
                   for i, msg in messages.items()}
         return out, info, errors
+
+    def _other_format(self, bufs, i, index, seed, epoch, out, info):
+        """Decode ``bufs[i]`` with OpenCV and run the fused pass on it; None or a message."""
+        cv2 = _cv2()
+        if cv2 is None:
+            return "not a JPEG stream, and other formats need OpenCV: pip install " \
+                   "opencv-python-headless"
+        data = np.frombuffer(_pipeline.buffer_bytes(bufs, i), np.uint8)
+        img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+        if img is None:
+            return "neither a JPEG stream nor an image format OpenCV decodes"
+        if img.shape[0] * img.shape[1] > self.config.max_pixels:
+            return (f"image of {img.shape[1]}x{img.shape[0]} pixels exceeds max_pixels="
+                    f"{self.config.max_pixels}")
+        rgb = np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
+        msg = self._kernel.run_decoded(rgb, index, seed, epoch, out, i, info)
+        if msg is None:
+            info[i, 0] = ST_OTHER_FORMAT
+        return msg
+
+
+_cv2_module = []
+
+
+def _cv2():
+    """OpenCV, imported on the first non-JPEG sample (None when it is not installed)."""
+    if not _cv2_module:
+        try:
+            import cv2
+            cv2.setNumThreads(1)   # the caller's threads are the parallelism
+        except ImportError:
+            cv2 = None
+        _cv2_module.append(cv2)
+    return _cv2_module[0]

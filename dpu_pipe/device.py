@@ -8,8 +8,8 @@ Labels are always copied (a few bytes). Images are where the memory goes:
 output                         what the yielded images are
 =============================  ==================================================================
 numpy / torch on the CPU       **a view of a ring buffer**: valid until the next batch is asked
-                               for (``copy=True`` yields a private copy)
-``dtype="bfloat16"``           a new CPU tensor (converted from the float32 the kernel wrote)
+                               for (``copy=True`` yields a private copy); bfloat16 too (the
+                               kernel writes it)
 ``pin_memory=True``            a new pinned CPU tensor (torch's caching host allocator)
 ``device="cuda"``              a new device tensor; the host side goes through a ring of two
                                pinned staging buffers, copied with ``non_blocking=True`` on a
@@ -17,12 +17,10 @@ numpy / torch on the CPU       **a view of a ring buffer**: valid until the next
 =============================  ==================================================================
 
 So batches kept across iterations (``held = [(x, y) for x, y in loader]``) are safe on a
-device, pinned or converted, and with ``copy=True``; not otherwise.
+device, pinned, and with ``copy=True``; not otherwise.
 """
 
 import warnings
-
-import numpy as np
 
 from . import _validate as _v
 from .errors import ConfigError
@@ -57,7 +55,8 @@ class OutputSpec:
     Parameters
     ----------
     dtype : str, numpy dtype or torch dtype
-        ``float32``, ``float16``, ``bfloat16`` (torch output only) or ``uint8``.
+        ``float32``, ``float16``, ``bfloat16`` (torch output only: numpy has no bfloat16) or
+        ``uint8``.
     layout : "CHW" or "HWC"
     output : "numpy", "torch" or None
         None: torch when a torch-only option (device, pin_memory, a torch dtype, bfloat16,
@@ -94,8 +93,8 @@ class OutputSpec:
                               "layout='CHW' (the tensors are (B, 3, H, W), NHWC in memory)")
         #: Layout the kernel writes.
         self.kernel_layout = "HWC" if self.channels_last else layout
-        #: dtype the kernel writes (bfloat16 is converted from float32).
-        self.kernel_dtype = "float32" if self.dtype == "bfloat16" else self.dtype
+        #: dtype the kernel writes.
+        self.kernel_dtype = self.dtype
         self.device = None
         if device is not None:
             try:
@@ -112,12 +111,6 @@ class OutputSpec:
         self._torch = torch
         self._stage = None
 
-    def describe(self):
-        """The options as plain data (for stats and reprs)."""
-        return {"output": self.output, "dtype": self.dtype, "channels_last": self.channels_last,
-                "device": None if self.device is None else str(self.device),
-                "pin_memory": self.pin_memory, "copy": self.copy}
-
     def emit(self, images, labels):
         """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``."""
         labels = labels.copy()
@@ -125,20 +118,19 @@ class OutputSpec:
             return (images.copy() if self.copy else images), labels
         torch = self._torch
         x = torch.from_numpy(images)
+        if self.dtype == "bfloat16":
+            x = x.view(torch.bfloat16)      # the kernel wrote bfloat16 bits into uint16
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)       # (B, 3, H, W) view of NHWC memory
         y = torch.from_numpy(labels)
-        target = torch.bfloat16 if self.dtype == "bfloat16" else x.dtype
         if self.device is not None:
             if self._stage is None:
                 self._stage = DeviceStage(torch, self.device)
-            return self._stage.send(x, y, target)
-        if target != x.dtype:
-            x = x.to(target)                # a new tensor; strides (channels_last) kept
-        elif self.copy:
-            x = x.clone()
+            return self._stage.send(x, y, x.dtype)
         if self.pin_memory:
-            x, y = x.pin_memory(), y.pin_memory()
+            return x.pin_memory(), y.pin_memory()   # new pinned copies
+        if self.copy:
+            x = x.clone()                   # strides (channels_last) kept
         return x, y
 
 

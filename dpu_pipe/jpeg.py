@@ -26,7 +26,7 @@ Restart intervals
 A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
 in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
 it: the markers are found by a scan of the entropy-coded data (memchr speed, stopping after the
-last interval needed), the covering intervals plus one MCU all round are copied into a
+last interval needed), the covering intervals plus two pixels all round are copied into a
 per-decoder scratch stream (at most the file's size) with a SOF of the sub-image's size and
 renumbered markers, and that stream is decoded as above. The pixels are those of the plain
 region decode, bit for bit; only the intervals above and beside the region are no longer
@@ -46,6 +46,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _jpeg
+from . import _validate as _v
 from .errors import ConfigError, DecodeError, TranscodeUnsupported
 
 __all__ = ["JpegHeader", "read_header", "decode", "decode_batch", "choose_scale", "transcode",
@@ -84,11 +85,8 @@ _INT31 = 2**31
 
 
 def _int(value, name, low, high):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if not low <= value < high:
-        raise ConfigError(f"{name} must be in [{low}, {high}), got {value}")
-    return int(value)
+    """An int in [low, high) (the C int and int64 ranges the decoder takes)."""
+    return _v.integer(value, name, low, high - 1)
 
 
 def _check_budget(max_pixels, max_scans):
@@ -176,7 +174,7 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    out, _ = _jpeg.decode(view, reg, min_h, min_w, bool(fast), bool(strict), max_pixels,
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"), max_pixels,
                           max_scans)
     return out
 
@@ -233,7 +231,7 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
                           f"({n}, H, W, 3)")
     shapes = np.zeros((n, 3), dtype=np.int32)
     status = np.zeros(n, dtype=np.int32)
-    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, bool(fast), bool(strict),
+    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"),
                                   max_pixels, max_scans, shapes, status)
     errors = {i: DecodeError(msg, index=i) for i, msg in messages.items()}
     if on_error == "return":

@@ -23,7 +23,9 @@ from .transforms import TransformConfig
 
 __all__ = ["Loader"]
 
-STATE_VERSION = 1
+# 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
+# a state of version 1 would resume into a different stream.
+STATE_VERSION = 2
 
 
 #: Environment variables launchers set to the number of processes in the job.
@@ -57,20 +59,21 @@ def default_shard(rank, world_size):
 class _BaseLoader:
     """What every loader shares: arguments, position in the stream, state_dict, output."""
 
-    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=True,
-                 drop_last=True, dtype="float32", layout="CHW", num_threads=1, prefetch=2,
-                 on_error="raise", rank=None, world_size=None, output=None, copy=False,
-                 device=None, pin_memory=False, memory_format=None, timeout=300.0,
-                 **transform_options):
+    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
+                 drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
+                 num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
+                 output=None, copy=False, device=None, pin_memory=False, memory_format=None,
+                 timeout=300.0, **transform_options):
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
                                          dtype=self.out.kernel_dtype,
                                          layout=self.out.kernel_layout, **transform_options)
-        if shuffle is not None:
-            shuffle = _v.boolean(shuffle, "shuffle")
-        if drop_last is not None:
-            drop_last = _v.boolean(drop_last, "drop_last")
+        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        shuffle = self.transform.train if shuffle is None else _v.boolean(shuffle, "shuffle")
+        drop_last = _v.boolean(drop_last, "drop_last")
+        if shard_tail is None:
+            shard_tail = "pad" if self.transform.train else "uneven"
         prefetch = _v.positive_int(prefetch, "prefetch")
         num_threads = _v.positive_int(num_threads, "num_threads")
         source = as_source(source)
@@ -82,8 +85,8 @@ class _BaseLoader:
         self.timeout = _v.seconds(timeout, "timeout")
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
-                                     drop_last=drop_last, num_threads=num_threads,
-                                     on_error=on_error)
+                                     shard_tail=shard_tail, drop_last=drop_last,
+                                     num_threads=num_threads, on_error=on_error)
         self.batch_size = self.producer.batch_size
         self.num_threads = num_threads
         self._epoch = 0
@@ -120,7 +123,8 @@ class _BaseLoader:
         return {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step,
                 "seed": p.seed, "num_samples": len(p.source), "batch_size": self.batch_size,
                 "rank": p.sampler.rank, "world_size": p.sampler.world_size,
-                "drop_last": p.drop_last, "shuffle": p.sampler.shuffle,
+                "drop_last": p.drop_last, "shard_tail": p.sampler.shard_tail,
+                "shuffle": p.sampler.shuffle,
                 "transform": self.transform.to_dict()}
 
     def load_state_dict(self, state):
@@ -129,7 +133,7 @@ class _BaseLoader:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
         mine = self.state_dict()
         for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
-                    "shuffle", "transform"):
+                    "shard_tail", "shuffle", "transform"):
             if state.get(key) != mine[key]:
                 raise ConfigError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
@@ -144,6 +148,12 @@ class _BaseLoader:
         self._epoch = epoch
         step = int(step)
         self._step = step
+
+    def iterable_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
+        :mod:`dpu_pipe.torch_dataset`): wrap it in ``DataLoader(ds, batch_size=None)``."""
+        from .torch_dataset import LoaderDataset
+        return LoaderDataset(self)
 
     @property
     def bad_samples(self):
@@ -204,9 +214,18 @@ class Loader(_BaseLoader):
         Output size in pixels.
     seed : int
         Keys the epoch permutation and every sample's augmentation.
-    shuffle, drop_last
-        Sharding and batching as :class:`dpu_pipe.sampler.EpochSampler`; ``drop_last`` also
-        drops the last partial batch (kept, shorter, when False).
+    shuffle : bool, optional
+        Shuffle every epoch (default: ``train``; evaluation reads in index order).
+    shard_tail : "pad", "drop" or "uneven", optional
+        The samples left over when ``world_size`` does not divide the dataset (see
+        :class:`dpu_pipe.sampler.EpochSampler`, with a worked table): ``"pad"`` repeats a
+        few (``DistributedSampler``'s default), ``"drop"`` leaves a few out, ``"uneven"``
+        gives the first ranks one sample more so every sample is read exactly once across
+        ranks. Default: ``"pad"`` when ``train``, ``"uneven"`` otherwise — distributed
+        evaluation counts every sample once, with nothing padded or duplicated.
+    drop_last : bool
+        Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last`` (default
+        False: the last batch is kept, shorter). ``len()`` counts batches accordingly.
     rank, world_size : int, optional
         This process's shard. Unset, they come from ``torch.distributed`` when its process
         group is initialized, else they are 0 and 1 (with a warning when the launcher's
@@ -258,12 +277,19 @@ class Loader(_BaseLoader):
         shape = self.producer.batch_shape
         nslots = self.prefetch + 1
         self._images = [np.empty(shape, dtype=self.transform.np_dtype) for _ in range(nslots)]
-        self._labels = [np.empty(self.batch_size, dtype=np.int64) for _ in range(nslots)]
+        labels = self.producer.labels
+        if (labels.dtype != np.int64 or labels.ndim != 1) \
+                and type(self)._make_run is not Loader._make_run:
+            raise ConfigError(f"{type(self).__name__} carries one integer label per sample; "
+                              f"labels of dtype {labels.dtype} and shape {labels.shape[1:]} "
+                              f"need the local Loader")
+        self._labels = [np.empty((self.batch_size,) + labels.shape[1:], dtype=labels.dtype)
+                        for _ in range(nslots)]
         self._run = None
 
     def __iter__(self):
         self._close_run()
-        if self._step >= len(self):
+        if self._step >= len(self) > 0:
             self._epoch_done()
         self._run = self._make_run(self._epoch, self._step)
         return self._run

@@ -39,7 +39,7 @@ log = logging.getLogger("dpu_pipe")
 
 #: MPI tag of the pipeline spec a host sends its producers (None: shut down).
 SPEC_TAG = 0x4450
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 #: int64 words at the start of every payload, then labels int64[batch_size], then the images
 #: (n samples), then ``bad_bytes`` of JSON {index: message} of newly skipped samples.
@@ -184,7 +184,8 @@ class DPULoader(Loader):
         return {"version": SPEC_VERSION, "source": self.source.spec(),
                 "batch_size": self.batch_size, "transform": self.transform.to_dict(),
                 "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
-                "world_size": p.sampler.world_size, "drop_last": p.drop_last,
+                "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
+                "drop_last": p.drop_last,
                 "on_error": p.on_error, "num_threads": self.producer_threads}
 
     @property

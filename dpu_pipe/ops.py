@@ -11,13 +11,13 @@ Training (RandomResizedCrop) and validation (resize shorter side, centre crop) u
 kernel: validation is just another source box, from :func:`center_crop_box`.
 """
 
-import math
 import numbers
 import threading
 
 import numpy as np
 
 from . import _ops
+from . import _validate as _v
 from .errors import ConfigError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resize_crop", "center_crop_box", "output_shape"]
@@ -62,20 +62,13 @@ def _dtype_name(dtype):
 
 
 def _triple(values, name):
-    try:
-        vals = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be 3 numbers (one per RGB channel), got {values!r}") from None
-    if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
-        raise ConfigError(f"{name} must be 3 finite numbers (one per RGB channel), got {values!r}")
-    return vals
+    return _v.triple(values, name)
 
 
 def output_shape(size, layout="CHW"):
     """Shape of one output sample: ``(3, oh, ow)`` for CHW, ``(oh, ow, 3)`` for HWC."""
     oh, ow = _size_pair(size)
-    if layout not in _LAYOUTS:
-        raise ConfigError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    _v.choice(layout, "layout", _LAYOUTS)
     return (3, oh, ow) if layout == "CHW" else (oh, ow, 3)
 
 
@@ -159,7 +152,7 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     ws.busy = True
     try:
         _ops.resize_crop_into(img, y0, x0, h, w, out.reshape(-1).view(np.uint8), oh, ow,
-                              bool(flip), _ops.DTYPE_CODES[name], _ops.LAYOUT_CODES[layout],
+                              _v.boolean(flip, "flip"), _ops.DTYPE_CODES[name], _ops.LAYOUT_CODES[layout],
                               mean, std, ws)
     finally:
         ws.busy = False

@@ -1,9 +1,9 @@
 """The one random-number scheme of dpu_pipe, in numpy (twin of ``src/dpu_pipe/_rng.pxd``).
 
 Every random decision in dpu_pipe — the epoch permutation, each sample's crop and flip — is a
-pure function of ``(seed, epoch, sample index, stream)``: no generator state lives in threads
-or processes, so a batch comes out the same whichever thread, producer rank or machine makes
-it. The Cython kernels (``_rng.pxd``) and this module compute the same bits; the tests hold
+pure function of ``(seed, epoch, sample index or position, stream)``: no generator state lives
+in threads or processes, so a batch comes out the same whichever thread, producer rank or
+machine makes it. The Cython kernels (``_rng.pxd``) and this module compute the same bits; the tests hold
 them to exact equality.
 
 Generator
@@ -28,8 +28,9 @@ Streams (one per purpose, so purposes never share random numbers)
     ======  =====================  =========================================================
     id      name                   blocks used
     ======  =====================  =========================================================
-    0       ``STREAM_SHUFFLE``     block 0: 64-bit sort key of the sample in the epoch's
-                                   permutation (:class:`dpu_pipe.sampler.EpochSampler`)
+    0       ``STREAM_SHUFFLE``     block r (r = 0..7): round r of the epoch permutation's
+                                   Feistel network, whose right half stands in the
+                                   sample-index words (:func:`permutation_at`)
     1       ``STREAM_CROP``        block a (a = 0..9): attempt a of RandomResizedCrop
                                    (u0 -> scale, u1 -> log aspect ratio); block 10: the
                                    position of the accepted crop (u0 -> top, u1 -> left)
@@ -53,6 +54,21 @@ Floating point that is the same everywhere
     aarch64, which would change the rounding. Results differ from ``math.exp``/``math.log``
     by at most a couple of ulp — irrelevant for sampling, but the bits are portable.
 
+The epoch permutation
+    :func:`permutation_at` maps position ``p`` of epoch ``e`` to a sample index in ``[0, n)``
+    with O(1) time and memory per position (no array of ``n`` entries anywhere), for ``n``
+    up to 2**62. With ``bits = max(8, ceil(log2 n))``, ``p`` is split into a left half ``L`` of
+    ``floor(bits / 2)`` bits and a right half ``R`` of ``ceil(bits / 2)`` bits (``p = L <<
+    |R| | R``); each of ``PERM_ROUNDS = 8`` rounds maps ``(L, R)`` to ``(R, L ^ F_r(R))``
+    where ``F_r(R)`` is the first 64-bit word of the block ``(seed, e, index=R,
+    STREAM_SHUFFLE, block=r)`` cut to ``|L|`` bits, and the halves swap widths (so an odd
+    ``bits`` needs no special case). That is a bijection of ``[0, 2**bits)``; applying it
+    again while the result is ``>= n`` (cycle-walking) restricts it to a bijection of
+    ``[0, n)`` — fewer than 2 passes on average for ``n > 256`` (``2**bits < 2 n``). The
+    8-bit minimum keeps tiny datasets' permutations uniform: on halves of one or two bits,
+    eight rounds are measurably biased. Integer operations only, so every machine computes
+    the same permutation.
+
 Augmentation parameters
     :func:`random_resized_crop` follows torchvision's ``RandomResizedCrop.get_params``
     (10 attempts, then a central crop with the aspect ratio clamped into ``ratio``) except
@@ -68,7 +84,8 @@ from .errors import ConfigError
 
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_USER", "CROP_ATTEMPTS",
-    "philox4x32_10", "random_words", "random_u64", "uniforms",
+    "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
+    "permutation_at",
     "portable_exp", "portable_log",
     "check_seed", "check_epoch", "check_crop_config",
     "random_resized_crop", "random_flip",
@@ -79,6 +96,9 @@ STREAM_CROP = 1
 STREAM_FLIP = 2
 STREAM_USER = 256
 CROP_ATTEMPTS = 10
+PERM_ROUNDS = 8
+PERM_MIN_BITS = 8
+PERM_MAX = 1 << 62
 
 _M32 = np.uint64(0xFFFFFFFF)
 _PHILOX_M0 = np.uint64(0xD2511F53)
@@ -260,6 +280,50 @@ def uniforms(seed, epoch, index, stream, block=0):
     x0, x1, x2, x3 = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
                             _as_uint(index, "index", 64), stream, block)
     return np.stack((_unit(x0, x1), _unit(x2, x3)), axis=-1)
+
+
+# --- the epoch permutation ------------------------------------------------------------------
+
+def permutation_at(positions, n, seed, epoch):
+    """Sample index at each position of epoch ``epoch``'s permutation of ``[0, n)`` (the
+    Feistel construction in the module docstring; twin of ``_rng.pxd``'s ``perm_index``).
+
+    ``positions``: integers in ``[0, n)``; ``n``: 1 <= n <= 2**62; ``seed``, ``epoch`` as
+    everywhere. Arguments broadcast; returns int64 of the broadcast shape.
+    """
+    n = operator.index(n) if not isinstance(n, (bool, np.bool_)) else -1
+    if not 1 <= n <= PERM_MAX:
+        raise ConfigError(f"n must be in [1, 2**62], got {n}")
+    pos = _as_uint(positions, "position", 63)
+    if pos.size and int(pos.max()) >= n:
+        raise ConfigError(f"positions must be in [0, {n}), got up to {int(pos.max())}")
+    seed = _as_uint(seed, "seed", 64)
+    epoch = _as_uint(epoch, "epoch", 32)
+    shape = np.broadcast_shapes(pos.shape, seed.shape, epoch.shape)
+    x, seed, epoch = (np.broadcast_to(a, shape).reshape(-1).copy() for a in (pos, seed, epoch))
+    if n == 1:
+        return np.zeros(shape, np.int64)
+    bits = max(PERM_MIN_BITS, (n - 1).bit_length())
+    # First pass for all, then only for those still outside [0, n): cycle-walking.
+    todo = np.arange(x.size)
+    while todo.size:
+        y = _feistel(x[todo], seed[todo], epoch[todo], bits // 2, bits - bits // 2)
+        x[todo] = y
+        todo = todo[y >= np.uint64(n)]
+    return x.view(np.int64).reshape(shape)
+
+
+def _feistel(x, seed, epoch, bits_l, bits_r):
+    """One pass of the Feistel network over [0, 2**(bits_l + bits_r)) (uint64 arrays)."""
+    a, b = bits_l, bits_r
+    left = x >> np.uint64(b)
+    right = x & np.uint64((1 << b) - 1)
+    for r in range(PERM_ROUNDS):
+        f0, f1, _, _ = _block(seed, epoch, right, STREAM_SHUFFLE, r)
+        f = (left ^ ((f1 << _S32) | f0)) & np.uint64((1 << a) - 1)
+        left, right = right, f
+        a, b = b, a
+    return (left << np.uint64(b)) | right
 
 
 # --- exp and log from + - * / only -----------------------------------------------------------

@@ -1,55 +1,30 @@
 """Which sample indices a rank reads in each epoch, and in which order.
 
-One global permutation per epoch comes from ``(seed, epoch)`` through the Philox scheme of
-:mod:`dpu_pipe.rng` (stream ``STREAM_SHUFFLE``), so every rank computes the same one without
-talking to the others, and a resumed or re-produced epoch sees the same order. Each rank takes
-every ``world_size``-th entry starting at ``rank``, as PyTorch's ``DistributedSampler`` does.
+One global order per epoch: position ``p`` of epoch ``e`` holds sample
+``permutation_at(p, n, seed, e)``, a keyed bijection of ``[0, n)`` evaluated one position
+at a time (:func:`dpu_pipe.rng.permutation_at`, C kernel ``perm_index`` in ``_rng.pxd``).
+No rank ever holds the permutation: a batch costs memory and time for its own indices only,
+whatever the size of the dataset (up to 2**40 samples), and every rank, thread or producer
+computes the same order without talking to the others. Each rank takes every
+``world_size``-th position starting at ``rank``, as PyTorch's ``DistributedSampler`` does.
 """
 
 import numpy as np
 
+from . import _validate as _v
+from ._rng import permute
 from .errors import ConfigError
-from .rng import STREAM_SHUFFLE, _block, check_epoch, check_seed
+from .rng import check_epoch, check_seed
 
-__all__ = ["EpochSampler"]
+__all__ = ["EpochSampler", "SHARD_TAILS", "MAX_SAMPLES"]
 
-# Sort keys carry the sample index in their low bits (see _permutation); this many bits of
-# the 64 are left for randomness at the largest dataset allowed.
-_MIN_RANDOM_BITS = 24
-MAX_SAMPLES = 1 << (64 - _MIN_RANDOM_BITS)
+MAX_SAMPLES = 1 << 40
 
+#: How shards treat the samples left over when ``world_size`` does not divide the dataset.
+SHARD_TAILS = ("pad", "drop", "uneven")
 
-def _permutation(num_samples, seed, epoch):
-    """The epoch's permutation of range(num_samples), int64.
-
-    Sample i gets the 64-bit Philox word of (seed, epoch, i, STREAM_SHUFFLE, block 0) as its
-    sort key. Its low ``b = bit_length(num_samples - 1)`` bits are replaced by i itself: the
-    keys become distinct, so any sorting algorithm (numpy's SIMD sorts differ between x86
-    and aarch64, and between numpy versions) yields the same order, and ``sort`` of plain
-    values is several times faster than ``argsort``. Samples whose top ``64 - b`` random bits
-    tie — about ``num_samples**2 / 2**(65 - b)`` pairs, e.g. 0.2 for ImageNet's 1.28 M —
-    keep index order between themselves.
-    """
-    bits = max(1, int(num_samples - 1).bit_length())
-    mask = np.uint64((1 << bits) - 1)
-    index = np.arange(num_samples, dtype=np.uint64)
-    x0, x1, _, _ = _block(np.uint64(seed), np.uint64(epoch), index, STREAM_SHUFFLE, 0)
-    keys = (x1 << np.uint64(32)) | x0
-    keys &= ~mask
-    keys |= index
-    keys.sort()
-    keys &= mask
-    return keys.astype(np.int64)
-
-
-def _check_int(value, name, low, high=None):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value >= high):
-        bound = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ConfigError(f"{name} must be {'in ' if high is not None else ''}{bound}, got {value}")
-    return value
+# Positions go to the kernel this many at a time: bounded memory for whole-shard requests.
+_CHUNK = 1 << 16
 
 
 class EpochSampler:
@@ -65,56 +40,73 @@ class EpochSampler:
         False keeps index order (0, 1, 2, ...) in every epoch.
     rank, world_size : int
         This rank and the number of ranks sharing the dataset, 0 <= rank < world_size.
-    drop_last : bool
-        How the dataset is cut into equal shards when ``world_size`` does not divide it:
+    shard_tail : "pad", "drop" or "uneven"
+        What happens to the ``num_samples % world_size`` samples left over when the ranks
+        stride through the epoch's order:
 
-        * ``False`` (default, as ``DistributedSampler``): the permutation is padded by
-          wrapping around to its start, so every sample is read and a few are read twice.
-        * ``True``: the tail of the permutation is dropped, so no sample is read twice and a
-          few (different ones each epoch when shuffling) are not read at all.
+        * ``"pad"`` (``DistributedSampler(drop_last=False)``, its default): the order wraps
+          around to its start until every rank has ``ceil(n / world_size)`` indices; every
+          sample is read, a few twice.
+        * ``"drop"`` (``DistributedSampler(drop_last=True)``): the tail is cut; every rank
+          has ``n // world_size`` indices, a few samples (different ones each epoch when
+          shuffling) are not read.
+        * ``"uneven"``: nothing padded, nothing dropped — rank ``r`` reads positions ``r,
+          r + world_size, ...`` below ``n``, so the first ``n % world_size`` ranks have one
+          index more than the others and **every sample is read exactly once across
+          ranks**: exact distributed evaluation. A rank may have no index at all when
+          ``n < world_size``.
 
-        Every rank gets ``len(sampler)`` indices either way. The same flag is the default
-        for :meth:`batches`: drop the last partial batch, or keep it.
+    The last partial *batch* is a separate choice, ``drop_last`` of :meth:`batches` (as
+    ``DataLoader``'s ``drop_last``, default False: kept, shorter).
 
-    Worked example: dataset ``0..6`` (7 samples), ``world_size=2``, ``shuffle=False`` (with
-    shuffling, the same happens to the permuted order ``p[0..6]``):
+    Worked example: 64 samples, ``world_size=3``, batch size 5, ``shuffle=False`` (with
+    shuffling the same positions hold the permuted samples). ``DistributedSampler`` +
+    ``DataLoader`` give the ``"pad"`` and ``"drop"`` rows:
 
-    ==============  =======================  ==========  ==========  ========
-    ``drop_last``   global order (padded)    rank 0      rank 1      per rank
-    ==============  =======================  ==========  ==========  ========
-    ``False``       0 1 2 3 4 5 6 **0**      0 2 4 6     1 3 5 **0**   4
-    ``True``        0 1 2 3 4 5 (6 dropped)  0 2 4       1 3 5         3
-    ==============  =======================  ==========  ==========  ========
+    ============  ==================================  =====  ===========================  ==========
+    shard_tail    rank 0 / rank 1 / rank 2 indices    count  batches, ``drop_last=False``  ``True``
+    ============  ==================================  =====  ===========================  ==========
+    ``"pad"``     0 3 .. 63 / 1 4 .. 61 **0** /       22     5 (5 5 5 5 2)                4
+                  2 5 .. 62 **1**
+    ``"drop"``    0 3 .. 60 / 1 4 .. 61 / 2 5 .. 62   21     5 (5 5 5 5 1)                4
+                  (63 not read)
+    ``"uneven"``  0 3 .. 63 / 1 4 .. 61 / 2 5 .. 62   22 /   5 (.. 2) / 5 (.. 1) /        4 / 4 / 4
+                                                      21 /   5 (.. 1)
+                                                      21
+    ============  ==================================  =====  ===========================  ==========
 
-    and then, with ``batches(epoch, batch_size=3)``: ``drop_last=False`` gives rank 0
-    ``[0 2 4] [6]`` and rank 1 ``[1 3 5] [0]``; ``drop_last=True`` gives ``[0 2 4]`` and
-    ``[1 3 5]``.
+    And with 7 samples over 2 ranks, batch size 3: ``"uneven"`` gives rank 0 ``[0 2 4]
+    [6]`` and rank 1 ``[1 3 5]`` — each sample once; ``"pad"`` gives rank 1 ``[1 3 5] [0]``.
 
     .. warning::
        Call :meth:`set_epoch` before each epoch (or pass the epoch to :meth:`indices` /
        :meth:`batches`). Forgetting it repeats epoch 0's order — and its augmentations,
        which are keyed by the same epoch — every epoch, silently.
+
+    Memory: a few integers, whatever ``num_samples``; a call returns arrays of the size asked
+    for (a batch, or the whole shard from :meth:`indices`).
     """
 
     def __init__(self, num_samples, *, seed=0, shuffle=True, rank=0, world_size=1,
-                 drop_last=False):
-        self.num_samples = _check_int(num_samples, "num_samples", 1, MAX_SAMPLES + 1)
+                 shard_tail="pad"):
+        self.num_samples = _v.integer(num_samples, "num_samples", 1, MAX_SAMPLES)
         self.seed = check_seed(seed)
-        self.world_size = _check_int(world_size, "world_size", 1)
-        self.rank = _check_int(rank, "rank", 0, self.world_size)
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
-        if self.drop_last:
-            self._per_rank = self.num_samples // self.world_size
+        self.world_size = _v.positive_int(world_size, "world_size")
+        self.rank = _v.integer(rank, "rank", 0, self.world_size - 1)
+        self.shuffle = _v.boolean(shuffle, "shuffle")
+        self.shard_tail = _v.choice(shard_tail, "shard_tail", SHARD_TAILS)
+        n, ws = self.num_samples, self.world_size
+        if shard_tail == "pad":
+            self._per_rank = -(-n // ws)
+        elif shard_tail == "drop":
+            self._per_rank = n // ws
             if self._per_rank == 0:
                 raise ConfigError(
-                    f"drop_last=True with {self.num_samples} samples over world_size="
-                    f"{self.world_size} leaves every rank empty; use drop_last=False or "
-                    f"fewer ranks")
+                    f"shard_tail='drop' with {n} samples over world_size={ws} leaves every "
+                    f"rank empty; use shard_tail='pad' or 'uneven', or fewer ranks")
         else:
-            self._per_rank = -(-self.num_samples // self.world_size)
+            self._per_rank = -(-(n - self.rank) // ws) if n > self.rank else 0
         self.epoch = 0
-        self._cache = None  # (epoch, this rank's indices): batches() of one epoch reuse it
 
     def set_epoch(self, epoch):
         """Make ``epoch`` (0 <= epoch < 2**32) the one :meth:`indices`, :meth:`batches` and
@@ -122,65 +114,79 @@ class EpochSampler:
         self.epoch = check_epoch(epoch)
 
     def __len__(self):
-        """Number of indices this rank reads per epoch (the same on every rank)."""
+        """Number of indices this rank reads per epoch (the same on every rank unless
+        ``shard_tail="uneven"``)."""
         return self._per_rank
+
+    def _epoch(self, epoch):
+        return self.epoch if epoch is None else check_epoch(epoch)
+
+    def _at(self, positions, epoch):
+        """Sample indices at global positions (int64 array, each < num_samples)."""
+        if not self.shuffle:
+            return positions.astype(np.int64)
+        return permute(positions, self.num_samples, self.seed, epoch)
 
     def permutation(self, epoch=None):
         """The global order of ``epoch`` before sharding: int64, shape (num_samples,), the
-        same on every rank."""
-        epoch = self.epoch if epoch is None else check_epoch(epoch)
-        if not self.shuffle:
-            return np.arange(self.num_samples, dtype=np.int64)
-        return _permutation(self.num_samples, self.seed, epoch)
+        same on every rank. O(num_samples) memory: for inspection, the sampler never needs
+        it."""
+        epoch = self._epoch(epoch)
+        out = np.empty(self.num_samples, np.int64)
+        for lo in range(0, self.num_samples, _CHUNK):
+            hi = min(self.num_samples, lo + _CHUNK)
+            out[lo:hi] = self._at(np.arange(lo, hi, dtype=np.int64), epoch)
+        return out
 
-    def indices(self, epoch=None):
+    def indices(self, epoch=None, start=0, stop=None):
         """This rank's sample indices for ``epoch`` (default: the one set by
-        :meth:`set_epoch`), in reading order: int64, shape (len(self),)."""
-        return self._shard(epoch).copy()
+        :meth:`set_epoch`), in reading order, from shard position ``start`` to ``stop``
+        (default: the whole shard): int64, shape (stop - start,)."""
+        epoch = self._epoch(epoch)
+        stop = self._per_rank if stop is None else stop
+        start = _v.integer(start, "start", 0)
+        stop = _v.integer(stop, "stop", start, self._per_rank)
+        out = np.empty(stop - start, np.int64)
+        for lo in range(start, stop, _CHUNK):
+            hi = min(stop, lo + _CHUNK)
+            # Padding wraps around to the start of the order, as often as needed.
+            pos = (self.rank + np.arange(lo, hi, dtype=np.int64) * self.world_size) \
+                % self.num_samples
+            out[lo - start:hi - start] = self._at(pos, epoch)
+        return out
 
-    def _shard(self, epoch):
-        """This rank's indices, shared with the cache: callers must not modify them."""
-        epoch = self.epoch if epoch is None else check_epoch(epoch)
-        cache = self._cache
-        if cache is not None and cache[0] == epoch:
-            return cache[1]
-        order = self.permutation(epoch)
-        total = self._per_rank * self.world_size
-        if total > order.size:
-            order = np.resize(order, total)     # repeats from the start: the wrap padding
-        shard = np.ascontiguousarray(order[self.rank:total:self.world_size])
-        self._cache = (epoch, shard)
-        return shard
-
-    def num_batches(self, batch_size, drop_last=None):
+    def num_batches(self, batch_size, drop_last=False):
         """Number of batches :meth:`batches` yields per epoch on this rank."""
-        batch_size = _check_int(batch_size, "batch_size", 1)
-        drop_last = self.drop_last if drop_last is None else bool(drop_last)
+        batch_size = _v.positive_int(batch_size, "batch_size")
+        drop_last = _v.boolean(drop_last, "drop_last")
         return self._per_rank // batch_size if drop_last else -(-self._per_rank // batch_size)
 
-    def batch(self, epoch, step, batch_size, drop_last=None):
+    def batch(self, epoch, step, batch_size, drop_last=False):
         """Indices of batch ``step`` (0-based) of ``epoch`` on this rank: int64, shape
-        (batch_size,) or shorter for the last batch when it is kept."""
+        (batch_size,), or shorter for the last batch when it is kept. O(batch_size) time
+        and memory."""
         n = self.num_batches(batch_size, drop_last)
-        step = _check_int(step, "step", 0)
+        step = _v.integer(step, "step", 0)
         if step >= n:
             raise ConfigError(f"step {step} is past the last batch of the epoch ({n} batches "
                               f"of {batch_size})")
-        return self._shard(epoch)[step * batch_size:(step + 1) * batch_size].copy()
+        start = step * batch_size
+        return self.indices(epoch, start, min(start + batch_size, self._per_rank))
 
-    def batches(self, epoch=None, batch_size=1, drop_last=None):
+    def batches(self, epoch=None, batch_size=1, drop_last=False):
         """This rank's batches of ``epoch``: a list of int64 arrays of ``batch_size`` indices
-        each; the last one is shorter, or dropped when ``drop_last`` (default: the sampler's
-        own ``drop_last``) is true."""
+        each; the last one is shorter, or left out when ``drop_last``."""
         n = self.num_batches(batch_size, drop_last)
-        idx = self.indices(epoch)
+        idx = self.indices(epoch, 0, min(n * batch_size, self._per_rank))
         return [idx[s * batch_size:(s + 1) * batch_size] for s in range(n)]
 
     def __iter__(self):
-        """The indices of the current epoch, as Python ints."""
-        return iter(self.indices().tolist())
+        """The indices of the current epoch, as Python ints (computed a chunk at a time)."""
+        epoch = self.epoch
+        for lo in range(0, self._per_rank, _CHUNK):
+            yield from self.indices(epoch, lo, min(self._per_rank, lo + _CHUNK)).tolist()
 
     def __repr__(self):
         return (f"EpochSampler(num_samples={self.num_samples}, seed={self.seed}, "
                 f"shuffle={self.shuffle}, rank={self.rank}, world_size={self.world_size}, "
-                f"drop_last={self.drop_last}, epoch={self.epoch})")
+                f"shard_tail={self.shard_tail!r}, epoch={self.epoch})")

@@ -15,7 +15,8 @@ provides:
     ``("cannot read: ...", index=i, path=...)``, so a loader's ``on_error`` policy treats an
     unreadable sample exactly like an undecodable one.
 ``src.label(i) -> int`` and ``src.labels -> np.ndarray[int64]`` of shape ``(N,)``
-    Labels, from the in-memory index (no I/O). ``labels`` is read-only.
+    Labels, from the in-memory index (no I/O). ``labels`` is read-only. A :class:`FileList`
+    may also hold float labels (float32) or several per sample (shape ``(N, K)``).
 ``src.classes -> list[str] | None``
     Class names (label ``k`` is ``classes[k]``) when the source has them.
 ``src.relpath(i) -> str``
@@ -46,9 +47,12 @@ from .errors import ConfigError, DecodeError
 from .packed.reader import PackedDataset, is_packed
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "open_source", "open_path",
-           "as_source", "JPEG_EXTENSIONS", "LIST_EXTENSIONS"]
+           "as_source", "JPEG_EXTENSIONS", "IMG_EXTENSIONS", "LIST_EXTENSIONS"]
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
+#: The file extensions ImageFolder takes: torchvision's ``IMG_EXTENSIONS``. JPEGs take the fast
+#: path; other formats (and non-JPEG data behind any name) are decoded by OpenCV.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 #: File names a path given to a loader may end with to be read as a :class:`FileList`.
 LIST_EXTENSIONS = (".txt", ".csv", ".lst", ".tsv")
 
@@ -89,9 +93,9 @@ class Source:
         return self._labels
 
     def label(self, i):
-        """Label of sample ``i`` as a Python int."""
+        """Label of sample ``i``: a Python int (a float, or a list for several labels)."""
         self._check_index(i)
-        return int(self._labels[i])
+        return self._labels[i].tolist()
 
     def read(self, i):  # pragma: no cover - every subclass overrides it
         """Encoded bytes of sample ``i``; :class:`DecodeError` if they cannot be read."""
@@ -162,23 +166,27 @@ class _FileSource(Source):
 
 
 class ImageFolder(_FileSource):
-    """JPEG files in class sub-folders: ``root/<class>/**/<file>.jpg``.
+    """Image files in class sub-folders: ``root/<class>/**/<file>.jpg`` (or .png, ...).
 
     Classes are the sub-directories of ``root`` in sorted (code point) order and get labels
-    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them; a class folder without images
-    keeps its label so numbering does not depend on which folders happen to be empty. Files
-    with a ``.jpg``/``.jpeg`` extension in any letter case are taken from each class folder and
-    its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
+    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them. Files with an extension of
+    :data:`IMG_EXTENSIONS` (torchvision's) in any letter case are taken from each class folder
+    and its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
     entries (names starting with ``.``, e.g. ``.ipynb_checkpoints``) are ignored. Samples are
     ordered by class, then by directory, then by file name, so every node that lists the same
     tree gets the same indices.
 
-    Raises :class:`ConfigError` when ``root`` is not a directory or holds no JPEG file.
+    Like torchvision, a class folder without a usable file raises :class:`ConfigError` naming
+    it; with ``allow_empty=True`` it keeps its label (numbering does not depend on which
+    folders happen to be empty). Also raises :class:`ConfigError` when ``root`` is not a
+    directory or holds no image at all.
     """
 
     kind = "image_folder"
 
-    def __init__(self, root):
+    def __init__(self, root, *, allow_empty=False):
+        from ._validate import boolean
+        self._allow_empty = boolean(allow_empty, "allow_empty")
         root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(root):
             raise ConfigError(f"ImageFolder root is not a directory: {root}")
@@ -192,7 +200,7 @@ class ImageFolder(_FileSource):
             # different listings, so an unreadable one stops the scan.
             raise ConfigError(f"cannot list ImageFolder sub-folder: {err}") from err
 
-        relpaths, labels = [], []
+        relpaths, labels, empty = [], [], []
         for label, cls in enumerate(classes):
             found = []
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls),
@@ -200,16 +208,23 @@ class ImageFolder(_FileSource):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
                 for name in filenames:
-                    if not name.startswith(".") and name.lower().endswith(JPEG_EXTENSIONS):
+                    if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
                         found.append((rel, name))
             found.sort()  # os.walk's order depends on the file system; this does not
             relpaths.extend(f"{d}/{n}" for d, n in found)
             labels.extend([label] * len(found))
+            if not found:
+                empty.append(cls)
         if not relpaths:
             what = (f"class folders {classes[:5]}{'...' if len(classes) > 5 else ''}"
                     if classes else "no class sub-folders")
-            raise ConfigError(f"no .jpg/.jpeg files found under ImageFolder root {root} "
-                              f"({what}); expected root/<class>/<image>.jpg")
+            raise ConfigError(f"no image files found under ImageFolder root {root} ({what}); "
+                              f"expected root/<class>/<image>.jpg, with extensions "
+                              f"{', '.join(IMG_EXTENSIONS)}")
+        if empty and not self._allow_empty:
+            raise ConfigError(f"Found no valid file for the classes {', '.join(empty)} under "
+                              f"{root}. Supported extensions are: {', '.join(IMG_EXTENSIONS)} "
+                              f"(allow_empty=True keeps empty classes)")
         self._root = root
         self._relpaths = relpaths
         self._labels = _frozen(labels)
@@ -220,7 +235,7 @@ class ImageFolder(_FileSource):
         return self._root
 
     def _spec(self):
-        return {"root": self._root}
+        return {"root": self._root, "allow_empty": self._allow_empty}
 
 
 def _check_label_range(value, where):
@@ -230,40 +245,83 @@ def _check_label_range(value, where):
 
 
 def _parse_label(text, where):
+    """An int, or a finite float, from one label field."""
+    text = text.strip()
     try:
-        value = int(text.strip(), 10)
+        value = int(text, 10)
     except ValueError:
-        raise ConfigError(f"{where}: label {text.strip()!r} is not an integer") from None
-    return _check_label_range(value, where)
+        pass
+    else:
+        return _check_label_range(value, where)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: label {text!r} is not an integer (or a number)") from None
+    if not np.isfinite(value):
+        raise ConfigError(f"{where}: label {text!r} is not finite")
+    return value
 
 
 def _as_label(value, where):
-    """An int label from an int, a numpy integer or a decimal string."""
-    if isinstance(value, str):
-        return _parse_label(value, where)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return _check_label_range(int(value), where)
-    raise ConfigError(f"{where}: label {value!r} is not an integer")
+    """A label from an int, a float, a numpy number, a decimal string, or a sequence of those
+    (several labels per sample); returned as a tuple of numbers."""
+    if isinstance(value, (str, int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_)):
+        items = [value]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise ConfigError(f"{where}: label {value!r} is not a number") from None
+        if not items:
+            raise ConfigError(f"{where}: empty label list")
+    out = []
+    for v in items:
+        if isinstance(v, str):
+            out.append(_parse_label(v, where))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            out.append(_check_label_range(int(v), where))
+        elif isinstance(v, (float, np.floating)) and np.isfinite(v):
+            out.append(float(v))
+        else:
+            raise ConfigError(f"{where}: label {v!r} is not a finite number")
+    return tuple(out)
+
+
+def _label_array(rows, wheres):
+    """The labels array of a list: int64 when every label is an integer, else float32;
+    shape (N,) with one label per sample, (N, K) with K. ``wheres[i]`` names row i."""
+    for lab, where in zip(rows, wheres):
+        if len(lab) != len(rows[0]):
+            raise ConfigError(f"{where}: {len(lab)} labels where the first sample has "
+                              f"{len(rows[0])}; every sample needs the same number")
+    if all(isinstance(v, int) for lab in rows for v in lab):
+        arr = np.array(rows, dtype=np.int64)
+    else:
+        arr = np.array(rows, dtype=np.float32)
+    if arr.shape[1] == 1:
+        arr = arr[:, 0]
+    arr.flags.writeable = False
+    return arr
 
 
 def _parse_line(line, where):
-    """``path,label`` (CSV quoting allowed) or ``path label`` (the path may contain
-    spaces: the label is the last field)."""
+    """``path,label[,label...]`` (CSV quoting allowed) or ``path label`` (the path may
+    contain spaces: the label is the last field)."""
     if "," in line:
         fields = next(csv.reader([line]))
-        if len(fields) != 2:
-            raise ConfigError(f"{where}: expected 'path,label', got {len(fields)} "
-                              f"comma-separated fields: {line!r}")
-        path, label = fields
+        if len(fields) < 2:
+            raise ConfigError(f"{where}: expected 'path,label', got {line!r}")
+        path, labels = fields[0], fields[1:]
     else:
         fields = line.rsplit(None, 1)
         if len(fields) != 2:
             raise ConfigError(f"{where}: expected 'path label' or 'path,label', got {line!r}")
-        path, label = fields
+        path, labels = fields[0], fields[1:]
     path = path.strip()
     if not path:
         raise ConfigError(f"{where}: empty path")
-    return path, _parse_label(label, where)
+    return path, tuple(_parse_label(v, where) for v in labels)
 
 
 class FileList(_FileSource):
@@ -274,13 +332,20 @@ class FileList(_FileSource):
     ``path label`` (whitespace; the label is the last field, so paths may contain spaces), or
     an iterable of ``(path, label)`` pairs. Blank lines and
     lines starting with ``#`` are skipped, as is a first line ``path,label`` style header
-    whose label field is not a number but a word like ``label``. Relative paths are resolved
+    whose label field is not a number but a word like ``label``.
+
+    Labels: one integer per sample gives ``labels`` int64 of shape (N,), as for the other
+    sources. A label that is a float (``path,0.75``) makes the array float32; several label
+    columns (``path,1,0,1`` — CSV only — or rows with a sequence of numbers) give shape
+    (N, K), for multi-label or regression targets; every sample must have the same K. The
+    loader yields labels of the same dtype and shape. Only the local :class:`Loader` carries
+    such labels; the offload transport and packed files hold one integer per sample. Relative paths are resolved
     against ``root``, by default the list file's directory (or the working directory, for
     rows). Order and labels are kept as listed. Files are not checked at construction; a
     missing one raises :class:`DecodeError` when read.
 
-    Raises :class:`ConfigError` naming the line for a malformed line or a non-integer label,
-    and when the list is empty.
+    Raises :class:`ConfigError` naming the line for a malformed line or a label that is not a
+    finite number, and when the list is empty.
     """
 
     kind = "file_list"
@@ -300,7 +365,7 @@ class FileList(_FileSource):
                 except (TypeError, ValueError):
                     raise ConfigError(f"FileList row {n}: expected a (path, label) pair, "
                                       f"got {row!r}") from None
-                rows.append((path, _as_label(label, f"FileList row {n}")))
+                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}"))
             base = os.getcwd()
             self._list_path = None
         if not rows:
@@ -308,8 +373,8 @@ class FileList(_FileSource):
             raise ConfigError(f"FileList is empty: no samples in {where}")
         # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
         self._root = os.path.abspath(os.fspath(root)) if root is not None else base
-        self._relpaths = [p for p, _ in rows]
-        self._labels = _frozen([lab for _, lab in rows])
+        self._relpaths = [p for p, _, _ in rows]
+        self._labels = _label_array([lab for _, lab, _ in rows], [w for _, _, w in rows])
 
     @staticmethod
     def _read_list(list_path):
@@ -328,7 +393,7 @@ class FileList(_FileSource):
             where = f"{list_path}, line {lineno}"
             if not rows and _is_header(text):
                 continue
-            rows.append(_parse_line(text, where))
+            rows.append(_parse_line(text, where) + (where,))
         return rows
 
     @property
@@ -338,17 +403,27 @@ class FileList(_FileSource):
     def _spec(self):
         if self._list_path is not None:
             return {"path": self._list_path, "root": self._root}
-        return {"rows": [[p, int(lab)] for p, lab in zip(self._relpaths, self._labels.tolist())],
+        return {"rows": [[p, lab] for p, lab in zip(self._relpaths, self._labels.tolist())],
                 "root": self._root}
 
 
 def _is_header(text):
     """A first line like ``path,label`` or ``filename label``: its label field is a word."""
     fields = next(csv.reader([text])) if "," in text else text.rsplit(None, 1)
-    if len(fields) != 2:
+    if len(fields) < 2:
         return False
+    if len(fields) > 2:   # several label columns: all named
+        return not any(_is_number(f) for f in fields[1:])
     label = fields[1].strip().lower()
     return label in ("label", "labels", "class", "class_id", "target", "y")
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class PackedSource(Source):
@@ -357,7 +432,8 @@ class PackedSource(Source):
     Opening reads the manifest's header, shard table and metadata and maps its labels; a
     shard is mapped, and an index block of it checked, when one of its records is first read,
     so memory grows with what a rank reads, not with the dataset (at most
-    ``max_open_shards`` shards mapped at once). ``read(i)`` copies record ``i`` into
+    ``max_open_shards`` shards mapped at once, by default a quarter of the file-descriptor
+    limit up to 1024). ``read(i)`` copies record ``i`` into
     ``bytes``, ``view(i)`` returns it as a zero-copy ``memoryview``, and ``buffers(indices)``
     gives a batch decoder every record of a batch without a Python object per record when
     they share a shard. With ``verify_reads`` each read checks the record's CRC (about a 5 %
@@ -371,7 +447,7 @@ class PackedSource(Source):
 
     kind = "packed"
 
-    def __init__(self, path, *, verify_reads=False, max_open_shards=64):
+    def __init__(self, path, *, verify_reads=False, max_open_shards=None):
         self._ds = PackedDataset(path, verify_reads=verify_reads,
                                  max_open_shards=max_open_shards)
         self._labels = self._ds.labels  # memory-mapped: pages load as they are used
@@ -438,7 +514,7 @@ class PackedSource(Source):
 
     def __setstate__(self, state):
         self.__init__(state["path"], verify_reads=state["verify_reads"],
-                      max_open_shards=state.get("max_open_shards", 64))
+                      max_open_shards=state.get("max_open_shards"))
 
 
 _KINDS = {"image_folder", "file_list", "packed"}
@@ -457,7 +533,7 @@ def open_source(spec):
     kind = spec["kind"]
     try:
         if kind == "image_folder":
-            src = ImageFolder(spec["root"])
+            src = ImageFolder(spec["root"], allow_empty=spec.get("allow_empty", False))
         elif kind == "file_list":
             rows = spec.get("rows")
             src = FileList(spec["path"] if rows is None else rows, root=spec.get("root"))
@@ -479,14 +555,10 @@ def open_path(path, *, root=None):
     :class:`PackedSource`, any other directory an :class:`ImageFolder`, any other file a
     :class:`FileList` (``root`` applies to file lists only)."""
     path = os.fspath(path)
-    if is_packed(path):
+    if is_packed(path) or os.path.isdir(path):
         if root is not None:
-            raise ConfigError("root= applies to file lists, not to a packed dataset")
-        return PackedSource(path)
-    if os.path.isdir(path):
-        if root is not None:
-            raise ConfigError("root= applies to file lists, not to an ImageFolder directory")
-        return ImageFolder(path)
+            raise ConfigError(f"root= applies to file lists, not to the dataset directory {path}")
+        return PackedSource(path) if is_packed(path) else ImageFolder(path)
     if not os.path.exists(path):
         raise ConfigError(f"dataset path does not exist: {path}")
     return FileList(path, root=root)
@@ -494,21 +566,18 @@ def open_path(path, *, root=None):
 
 def as_source(obj):
     """A source from what a loader was given: a source object is returned as it is; a path
-    is opened as a dataset — a directory as an :class:`ImageFolder`, a packed file (found by
-    its header, whatever its name) as a :class:`PackedSource`, a ``.txt``/``.csv``/``.lst``/
-    ``.tsv`` file as a :class:`FileList`. Anything else raises :class:`ConfigError`."""
+    is opened as a dataset — a packed dataset (its directory or manifest, found by the
+    manifest's header whatever the name) as a
+    :class:`PackedSource`, any other directory as an :class:`ImageFolder`, a ``.txt``/
+    ``.csv``/``.lst``/``.tsv`` file as a :class:`FileList`. Anything else raises
+    :class:`ConfigError`."""
     if isinstance(obj, (str, bytes, os.PathLike)):
         path = os.fsdecode(obj)
-        if os.path.isdir(path):
-            return ImageFolder(path)
-        if not os.path.exists(path):
-            raise ConfigError(f"dataset path does not exist: {path}")
-        if is_packed_file(path):
-            return PackedSource(path)
-        if path.lower().endswith(LIST_EXTENSIONS):
-            return FileList(path)
-        raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), a "
-                          f"packed file, or a file list ({', '.join(LIST_EXTENSIONS)})")
+        if (os.path.isfile(path) and not is_packed(path)
+                and not path.lower().endswith(LIST_EXTENSIONS)):
+            raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), "
+                              f"a packed dataset, or a file list ({', '.join(LIST_EXTENSIONS)})")
+        return open_path(path)
     if all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__")):
         return obj
     raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource) "

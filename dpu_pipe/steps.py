@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _jpeg
 from . import _validate as _v
-from .batch import BatchProcessor
+from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
 
@@ -29,8 +29,10 @@ class StepProducer:
     source : a dpu_pipe source (``ImageFolder``, ``FileList``, ``PackedSource``)
     batch_size : int
     transform : TransformConfig
-    seed, shuffle, rank, world_size, drop_last : as :class:`~dpu_pipe.sampler.EpochSampler`;
-        ``drop_last`` also drops the last partial batch.
+    seed, shuffle, rank, world_size, shard_tail : as :class:`~dpu_pipe.sampler.EpochSampler`
+        (``shard_tail="uneven"``: every sample once across ranks, for exact evaluation).
+    drop_last : bool
+        Drop this rank's last partial batch (as ``DataLoader``); False keeps it, shorter.
     num_threads : int
         Threads of the batch kernel.
     on_error : "raise" or "skip"
@@ -42,30 +44,38 @@ class StepProducer:
     """
 
     def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
-                 world_size=1, drop_last=True, num_threads=1, on_error="raise"):
+                 world_size=1, shard_tail="pad", drop_last=False, num_threads=1,
+                 on_error="raise"):
         on_error = _v.choice(on_error, "on_error", ON_ERROR)
         self.source = source
         self.batch_size = _v.positive_int(batch_size, "batch_size")
         self.on_error = on_error
-        self.drop_last = bool(drop_last)
         self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,
-                                    world_size=world_size, drop_last=drop_last)
+                                    world_size=world_size, shard_tail=shard_tail)
+        self.num_batches = self.sampler.num_batches(self.batch_size, drop_last)
+        self.drop_last = bool(drop_last)
         self.seed = self.sampler.seed
-        self.kernel = BatchProcessor(transform, num_threads)
-        self.transform = self.kernel.config
-        self.num_batches = self.sampler.num_batches(self.batch_size, self.drop_last)
-        if self.num_batches == 0:
+        # With uneven shards a rank may legitimately have nothing to read (n < world_size);
+        # otherwise every rank has the same count, and none means a useless configuration.
+        if self.num_batches == 0 and self.sampler.shard_tail != "uneven":
             raise ConfigError(
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
-        self.labels = np.asarray(source.labels, dtype=np.int64)
+        self.kernel = BatchProcessor(transform, num_threads)
+        self.transform = self.kernel.config
+        labels = np.asarray(source.labels)
+        #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
+        self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
+                                    copy=False)
         # A packed source gathers a batch's records itself, without a copy per record.
         self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
-        #: Seconds spent reading bytes and in the batch kernel, and batches/samples made.
-        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0}
+        #: Seconds spent reading bytes and in the batch kernel, batches and samples made, and
+        #: samples that were not JPEGs (decoded by OpenCV).
+        self.timings = {"read_s": 0.0, "process_s": 0.0, "batches": 0, "samples": 0,
+                        "other_formats": 0}
 
     @property
     def batch_shape(self):
@@ -92,15 +102,17 @@ class StepProducer:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` int64 (>= n,). Returns n, the batch's sample count.
+        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...). Returns n, the batch's
+        sample count.
         """
         indices = self.step_indices(epoch, step)
         n = len(indices)
         t0 = time.perf_counter()
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
-        _, _, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
-                                       out=images[:n])
+        _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
+                                          out=images[:n])
+        other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
         labels[:n] = self.labels[indices]
@@ -112,6 +124,7 @@ class StepProducer:
         tm["process_s"] += (t2 - t1) + (t3 - t2)
         tm["batches"] += 1
         tm["samples"] += n
+        tm["other_formats"] += other
         return n
 
     def _named(self, exc, index):
@@ -127,12 +140,13 @@ class StepProducer:
         if self.on_error == "raise":
             j = min(errors)
             raise self._named(errors[j], indices[j])
-        shard = self.sampler.indices(epoch)
+        shard_len = len(self.sampler)
         for j in sorted(errors):
             self._record_bad(int(indices[j]), self._named(errors[j], indices[j]))
             pos = step * self.batch_size + j
-            for k in range(1, len(shard)):
-                cand = int(shard[(pos + k) % len(shard)])
+            for k in range(1, shard_len):
+                at = (pos + k) % shard_len
+                cand = int(self.sampler.indices(epoch, at, at + 1)[0])
                 if cand in self.bad_samples:
                     continue
                 err = self._single(epoch, cand, images[j:j + 1])

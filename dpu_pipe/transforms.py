@@ -4,8 +4,10 @@ producers as a dict (``to_dict`` / ``from_dict``).
 
 Train: RandomResizedCrop(size, scale, ratio) → horizontal flip with probability ``flip_p``.
 Val:   resize the shorter side to ``resize`` → center crop ``size``.
-Both end in the output conversion: float32/float16 normalized by ``mean``/``std`` (given in
-[0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
+Both end in the output conversion: float32/float16/bfloat16 normalized by ``mean``/``std``
+(given in [0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
+bfloat16 is the float32 value rounded to nearest even, as torch rounds it; numpy has no
+bfloat16, so numpy arrays hold its uint16 bits.
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -21,7 +23,7 @@ __all__ = ["TransformConfig", "IMAGENET_MEAN", "IMAGENET_STD"]
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-DTYPES = ("float32", "float16", "uint8")
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
 LAYOUTS = ("CHW", "HWC")
 
 
@@ -73,11 +75,7 @@ class TransformConfig:
         if min(std) <= 0:
             raise ConfigError(f"std must be positive, got {self.std!r}")
         object.__setattr__(self, "std", std)
-        dtype = _v.dtype(self.dtype)
-        if dtype not in DTYPES:
-            raise ConfigError(f"the kernel writes {', '.join(DTYPES)}, not {dtype}; a loader "
-                              f"converts its output to bfloat16 (Loader(dtype='bfloat16'))")
-        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "dtype", _v.dtype(self.dtype))
         object.__setattr__(self, "layout", _v.choice(self.layout, "layout", LAYOUTS))
         object.__setattr__(self, "train", _v.boolean(self.train, "train"))
         object.__setattr__(self, "fast", _v.boolean(self.fast, "fast"))
@@ -91,7 +89,8 @@ class TransformConfig:
 
     @property
     def np_dtype(self):
-        return np.dtype(self.dtype)
+        """numpy dtype of the output; bfloat16 samples are held as their uint16 bits."""
+        return np.dtype(np.uint16 if self.dtype == "bfloat16" else self.dtype)
 
     @property
     def sample_bytes(self):

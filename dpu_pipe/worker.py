@@ -36,7 +36,8 @@ class _Maker:
         self.steps = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
                                   seed=spec["seed"], shuffle=spec["shuffle"],
                                   rank=spec["rank"], world_size=spec["world_size"],
-                                  drop_last=spec["drop_last"], num_threads=spec["num_threads"],
+                                  shard_tail=spec["shard_tail"], drop_last=spec["drop_last"],
+                                  num_threads=spec["num_threads"],
                                   on_error=spec["on_error"])
         self.images = np.empty(self.steps.batch_shape, dtype=transform.np_dtype)
         self.labels = np.empty(self.steps.batch_size, dtype=np.int64)

@@ -7,8 +7,9 @@
 * emulation: the kernel, decode and local-Loader tests run inside an isolated arm64 userland
   (scripts/aarch64_env.sh: Debian arm64 .debs in a chroot, ``qemu-aarch64-static -cpu
   cortex-a72``) against the aarch64 wheel;
-* bit-identity: the same decodes, transforms, fused batches and Loader batches (seed, epoch,
-  samples) from the aarch64 wheel under emulation and from the x86-64 wheel are byte-identical.
+* bit-identity: the same decodes, transforms, fused batches, epoch permutations and shards,
+  and Loader batches (seed, epoch, samples) from the aarch64 wheel under emulation and from
+  the x86-64 wheel are byte-identical.
 
 The wheels come from ``scripts/build_wheels.sh`` (``$DPU_PIPE_AARCH64_WHEEL`` /
 ``$DPU_PIPE_X86_64_WHEEL``, else ``dist/`` when newer than the sources, else built here). The
@@ -273,10 +274,18 @@ def test_neon_in_hot_kernels(wheels, tmp_path):
 
 # --- emulation ----------------------------------------------------------------------------------
 
-# The kernel, decode and local-Loader tests. Deselected under emulation: arithmetic-coded test
-# files (made by a helper program in a subprocess), torch output (no torch for the DPU here).
-EMULATED_TESTS = ["test_jpeg.py", "test_batch.py", "test_loader.py", "test_rng.py"]
-EMULATED_DESELECT = "not arith and not torch"
+# The kernel, decode, sampler and local-Loader tests. Deselected under emulation: arithmetic-coded
+# test files (made by a helper program in a subprocess), torch output (no torch for the DPU here),
+# streams compared with a child process (no subprocesses under emulation), and tests that take
+# minutes under qemu and check integer or bit-exact code whose outputs the digest below compares
+# against x86-64, where those tests run: the corpus-wide identity tests of transcoded files, the
+# permutation's exhaustive and chi-square tests. The transcoder's error and damaged-stream tests
+# do run emulated.
+EMULATED_TESTS = ["test_jpeg.py", "test_transcode.py", "test_batch.py", "test_loader.py",
+                  "test_rng.py", "test_sampler.py", "test_permutation.py"]
+EMULATED_DESELECT = ("not arith and not torch and not interval_region_decode_is_bit_identical"
+                     " and not transcode_decodes_identically and not over_transcoded_bytes"
+                     " and not another_process and not exhaustively and not quality")
 
 
 def test_emulated_userland_is_isolated_and_aarch64(userland):
@@ -386,6 +395,8 @@ def _compare(x86_digest, arm_digest):
         errors = {k: v for k, v in rep["sections"].items() if v.startswith("error")}
         assert not errors, errors
     assert x86_report["sections"]["decode"].endswith("arrays")
+    assert x86_report["sections"]["permutation"].endswith("arrays")
+    assert x86_report["sections"]["transcode"].endswith("arrays")
     assert sorted(x86) == sorted(arm), set(x86) ^ set(arm)
     differ = []
     for key in sorted(x86):
@@ -402,7 +413,8 @@ def _compare(x86_digest, arm_digest):
 
 
 def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
-    """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads) and Loader batches."""
+    """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads), permutations and
+    shards, and Loader batches."""
     _compare(x86_digest, _emulated_digest(userland, dataset, None))
 
 

@@ -55,8 +55,17 @@ def test_bench_measures_the_users_data_and_writes_nothing_there(user_data, tmp_p
             assert im.format == "PNG" and im.size[0] > 300
 
 
-def test_bench_decode_json_on_stdout(user_data, capsys):
-    assert cli.main(["bench-decode", "--data", str(user_data), "-n", "4", "--repeat", "1",
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "packed"])
+def test_bench_decode_json_on_stdout(user_data, tmp_path, capsys, packed):
+    data = user_data
+    if packed:
+        from dpu_pipe import pack
+        from dpu_pipe.sources import FileList
+        # The JPEGs only: a packed dataset written from them.
+        rows = [(str(p), 0) for p in sorted(user_data.rglob("0*.jpg"))]
+        data = tmp_path / "mine.dpk"
+        pack(FileList(rows), data, progress=False)
+    assert cli.main(["bench-decode", "--data", str(data), "-n", "4", "--repeat", "1",
                      "--methods", "pillow,dpu", "--no-pin", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["benchmark"] == "decode" and result["n"] == 4

@@ -61,14 +61,21 @@ def bad_inputs(tmp_path_factory):
 
 def test_pack_image_folder(tree, tmp_path):
     out = tmp_path / "ds.dpk"
-    r = run("pack", tree, out, "--no-transcode", cwd=tmp_path)
+    r = run("pack", tree, out, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "5 records (5 JPEG) in 1 shards" in r.stdout and "CRCs checked" in r.stdout
-    assert "0 JPEGs transcoded" in r.stdout
     src, packed = ImageFolder(tree), PackedSource(out)
+    growth = packed.dataset.meta["data_bytes"] / packed.dataset.meta["orig_bytes"] - 1
+    assert f"5 JPEGs transcoded ({100 * growth:+.1f} % in size)" in r.stdout
     assert packed.classes == ["cat", "dog", "eel"]
     assert np.array_equal(packed.labels, src.labels)
-    assert [packed.read(i) for i in range(5)] == [src.read(i) for i in range(5)]
+    for i in range(5):  # transcoded losslessly
+        assert np.array_equal(dpu_pipe.jpeg.decode(packed.read(i)),
+                              dpu_pipe.jpeg.decode(src.read(i)))
+    r = run("info", out, "--json", cwd=tmp_path)
+    info = json.loads(r.stdout)["dataset"]
+    assert info["transcoded"] == 5 and info["size_growth"] == pytest.approx(growth)
+    assert info["original_bytes"] == sum(len(src.read(i)) for i in range(5))
 
 
 def test_pack_file_list_with_root(tree, tmp_path):
@@ -99,7 +106,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert folder["format"] == "ImageFolder directory"
     assert folder["count"] == 5 and folder["total_bytes"] == jpeg_bytes
     assert folder["classes"] == ["cat", "dog", "eel"] and folder["label_range"] == [0, 2]
-    r = run("info", out, "--json", "--verify", cwd=tmp_path)
+    r = run("info", "--data", out, "--json", "--verify", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     packed = json.loads(r.stdout)["dataset"]
     assert packed["format"] == "dpu_pipe packed v2" and packed["bad_shards"] == {}
@@ -107,6 +114,15 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert {k: packed[k] for k in keys} == {k: folder[k] for k in keys}
     assert (packed["original_bytes"], packed["transcoded"], packed["size_growth"]) == \
         (jpeg_bytes, 0, 0.0)
+    flip = out / "shard-000000.dpks"  # a shard checked on its own names its bad record
+    raw = bytearray(flip.read_bytes())
+    raw[200] ^= 0xFF
+    flip.write_bytes(bytes(raw))
+    r = run("info", "--data", flip, "--verify", "--json", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    shard = json.loads(r.stdout)["dataset"]
+    assert shard["format"] == "dpu_pipe packed v2 shard" and shard["count"] == 5
+    assert "1 of 5 records fail their CRC check" in shard["bad_shards"]["0"]
     r = run("info", out, cwd=tmp_path)  # human-readable form
     assert r.returncode == 0, r.stderr
     assert "dpu_pipe build:" in r.stdout and "dataset:" in r.stdout
@@ -124,9 +140,14 @@ def test_info_build(tmp_path):
     (["pack", "bad.txt", "x.dpk"], 2, "bad.txt, line 2: label 'seven' is not an integer"),
     (["pack", "foreign.dpk", "x.dpk"], 2, "label 'x' is not an integer"),
     (["pack", "broken.dpk", "x.dpk"], 2, "truncated"),
-    (["pack", "ds", "x.dpk", "--shard-size", "lots"], 2, "not a size: 'lots'"),
+    (["pack", "ds", "x.dpk", "--shard-size", "lots"], 2,
+     "argument --shard-size: not a size: 'lots'"),
+    (["pack", "ds", "x.dpk", "--restart-interval", "0"], 2,
+     "argument --restart-interval: must be an integer >= 1"),
+    (["info", "--verify"], 2, "--verify and --root need a dataset"),
+    (["info", "ds", "--verify"], 2, "--verify applies to packed datasets"),
     (["pack", "ds", "x.dpk", "--alignment", "3"], 2, "power of two"),
-    (["pack", "gone.txt", "x.dpk", "--no-transcode"], 1, "cannot read"),
+    (["pack", "gone.txt", "x.dpk"], 1, "cannot read"),
     (["info", "broken.dpk"], 2, "truncated"),
     ([], 2, "required: COMMAND"),
     (["frobnicate"], 2, "invalid choice"),

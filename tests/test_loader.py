@@ -22,7 +22,7 @@ from dpu_pipe import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, Produ
                       pack)
 from dpu_pipe.batch import BatchProcessor
 from dpu_pipe.loader import Loader
-from dpu_pipe.sampler import EpochSampler
+from dpu_pipe.sampler import SHARD_TAILS, EpochSampler
 from dpu_pipe.sources import FileList, ImageFolder
 
 import jpeg_corpus as jc
@@ -124,13 +124,13 @@ def reference_stream(folder):
 
 def test_batches_are_the_samples_their_labels_name(folder, reference_stream):
     for epoch, batches in enumerate(reference_stream):
-        assert len(batches) == N // 4
+        # the last partial batch is kept by default, as DataLoader's drop_last=False
+        assert [len(y) for _, y in batches] == [4] * (N // 4) + [N % 4]
         for images, labels in batches:
-            assert images.shape == (4, 3, 32, 32) and images.dtype == np.uint8
+            assert images.shape == (len(labels), 3, 32, 32) and images.dtype == np.uint8
             assert labels.dtype == np.int64
             assert np.array_equal(images, kernel_reference(folder, labels, epoch))
-        seen = labels_of(batches)
-        assert len(set(seen)) == len(seen) == N // 4 * 4
+        assert sorted(labels_of(batches)) == list(range(N))
 
 
 @pytest.mark.parametrize("prefetch", [1, 3], ids=lambda p: f"prefetch{p}")
@@ -192,7 +192,7 @@ def test_set_epoch(folder, reference_stream):
 
 def test_after_a_full_epoch_the_loader_moves_on(folder, reference_stream):
     with make(folder) as loader:
-        assert len(loader) == N // 4 and loader.epoch == 0
+        assert len(loader) == -(-N // 4) and loader.epoch == 0
         got = []
         for epoch in range(3):
             got.append(one_epoch(loader))
@@ -226,22 +226,29 @@ def test_no_shuffle_reads_in_index_order(folder):
 
 # --- sharding: exactly once --------------------------------------------------------------------
 
-@pytest.mark.parametrize("drop_last", [True, False], ids=["drop_last", "keep_last"])
+# (shard_tail, drop_last): the torch pairs' (DistributedSampler drop_last, DataLoader
+# drop_last) = (True, True) and (False, False), and exact evaluation.
+SHARDING = [("drop", True), ("pad", False), ("uneven", False), ("uneven", True)]
+
+
+@pytest.mark.parametrize("shard_tail,drop_last", SHARDING,
+                         ids=[f"{t}-{'drop' if d else 'keep'}" for t, d in SHARDING])
 @pytest.mark.parametrize("n", [24, 25], ids=lambda n: f"n{n}")
 @pytest.mark.parametrize("world_size", [1, 2, 3], ids=lambda w: f"world{w}")
-def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, drop_last):
+def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, shard_tail, drop_last):
     src = subset(folder, n)
     bs = 4
-    loaders = [make(src, bs, rank=r, world_size=world_size, drop_last=drop_last,
-                    num_threads=1 + r % 2) for r in range(world_size)]
+    loaders = [make(src, bs, rank=r, world_size=world_size, shard_tail=shard_tail,
+                    drop_last=drop_last, num_threads=1 + r % 2) for r in range(world_size)]
     try:
-        per_rank = n // world_size if drop_last else -(-n // world_size)
-        batches = per_rank // bs if drop_last else -(-per_rank // bs)
         for epoch in range(2):
             perm = EpochSampler(n, seed=SEED).permutation(epoch)
             assert sorted(perm.tolist()) == list(range(n))
             union = []
             for r, loader in enumerate(loaders):
+                per_rank = {"drop": n // world_size, "pad": -(-n // world_size),
+                            "uneven": len(range(r, n, world_size))}[shard_tail]
+                batches = per_rank // bs if drop_last else -(-per_rank // bs)
                 assert len(loader) == batches
                 stream = one_epoch(loader)
                 assert len(stream) == batches
@@ -250,18 +257,19 @@ def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, drop_last):
                     assert len(labels) == bs or (not drop_last and images is stream[-1][0])
                     assert np.array_equal(images, kernel_reference(src, labels, epoch))
                 # Rank r reads every world_size-th entry of the epoch's permutation from r,
-                # wrapped around to its start when padding (drop_last=False).
-                padded = np.resize(perm, per_rank * world_size)
+                # wrapped around to its start when padding.
+                padded = np.resize(perm, -(-n // world_size) * world_size)
                 assert got == padded[r::world_size][:len(got)].tolist()
                 union += got
             if drop_last:
-                assert len(union) == len(set(union)) == world_size * batches * bs
-                if n % world_size == 0 and per_rank % bs == 0:
-                    assert sorted(union) == list(range(n))
-                dropped = set(range(n)) - set(union)
-                assert len(dropped) == n - world_size * batches * bs
+                assert len(union) == len(set(union))
+                if shard_tail == "drop":
+                    assert len(union) == world_size * (n // world_size // bs) * bs
+            elif shard_tail == "uneven":
+                assert sorted(union) == list(range(n))          # every sample exactly once
             else:
-                assert sorted(set(union)) == list(range(n))          # every sample read
+                per_rank = -(-n // world_size)
+                assert sorted(set(union)) == list(range(n))     # every sample read
                 assert len(union) == per_rank * world_size
                 twice = sorted(k for k in set(union) if union.count(k) > 1)
                 assert twice == sorted(perm[:per_rank * world_size - n].tolist())
@@ -270,16 +278,70 @@ def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, drop_last):
             loader.close()
 
 
-def test_drop_last_shards_change_every_epoch(folder):
-    """With drop_last the dropped samples differ between epochs (shuffled)."""
+def test_drop_shards_change_every_epoch(folder):
+    """With shard_tail='drop' the dropped samples differ between epochs (shuffled)."""
     src = subset(folder, 25)
     dropped = []
-    with make(src, 4, world_size=2, rank=0, drop_last=True) as a, \
-            make(src, 4, world_size=2, rank=1, drop_last=True) as b:
+    with make(src, 4, world_size=2, rank=0, shard_tail="drop", drop_last=True) as a, \
+            make(src, 4, world_size=2, rank=1, shard_tail="drop", drop_last=True) as b:
         for _ in range(4):
             dropped.append(frozenset(range(25)) - set(labels_of(one_epoch(a)))
                            - set(labels_of(one_epoch(b))))
     assert len(set(dropped)) > 1
+
+
+def test_evaluation_defaults_read_everything_in_order(folder):
+    """train=False: no shuffle, no drop (the last partial batch kept), every epoch."""
+    with make(folder, 12, train=False) as loader:
+        assert len(loader) == 3
+        for _ in range(2):
+            stream = one_epoch(loader)
+            assert [len(y) for _, y in stream] == [12, 12, 1]
+            assert labels_of(stream) == list(range(N))
+    with make(folder, 12, train=False, shuffle=True, seed=3) as shuffled:
+        assert sorted(labels_of(one_epoch(shuffled))) == list(range(N))
+
+
+def test_exact_evaluation_seven_samples_two_ranks_batch_three(folder):
+    """Evaluation on several ranks counts each sample once: no padding, no duplicate."""
+    src = subset(folder, 7)
+    per_rank = []
+    for r in range(2):
+        with make(src, 3, train=False, rank=r, world_size=2) as loader:
+            stream = one_epoch(loader)
+            per_rank.append([y.tolist() for _, y in stream])
+            for images, labels in stream:
+                assert np.array_equal(images, kernel_reference(src, labels, 0, train=False))
+    assert per_rank == [[[0, 2, 4], [6]], [[1, 3, 5]]]
+
+
+def test_exact_evaluation_with_more_ranks_than_samples(folder):
+    src = subset(folder, 2)
+    seen = []
+    for r in range(3):
+        with make(src, 3, train=False, rank=r, world_size=3) as loader:
+            assert len(loader) == (0 if r == 2 else 1)
+            for epoch in range(2):
+                got = labels_of(one_epoch(loader))
+                assert loader.epoch == epoch + 1
+                if epoch == 0:
+                    seen += got
+    assert sorted(seen) == [0, 1]
+
+
+def test_training_defaults_match_distributed_sampler_and_dataloader(folder):
+    """64 samples, 3 ranks, batch 5: DistributedSampler + DataLoader give every rank 5
+    batches (the last of 2), the padding wrapping to the start of the order."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    src = FileList([(folder.describe(i % N), i) for i in range(64)])
+    for r in range(3):
+        with make(src, 5, rank=r, world_size=3, shuffle=False) as loader:
+            got = [y.tolist() for _, y in loader]
+        ds = DistributedSampler(range(64), num_replicas=3, rank=r, shuffle=False)
+        want = [b.tolist() for b in DataLoader(range(64), batch_size=5, sampler=ds)]
+        assert got == want and len(got) == 5
 
 
 # --- resume ------------------------------------------------------------------------------------
@@ -290,23 +352,27 @@ RESUME_BS = 3
 
 def _resume_grid():
     for threads in (1, 2):
-        for drop_last in (True, False):
+        for shard_tail, drop_last in (("drop", True), ("pad", False), ("uneven", False)):
             for world_size in (1, 3):
-                yield pytest.param(threads, drop_last, world_size,
-                                   id=f"threads{threads}-{'drop' if drop_last else 'keep'}"
-                                      f"-world{world_size}")
+                if shard_tail == "uneven" and world_size == 1:
+                    continue
+                yield pytest.param(threads, shard_tail, drop_last, world_size,
+                                   id=f"threads{threads}-{shard_tail}-"
+                                      f"{'drop' if drop_last else 'keep'}-world{world_size}")
 
 
-@pytest.mark.parametrize("threads,drop_last,world_size", list(_resume_grid()))
-def test_resume_gives_the_rest_of_the_stream(folder, threads, drop_last, world_size):
+@pytest.mark.parametrize("threads,shard_tail,drop_last,world_size", list(_resume_grid()))
+def test_resume_gives_the_rest_of_the_stream(folder, threads, shard_tail, drop_last,
+                                             world_size):
     src = subset(folder, RESUME_N)
-    kw = dict(batch_size=RESUME_BS, drop_last=drop_last, world_size=world_size,
-              rank=world_size - 1, num_threads=threads, prefetch=2)
+    kw = dict(batch_size=RESUME_BS, shard_tail=shard_tail, drop_last=drop_last,
+              world_size=world_size, rank=world_size - 1, num_threads=threads, prefetch=2)
     with make(src, **kw) as loader:
         ref = [one_epoch(loader) for _ in range(3)]
         L = len(loader)
     assert all(len(e) == L for e in ref) and L >= 2
-    rng = np.random.default_rng(threads * 10 + world_size + 100 * drop_last)
+    rng = np.random.default_rng(threads * 10 + world_size + 100 * drop_last
+                                + 1000 * SHARD_TAILS.index(shard_tail))
     randoms = sorted(set(rng.integers(1, L, size=2).tolist()))
     # (name, loops completed, batches taken in the next loop): the consumer stops there.
     stops = [("start", 0, 0)] + [(f"epoch0-step{k}", 0, k) for k in randoms] + [
@@ -351,6 +417,7 @@ MISMATCH = {
     "seed": dict(seed=SEED + 1),
     "batch_size": dict(batch_size=4),
     "drop_last": dict(drop_last=False),
+    "shard_tail": dict(shard_tail="pad"),
     "shuffle": dict(shuffle=False),
     "world_size": dict(world_size=2, rank=0),
     "rank": dict(world_size=3, rank=1),
@@ -360,7 +427,8 @@ MISMATCH = {
 
 @pytest.mark.parametrize("change", list(MISMATCH.values()), ids=list(MISMATCH))
 def test_load_state_dict_refuses_other_arguments(folder, change):
-    base = dict(batch_size=3, world_size=3, rank=0, drop_last=True, shuffle=True, n=23)
+    base = dict(batch_size=3, world_size=3, rank=0, shard_tail="drop", drop_last=True,
+                shuffle=True, n=23)
     with make(subset(folder, 23), **{k: v for k, v in base.items() if k != "n"}) as a:
         next(iter(a))
         state = a.state_dict()
@@ -404,12 +472,6 @@ def test_load_state_dict_refuses_a_bad_epoch(folder, epoch):
 
 # --- bad samples -------------------------------------------------------------------------------
 
-def _png():
-    buf = io.BytesIO()
-    Image.fromarray(jc.photo_sized("coffee", 40, 50)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def bad_bytes(kind):
     """Bytes of each kind of undecodable file (None: the file is missing)."""
     good = _image(0)
@@ -418,12 +480,13 @@ def bad_bytes(kind):
         "corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
         "truncated": good[:scan + 20],                           # cut in the first scan row
         "empty": b"",
-        "not-jpeg": _png(),
+        # Neither a JPEG nor a format OpenCV decodes (PNGs and the like are decoded).
+        "not-an-image": b"path,label\nimages/a.jpg,3\n" * 8,
         "missing": None,
     }[kind]
 
 
-BAD_KINDS = ["corrupt", "truncated", "empty", "not-jpeg", "missing"]
+BAD_KINDS = ["corrupt", "truncated", "empty", "not-an-image", "missing"]
 # Files libjpeg decodes through other paths: they must come out fine.
 SPECIAL = {
     "cmyk": lambda: jc.pil_jpeg(jc.photo_sized("astronaut", 90, 70), mode="CMYK"),
@@ -488,7 +551,7 @@ def test_several_bad_samples_in_one_batch_raise_the_first(tmp_path):
     assert info.value.index == 2 and info.value.path == src.describe(2)
 
 
-BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-jpeg", 17: "missing"}
+BAD = {2: "corrupt", 6: "truncated", 11: "empty", 12: "not-an-image", 17: "missing"}
 GOOD_SPECIAL = {1: "cmyk", 7: "gray", 13: "progressive"}
 
 
@@ -627,7 +690,7 @@ BAD_ARGS = {
     "batch_size-float": dict(batch_size=2.0),
     "batch_size-bool": dict(batch_size=True),
     "batch_size-str": dict(batch_size="4"),
-    "batch_size-larger-than-shard": dict(batch_size=N + 1),
+    "batch_size-larger-than-shard": dict(batch_size=N + 1, drop_last=True),
     "prefetch-0": dict(prefetch=0),
     "prefetch-float": dict(prefetch=1.5),
     "prefetch-bool": dict(prefetch=True),
@@ -694,7 +757,9 @@ def test_labels_kept_across_batches_stay_right(folder, output):
 @pytest.mark.parametrize("prefetch", [1, 3], ids=lambda p: f"prefetch{p}")
 def test_without_copy_a_batch_buffer_is_reused_after_prefetch_plus_one_steps(folder, prefetch):
     ring = prefetch + 1
-    with make(folder, 2, prefetch=prefetch) as loader, make(folder, 2, copy=True) as check:
+    # drop_last: every batch full, so each buffer holds a whole batch to compare
+    with make(folder, 2, prefetch=prefetch, drop_last=True) as loader, \
+            make(folder, 2, copy=True, drop_last=True) as check:
         ref = one_epoch(check)
         views = []
         for k, (images, labels) in enumerate(loader):
@@ -734,9 +799,9 @@ def test_with_copy_batches_stay_valid(folder):
 def test_torch_output(folder, dtype):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     want_dtype = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
-    with make(folder, 3, dtype=dtype, prefetch=1) as numpy_loader:
+    with make(folder, 3, dtype=dtype, prefetch=1, drop_last=True) as numpy_loader:
         ref = one_epoch(numpy_loader)
-    with make(folder, 3, dtype=dtype, prefetch=1, output="torch") as loader:
+    with make(folder, 3, dtype=dtype, prefetch=1, output="torch", drop_last=True) as loader:
         ptrs = []
         for k, (images, labels) in enumerate(loader):
             assert isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)
@@ -748,7 +813,7 @@ def test_torch_output(folder, dtype):
             assert np.array_equal(arr, ref[k][0]) and np.array_equal(labels.numpy(), ref[k][1])
             ptrs.append(images.data_ptr())
         assert len(set(ptrs)) == 2            # the loader's prefetch + 1 buffers, nothing else
-    with make(folder, 3, dtype=dtype, output="torch", copy=True) as loader:
+    with make(folder, 3, dtype=dtype, output="torch", copy=True, drop_last=True) as loader:
         kept = list(loader)
         assert len({x.data_ptr() for x, _ in kept}) == len(kept) == len(ref)
 

@@ -23,7 +23,8 @@ from dpu_pipe.loader import Loader
 from dpu_pipe.packed import format as fmt
 from dpu_pipe.packed import writer as writer_mod
 from dpu_pipe.packed.reader import PackedShard
-from dpu_pipe.sources import FileList, ImageFolder, PackedSource, open_path, open_source
+from dpu_pipe.sources import (FileList, ImageFolder, PackedSource, as_source, open_path,
+                              open_source)
 
 import jpeg_corpus as jc
 
@@ -68,6 +69,13 @@ def sharded(folder, tmp_path_factory):
     """The folder packed into shards of ~8 kB (several records each, some alone)."""
     out = tmp_path_factory.mktemp("sharded") / "ds"
     return _pack(folder, out, shard_size=8000)
+
+
+@pytest.fixture(scope="module")
+def transcoded(folder, tmp_path_factory):
+    """The folder packed with transcoding (restart every MCU) into shards of ~8 kB."""
+    out = tmp_path_factory.mktemp("transcoded") / "ds"
+    return _pack(folder, out, shard_size=8000, transcode=True)
 
 
 def assert_same_samples(a, b):
@@ -130,17 +138,42 @@ def test_file_list_and_repack(folder, tmp_path):
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_loader_stream_equals_the_original_files(folder, sharded, train):
-    """A sharded dataset (batches spanning shards) yields the original files' stream."""
-    assert sharded.dataset.num_shards > 3
+@pytest.mark.parametrize("which", ["sharded", "transcoded"])
+def test_loader_stream_equals_the_original_files(folder, request, which, train):
+    """A sharded dataset (batches spanning shards), its records transcoded or not, yields
+    the original files' stream bit for bit."""
+    packed = request.getfixturevalue(which)
+    assert packed.dataset.num_shards > 3
     kw = dict(train=train, size=24, dtype="float32", seed=3, num_threads=2)
-    with Loader(folder, 5, **kw) as a, Loader(sharded, 5, **kw) as b:
+    with Loader(folder, 5, **kw) as a, Loader(packed, 5, **kw) as b:
         for _ in range(2):
             ea = [(x.copy(), y.copy()) for x, y in a]
             eb = [(x.copy(), y.copy()) for x, y in b]
-            assert len(ea) == 3
+            assert len(ea) == len(eb) == -(-len(folder) // 5)   # the last batch kept, shorter
             for (xa, ya), (xb, yb) in zip(ea, eb):
                 assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+
+
+def test_transcoded_records(folder, transcoded):
+    """Every JPEG rewritten to baseline with a restart marker per MCU, decoding to the
+    original's pixels; flags and original sizes recorded; sizes summed in the manifest."""
+    ds = transcoded.dataset
+    for i in range(N):
+        orig, rec = folder.read(i), transcoded.read(i)
+        e = ds.entry(i)
+        assert (int(e["flags"]), int(e["format"])) == (fmt.TRANSCODED, 1)
+        assert (int(e["orig_length"]), int(e["length"])) == (len(orig), len(rec))
+        sofs = [m for m, *_ in jc.segments(rec) if m in jc.SOF_MARKERS]
+        assert sofs in ([0xC0], [0xC1]), i  # baseline Huffman, the progressive ones too
+        dri = jc.find_segment(rec, jc.DRI)
+        assert dri and struct.unpack(">H", rec[dri[0] + 4:dri[0] + 6])[0] == 1
+        assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig)), i
+    assert int(ds.shards["transcoded"].sum()) == N
+    meta = ds.meta
+    assert meta["transcode"] == {"restart_interval": 1, "optimize": True}
+    assert meta["orig_bytes"] == sum(len(folder.read(i)) for i in range(N))
+    assert meta["data_bytes"] == sum(len(transcoded.read(i)) for i in range(N))
+    transcoded.verify()
 
 
 def test_spec_and_pickle_reopen_lazily(sharded):
@@ -156,6 +189,8 @@ def test_open_path_recognises_packed_datasets(sharded, folder, tmp_path):
     assert isinstance(open_path(sharded.path), PackedSource)
     assert isinstance(open_path(os.path.join(sharded.path, "manifest.dpk")), PackedSource)
     assert isinstance(open_path(folder.root), ImageFolder)
+    for path in (sharded.path, os.path.join(sharded.path, "manifest.dpk")):
+        assert isinstance(as_source(path), PackedSource)
     with pytest.raises(ConfigError, match="root= applies to file lists"):
         open_path(sharded.path, root=tmp_path)
 
@@ -334,6 +369,14 @@ def rewrite(raw, dtype, **fields):
 M = fmt.MANIFEST_HEADER
 
 
+def remeta(raw, meta):
+    """The manifest with another JSON object, its sizes and CRCs redone."""
+    h = fmt.parse_manifest(raw)[0]
+    raw = raw[:h["meta_offset"]] + meta
+    return rewrite(raw, M, meta_size=len(meta), file_size=len(raw),
+                   meta_crc32=zlib.crc32(meta))
+
+
 @pytest.mark.parametrize("damage, match", [
     (lambda raw: raw[:-1], "truncated: its header describes"),
     (lambda raw: raw[:50], "truncated: 50 bytes"),
@@ -346,9 +389,13 @@ M = fmt.MANIFEST_HEADER
     (lambda raw: raw[:130] + bytes([raw[130] ^ 1]) + raw[131:], "shard table corrupted"),
     (lambda raw: raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:], "metadata corrupted"),
     (lambda raw: rewrite(raw, M, labels_offset=10**12), "inconsistent part sizes"),
+    (lambda raw: remeta(raw, b"[" * 100000), "unreadable metadata"),
+    (lambda raw: remeta(raw, b'{"classes": null}'), "metadata lacks a valid 'data_bytes'"),
+    (lambda raw: remeta(raw, b'{"classes": [1, 2]}'), "'classes' is not a list of names"),
     (lambda raw: rewrite(raw, M, count=N + 1), "inconsistent part sizes|hold 18 records"),
 ], ids=["minus-1-byte", "short-header", "empty", "trailing-byte", "jpeg", "version-1",
-        "version-3", "header-crc", "table-crc", "meta-crc", "offsets", "count"])
+        "version-3", "header-crc", "table-crc", "meta-crc", "offsets", "meta-nested",
+        "meta-missing-key", "meta-classes", "count"])
 def test_damaged_or_foreign_manifest(copy, damage, match):
     manifest = copy / "manifest.dpk"
     manifest.write_bytes(damage(manifest.read_bytes()))
@@ -423,6 +470,50 @@ def test_lying_index_is_named_never_read_out_of_bounds(sharded, copy, lie):
     assert info.value.index == lo + j
     bufs, errors = src.buffers(np.arange(N, dtype=np.int64))
     assert len(bufs) == N and sorted(errors) == list(range(lo, hi))  # its whole block
+
+
+S = fmt.SHARD_HEADER
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(index_offset=2**63), "inconsistent part sizes"),
+    (dict(data_size=2**40), "inconsistent part sizes"),
+    (dict(paths_size=1), "inconsistent part sizes"),
+    (dict(count=2**50), "invalid record count"),
+    (dict(count=0), "invalid record count"),
+    (dict(block_records=0), "invalid record count .* or block size 0"),
+    (dict(block_records=1), "inconsistent part sizes"),
+    (dict(alignment=3), "invalid record alignment 3"),
+    (dict(file_size=10), "followed by unexpected bytes"),
+    (dict(version=7), "version 7 is not supported"),
+], ids=["index-offset", "data-size", "paths-size", "count-huge", "count-0", "block-0",
+        "block-1", "alignment", "file-size", "version"])
+def test_shard_header_that_lies(sharded, fields, match):
+    raw = open(os.path.join(sharded.path, fmt.shard_name(0)), "rb").read()
+    with pytest.raises(ConfigError, match=match):
+        fmt.parse_shard(rewrite(raw, S, **fields), where="s")
+
+
+def test_shard_table_counts_that_lie(sharded, copy):
+    """Two shard entries shifted by one record (the total still right, every CRC redone):
+    the shard files disagree with the manifest and say so."""
+    man = copy / "manifest.dpk"
+    raw = bytearray(man.read_bytes())
+    h = fmt.parse_manifest(bytes(raw))[0]
+    table = np.frombuffer(raw, fmt.SHARD_ENTRY, count=h["num_shards"],
+                          offset=h["shards_offset"]).copy()
+    a = int(np.flatnonzero(table["count"][1:] > 1)[0])  # shards a and a+1, a+1 with 2+
+    table[a]["count"] += 1
+    table[a + 1]["first"] += 1
+    table[a + 1]["count"] -= 1
+    raw[h["shards_offset"]:h["shards_offset"] + table.nbytes] = table.tobytes()
+    man.write_bytes(rewrite(bytes(raw), M, shards_crc32=zlib.crc32(table)))
+    src = PackedSource(copy)
+    for k in (a, a + 1):
+        i = int(table[k]["first"])
+        with pytest.raises(DecodeError, match=f"shard {k} .* does not belong to this dataset"):
+            src.read(i)
+    assert sorted(src.dataset.check()) == [a, a + 1]
 
 
 def test_label_disagreeing_with_the_manifest_is_named(sharded, copy):
@@ -561,7 +652,9 @@ def _png_bytes():
 def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     good = folder.read(0)
     cases = {
-        "a/jpeg.jpg": (good, 1, 0),
+        "a/jpeg.jpg": (good, 1, fmt.TRANSCODED),
+        # libjpeg reads it with a warning: the transcoder leaves it as it is.
+        "a/truncated.jpg": (good[:len(good) * 2 // 3], 1, 0),
         "a/png-named.jpg": (_png_bytes(), 2, 0),
         "a/gif.jpg": (b"GIF89a" + bytes(40), 3, 0),
         "a/webp.jpg": (b"RIFF\x10\0\0\0WEBPVP8 " + bytes(20), 4, 0),
@@ -573,23 +666,25 @@ def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     for rel, (data, _, _) in cases.items():
         _write(str(root / rel), data)
     src = ImageFolder(root)
-    packed = _pack(src, tmp_path / "out")
-    assert_same_samples(src, packed)
+    packed = _pack(src, tmp_path / "out", transcode=True)
     for i in range(len(src)):
         e = packed.dataset.entry(i)
         _, code, flags = cases[src.relpath(i)]
         assert (int(e["format"]), int(e["flags"])) == (code, flags), src.relpath(i)
+        assert int(e["orig_length"]) == len(src.read(i))
+        if not flags & fmt.TRANSCODED:  # kept as it was
+            assert packed.read(i) == src.read(i), src.relpath(i)
     meta = packed.dataset.meta
-    assert meta["formats"] == {"unknown": 2, "jpeg": 2, "png": 1, "gif": 1, "webp": 1}
+    assert meta["formats"] == {"unknown": 2, "jpeg": 3, "png": 1, "gif": 1, "webp": 1}
     assert meta["unreadable"] == 3
     assert sorted(meta["unreadable_examples"]) == ["a/cut-header.jpg", "a/empty.jpg",
                                                    "a/text.jpg"]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(PKG))
     r = subprocess.run([sys.executable, "-m", "dpu_pipe", "pack", root, tmp_path / "cli",
-                        "--no-transcode", "-q"], env=env, capture_output=True, text=True,
-                       timeout=120)
+                        "-q"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "7 records (2 UNKNOWN, 2 JPEG, 1 PNG, 1 GIF, 1 WEBP)" in r.stdout
+    assert "8 records (2 UNKNOWN, 3 JPEG, 1 PNG, 1 GIF, 1 WEBP)" in r.stdout
+    assert "1 JPEGs transcoded (" in r.stdout and "% in size)" in r.stdout
     assert "3 records have a header their decoder cannot read" in r.stdout
 
 
@@ -646,8 +741,25 @@ def test_unreadable_source_file_fails_naming_it(folder, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("interval", [2, "row"])
+def test_restart_interval_choice(folder, tmp_path, interval):
+    packed = _pack(FileList([(folder.describe(i), i) for i in (0, 4)]), tmp_path / "ds",
+                   transcode=True, restart_interval=interval)
+    assert packed.dataset.meta["transcode"]["restart_interval"] == interval
+    for i, orig in zip(range(2), (folder.read(0), folder.read(4))):
+        rec = packed.read(i)
+        dri = jc.find_segment(rec, jc.DRI)
+        got = struct.unpack(">H", rec[dri[0] + 4:dri[0] + 6])[0]
+        mcu_w = jc.imcu_size(rec)[1]
+        width = dpu_pipe.jpeg.read_header(rec).width
+        assert got == (2 if interval == 2 else -(-width // mcu_w))
+        assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig))
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(alignment=48), "power of two"),
+    (dict(transcode=True, restart_interval=0), "restart_interval must be"),
+    (dict(transcode=True, restart_interval="col"), "restart_interval must be"),
     (dict(shard_size=0), "shard_size must be a positive"),
     (dict(shard_size="big"), "not a size: 'big'"),
     (dict(threads=0), "threads must be a positive"),
@@ -674,8 +786,8 @@ def test_parse_size(text, value):
 
 
 def test_threads_give_the_same_dataset(folder, tmp_path):
-    one = _pack(folder, tmp_path / "one", shard_size=8000)
-    three = _pack(folder, tmp_path / "three", shard_size=8000, threads=3)
+    one = _pack(folder, tmp_path / "one", shard_size=8000, threads=1, transcode=True)
+    three = _pack(folder, tmp_path / "three", shard_size=8000, threads=3, transcode=True)
     for name in os.listdir(one.path):
         a = open(os.path.join(one.path, name), "rb").read()
         b = open(os.path.join(three.path, name), "rb").read()
@@ -724,3 +836,31 @@ def test_packed_and_sources_import_one_way():
         r = subprocess.run([sys.executable, "-c", f"import {first}"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
+
+
+# -- what the transcoder takes, keeps, and cannot read -------------------------------------
+
+def test_cmyk_arithmetic_12_bit_and_lossless_jpegs(tmp_path):
+    """CMYK is transcoded; arithmetic coding is transcoded where this build decodes it and
+    kept where it does not; 12-bit and lossless JPEGs, which libjpeg cannot read here, are
+    kept and flagged unreadable. Readable records decode to the original's pixels."""
+    import test_jpeg as tj
+    want = {"cmyk-adobe": fmt.TRANSCODED, "ycck-adobe": fmt.TRANSCODED,
+            "arith-420": fmt.TRANSCODED if tj.ARITH_DECODING else 0,
+            "sof-12-bit": fmt.UNREADABLE, "sof3-lossless": fmt.UNREADABLE}
+    datas = {name: (tj.BROKEN[name]() if name in tj.BROKEN else tj.case(name))
+             for name in want}
+    rows = []
+    for name, data in datas.items():
+        _write(str(tmp_path / "in" / f"{name}.jpg"), data)
+        rows.append((str(tmp_path / "in" / f"{name}.jpg"), len(rows)))
+    packed = _pack(FileList(rows), tmp_path / "ds", transcode=True)
+    for i, name in enumerate(want):
+        e = packed.dataset.entry(i)
+        assert (int(e["flags"]), int(e["format"])) == (want[name], 1), name
+        rec, orig = packed.read(i), datas[name]
+        if want[name] != fmt.TRANSCODED:
+            assert rec == orig, name
+        if want[name] != fmt.UNREADABLE:
+            assert np.array_equal(dpu_pipe.jpeg.decode(rec), dpu_pipe.jpeg.decode(orig)), name
+    assert packed.dataset.meta["unreadable"] == 2

@@ -169,7 +169,7 @@ def test_refuses_foreign_directory_and_bad_arguments(tmp_path):
     assert (tmp_path / "mine.txt").read_text() == "keep me"
     for kwargs, match in [(dict(n=0), "n must be"), (dict(classes=0), "classes must be"),
                           (dict(seed=-1), "seed must be"), (dict(n=2.5), "n must be"),
-                          (dict(n=10**6), "at most 999999")]:
+                          (dict(n=10**6), r"n must be an integer in \[1, 999999\]")]:
         with pytest.raises(ConfigError, match=match):
             make_imagenet_like(tmp_path / "new", **kwargs)
     with pytest.raises(ConfigError, match="no dataset"):

@@ -1,5 +1,7 @@
-"""EpochSampler: the permutation against its definition, sharding against PyTorch's
-DistributedSampler arithmetic, coverage over ranks, batches, determinism across processes."""
+"""EpochSampler: the order against its definition (the keyed permutation of dpu_pipe.rng),
+sharding and batching against PyTorch's DistributedSampler + DataLoader, exact evaluation
+shards, coverage over ranks, determinism across processes, flat memory and time for huge
+datasets."""
 
 import hashlib
 import math
@@ -7,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -37,37 +40,43 @@ def _distributed_sampler_shard(order, rank, world_size, drop_last):
     return indices[rank:total_size:world_size]
 
 
-def test_permutation_is_the_sort_by_philox_keys():
-    # Definition: sample i sorts by the first 64-bit word of (seed, epoch, i, STREAM_SHUFFLE);
-    # for 1000 samples the top 54 bits never tie, so a plain stable argsort is the reference.
-    n, seed, epoch = 1000, 12345, 7
-    keys = rng.random_u64(seed, epoch, np.arange(n), rng.STREAM_SHUFFLE)[:, 0]
-    want = np.argsort(keys, kind="stable")
-    got = EpochSampler(n, seed=seed).permutation(epoch)
-    assert got.dtype == np.int64
-    assert np.array_equal(got, want)
+def test_order_is_the_keyed_permutation():
+    # Definition: position p of epoch e holds rng.permutation_at(p, n, seed, e) (numpy twin).
+    for n, seed, epoch in ((1000, 12345, 7), (3, 0, 0), (1, 5, 5), (65537, 2**64 - 1, 2**32 - 1)):
+        got = EpochSampler(n, seed=seed).permutation(epoch)
+        assert got.dtype == np.int64
+        assert np.array_equal(got, rng.permutation_at(np.arange(n), n, seed, epoch))
 
 
 # Recorded once; every machine and numpy version must reproduce them.
-KNOWN_PERM_10 = [5, 7, 9, 2, 1, 3, 8, 4, 6, 0]                    # n=10, seed=0, epoch 0
-KNOWN_PERM_SHA256 = "8cf76c19f5bd586286728002cf503b447ddc3009392bd19ef4310a489e456498"
+KNOWN_PERM_10 = [4, 2, 9, 6, 7, 1, 5, 8, 3, 0]                    # n=10, seed=0, epoch 0
+KNOWN_PERM_SHA256 = "32b825da4e68453817d41314e53d81e6a3cad48bd276e116f424da3e0c963b03"
+KNOWN_HUGE = ([219139010594, 361545146473, 355408613500, 259283967766, 2921108708],
+              [507546044271, 978444315566, 292602545107])    # n=2**40, seed 2**64-1, epoch 5
 
 
 def test_permutation_known_values():
     assert EpochSampler(10, seed=0).permutation(0).tolist() == KNOWN_PERM_10
     perm = EpochSampler(1_000_003, seed=1).permutation(2)            # n=1000003, seed 1, epoch 2
     assert hashlib.sha256(perm.astype("<i8").tobytes()).hexdigest() == KNOWN_PERM_SHA256
+    s = EpochSampler(2**40, seed=2**64 - 1)
+    assert s.indices(5, 0, 5).tolist() == KNOWN_HUGE[0]
+    assert s.indices(5, 2**40 - 3, 2**40).tolist() == KNOWN_HUGE[1]
+
+
+def _tail_flag(shard_tail):
+    return {"pad": False, "drop": True}[shard_tail]
 
 
 @pytest.mark.parametrize("n,world_size", GRID, ids=[f"n{n}-ws{w}" for n, w in GRID])
-@pytest.mark.parametrize("drop_last", [False, True], ids=["pad", "drop"])
+@pytest.mark.parametrize("shard_tail", ["pad", "drop"])
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffle", "ordered"])
-def test_shards_match_distributed_sampler(n, world_size, drop_last, shuffle):
-    if drop_last and n < world_size:
+def test_shards_match_distributed_sampler(n, world_size, shard_tail, shuffle):
+    if shard_tail == "drop" and n < world_size:
         pytest.skip("every rank would be empty")
     epoch = 3
     samplers = [EpochSampler(n, seed=99, shuffle=shuffle, rank=r, world_size=world_size,
-                             drop_last=drop_last) for r in range(world_size)]
+                             shard_tail=shard_tail) for r in range(world_size)]
     order = samplers[0].permutation(epoch)
     for s in samplers:
         # every rank computes the same global order, whichever rank it is
@@ -78,12 +87,12 @@ def test_shards_match_distributed_sampler(n, world_size, drop_last, shuffle):
     for r, shard in enumerate(shards):
         assert shard.dtype == np.int64
         assert shard.tolist() == _distributed_sampler_shard(order.tolist(), r, world_size,
-                                                            drop_last)
+                                                            _tail_flag(shard_tail))
         assert len(shard) == len(samplers[r])
     assert len({len(s) for s in shards}) == 1
 
     every = np.concatenate(shards)
-    if drop_last:
+    if shard_tail == "drop":
         # exactly the kept head of the permutation, each once
         kept = (n // world_size) * world_size
         assert len(np.unique(every)) == len(every) == kept
@@ -97,19 +106,93 @@ def test_shards_match_distributed_sampler(n, world_size, drop_last, shuffle):
         assert np.array_equal(np.flatnonzero(counts > 1), np.sort(order[:pad]))
 
 
-def test_worked_table_from_docstring():
-    def shards(drop_last):
-        return [EpochSampler(7, shuffle=False, rank=r, world_size=2,
-                             drop_last=drop_last).indices(0).tolist() for r in range(2)]
-    assert shards(False) == [[0, 2, 4, 6], [1, 3, 5, 0]]
-    assert shards(True) == [[0, 2, 4], [1, 3, 5]]
+EXACT_GRID = [(n, ws, bs) for n in (1, 2, 7, 10, 64, 101) for ws in (1, 2, 3, 4, 8)
+              for bs in (1, 3, 5, 16)]
 
-    def batches(drop_last):
+
+@pytest.mark.parametrize("n,world_size,batch_size", EXACT_GRID,
+                         ids=[f"n{n}-ws{w}-bs{b}" for n, w, b in EXACT_GRID])
+def test_uneven_shards_count_every_sample_once(n, world_size, batch_size):
+    """Exact evaluation: over all ranks' batches, every sample exactly once, nothing padded,
+    nothing dropped, the shards as the padded ones without their padding."""
+    epoch = 2
+    samplers = [EpochSampler(n, seed=7, rank=r, world_size=world_size, shard_tail="uneven")
+                for r in range(world_size)]
+    order = samplers[0].permutation(epoch)
+    seen = []
+    for r, s in enumerate(samplers):
+        padded = _distributed_sampler_shard(order.tolist(), r, world_size, False)
+        assert len(s) == len(range(r, n, world_size))
+        assert s.indices(epoch).tolist() == padded[:len(s)]
+        bs = s.batches(epoch, batch_size)
+        assert len(bs) == s.num_batches(batch_size) == -(-len(s) // batch_size)
+        assert all(len(b) == batch_size for b in bs[:-1])
+        for step, b in enumerate(bs):
+            assert np.array_equal(s.batch(epoch, step, batch_size), b)
+        seen += [i for b in bs for i in b.tolist()]
+    assert sorted(seen) == list(range(n))
+
+
+def test_seven_samples_two_ranks_batch_three():
+    def batches(shard_tail, drop_last=False):
         return [[b.tolist() for b in EpochSampler(7, shuffle=False, rank=r, world_size=2,
-                                                  drop_last=drop_last).batches(0, 3)]
+                                                  shard_tail=shard_tail).batches(0, 3, drop_last)]
                 for r in range(2)]
-    assert batches(False) == [[[0, 2, 4], [6]], [[1, 3, 5], [0]]]
-    assert batches(True) == [[[0, 2, 4]], [[1, 3, 5]]]
+    assert batches("uneven") == [[[0, 2, 4], [6]], [[1, 3, 5]]]
+    assert batches("pad") == [[[0, 2, 4], [6]], [[1, 3, 5], [0]]]
+    assert batches("drop") == [[[0, 2, 4]], [[1, 3, 5]]]
+    assert batches("pad", True) == [[[0, 2, 4]], [[1, 3, 5]]]
+
+
+def _torch_batches(n, world_size, batch_size, sampler_drop_last, loader_drop_last):
+    """Per rank, the index batches of DistributedSampler + DataLoader (shuffle=False)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    out = []
+    for r in range(world_size):
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=r, shuffle=False,
+                                     drop_last=sampler_drop_last)
+        loader = DataLoader(range(n), batch_size=batch_size, sampler=sampler,
+                            drop_last=loader_drop_last)
+        out.append([b.tolist() if isinstance(b, torch.Tensor) else list(b) for b in loader])
+    return out
+
+
+@pytest.mark.parametrize("shard_tail", ["pad", "drop"])
+@pytest.mark.parametrize("drop_last", [False, True], ids=["keep-last", "drop-last"])
+@pytest.mark.parametrize("n,world_size,batch_size", [(64, 3, 5), (7, 2, 3), (10, 4, 2),
+                                                     (3, 5, 2), (100, 8, 7)])
+def test_batches_match_torch_distributed_sampler_and_dataloader(n, world_size, batch_size,
+                                                                 shard_tail, drop_last):
+    if shard_tail == "drop" and n < world_size:
+        pytest.skip("every rank would be empty")
+    want = _torch_batches(n, world_size, batch_size, _tail_flag(shard_tail), drop_last)
+    got = [[b.tolist() for b in EpochSampler(n, shuffle=False, rank=r, world_size=world_size,
+                                             shard_tail=shard_tail).batches(0, batch_size,
+                                                                            drop_last)]
+           for r in range(world_size)]
+    assert got == want
+
+
+def test_worked_table_from_docstring():
+    """64 samples, 3 ranks, batch 5: the table in EpochSampler's docstring."""
+    def shard(tail, r):
+        return EpochSampler(64, shuffle=False, rank=r, world_size=3, shard_tail=tail)
+
+    assert [shard("pad", r).indices(0)[-1] for r in range(3)] == [63, 0, 1]
+    assert [len(shard("pad", r)) for r in range(3)] == [22, 22, 22]
+    assert [shard("drop", r).indices(0)[-1] for r in range(3)] == [60, 61, 62]
+    assert [len(shard("drop", r)) for r in range(3)] == [21, 21, 21]
+    assert [shard("uneven", r).indices(0)[-1] for r in range(3)] == [63, 61, 62]
+    assert [len(shard("uneven", r)) for r in range(3)] == [22, 21, 21]
+    sizes = {t: [[len(b) for b in shard(t, r).batches(0, 5)] for r in range(3)]
+             for t in ("pad", "drop", "uneven")}
+    assert sizes["pad"] == [[5, 5, 5, 5, 2]] * 3
+    assert sizes["drop"] == [[5, 5, 5, 5, 1]] * 3
+    assert sizes["uneven"] == [[5, 5, 5, 5, 2], [5, 5, 5, 5, 1], [5, 5, 5, 5, 1]]
+    for t in ("pad", "drop", "uneven"):
+        assert [shard(t, r).num_batches(5, drop_last=True) for r in range(3)] == [4, 4, 4]
 
 
 def test_world_larger_than_dataset_pads_by_repeating():
@@ -161,21 +244,30 @@ def test_batches(drop_last):
         assert np.array_equal(s.batch(2, step, 8, drop_last), b)
     with pytest.raises(ConfigError, match="past the last batch"):
         s.batch(2, len(bs), 8, drop_last)
-    # default drop_last is the sampler's own
-    s2 = EpochSampler(103, seed=4, rank=2, world_size=3, drop_last=True)
-    assert s2.num_batches(8) == 34 // 8
+    # the default keeps the partial batch, as DataLoader's
+    assert s.num_batches(8) == 5
+    # any window of the shard equals the same slice of the whole
+    for lo, hi in ((0, 0), (0, 1), (7, 20), (34, 35)):
+        assert np.array_equal(s.indices(2, lo, hi), idx[lo:hi])
 
 
-def test_one_point_three_million_samples_is_fast():
-    s = EpochSampler(1_281_167, seed=2024, rank=3, world_size=8)
-    best = math.inf
-    for epoch in range(2):
+def test_shard_of_a_huge_dataset_in_constant_memory_and_time():
+    """10**9 samples over 8 ranks: a batch anywhere in the epoch costs what it costs at
+    10**6; nothing of the size of the dataset is allocated."""
+    cost = {}
+    for n in (10**6, 10**9):
+        s = EpochSampler(n, seed=2024, rank=3, world_size=8)
+        tracemalloc.start()
         t = time.perf_counter()
-        order = s.permutation(epoch)
-        best = min(best, time.perf_counter() - t)
-    assert best < 1.0, f"{best:.2f} s for the permutation"
-    assert np.array_equal(np.sort(order), np.arange(1_281_167))
-    assert len(s.indices(1)) == 160_146
+        b = [s.batch(e, step, 256) for e in (0, 1) for step in (0, len(s) // 256 // 2)]
+        cost[n] = time.perf_counter() - t
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 1 << 20, f"{peak} bytes traced for 4 batches of n={n}"
+        for x in b:
+            assert len(x) == 256 and len(np.unique(x)) == 256 and 0 <= x.min() and x.max() < n
+    # generous: a loaded machine; the old sort took seconds at 10**8 and could not run at 10**9
+    assert cost[10**9] < 20 * cost[10**6] + 0.5, cost
 
 
 _CHILD = """
@@ -221,7 +313,9 @@ def _repo_root():
     (dict(num_samples=10, world_size=0), "world_size"),
     (dict(num_samples=10, seed=-1), "seed"),
     (dict(num_samples=10, seed=2**64), "seed"),
-    (dict(num_samples=3, world_size=4, drop_last=True), "every rank empty"),
+    (dict(num_samples=3, world_size=4, shard_tail="drop"), "every rank empty"),
+    (dict(num_samples=3, shard_tail="even"), "shard_tail"),
+    (dict(num_samples=3, shuffle="no"), "shuffle"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -239,3 +333,7 @@ def test_bad_epoch_and_batch_arguments():
         s.batches(0, 0)
     with pytest.raises(ConfigError, match="step"):
         s.batch(0, -1, 2)
+    with pytest.raises(ConfigError, match="drop_last"):
+        s.batches(0, 2, drop_last="yes")
+    with pytest.raises(ConfigError, match="stop"):
+        s.indices(0, 0, 11)

@@ -35,7 +35,7 @@ def write(path, data):
 @pytest.fixture
 def folder(tmp_path):
     """An ImageFolder tree with the awkward cases: mixed-case extensions, nested folders,
-    non-image files, hidden entries, files directly in root, an empty class."""
+    non-image files, hidden entries, files directly in root."""
     root = tmp_path / "ds"
     files = {  # relpath -> seed, for the files that must be found
         "B/z.jpg": 1,
@@ -49,11 +49,10 @@ def folder(tmp_path):
     }
     for rel, seed in files.items():
         write(str(root / rel), jpeg_bytes(seed))
-    ignored = ["a/readme.txt", "a/image.png", "a/xjpg", "a/.hidden.jpg", "a/.cache/h.jpg",
+    ignored = ["a/readme.txt", "a/image.gif", "a/xjpg", "a/.hidden.jpg", "a/.cache/h.jpg",
                "top.jpg", ".git/c/q.jpg"]
     for rel in ignored:
         write(str(root / rel), jpeg_bytes(99))
-    os.makedirs(root / "c_empty")
     return root, files
 
 
@@ -69,7 +68,10 @@ def reference_order(files):
 
 def test_image_folder_classes_labels_and_order(folder):
     root, files = folder
-    src = ImageFolder(root)
+    os.makedirs(root / "c_empty")
+    with pytest.raises(ConfigError, match="Found no valid file for the classes c_empty"):
+        ImageFolder(root)   # as torchvision's ImageFolder
+    src = ImageFolder(root, allow_empty=True)
     assert src.classes == ["B", "a", "b", "c_empty"]  # sorted code points, empty class kept
     expected = reference_order(files)
     assert [src.relpath(i) for i in range(len(src))] == expected
@@ -84,6 +86,15 @@ def test_image_folder_classes_labels_and_order(folder):
         assert src.describe(i) == os.path.join(str(root), rel)
 
 
+def test_image_folder_takes_torchvision_extensions(tmp_path):
+    names = ["a/x.jpg", "a/y.PNG", "a/z.webp", "b/p.bmp", "b/q.tiff", "b/r.ppm", "b/s.pgm",
+             "b/t.tif", "b/u.JPEG"]
+    for rel in names + ["a/v.gif", "b/w.txt"]:
+        write(str(tmp_path / "ds" / rel), jpeg_bytes(1))
+    src = ImageFolder(tmp_path / "ds")
+    assert sorted(src.relpath(i) for i in range(len(src))) == sorted(names)
+
+
 def test_image_folder_labels_are_read_only(folder):
     src = ImageFolder(folder[0])
     with pytest.raises(ValueError):
@@ -94,8 +105,8 @@ def test_image_folder_errors(tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         ImageFolder(tmp_path / "missing")
     (tmp_path / "empty" / "cls").mkdir(parents=True)
-    (tmp_path / "empty" / "cls" / "a.png").write_bytes(b"x")
-    with pytest.raises(ConfigError, match=r"no \.jpg/\.jpeg files.*cls"):
+    (tmp_path / "empty" / "cls" / "a.gif").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"no image files.*cls"):
         ImageFolder(tmp_path / "empty")
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(jpeg_bytes(0))
@@ -173,24 +184,40 @@ def test_file_list_rows(listed, monkeypatch):
     assert src.read(1) == (data / "sub" / "b.jpg").read_bytes()
     with pytest.raises(ConfigError, match="row 1: label True"):
         FileList([("a.jpg", 1), ("b.jpg", True)])
-    with pytest.raises(ConfigError, match="row 0: label 1.5"):
-        FileList([("a.jpg", 1.5)])
+    with pytest.raises(ConfigError, match="row 0: label nan is not a finite number"):
+        FileList([("a.jpg", float("nan"))])
     with pytest.raises(ConfigError, match="row 0: label 36893488147419103232 does not fit"):
         FileList([("a.jpg", 2**65)])
     with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
         FileList([(3, 1)])
-    with pytest.raises(ConfigError, match="row 0: label 1.5"):
-        FileList([("a.jpg", 1.5)])
+    with pytest.raises(ConfigError, match="row 1: 1 labels where the first sample has 2"):
+        FileList([("a.jpg", (1, 2)), ("b.jpg", 3)])
     with pytest.raises(ConfigError, match="row 0: expected a \\(path, label\\) pair"):
         FileList(["a.jpg"])
     with pytest.raises(ConfigError, match="empty"):
         FileList([])
 
 
+def test_file_list_float_and_multi_labels(tmp_path):
+    (tmp_path / "reg.csv").write_text("path,target\na.jpg,0.25\nb.jpg,3\n")
+    reg = FileList(tmp_path / "reg.csv")
+    assert reg.labels.dtype == np.float32 and reg.labels.tolist() == [0.25, 3.0]
+    assert reg.label(0) == 0.25
+    (tmp_path / "multi.csv").write_text("path,cat,dog,eel\na.jpg,1,0,1\nb.jpg,0,0,1\n")
+    multi = FileList(tmp_path / "multi.csv")
+    assert multi.labels.dtype == np.int64 and multi.labels.shape == (2, 3)
+    assert multi.label(1) == [0, 0, 1]
+    rows = FileList([("a.jpg", (0.5, 1)), ("b.jpg", [2, 3])])
+    assert rows.labels.dtype == np.float32 and rows.labels.tolist() == [[0.5, 1], [2, 3]]
+    assert open_source(rows.spec()).fingerprint() == rows.fingerprint()
+    with pytest.raises(ValueError):
+        multi.labels[0, 0] = 7
+
+
 @pytest.mark.parametrize("text, match", [
     ("a.jpg,1\nb.jpg,x\n", r"line 2: label 'x' is not an integer"),
-    ("a.jpg,1\n\nb.jpg 3.0\n", r"line 3: label '3.0' is not an integer"),
-    ("a.jpg,1\nb.jpg,2,3\n", r"line 2: expected 'path,label', got 3"),
+    ("a.jpg,1\n\nb.jpg inf\n", r"line 3: label 'inf' is not finite"),
+    ("a.jpg,1\nb.jpg,2,3\n", r"line 2: 2 labels where the first sample has 1"),
     ("a.jpg\n", r"line 1: expected 'path label'"),
     (" ,4\n", r"line 1: empty path"),
     ("# only a comment\n", r"empty"),

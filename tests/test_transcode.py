@@ -287,12 +287,12 @@ def test_assembled_sub_stream_is_a_small_valid_jpeg():
     name = "medium-420"
     t = transcoded(name)
     box = (120, 150, 40, 60)
-    sub, (top, left, rh, rw), scale = _jpeg.assemble(t, box, 0, 0)
+    sub, (top, left, rh, rw), scale, origin = _jpeg.assemble(t, box, 0, 0)
     assert scale == 8 and len(sub) < len(t) // 3
     hdr = jpeg.read_header(sub)
-    # MCU rows 6..10 and columns 8..14: the box's MCUs and one more on every side.
-    assert (hdr.height, hdr.width) == (5 * 16, 7 * 16)
-    assert (top, left) == (120 - 6 * 16, 150 - 8 * 16)
+    # MCU rows 7..10 and columns 9..13: those of the box and two pixels around it.
+    assert (hdr.height, hdr.width) == (4 * 16, 5 * 16)
+    assert (top, left) == (120 - 7 * 16, 150 - 9 * 16) and origin == (7 * 16, 9 * 16)
     assert np.array_equal(jpeg.decode(sub)[top:top + rh, left:left + rw],
                           tj.full(name)[120:160, 150:210])
     # Metadata segments are not copied into the sub-stream.
@@ -461,3 +461,23 @@ def test_decode_batch_over_transcoded_bytes():
         assert np.array_equal(sa, sb)
         for i, (h, w, _) in enumerate(sa):
             assert np.array_equal(a[i, :h, :w], b[i, :h, :w]), BATCH_NAMES[i]
+
+
+def test_transcode_paths_do_not_leak():
+    """Every outcome frees the decoder, the compressor and the output buffer."""
+    cases = [tj.case("size-16x16-420"), _truncated(), b"\xff\xd8" + bytes(100),
+             tj.case("gray-progressive-small-bomb")]
+
+    def run(n):
+        for i in range(n):
+            try:
+                jpeg.transcode(cases[i % len(cases)])
+            except DecodeError:
+                pass
+
+    run(400)
+    before = tj._rss()
+    run(4000)
+    growth = tj._rss() - before
+    # A leaked decompress or compress object is several KB: 4000 of them would be > 8 MB.
+    assert growth < 4 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 4000 transcodes"

@@ -141,15 +141,31 @@ def test_float16_from_torch_dtype(data, reference):
 
 
 def test_bfloat16_is_the_float32_stream_rounded(data, reference):
+    """The kernel writes bfloat16 itself: bit for bit what torch makes of the float32 stream."""
     with Loader(data / "folder", 4, dtype="bfloat16", **KW) as loader:
-        got = list(loader)
+        got = [(x.clone(), y) for x, y in loader]
+        assert loader.transform.sample_bytes == 3 * 24 * 24 * 2
     assert len(got) == len(reference)
     for (x, y), (rx, ry) in zip(got, reference):
         assert x.dtype == torch.bfloat16 and x.shape == rx.shape
-        assert torch.equal(x, torch.from_numpy(rx).to(torch.bfloat16))
+        assert torch.equal(x.view(torch.int16), torch.from_numpy(rx).to(torch.bfloat16)
+                           .view(torch.int16))
         assert np.array_equal(y.numpy(), ry)
-    # Converted tensors are new: batches kept across iterations stay valid.
-    assert not any(a[0].data_ptr() == b[0].data_ptr() for a, b in zip(got, got[1:]))
+
+
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_bfloat16_kernel_matches_torch_rounding(data, layout, train):
+    from dpu_pipe.batch import BatchProcessor
+    bufs = [(data / "folder" / f"c{i:02d}" / "x.jpg").read_bytes() for i in range(N)]
+    idx = np.arange(N)
+    f32 = BatchProcessor(TransformConfig(size=(20, 28), layout=layout, train=train)) \
+        .run(bufs, idx, seed=2)[0]
+    bf = BatchProcessor(TransformConfig(size=(20, 28), layout=layout, train=train,
+                                        dtype="bfloat16")).run(bufs, idx, seed=2)[0]
+    assert bf.dtype == np.uint16
+    want = torch.from_numpy(f32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bf, want)
 
 
 def test_bfloat16_needs_torch_output(data):
@@ -234,7 +250,7 @@ def test_device_stage_double_buffers_and_waits_before_reusing(reference):
         assert ox.dtype == torch.bfloat16 and ox.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(ox, torch.from_numpy(rx).to(torch.bfloat16))
         assert np.array_equal(oy.numpy(), ry)
-    # Partial last batch: a slice of the staging buffer, no new allocation.
+    # The partial last batch went through a slice of the first staging buffers.
     assert reference[-1][0].shape[0] < reference[0][0].shape[0]
 
 
@@ -260,3 +276,82 @@ def test_rank_defaults_single_process_is_quiet(monkeypatch, recwarn):
         monkeypatch.delenv(var, raising=False)
     assert default_shard(None, None) == (0, 1)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+# --- any image -------------------------------------------------------------------------------
+
+def _encoded(arr, fmt, **kw):
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_other_formats_posing_as_jpg_take_the_same_fused_pass(tmp_path, train):
+    """PNG, WebP, BMP, TIFF and GIF files named .jpg decode through OpenCV into the same
+    crop/resample/flip/normalize pass: with the pixels of a JPEG (decoded at full scale, as
+    the JPEG path does at this size) the output is bit-identical to the JPEG's."""
+    from dpu_pipe import jpeg
+    from dpu_pipe.batch import BatchProcessor
+
+    jpg = jc.pil_jpeg(jc.photo_sized("chelsea", 64, 80), quality=95)
+    rgb = jpeg.decode(jpg)
+    gif = _encoded(rgb, "GIF")
+    with Image.open(io.BytesIO(gif)) as im:
+        gif_rgb = np.asarray(im.convert("RGB"))
+    files = [("jpeg", jpg, jpg), ("png", _encoded(rgb, "PNG"), jpg),
+             ("webp", _encoded(rgb, "WEBP", lossless=True), jpg),
+             ("bmp", _encoded(rgb, "BMP"), jpg), ("tiff", _encoded(rgb, "TIFF"), jpg),
+             ("gif", gif, _encoded(gif_rgb, "PNG")),
+             ("cmyk", jc.pil_jpeg(jc.photo_sized("coffee", 60, 70), mode="CMYK"), None)]
+    rows = []
+    for i, (name, data, _) in enumerate(files):
+        (tmp_path / f"{i}_{name}.jpg").write_bytes(data)
+        rows.append((str(tmp_path / f"{i}_{name}.jpg"), i))
+    kw = dict(train=train, size=48, seed=5, shuffle=False, drop_last=False)
+    with Loader(FileList(rows), len(rows), **kw) as loader:
+        images, labels = next(iter(loader))
+        stats = loader.stats()
+    assert labels.tolist() == list(range(len(rows)))
+    assert stats["other_formats"] == 5              # png, webp, bmp, tiff, gif; not the JPEGs
+    bp = BatchProcessor(TransformConfig(train=train, size=48), 1)
+    for i, (name, _, ref_bytes) in enumerate(files):
+        if ref_bytes is None:
+            continue
+        ref, info, errors = bp.run([ref_bytes], np.array([i]), seed=5)
+        assert not errors and info[0, 6] == 8, name   # the reference decoded at full scale
+        assert np.array_equal(images[i], ref[0]), name
+
+
+def test_undecodable_non_jpeg_is_a_decode_error_naming_the_file(tmp_path):
+    bad = tmp_path / "x.jpg"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with Loader(FileList([(str(bad), 0)]), 1, size=16) as loader:
+        with pytest.raises(DecodeError, match="neither a JPEG") as info:
+            next(iter(loader))
+    assert info.value.path == str(bad)
+
+
+# --- labels beyond one int ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels, dtype, shape", [
+    ([0.5 * i for i in range(N)], np.float32, ()),
+    ([(i % 2, i % 3, 1) for i in range(N)], np.int64, (3,)),
+    ([(0.1 * i, -i) for i in range(N)], np.float32, (2,))], ids=["float", "multi", "multi-float"])
+def test_loader_yields_float_and_multi_labels(data, labels, dtype, shape):
+    rows = [(str(data / "folder" / f"c{i:02d}" / "x.jpg"), lab) for i, lab in enumerate(labels)]
+    src = FileList(rows)
+    with Loader(src, 4, **KW) as loader, Loader(data / "folder", 4, **KW) as ref_loader:
+        got, ref = list(batches(loader)), batches(ref_loader)
+    want = np.asarray(labels, dtype=dtype)
+    for k, ((x, y), (rx, _)) in enumerate(zip(got, ref)):
+        assert y.dtype == dtype and y.shape == (len(x),) + shape
+        assert np.array_equal(y, want[4 * k:4 * k + len(x)])
+        assert np.array_equal(x, rx)
+
+
+def test_offload_loader_refuses_labels_its_transport_cannot_carry(data):
+    from dpu_pipe import DPULoader
+    src = FileList([(str(data / "folder" / "c00" / "x.jpg"), (1, 2))] * 4)
+    with pytest.raises(ConfigError, match="one integer label per sample"):
+        DPULoader(src, 2, mode="local", size=16)

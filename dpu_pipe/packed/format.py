@@ -44,7 +44,9 @@ source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` 
 whose header its decoder could not read when it was packed; its bytes are kept, so a loader
 reports it as it would the original file.
 
-The manifest's JSON object: ``classes`` (list of str or null), ``created_by``, ``source`` (the
+The manifest's JSON object (``classes``, ``data_bytes``, ``orig_bytes``, ``formats``,
+``unreadable``, ``label_range`` and ``num_labels`` are required, checked when the manifest
+is opened): ``classes`` (list of str or null), ``created_by``, ``source`` (the
 spec of the packed source), ``shard_size`` (the target in bytes), ``transcode`` (null, or
 ``{"restart_interval", "optimize"}``), ``formats`` ({name: record count}), ``unreadable``
 (record count) and ``unreadable_examples`` (up to 20 of their paths), ``data_bytes`` and
@@ -363,7 +365,7 @@ def parse_meta(raw, crc, where):
         raise ConfigError(f"{where}: metadata corrupted (CRC mismatch)")
     try:
         meta = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ConfigError(f"{where}: unreadable metadata: {e}") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"{where}: metadata is not a JSON object")
@@ -371,7 +373,24 @@ def parse_meta(raw, crc, where):
     if classes is not None and not (isinstance(classes, list)
                                     and all(isinstance(c, str) for c in classes)):
         raise ConfigError(f"{where}: metadata 'classes' is not a list of names")
+    for key, ok in _META_REQUIRED.items():
+        if key not in meta or not ok(meta[key]):
+            raise ConfigError(f"{where}: metadata lacks a valid {key!r}")
     return meta
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_META_REQUIRED = {
+    "data_bytes": _is_int,
+    "orig_bytes": _is_int,
+    "unreadable": _is_int,
+    "num_labels": _is_int,
+    "label_range": lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_int, v)),
+    "formats": lambda v: isinstance(v, dict) and all(_is_int(n) for n in v.values()),
+}
 
 
 def parse_shard(buf, where="shard"):

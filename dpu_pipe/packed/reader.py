@@ -20,7 +20,8 @@ from .. import _jpeg
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
-__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path"]
+__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path",
+           "default_max_open_shards"]
 
 
 def manifest_path(path):
@@ -45,6 +46,19 @@ def is_packed(path):
     return manifest_path(path) is not None
 
 
+def default_max_open_shards():
+    """Shards a reader keeps open by default: a quarter of the soft file-descriptor limit,
+    between 16 and 1024."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 4096
+    except (ImportError, OSError, ValueError):  # no resource module (not POSIX)
+        soft = 1024
+    return max(16, min(1024, soft // 4))
+
+
 def _read_head(path, where):
     try:
         with open(path, "rb") as f:
@@ -58,14 +72,15 @@ def _read_head(path, where):
 class PackedShard:
     """One shard file, memory-mapped read-only.
 
-    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest; the shard must match it.
+    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest; the shard must match it
+    (``checked``, the :attr:`checked` array of an earlier opening of it, is only trusted then).
     Without it the shard is opened on its own (its own CRCs still cover every part).
     ``labels`` (``<i8`` array of the shard's records, e.g. the manifest's slice) is compared
     with each index block as it is checked. Errors are :class:`ConfigError` naming the shard
     and, for an index entry, the record.
     """
 
-    def __init__(self, path, *, expect=None, labels=None):
+    def __init__(self, path, *, expect=None, labels=None, checked=None):
         self.path = os.fspath(path)
         self.where = (f"shard {expect[0]} ({self.path})" if expect is not None
                       else f"shard {self.path}")
@@ -94,15 +109,32 @@ class PackedShard:
                                      offset=h["index_offset"])
         self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
         self._labels = labels
-        self._checked = np.zeros(h["nblocks"], dtype=bool)
+        # Which index blocks passed check_block; a reader that reopens the same shard (same
+        # header CRC, so the same CRC-covered index) passes the array back in.
+        self._checked = (checked if checked is not None and len(checked) == h["nblocks"]
+                         else np.zeros(h["nblocks"], dtype=bool))
+        self.first, self.block_records = h["first"], h["block_records"]
+        self._view = None
 
     def __len__(self):
         return self.header["count"]
 
     @property
+    def checked(self):
+        """``bool`` array, one per index block: checked already."""
+        return self._checked
+
+    @property
     def buffer(self):
         """The whole shard file as a read-only ``uint8`` array (a memory map)."""
         return self._mm
+
+    @property
+    def view(self):
+        """The whole shard file as a read-only ``memoryview`` (of :attr:`buffer`)."""
+        if self._view is None:
+            self._view = memoryview(self._mm)
+        return self._view
 
     def _path_lo(self, k):
         if k == 0:
@@ -134,12 +166,6 @@ class PackedShard:
                 raise ConfigError(f"{where}: record {j} has label {int(block['label'][diff[0]])} "
                                   f"in the shard and {int(want[diff[0]])} in the manifest")
         self._checked[k] = True
-
-    def check(self, local):
-        """Check the index blocks holding the shard-local record numbers ``local``."""
-        b = self.header["block_records"]
-        for k in np.unique(np.asarray(local, dtype=np.int64) // b).tolist():
-            self.check_block(k)
 
     def record(self, j):
         """Record ``j``'s bytes as a read-only memoryview of the mapping (index checked)."""
@@ -189,7 +215,7 @@ class PackedShard:
                               f"check (corrupted data); first bad: record {int(bad[0])}")
 
     def close(self):
-        self._mm = self.records = self._blocks = self._paths = None
+        self._mm = self.records = self._blocks = self._paths = self._view = None
 
 
 class PackedDataset:
@@ -200,12 +226,17 @@ class PackedDataset:
     first out; a batch still holding records of an evicted shard keeps its mapping alive).
     With ``verify_reads`` every record read is checked against its CRC.
 
+    Each open shard holds one file descriptor and one memory mapping; by default at most a
+    quarter of the process's file-descriptor limit, capped at 1024. Index blocks checked stay
+    checked across a shard's closing and reopening (1 byte per 256 records).
+
     A shard that is missing, corrupt or foreign raises, when one of its records is read,
     :class:`DecodeError` naming the record and the shard (so a loader's ``on_error`` policy
-    applies); the manifest's own damage raises :class:`ConfigError` at opening.
+    applies); this object does not retry it (open the dataset again to). The manifest's own
+    damage raises :class:`ConfigError` at opening.
     """
 
-    def __init__(self, path, *, verify_reads=False, max_open_shards=64):
+    def __init__(self, path, *, verify_reads=False, max_open_shards=None):
         path = os.path.abspath(os.fspath(path))
         if os.path.isdir(path):
             manifest = os.path.join(path, fmt.MANIFEST_NAME)
@@ -221,8 +252,13 @@ class PackedDataset:
         self.manifest = manifest
         self.header = h
         self.verify_reads = bool(verify_reads)
-        if int(max_open_shards) < 1:
-            raise ConfigError(f"max_open_shards must be >= 1, got {max_open_shards!r}")
+        if max_open_shards is None:
+            max_open_shards = default_max_open_shards()
+        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards,
+                                                                (int, np.integer)) \
+                or max_open_shards < 1:
+            raise ConfigError(f"max_open_shards must be a positive integer, got "
+                              f"{max_open_shards!r}")
         self.max_open_shards = int(max_open_shards)
         self._mm = np.memmap(manifest, dtype=np.uint8, mode="r")
         if len(self._mm) != h["file_size"]:
@@ -238,6 +274,7 @@ class PackedDataset:
         self.meta = fmt.parse_meta(memoryview(self._mm)[m0:m0 + h["meta_size"]],
                                    h["meta_crc32"], where)
         self._open = collections.OrderedDict()   # shard number -> PackedShard, LRU order
+        self._checked = {}                       # shard number -> its PackedShard.checked
         self._failed = {}                        # shard number -> its ConfigError
         self._lock = threading.Lock()
 
@@ -279,13 +316,14 @@ class PackedDataset:
         first, n = int(e["first"]), int(e["count"])
         try:
             sh = PackedShard(self.shard_path(k), expect=(k, e),
-                             labels=self.labels[first:first + n])
+                             labels=self.labels[first:first + n], checked=self._checked.get(k))
         except ConfigError as exc:
             with self._lock:
                 self._failed[k] = exc
             raise
         with self._lock:
             sh = self._open.setdefault(k, sh)
+            self._checked[k] = sh.checked
             self._open.move_to_end(k)
             while len(self._open) > self.max_open_shards:
                 self._open.popitem(last=False)
@@ -346,55 +384,65 @@ class PackedDataset:
         if n and (indices.min() < 0 or indices.max() >= len(self)):
             self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         ks = self.shard_of(indices)
-        errors = {}
-        offsets = np.zeros(n, dtype=np.int64)
-        lengths = np.zeros(n, dtype=np.int64)
-        which = np.full(n, -1, dtype=np.int64)   # position -> entry of ``bufs``
-        bufs = []
-
-        def fail(positions, exc, k):
-            for p in positions.tolist():
-                errors[p] = DecodeError(str(exc), index=int(indices[p]),
-                                        path=self.shard_path(k))
-
-        for k in np.unique(ks).tolist():
-            pos = np.flatnonzero(ks == k)
-            try:
-                sh = self.shard(k)
-            except ConfigError as exc:
-                fail(pos, exc, k)
+        if n and ks[0] == ks[-1] and (ks == ks[0]).all():
+            got = self._one_shard(int(ks[0]), indices)
+            if got is not None:
+                return got
+        # A shuffled batch touches about as many shards as it has records: one pass over the
+        # records, each costing a few dictionary and array look-ups.
+        errors, views, opened = {}, [], {}
+        empty = b""
+        for p, (k, i) in enumerate(zip(ks.tolist(), indices.tolist())):
+            sh = opened.get(k)
+            if sh is None:
+                try:
+                    sh = self.shard(k)
+                except ConfigError as exc:
+                    sh = exc
+                opened[k] = sh
+            if isinstance(sh, ConfigError):
+                errors[p] = DecodeError(str(sh), index=i, path=self.shard_path(k))
+                views.append(empty)
                 continue
-            local = indices[pos] - self._firsts[k]
-            blk = local // sh.header["block_records"]
-            good = np.ones(len(pos), dtype=bool)
-            for b in np.unique(blk).tolist():
+            j = i - sh.first
+            b = j // sh.block_records
+            if not sh._checked[b]:
                 try:
                     sh.check_block(b)
                 except ConfigError as exc:
-                    fail(pos[blk == b], exc, k)
-                    good[blk == b] = False
-            pos, local = pos[good], local[good]
-            rec = sh.records[local]
-            offsets[pos] = rec["offset"].astype(np.int64)
-            lengths[pos] = rec["length"].astype(np.int64)
-            which[pos] = len(bufs)
-            bufs.append(sh.buffer)
-            if self.verify_reads:
-                mv = memoryview(sh.buffer)
-                for p, o, ln, crc in zip(pos.tolist(), offsets[pos].tolist(),
-                                         lengths[pos].tolist(), rec["crc32"].tolist()):
-                    if zlib.crc32(mv[o:o + ln]) != crc:
-                        errors[p] = DecodeError("packed record fails its CRC check "
-                                                "(corrupted shard)", index=int(indices[p]),
-                                                path=self.describe(int(indices[p])))
-                        which[p] = -1
-        if len(bufs) == 1 and not errors:
-            # One shard: its mapping and the offsets, no Python object per record.
-            return _jpeg.BufferList.from_packed(bufs[0], offsets, lengths), errors
-        maps = [memoryview(b) for b in bufs]
-        views = [maps[w][o:o + ln] if w >= 0 else b""
-                 for w, o, ln in zip(which.tolist(), offsets.tolist(), lengths.tolist())]
+                    errors[p] = DecodeError(str(exc), index=i, path=self.shard_path(k))
+                    views.append(empty)
+                    continue
+            r = sh.records[j]
+            o, ln = int(r["offset"]), int(r["length"])
+            view = sh.view[o:o + ln]
+            if self.verify_reads and zlib.crc32(view) != int(r["crc32"]):
+                errors[p] = DecodeError("packed record fails its CRC check (corrupted shard)",
+                                        index=i, path=self.describe(i))
+                view = empty
+            views.append(view)
         return _jpeg.BufferList.from_buffers(views), errors
+
+    def _one_shard(self, k, indices):
+        """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,
+        no Python object per record; None when a record needs an error (the general path
+        names it)."""
+        try:
+            sh = self.shard(k)
+            local = indices - sh.first
+            for b in np.unique(local // sh.block_records).tolist():
+                sh.check_block(b)
+        except ConfigError:
+            return None
+        rec = sh.records[local]
+        offsets = rec["offset"].astype(np.int64)
+        lengths = rec["length"].astype(np.int64)
+        if self.verify_reads:
+            mv = sh.view
+            for o, ln, crc in zip(offsets.tolist(), lengths.tolist(), rec["crc32"].tolist()):
+                if zlib.crc32(mv[o:o + ln]) != crc:
+                    return None
+        return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
 
     def check(self, shards=None, *, progress=None):
         """Verify shards (all, or the numbers in ``shards``) on their own: header against the

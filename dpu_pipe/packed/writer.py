@@ -213,8 +213,8 @@ def _progress_bar(progress, total, desc):
                 disable=None if progress is None else False)
 
 
-def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart_interval=1,
-         threads=1, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
+def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_interval=1,
+         threads=None, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
          block_records=fmt.DEFAULT_BLOCK_RECORDS):
     """Write every record of ``source`` into the packed dataset directory ``out``.
 
@@ -229,7 +229,8 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
     with their format recorded. With ``transcode`` each readable JPEG is rewritten losslessly by
     :func:`dpu_pipe.jpeg.transcode` (``restart_interval`` MCUs, optimized Huffman tables) —
     same decoded pixels, restart markers a region decode can enter at; a file it does not take
-    stays as it is. ``threads`` prepare records in parallel (order is kept).
+    stays as it is. ``threads`` (default: the CPUs this process may run on) read and
+    transcode records in parallel; the output does not depend on their number.
 
     The dataset is written into a temporary directory next to ``out`` (files and directory
     created with the process's umask), each shard re-read and its CRCs checked when
@@ -260,6 +261,9 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
                           f"got {alignment}")
     if not 1 <= int(block_records) <= 2**20:
         raise ConfigError(f"block_records must be in [1, 2**20], got {block_records!r}")
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     if not isinstance(transcode, bool):
@@ -347,9 +351,15 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=False, restart
                         json.dumps(meta, sort_keys=True).encode("utf-8"))
         _fsync_dir(tmp)
         if os.path.lexists(out):
+            # A directory cannot be renamed over a non-empty one: move the old dataset aside,
+            # put the new one in place (or the old one back), then delete the old one.
             old = os.path.join(parent, f".{os.path.basename(out)}.old-{uuid.uuid4().hex[:12]}")
             os.rename(out, old)
-            os.rename(tmp, out)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
             (shutil.rmtree if os.path.isdir(old) else os.unlink)(old)
         else:
             os.rename(tmp, out)

@@ -83,8 +83,11 @@ def load_buffers(root_or_files, n=None):
     list (read in sample order), one JPEG file, or a sequence of paths. Returns ``(paths, buffers)``: the first ``n`` paths (all when ``n`` is None) and
     their contents as ``bytes``.
     """
-    if isinstance(root_or_files, (str, os.PathLike)) and os.path.isfile(root_or_files) \
-            and not str(root_or_files).lower().endswith(_EXTENSIONS):
+    from ..packed.reader import is_packed
+
+    if isinstance(root_or_files, (str, os.PathLike)) and (
+            is_packed(root_or_files) or os.path.isfile(root_or_files)
+            and not str(root_or_files).lower().endswith(_EXTENSIONS)):
         # A packed file or a file list: the dataset's own samples, read through its source.
         from ..sources import as_source
         src = as_source(root_or_files)

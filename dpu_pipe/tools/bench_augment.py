@@ -72,7 +72,7 @@ def _baselines(buffers, boxes, flips):
     return {"Pillow + numpy": pillow, "OpenCV (full decode) + numpy": opencv}
 
 
-def _time_methods(methods, n, chunk, repeat):
+def _time_methods(methods, n, chunk, repeat, progress=None):
     """{name: [seconds per round]}: methods take turns every `chunk` images."""
     times = {name: [] for name in methods}
     order = list(methods)
@@ -88,15 +88,18 @@ def _time_methods(methods, n, chunk, repeat):
                 spent[name] += time.perf_counter() - t0
         for name in methods:
             times[name].append(spent[name])
+        if progress is not None:
+            progress()
     return times
 
 
 def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoch=0,
-                      threads=2):
+                      threads=2, progress=None):
     """Run the benchmark on up to ``n`` images of ``root_or_files`` (see
     :func:`dpu_pipe.tools.bench.load_buffers`); returns a JSON-serialisable dict: ``rows``
     (method, median img/s, min and max over rounds, ratio to Pillow), ``split_ms`` (decode,
-    augment and total milliseconds per image of the accurate kernel), thread scaling."""
+    augment and total milliseconds per image of the accurate kernel), thread scaling.
+    ``progress`` is called after each timing round."""
     _, buffers = load_buffers(root_or_files, n)
     usable = []
     for b in buffers:   # a user's dataset may hold files that are not decodable JPEGs
@@ -160,7 +163,7 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
 
     previous, _ = _pin(True)
     try:
-        times = _time_methods(methods, n, chunk, repeat)
+        times = _time_methods(methods, n, chunk, repeat, progress)
     finally:
         if previous:
             os.sched_setaffinity(0, previous)
@@ -259,8 +262,10 @@ def run(args):
     if data is None:
         data = sample_dataset(args.images, seed=args.seed, progress=True)
         print(f"sample dataset: {data}", file=sys.stderr)
-    result = augment_benchmark(data, n=args.images, repeat=args.repeat, seed=args.seed,
-                               threads=args.threads)
+    from .progress import bar
+    with bar(args.repeat, "timing rounds", unit="round") as b:
+        result = augment_benchmark(data, n=args.images, repeat=args.repeat, seed=args.seed,
+                                   threads=args.threads, progress=lambda: b.update(1))
     if args.json:
         write_json(args.json, result)
     if args.json != "-":

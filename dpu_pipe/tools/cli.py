@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from ..errors import ConfigError, DpuPipeError
 
 __all__ = ["COMMANDS", "main", "add_data", "add_images", "add_seed", "add_json", "add_plots",
@@ -100,7 +102,7 @@ def _pack_args(p):
                                "or a packed dataset")
     p.add_argument("out", help="packed dataset directory to write (an existing packed "
                                "dataset there is replaced once the new one is complete)")
-    p.add_argument("--shard-size", default="1GiB",
+    p.add_argument("--shard-size", type=_size, default="1GiB", metavar="SIZE",
                    help="target bytes per shard, e.g. 1GiB, 256MiB, 500MB (default: 1GiB)")
     p.add_argument("--no-transcode", dest="transcode", action="store_false",
                    help="keep each JPEG's original bytes instead of transcoding it losslessly "
@@ -108,8 +110,9 @@ def _pack_args(p):
     p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
                    help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
                         "interval per MCU row (default: 1)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads reading and transcoding records (default: 1)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="threads reading and transcoding records (default: one per CPU this "
+                        "process may use); the output does not depend on it")
     p.add_argument("--root", help="directory that relative paths of a file list are "
                                   "resolved against (default: the list's directory)")
     p.add_argument("--alignment", type=positive_int, default=64,
@@ -121,15 +124,25 @@ def _pack_args(p):
 
 
 def _interval(text):
-    return text if text == "row" else int(text)
+    """argparse type of --restart-interval: 'row' or a number of MCUs."""
+    return text if text == "row" else _int_at_least(text, 1)
+
+
+def _size(text):
+    """argparse type of --shard-size: bytes, from e.g. '1GiB'."""
+    from ..packed.writer import parse_size
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _pack_run(args):
-    from ..packed.writer import pack, parse_size
+    from ..packed.writer import pack
     from ..sources import open_path
 
     src = open_path(args.src, root=args.root)
-    packed = pack(src, args.out, shard_size=parse_size(args.shard_size),
+    packed = pack(src, args.out, shard_size=args.shard_size,
                   transcode=args.transcode, restart_interval=args.restart_interval,
                   threads=args.threads, progress=False if args.quiet else None,
                   verify=args.verify, alignment=args.alignment)
@@ -157,12 +170,13 @@ def _pack_run(args):
 # -- info -------------------------------------------------------------------------------
 
 def _info_args(p):
-    p.add_argument("path", nargs="?",
+    p.add_argument("path", nargs="?", help="the same as --data")
+    p.add_argument("--data", metavar="PATH",
                    help="also summarise this dataset (directory, file list or packed dataset)")
     p.add_argument("--root", help="root for relative paths of a file list")
     p.add_argument("--verify", action="store_true",
                    help="packed dataset: check every shard (index and record CRCs) and "
-                        "name the ones that fail")
+                        "name the ones that fail; a shard file given alone is checked alone")
     add_json(p)
 
 
@@ -193,10 +207,45 @@ def _packed_summary(src):
     }
 
 
+def _shard_summary(path, verify):
+    """One shard of a packed dataset, on its own (None when ``path`` is not a shard)."""
+    from ..packed.format import SHARD_MAGIC
+    from ..packed.reader import PackedShard
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(SHARD_MAGIC)) != SHARD_MAGIC:
+                return None
+    except OSError:
+        return None
+    sh = PackedShard(path)
+    h, recs = sh.header, sh.records
+    out = {
+        "path": os.path.abspath(path),
+        "format": f"dpu_pipe packed v{h['version']} shard",
+        "shard": h["shard"],
+        "records": [h["first"], h["first"] + h["count"] - 1],
+        "count": h["count"],
+        "total_bytes": int(recs["length"].sum()),
+        "original_bytes": int(recs["orig_length"].sum()),
+    }
+    if verify:
+        try:
+            sh.verify()
+            out["bad_shards"] = {}
+        except ConfigError as e:
+            out["bad_shards"] = {str(h["shard"]): str(e)}
+    sh.close()
+    return out
+
+
 def _summary(path, root, verify):
     """Count, classes, total bytes and format of the dataset at ``path``."""
     from ..sources import PackedSource, open_path
 
+    shard = _shard_summary(path, verify)
+    if shard is not None:
+        return shard
     src = open_path(path, root=root)
     if isinstance(src, PackedSource):
         out = _packed_summary(src)
@@ -221,8 +270,10 @@ def _summary(path, root, verify):
         "count": len(src),
         "total_bytes": total,
         "classes": src.classes,
-        "num_labels": int(len(set(labels.tolist()))),
-        "label_range": [int(labels.min()), int(labels.max())],
+        "num_labels": int(len(np.unique(labels, axis=0))),
+        "label_range": [labels.min().item(), labels.max().item()],
+        "label_dtype": str(labels.dtype),
+        "label_shape": list(labels.shape[1:]),
     }
     if missing:
         out["unreadable_files"] = missing
@@ -247,9 +298,14 @@ def _print_kv(title, d):
 def _info_run(args):
     from ..build_info import build_info
 
+    if args.path is not None and args.data is not None:
+        raise ConfigError("info: give the dataset once, as PATH or as --data")
+    path = args.data if args.data is not None else args.path
+    if path is None and (args.verify or args.root):
+        raise ConfigError("--verify and --root need a dataset (--data PATH)")
     result = {"build": build_info()}
-    if args.path is not None:
-        result["dataset"] = _summary(args.path, args.root, args.verify)
+    if path is not None:
+        result["dataset"] = _summary(path, args.root, args.verify)
     if args.json:
         write_json(args.json, result)
     if args.json != "-":
@@ -274,6 +330,8 @@ COMMANDS = {
               ".bench_augment:add_args", ".bench_augment:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
                      ".bench:add_args", ".bench:run"),
+    "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "
+             "training rate", ".plan:add_args", ".plan:run"),
 }
 
 

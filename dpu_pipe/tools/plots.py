@@ -45,13 +45,14 @@ def plot_split(result, path):
     and resample/flip/normalize. ``result["split_ms"]``: ``decode``, ``augment``, ``total``."""
     plt = _pyplot()
     sp = result["split_ms"]
-    fig, ax = plt.subplots(figsize=(7, 2.2))
+    fig, ax = plt.subplots(figsize=(7, 2.6))
     try:
         ax.barh(["dpu_pipe"], [sp["decode"]], color="#4c72b0", label="region decode")
         ax.barh(["dpu_pipe"], [sp["augment"]], left=[sp["decode"]], color="#dd8452",
                 label="resample + flip + normalize")
         ax.set_xlabel(f"ms per image (total {sp['total']:.2f})")
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, fontsize="small",
+                  frameon=False)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
     finally:

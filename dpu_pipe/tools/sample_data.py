@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _validate as _v
 from ..errors import ConfigError
 from .progress import bar
 
@@ -284,14 +285,9 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0, *, progress=False):
 
     ``progress=True`` shows a progress bar on stderr (tqdm) while images are written.
     """
-    for name, v, lo in (("n", n, 1), ("classes", classes, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    if n > 999_999:
-        raise ConfigError(f"n must be at most 999999 (six-digit file names), got {n}")
-    n, classes, seed = int(n), int(classes), int(seed)
+    n = _v.integer(n, "n", 1, 999_999)    # six-digit file names
+    classes = _v.positive_int(classes, "classes")
+    seed = _v.integer(seed, "seed", 0)
     photos = _corpus()
     from PIL import features
     import PIL

@@ -5,8 +5,10 @@
 Run once by the x86-64 build on the host and once by the aarch64 build under emulation;
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
-(full, region, DCT-scaled, fast), the per-image transform, the fused batch kernel and the local
-Loader; a section whose entry point this build lacks is recorded as missing, not failed.
+(full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
+records, the per-image transform, the fused batch kernel, the epoch permutation and the
+samplers' shards, and the local Loader; a section whose entry point this build lacks is recorded
+as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
 
@@ -46,6 +48,36 @@ def decode_section(paths, put):
     out, shapes = jpeg.decode_batch(bufs)[:2]
     put("decode_batch/out", out)
     put("decode_batch/shapes", shapes)
+
+
+def transcode_section(paths, put):
+    """Transcoded records (restart markers every MCU, and every MCU row): their bytes, and their
+    region decodes, which read only the restart intervals covering the region."""
+    from dpu_pipe import jpeg
+    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.transforms import TransformConfig
+
+    for interval in (1, "row"):
+        trans = []
+        for p in paths:
+            name = os.path.basename(p)
+            t = jpeg.transcode(open(p, "rb").read(), restart_interval=interval)
+            trans.append(t)
+            put(f"transcode/{interval}/{name}/bytes", np.frombuffer(t, dtype=np.uint8))
+            h = jpeg.read_header(t)
+            for k, (a, b, c, d) in enumerate(((5, 3, 2, 2), (3, 1, 3, 2), (1, 2, 2, 1))):
+                region = (h.height * a // 8, h.width * b // 8, max(1, h.height * c // 8),
+                          max(1, h.width * d // 8))
+                for m in (0, 24, 64):
+                    put(f"transcode/{interval}/{name}/region{k}-min{m}",
+                        jpeg.decode(t, region=region, min_size=(m, m) if m else None))
+                put(f"transcode/{interval}/{name}/region{k}-fast", jpeg.decode(t, region=region, fast=True))
+        idx = np.arange(len(trans), dtype=np.int64) * 7 + 3
+        for cname, kw in (("train", dict(train=True, size=48)), ("val", dict(train=False, size=40))):
+            out, info, errors = BatchProcessor(TransformConfig(**kw), num_threads=2).run(
+                trans, idx, epoch=1, seed=9)
+            put(f"transcode/{interval}/batch-{cname}/out", out)
+            put(f"transcode/{interval}/batch-{cname}/info", info)
 
 
 def ops_section(paths, put):
@@ -92,6 +124,26 @@ def batch_section(paths, put):
                     np.array(sorted(errors), dtype=np.int64))
 
 
+def permutation_section(put):
+    """The epoch order: the C kernel and the numpy twin (integer-only, so the same bits on
+    every machine) over small and huge datasets, and shards of every tail policy."""
+    from dpu_pipe import _rng, rng
+    from dpu_pipe.sampler import EpochSampler
+
+    for n in (1, 2, 3, 255, 256, 257, 1000, 65537, 1_281_167, 10**9 + 7, 2**40):
+        pos = np.unique(np.concatenate([np.arange(min(n, 2000)),
+                                        (np.arange(500, dtype=np.uint64) * np.uint64(0x9E3779B1))
+                                        % np.uint64(n)]).astype(np.int64))
+        for seed, epoch in ((0, 0), (2**64 - 1, 2**32 - 1), (20240611, 3)):
+            put(f"perm/n{n}/s{seed}/e{epoch}/kernel", _rng.permute(pos, n, seed, epoch))
+        put(f"perm/n{n}/twin", rng.permutation_at(pos[:300], n, 7, 1))
+    for tail in ("pad", "drop", "uneven"):
+        for r in range(3):
+            s = EpochSampler(1000, seed=5, rank=r, world_size=3, shard_tail=tail)
+            put(f"shard/{tail}/r{r}", s.indices(2))
+            put(f"shard/{tail}/r{r}/batches", np.concatenate(s.batches(2, 64, drop_last=True)))
+
+
 def loader_section(root, put):
     import dpu_pipe
 
@@ -120,8 +172,10 @@ def main(root, out_path):
 
     paths = files(root)
     sections = [("decode", lambda: decode_section(paths, put)),
+                ("transcode", lambda: transcode_section(paths, put)),
                 ("ops", lambda: ops_section(paths, put)),
                 ("batch", lambda: batch_section(paths, put)),
+                ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put))]
     for name, fn in sections:
         before = len(arrays)

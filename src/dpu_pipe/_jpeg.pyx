@@ -16,6 +16,13 @@ from dpu_pipe.errors import ConfigError, DecodeError
 cdef enum:
     CROP_MARGIN = 4
 
+# Output pixels of the sub-image kept on each side of a region read from restart intervals.
+# Fancy (triangle) chroma upsampling by 2 reads one chroma sample beyond an output pixel, so an
+# output pixel two or more pixels inside a sub-image edge is the image's own; chroma upsampled by
+# other factors, or by DCT scaling, reads nothing beyond its block.
+cdef enum:
+    ASSEMBLY_MARGIN = 2
+
 
 # --- libjpeg callbacks: never print, never exit ----------------------------------------------
 
@@ -250,8 +257,7 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
 #
 # In a baseline Huffman stream with restart markers every R MCUs, each interval is a byte-aligned
 # segment that decodes on its own (DC predictors reset at each marker). The intervals covering a
-# region, plus one MCU all round (fancy upsampling reads one chroma sample beyond a pixel, and the
-# sub-image's edges act as image edges), concatenated under a SOF that claims the sub-image's size
+# region plus ASSEMBLY_MARGIN pixels (the sub-image's edges act as image edges), concatenated under a SOF that claims the sub-image's size
 # and with renumbered RST markers, form a valid JPEG whose decode is the original's decode there,
 # bit for bit, at any DCT scale. Its entropy-coded data is only what the region needs, where the
 # plain region decode Huffman-decodes every row above the region and every column of its rows.
@@ -306,7 +312,7 @@ cdef int _grow(void** buf, size_t* cap, size_t need) noexcept nogil:
 
 cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) noexcept nogil:
     """After dec_read_header: write to d.scratch (d.scratch_len bytes) a JPEG made of the
-    restart intervals covering `region` (pixels at scale/8) plus a one-MCU margin, and set
+    restart intervals covering `region` (pixels at scale/8) plus ASSEMBLY_MARGIN, and set
     *sub to the region in that sub-image's pixels. Returns 1, or 0 (scratch unspecified) when
     the stream is not a single-scan baseline Huffman stream with restart intervals, when its
     markers are not where and what they must be, or when the sub-stream would hold every row the
@@ -339,14 +345,20 @@ cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) 
     n_int = _ceil_div(mpr * rows, R)
     if region.top < 0 or region.left < 0 or region.height <= 0 or region.width <= 0:
         return 0
-    r0 = region.top // mhs - 1
-    r1 = (region.top + region.height - 1) // mhs + 2
-    c0 = region.left // mws - 1
-    c1 = (region.left + region.width - 1) // mws + 2
+    r0 = (region.top - ASSEMBLY_MARGIN) // mhs
+    r1 = _ceil_div(region.top + region.height + ASSEMBLY_MARGIN, mhs)
+    c0 = (region.left - ASSEMBLY_MARGIN) // mws
+    c1 = _ceil_div(region.left + region.width + ASSEMBLY_MARGIN, mws)
     r0 = 0 if r0 < 0 else r0
     c0 = 0 if c0 < 0 else c0
     r1 = rows if r1 > rows else r1
     c1 = mpr if c1 > mpr else c1
+    # libjpeg upsamples chroma plainly when a component is at most 2 samples wide: keep the
+    # sub-image at least 2 MCUs wide and high, as every image of more than one MCU is.
+    if r1 - r0 < 2 and rows >= 2:
+        r0, r1 = (r0, r1 + 1) if r1 < rows else (r0 - 1, r1)
+    if c1 - c0 < 2 and mpr >= 2:
+        c0, c1 = (c0, c1 + 1) if c1 < mpr else (c0 - 1, c1)
     by_rows = mpr % R == 0
     if by_rows:
         # Every MCU row is a whole number of intervals: take the columns' intervals row by row.
@@ -644,8 +656,9 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
 def assemble(const uint8_t[::1] data, region, int min_h, int min_w):
     """The sub-stream a region decode of `data` reads instead of the whole stream:
     (JPEG bytes, region (top, left, height, width) in that image's pixels at the chosen DCT
-    scale, scale in eighths), or None when the plain region decode applies. For tests and
-    measurements; decode() does this internally."""
+    scale, scale in eighths, (top, left) of the sub-image in the full-resolution image), or
+    None when the plain region decode applies. For tests and measurements; decode() does this
+    internally."""
     cdef Decoder d
     cdef DecodeOptions o = _options(0, 0, 1 << 62, 1000)
     cdef Region r, sub
@@ -662,7 +675,7 @@ def assemble(const uint8_t[::1] data, region, int min_h, int min_w):
         if not ok:
             return None
         return (bytes(d.scratch[:d.scratch_len]), (sub.top, sub.left, sub.height, sub.width),
-                scale)
+                scale, ((r.top - sub.top) * 8 // scale, (r.left - sub.left) * 8 // scale))
     finally:
         dec_free(&d)
 

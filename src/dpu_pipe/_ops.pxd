@@ -34,6 +34,7 @@ cdef enum:                # output element type
     OPS_FLOAT32 = 0       # (x/255 - mean) / std
     OPS_UINT8 = 1         # round-half-up, clamped to 0..255, not normalized
     OPS_FLOAT16 = 2       # IEEE binary16 bits of the float32 result (round to nearest even)
+    OPS_BFLOAT16 = 3      # bfloat16 bits (top half) of the float32 result, nearest even
 
 cdef enum:                # output layout of one sample
     OPS_CHW = 0

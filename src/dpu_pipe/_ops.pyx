@@ -145,7 +145,8 @@ cdef extern from *:
     ctypedef uint16_t* ops_u16_rp
 
 
-DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}
+DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
+               "bfloat16": OPS_BFLOAT16}
 LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
 ORDER_CODES = {"h_first": OPS_H_FIRST, "v_first": OPS_V_FIRST}
 BOX_SLACK = OPS_BOX_SLACK
@@ -718,6 +719,16 @@ cdef inline uint16_t _to_f16(float x) noexcept nogil:
     return <uint16_t>(res | (sign >> 16))
 
 
+cdef inline uint16_t _to_bf16(float x) noexcept nogil:
+    """bfloat16 bits of x: the top 16 bits of its float32 bits, rounded to nearest even, NaN ->
+    0x7FC0 — what torch's float32 -> bfloat16 conversion gives. Integer arithmetic only."""
+    cdef uint32_t f, nan
+    memcpy(&f, &x, 4)
+    nan = 0u - <uint32_t>((f & 0x7FFFFFFFu) > 0x7F800000u)
+    f = (f + 0x7FFFu + ((f >> 16) & 1u)) >> 16
+    return <uint16_t>((0x7FC0u & nan) | (f & ~nan))
+
+
 # The conversion loops also finish the vertical pass: value = (a + w0 * r0) + w1 * r1, the
 # last one or two taps of the sum (w1 = 0 when one is left; a = zeros when the sum has at most
 # two taps; both add an exact +0.0). That saves a pass over the accumulator row.
@@ -742,6 +753,13 @@ cdef inline void _fin_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w
     cdef Py_ssize_t i
     for i in range(n):
         o[i] = _to_f16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b)
+
+
+cdef inline void _fin_bf16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                           ops_u16_rp o, Py_ssize_t n, float s, float b) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = _to_bf16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b)
 
 
 cdef inline void _fin_u8(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
@@ -778,6 +796,14 @@ cdef inline void _fin3_f16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float 
         o[i] = _to_f16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s[i] + b[i])
 
 
+cdef inline void _fin3_bf16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
+                            ops_u16_rp o, Py_ssize_t n, ops_cf32_rp s,
+                            ops_cf32_rp b) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        o[i] = _to_bf16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s[i] + b[i])
+
+
 cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, const float* r0,
                       const float* r1, float w0, float w1, void* out, Py_ssize_t i,
                       int f16c) noexcept nogil:
@@ -798,6 +824,9 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
             elif c.dtype == OPS_UINT8:
                 _fin_u8(a + off, r0 + off, r1 + off, w0, w1,
                         <uint8_t*>out + ch * plane + i * ow, ow)
+            elif c.dtype == OPS_BFLOAT16:
+                _fin_bf16(a + off, r0 + off, r1 + off, w0, w1,
+                          <uint16_t*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
             elif f16c:
                 _fin_f32(a + off, r0 + off, r1 + off, w0, w1, p.tmp, ow, c.scale[ch],
                          c.bias[ch])
@@ -812,6 +841,9 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
             _fin3_f32(a, r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
         elif c.dtype == OPS_UINT8:
             _fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow)
+        elif c.dtype == OPS_BFLOAT16:
+            _fin3_bf16(a, r0, r1, w0, w1, <uint16_t*>out + i * 3 * ow, 3 * ow,
+                       p.scale3, p.bias3)
         elif f16c:
             _fin3_f32(a, r0, r1, w0, w1, p.tmp, 3 * ow, p.scale3, p.bias3)
             ops_f16c_convert(p.tmp, <uint16_t*>out + i * 3 * ow, 3 * ow)
@@ -825,10 +857,11 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
 cdef int ops_output_init(OpsOutput* o, int dtype, int layout,
                          const double* mean, const double* std) noexcept nogil:
     """Output spec. mean/std: 3 doubles each, on the 0..1 scale (ImageNet convention); used for
-    float32/float16 (value*scale + bias with scale = 1/(255 std), bias = -mean/std, both
+    float32/float16/bfloat16 (value*scale + bias with scale = 1/(255 std), bias = -mean/std, both
     rounded once to float32), ignored for uint8 (may be NULL then)."""
     cdef int c
-    if dtype != OPS_FLOAT32 and dtype != OPS_UINT8 and dtype != OPS_FLOAT16:
+    if dtype != OPS_FLOAT32 and dtype != OPS_UINT8 and dtype != OPS_FLOAT16 \
+            and dtype != OPS_BFLOAT16:
         return OPS_EARG
     if layout != OPS_CHW and layout != OPS_HWC:
         return OPS_EARG
@@ -866,7 +899,8 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
     cdef float* acc = p.acc
     cdef float* ring = p.ring
     cdef ops_v4f aff[6]
-    if o.dtype != OPS_FLOAT32 and o.dtype != OPS_UINT8 and o.dtype != OPS_FLOAT16:
+    if o.dtype != OPS_FLOAT32 and o.dtype != OPS_UINT8 and o.dtype != OPS_FLOAT16 \
+            and o.dtype != OPS_BFLOAT16:
         return OPS_EARG
     if o.layout != OPS_CHW and o.layout != OPS_HWC:
         return OPS_EARG

@@ -13,7 +13,7 @@ from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, 
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
                              dec_decode, choose_scale, scale_region)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
-                            OPS_FLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
+                            OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
                             ops_output_init, ops_resize_crop, ops_center_crop_box)
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
 
@@ -35,6 +35,7 @@ cdef enum:
 
 cdef enum:
     ST_OPS = -10         # the resampling kernel refused the box (never expected for valid data)
+    ST_NOT_JPEG = -11    # no JPEG SOI marker: the caller may decode it another way
 
 
 cdef struct Worker:      # everything one thread owns
@@ -56,53 +57,71 @@ cdef struct BatchConfig:
     DecodeOptions dopts
 
 
+cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epoch,
+               uint64_t index, double* box, int64_t* span, int* flip, int32_t* info,
+               char* message) noexcept nogil:
+    """Augmentation parameters of one sample of H x W pixels: the crop ``box`` (y0, x0, h, w),
+    the full-resolution ``span`` (top, left, bottom, right) to decode for it, and the flip."""
+    cdef CropBox cb
+    cdef int64_t margin
+    flip[0] = 0
+    if cfg.train:
+        random_resized_crop(&cfg.crop, seed, epoch, index, H, W, &cb)
+        flip[0] = random_flip(seed, epoch, index, cfg.flip_p)
+        box[0], box[1], box[2], box[3] = cb.top, cb.left, cb.height, cb.width
+        span[0], span[1] = cb.top, cb.left
+        span[2], span[3] = cb.top + cb.height, cb.left + cb.width
+    else:
+        if ops_center_crop_box(H, W, cfg.oh, cfg.ow, cfg.resize, box) != OPS_OK:
+            strncpy(message, b"image too small for the validation crop", MSG_LEN - 1)
+            return DP_EREGION
+        # Validation resizes the whole image and then crops: the filter may read up to its
+        # support (the downscale factor) beyond the box, so decode that much more.
+        margin = <int64_t>ceil(box[2] / cfg.oh if box[2] / cfg.oh > box[3] / cfg.ow
+                               else box[3] / cfg.ow) + 1
+        span[0] = <int64_t>floor(box[0]) - margin
+        span[1] = <int64_t>floor(box[1]) - margin
+        span[2] = <int64_t>ceil(box[0] + box[2]) + margin
+        span[3] = <int64_t>ceil(box[1] + box[3]) + margin
+        span[0] = span[0] if span[0] > 0 else 0
+        span[1] = span[1] if span[1] > 0 else 0
+        span[2] = span[2] if span[2] < H else H
+        span[3] = span[3] if span[3] < W else W
+    info[INFO_TOP] = <int32_t>floor(box[0])
+    info[INFO_LEFT] = <int32_t>floor(box[1])
+    info[INFO_HEIGHT] = <int32_t>floor(box[2])
+    info[INFO_WIDTH] = <int32_t>floor(box[3])
+    info[INFO_FLIP] = flip[0]
+    return DP_OK
+
+
 cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
                   uint64_t seed, uint32_t epoch, uint64_t index, char* out,
                   int32_t* info, char* message) noexcept nogil:
-    cdef CropBox cb
     cdef Region r
     cdef double box[4]
-    cdef double f, y0, x0, bh, bw
-    cdef int64_t top, left, bottom, right, margin
+    cdef int64_t span[4]
+    cdef double f
     cdef int scale, rc, flip = 0
     cdef size_t need
     cdef uint8_t* grown
     rc = dec_read_header(&w.dec, data, size)
     if rc != DP_OK:
+        if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
+            strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
+            return ST_NOT_JPEG
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     cdef int H = w.dec.info.height
     cdef int W = w.dec.info.width
-    if cfg.train:
-        random_resized_crop(&cfg.crop, seed, epoch, index, H, W, &cb)
-        flip = random_flip(seed, epoch, index, cfg.flip_p)
-        y0, x0, bh, bw = cb.top, cb.left, cb.height, cb.width
-        top, left, bottom, right = cb.top, cb.left, cb.top + cb.height, cb.left + cb.width
-    else:
-        if ops_center_crop_box(H, W, cfg.oh, cfg.ow, cfg.resize, box) != OPS_OK:
-            strncpy(message, b"image too small for the validation crop", MSG_LEN - 1)
-            return DP_EREGION
-        y0, x0, bh, bw = box[0], box[1], box[2], box[3]
-        # Validation resizes the whole image and then crops: the filter may read up to its
-        # support (the downscale factor) beyond the box, so decode that much more.
-        margin = <int64_t>ceil(bh / cfg.oh if bh / cfg.oh > bw / cfg.ow else bw / cfg.ow) + 1
-        top = <int64_t>floor(y0) - margin
-        left = <int64_t>floor(x0) - margin
-        bottom = <int64_t>ceil(y0 + bh) + margin
-        right = <int64_t>ceil(x0 + bw) + margin
-        top = top if top > 0 else 0
-        left = left if left > 0 else 0
-        bottom = bottom if bottom < H else H
-        right = right if right < W else W
-    info[INFO_TOP] = <int32_t>floor(y0)
-    info[INFO_LEFT] = <int32_t>floor(x0)
-    info[INFO_HEIGHT] = <int32_t>floor(bh)
-    info[INFO_WIDTH] = <int32_t>floor(bw)
-    info[INFO_FLIP] = flip
+    rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
+    if rc != DP_OK:
+        return rc
 
-    scale = choose_scale(<int64_t>floor(bh), <int64_t>floor(bw), cfg.oh, cfg.ow)
+    scale = choose_scale(<int64_t>floor(box[2]), <int64_t>floor(box[3]), cfg.oh, cfg.ow)
     info[INFO_SCALE] = scale
-    rc = scale_region(&w.dec.info, scale, top, left, bottom - top, right - left, &r)
+    rc = scale_region(&w.dec.info, scale, span[0], span[1], span[2] - span[0],
+                      span[3] - span[1], &r)
     if rc != DP_OK:
         strncpy(message, b"crop box outside the image", MSG_LEN - 1)
         return rc
@@ -120,12 +139,44 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
         return rc
     f = scale / 8.0
     rc = ops_resize_crop(&w.ws, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
-                         y0 * f - r.top, x0 * f - r.left, bh * f, bw * f,
+                         box[0] * f - r.top, box[1] * f - r.left, box[2] * f, box[3] * f,
                          cfg.oh, cfg.ow, flip, &cfg.output, out)
     if rc != OPS_OK:
         strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
         return ST_OPS
     return DP_OK
+
+
+cdef int _process_decoded(Worker* w, const BatchConfig* cfg, const uint8_t* img,
+                          Py_ssize_t stride, int H, int W, uint64_t seed, uint32_t epoch,
+                          uint64_t index, char* out, int32_t* info,
+                          char* message) noexcept nogil:
+    """The fused pass of _process on an image decoded elsewhere (RGB, full resolution): the
+    same crop, flip and span as a JPEG decoded at scale 1, so the result is identical."""
+    cdef double box[4]
+    cdef int64_t span[4]
+    cdef int rc, flip = 0
+    rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
+    if rc != DP_OK:
+        return rc
+    info[INFO_SCALE] = 8
+    rc = ops_resize_crop(&w.ws, img + span[0] * stride + span[1] * 3, stride,
+                         <int>(span[2] - span[0]), <int>(span[3] - span[1]),
+                         box[0] - span[0], box[1] - span[1], box[2], box[3],
+                         cfg.oh, cfg.ow, flip, &cfg.output, out)
+    if rc != OPS_OK:
+        strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
+        return ST_OPS
+    return DP_OK
+
+
+def buffer_bytes(BufferList buffers, Py_ssize_t i):
+    """The bytes of ``buffers[i]`` (a copy), for decoders other than the JPEG kernel."""
+    if not 0 <= i < buffers.n:
+        raise ConfigError(f"buffer {i} out of range for {buffers.n} buffers")
+    if buffers.sizes[i] == 0:
+        return b""
+    return (<const char*>buffers.ptrs[i])[:buffers.sizes[i]]
 
 
 cdef class Pipeline:
@@ -162,7 +213,8 @@ cdef class Pipeline:
         for c in range(3):
             mean[c] = config["mean"][c]
             std[c] = config["std"][c]
-        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16}[config["dtype"]]
+        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
+                 "bfloat16": OPS_BFLOAT16}[config["dtype"]]
         layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[config["layout"]]
         if ops_output_init(&self.cfg.output, dtype, layout, mean, std) != OPS_OK:
             raise ConfigError("invalid output settings (dtype, layout, mean, std)")
@@ -172,7 +224,8 @@ cdef class Pipeline:
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
         self.cfg.dopts.intervals = 1
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
-        self.dtype = np.dtype(config["dtype"])
+        # numpy has no bfloat16: its samples are held as their uint16 bits.
+        self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])
         self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
         if self.workers == NULL:
             raise MemoryError()
@@ -236,3 +289,32 @@ cdef class Pipeline:
                     .decode("utf-8", "replace") for i in range(n) if info[i, INFO_STATUS] != 0}
         finally:
             free(messages)
+
+    def run_decoded(self, const uint8_t[:, :, ::1] img, uint64_t index, uint64_t seed,
+                    uint32_t epoch, out, Py_ssize_t pos, int32_t[:, ::1] info):
+        """Augment ``img`` (H, W, 3) uint8 RGB, decoded by another decoder, as sample ``index``
+        into ``out[pos]`` and ``info[pos]`` (``out`` and ``info`` as in :meth:`run`). Returns
+        None, or the message of a failure (``info[pos, 0]`` then holds its code)."""
+        cdef char message[MSG_LEN]
+        cdef int rc
+        cdef char* dst
+        if img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+            raise ConfigError("img must be a non-empty (H, W, 3) uint8 array")
+        if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
+                and out.shape[1:] == self.sample_shape and 0 <= pos < out.shape[0]
+                and out.flags.c_contiguous and out.flags.writeable) \
+                or not 0 <= pos < info.shape[0] or info.shape[1] != INFO_COLS:
+            raise ConfigError(f"out must be a writable C-contiguous {self.dtype} array of "
+                              f"samples {self.sample_shape} and info int32 (N, {INFO_COLS}), "
+                              f"both with a row {pos}")
+        cdef uint8_t[::1] flat = out[pos].reshape(-1).view(np.uint8)
+        dst = <char*>&flat[0]
+        message[0] = 0
+        with nogil:
+            rc = _process_decoded(&self.workers[0], &self.cfg, &img[0, 0, 0], img.strides[0],
+                                  <int>img.shape[0], <int>img.shape[1], seed, epoch, index,
+                                  dst, &info[pos, 0], message)
+        info[pos, INFO_STATUS] = rc
+        if rc == DP_OK:
+            return None
+        return message[:MSG_LEN].split(b"\0", 1)[0].decode("utf-8", "replace")

@@ -21,11 +21,14 @@ cdef enum:
     # Stream ids (the top 16 bits of counter word 3); one per purpose so that purposes never
     # share random numbers. New purposes take ids from RNG_STREAM_USER upwards and are
     # recorded in dpu_pipe/rng.py.
-    RNG_STREAM_SHUFFLE = 0     # EpochSampler's permutation keys
+    RNG_STREAM_SHUFFLE = 0     # the epoch permutation: block r is Feistel round r
     RNG_STREAM_CROP = 1        # RandomResizedCrop: blocks 0..9 attempts, block 10 position
     RNG_STREAM_FLIP = 2        # horizontal flip
     RNG_STREAM_USER = 256
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
+    RNG_PERM_ROUNDS = 8        # Feistel rounds of the epoch permutation
+    RNG_PERM_MIN_BITS = 8      # smallest Feistel domain: 2**8 (see perm_init)
+    RNG_PERM_MAX_BITS = 62     # permutations of [0, n) for n <= 2**62
 
 ctypedef struct CropConfig:
     # Filled by crop_config_init; log_ratio_* are computed once, with portable_log.
@@ -35,6 +38,12 @@ ctypedef struct CropConfig:
     double ratio_hi
     double log_ratio_lo
     double log_ratio_hi
+
+ctypedef struct PermDomain:
+    # The Feistel domain [0, 2**(bits_l + bits_r)) that holds [0, n); filled by perm_init.
+    uint64_t n
+    uint32_t bits_l            # width of the left half: floor(bits / 2)
+    uint32_t bits_r            # width of the right half: ceil(bits / 2)
 
 ctypedef struct CropBox:
     # Crop in full-resolution pixels of the source image.
@@ -105,6 +114,74 @@ cdef inline void rng_uniform2(uint64_t seed, uint32_t epoch, uint64_t index, uin
     rng_block(seed, epoch, index, stream, block, w)
     u0[0] = rng_unit(w[0], w[1])
     u1[0] = rng_unit(w[2], w[3])
+
+
+# --- the epoch permutation: a keyed bijection of [0, n), one position at a time ------------
+
+cdef inline int perm_init(PermDomain* d, uint64_t n) noexcept nogil:
+    """Fill d for permutations of [0, n). Returns 0, or -1 unless 1 <= n <= 2**62.
+
+    The domain has at least RNG_PERM_MIN_BITS bits: on halves of one or two bits, eight
+    rounds leave the permutation measurably non-uniform (chi-square over many keys), while
+    walking a 256-value domain costs little for a dataset that small."""
+    cdef uint32_t bits = RNG_PERM_MIN_BITS
+    if n < 1 or n > (<uint64_t>1 << RNG_PERM_MAX_BITS):
+        return -1
+    while (<uint64_t>1 << bits) < n:
+        bits += 1
+    d.n = n
+    d.bits_l = bits // 2
+    d.bits_r = bits - bits // 2
+    return 0
+
+
+cdef inline uint64_t perm_feistel(const PermDomain* d, uint64_t seed, uint32_t epoch,
+                                  uint64_t x) noexcept nogil:
+    """One pass of the Feistel network over [0, 2**bits) (a bijection of that range).
+
+    x = L << bits_r | R. Round r: (L, R) <- (R, L ^ F_r(R)), F_r(R) = low bits of the first
+    64-bit word of rng_block(seed, epoch, R, RNG_STREAM_SHUFFLE, r); the halves swap widths
+    every round, so odd bit counts need no special case and an even round count ends on the
+    starting widths."""
+    cdef uint32_t a = d.bits_l, b = d.bits_r, t
+    cdef uint64_t left = x >> b
+    cdef uint64_t right = x & ((<uint64_t>1 << b) - 1)
+    cdef uint64_t f
+    cdef int r
+    for r in range(RNG_PERM_ROUNDS):
+        f = rng_u64(seed, epoch, right, RNG_STREAM_SHUFFLE, <uint32_t>r)
+        f = (left ^ f) & ((<uint64_t>1 << a) - 1)
+        left = right
+        right = f
+        t = a
+        a = b
+        b = t
+    return (left << b) | right
+
+
+cdef inline uint64_t perm_index(const PermDomain* d, uint64_t seed, uint32_t epoch,
+                                uint64_t pos) noexcept nogil:
+    """The sample index at position pos (< d.n) of the permutation keyed by (seed, epoch).
+
+    Cycle-walking: the Feistel bijection of [0, 2**bits) is applied until the value falls in
+    [0, n); it terminates because pos's cycle returns to pos, and takes fewer than 2 passes on
+    average when n > 2**RNG_PERM_MIN_BITS (2**bits < 2 n), 2**8 / n for smaller n. Integer
+    operations only."""
+    cdef uint64_t x = pos
+    if d.n == 1:
+        return 0
+    x = perm_feistel(d, seed, epoch, x)
+    while x >= d.n:
+        x = perm_feistel(d, seed, epoch, x)
+    return x
+
+
+cdef inline void perm_fill(const PermDomain* d, uint64_t seed, uint32_t epoch,
+                           const uint64_t* pos, uint64_t* out, Py_ssize_t count) noexcept nogil:
+    """out[i] = perm_index(d, seed, epoch, pos[i]) for i < count; every pos[i] < d.n."""
+    cdef Py_ssize_t i
+    for i in range(count):
+        out[i] = perm_index(d, seed, epoch, pos[i])
 
 
 # --- exp and log from + - * / only ----------------------------------------------------------

@@ -1,0 +1,293 @@
+"""``dpu-pipe plan``: how many producer cores, how much memory and bandwidth a host needs to
+feed its training at a given rate.
+
+    dpu-pipe plan --train-rate 2500 --batch 256 --size 224 --producer-rate 180
+    dpu-pipe plan --train-rate 2500 --measure --data /data/imagenet/train \\
+                  --preset bluefield2 --arm-factor 0.45 --json
+
+Arithmetic (every figure per host; ``R`` the training rate in images/s, ``r`` a producer
+core's rate, ``B`` the batch size, ``S`` one output sample's bytes):
+
+* producer core rate ``r = rate × arm_factor``: ``--producer-rate`` (or ``--measure``, the
+  batch kernel timed on one core of *this* machine over a sample of ``--data``) scaled by the
+  per-core speed of the producer CPU relative to the one the rate was measured on;
+* producer cores ``ceil(R × (1 + headroom) / r)``; with a preset, DPUs per host
+  ``ceil(cores / DPU cores)`` and the rate one DPU sustains, ``DPU cores × r``;
+* slots: one per producer core (each has a batch in flight) + 2 (the batch the training
+  step holds and one ready ahead), so no producer waits for a slot (a producer writes into
+  the slot it claimed: with fewer slots, producers idle — 6 producers on 3 slots deliver
+  0.52x the ideal rate); ``--slots`` overrides;
+  window memory = slots × slot bytes, slot bytes = the transport's payload for ``B``
+  samples (header, ``B`` int64 labels, ``B × S`` image bytes, bad-sample report area);
+* producer memory per rank: the process as measured here (Python, numpy, dpu_pipe imported)
+  + its batch buffers + (``--measure``) the kernel's working memory measured on the data;
+  per DPU: that × the producer ranks it runs, against the preset's memory;
+* bandwidth: batches to the host ``R × (S + 8)`` bytes/s; dataset reads by the producers
+  ``R × mean JPEG bytes`` (measured from ``--data``, else ``--jpeg-bytes``).
+
+The x86 → Arm factor: this machine has no Arm CPU, so the planner cannot time a DPU core.
+State the factor you measured — run ``dpu-pipe plan --measure --data D --json`` on one DPU
+core and on the host, and divide the two ``measured.rate_per_core`` figures — or pass
+``--producer-rate`` measured on the DPU itself with ``--arm-factor 1``.
+"""
+
+import json
+import math
+import os
+import resource
+import time
+
+from .. import _validate as _v
+from ..errors import ConfigError, DecodeError
+
+__all__ = ["PRESETS", "plan", "measure_kernel", "add_args", "run"]
+
+GiB = 1 << 30
+
+#: DPU presets: Arm cores available to producers, and memory (bytes).
+PRESETS = {
+    "bluefield2": {"name": "BlueField-2", "cores": 8, "core": "Cortex-A72",
+                   "memory_bytes": 16 * GiB},
+    "bluefield3": {"name": "BlueField-3", "cores": 16, "core": "Cortex-A78",
+                   "memory_bytes": 32 * GiB},
+}
+
+#: Mean encoded size of an ImageNet-1k training JPEG (~140 GB / 1.28 M images), used when
+#: no --data is measured and no --jpeg-bytes given.
+IMAGENET_JPEG_BYTES = 110_000
+
+
+def _rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
+    """Time the training batch kernel (RandomResizedCrop + flip + normalize) on one core of
+    this machine over ``images`` samples of the dataset at ``data`` (spread over it).
+
+    Returns ``{"rate_per_core": img/s (best of ``repeat`` passes), "images", "mean_jpeg_bytes",
+    "kernel_memory_bytes": peak RSS the passes added to this process}``.
+    """
+    import numpy as np
+
+    from ..batch import BatchProcessor
+    from ..transforms import TransformConfig
+
+    idx, bufs, src = _sample(data, images)
+    proc = BatchProcessor(TransformConfig(train=True, size=size, dtype=dtype), num_threads=1)
+    before = _rss_bytes()
+    best = math.inf
+    for epoch in range(repeat):
+        t = time.perf_counter()
+        _, _, errors = proc.run(bufs, idx, epoch=epoch, seed=0)
+        best = min(best, time.perf_counter() - t)
+        if errors:
+            j = min(errors)
+            i = int(idx[j])
+            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
+                              f"{errors[j]}", index=i, path=src.describe(i))
+    return {"rate_per_core": len(idx) / best, "images": int(len(idx)),
+            "mean_jpeg_bytes": float(np.mean([len(b) for b in bufs])),
+            "kernel_memory_bytes": max(0, _rss_bytes() - before)}
+
+
+def _sample(data, images):
+    """(indices, encoded bytes, source) of ``images`` samples spread over the dataset."""
+    import numpy as np
+
+    from ..sources import open_path
+
+    images = _v.positive_int(images, "--images")
+    src = open_path(data)
+    idx = np.unique(np.linspace(0, len(src) - 1, min(images, len(src))).astype(np.int64))
+    return idx, [src.read(int(i)) for i in idx], src
+
+
+def _slot_bytes(batch, sample_bytes):
+    from ..offload import BAD_REPORT_BYTES, PAYLOAD_HEADER
+
+    return 8 * len(PAYLOAD_HEADER) + 8 * batch + batch * sample_bytes + BAD_REPORT_BYTES
+
+
+def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm_factor=1.0,
+         preset=None, headroom=0.1, jpeg_bytes=IMAGENET_JPEG_BYTES, process_bytes=0,
+         kernel_memory_bytes=None, slots=None):
+    """The capacity plan of one host (see the module docstring for every formula).
+
+    ``train_rate``: images/s the host trains at; ``producer_rate``: images/s of one core
+    where it was measured; ``arm_factor``: producer core speed / that core's speed;
+    ``preset``: a key of :data:`PRESETS` or None; ``headroom``: spare producer capacity as
+    a fraction; ``jpeg_bytes``: mean encoded image size; ``process_bytes``: one producer
+    process's memory before its buffers; ``kernel_memory_bytes``: the kernel's working
+    memory, when measured; ``slots``: the window's slots, default one per producer core + 2.
+    Returns a dict of plain numbers (bytes, bytes/s, images/s).
+    """
+    from ..transforms import TransformConfig
+
+    train_rate = _v.number(train_rate, "--train-rate", 0, low_open=True)
+    producer_rate = _v.number(producer_rate, "--producer-rate", 0, low_open=True)
+    arm_factor = _v.number(arm_factor, "--arm-factor", 0, low_open=True)
+    batch = _v.positive_int(batch, "--batch")
+    jpeg_bytes = _v.number(jpeg_bytes, "--jpeg-bytes", 0, low_open=True)
+    headroom = _v.number(headroom, "--headroom", 0, 10)
+    if preset is not None:
+        _v.choice(preset, "--preset", tuple(PRESETS))
+    sample_bytes = TransformConfig(train=True, size=size, dtype=dtype).sample_bytes
+
+    core_rate = producer_rate * arm_factor
+    # rounded first: 1000 * 1.1 / 50 is 22.000000000000004 in binary floating point
+    cores = math.ceil(round(train_rate * (1 + headroom) / core_rate, 9))
+    slots = cores + 2 if slots is None else _v.positive_int(slots, "--slots")
+    slot = _slot_bytes(batch, sample_bytes)
+    buffers = batch * sample_bytes + 8 * batch
+    per_rank = process_bytes + buffers + (kernel_memory_bytes or 0)
+    out = {
+        "inputs": {"train_rate": train_rate, "producer_rate": producer_rate,
+                   "arm_factor": arm_factor, "batch": batch, "size": size, "dtype": dtype,
+                   "headroom": headroom, "jpeg_bytes": jpeg_bytes, "preset": preset},
+        "sample_bytes": sample_bytes,
+        "producer_core_rate": core_rate,
+        "producer_cores": cores,
+        "producer_capacity": cores * core_rate,
+        "batch_seconds_per_core": batch / core_rate,
+        "slots": slots,
+        "slot_bytes": slot,
+        "window_bytes": slots * slot,
+        "producer_rank_bytes": per_rank,
+        "producer_rank_parts": {"process": process_bytes, "batch_buffers": buffers,
+                                "kernel": kernel_memory_bytes},
+        "producer_memory_bytes": cores * per_rank,
+        "to_host_bytes_per_s": train_rate * (sample_bytes + 8),
+        "dataset_read_bytes_per_s": train_rate * jpeg_bytes,
+    }
+    if preset is not None:
+        p = PRESETS[preset]
+        dpus = math.ceil(cores / p["cores"])
+        ranks_per_dpu = min(cores, p["cores"])
+        out["dpu"] = {**p, "dpus_per_host": dpus,
+                      "rate_per_dpu": p["cores"] * core_rate,
+                      "ranks_per_dpu": ranks_per_dpu,
+                      "memory_per_dpu_bytes": ranks_per_dpu * per_rank,
+                      "memory_share": ranks_per_dpu * per_rank / p["memory_bytes"]}
+    return out
+
+
+def format_plan(p):
+    """The plan as lines of text for the terminal."""
+    i = p["inputs"]
+    mb = 1e6
+    lines = [
+        f"training at {i['train_rate']:.0f} img/s, batch {i['batch']}, {i['size']} px "
+        f"{i['dtype']} ({p['sample_bytes']} bytes per sample)",
+        f"producer core: {i['producer_rate']:.1f} img/s measured x arm factor "
+        f"{i['arm_factor']:g} = {p['producer_core_rate']:.1f} img/s "
+        f"({p['batch_seconds_per_core']:.2f} s per batch)",
+        f"producer cores per host:  {p['producer_cores']}  "
+        f"(capacity {p['producer_capacity']:.0f} img/s, headroom {i['headroom']:.0%})",
+    ]
+    if "dpu" in p:
+        d = p["dpu"]
+        lines.append(f"{d['name']} ({d['cores']} x {d['core']}, {d['memory_bytes'] / GiB:.0f} "
+                     f"GiB): {d['dpus_per_host']} per host, one sustains "
+                     f"{d['rate_per_dpu']:.0f} img/s; {d['ranks_per_dpu']} producer ranks use "
+                     f"{d['memory_per_dpu_bytes'] / mb:.0f} MB ({d['memory_share']:.1%} of "
+                     f"its memory)")
+    parts = p["producer_rank_parts"]
+    kernel = ("not measured (--measure)" if parts["kernel"] is None
+              else f"{parts['kernel'] / mb:.0f} MB kernel")
+    lines += [
+        f"slots: {p['slots']} of {p['slot_bytes'] / mb:.1f} MB -> host window "
+        f"{p['window_bytes'] / mb:.0f} MB",
+        f"producer memory per rank: {p['producer_rank_bytes'] / mb:.0f} MB "
+        f"({parts['process'] / mb:.0f} MB process + {parts['batch_buffers'] / mb:.0f} MB "
+        f"batch buffers + {kernel}); all ranks {p['producer_memory_bytes'] / mb:.0f} MB",
+        f"network per host: batches to the host {p['to_host_bytes_per_s'] / mb:.0f} MB/s "
+        f"({p['to_host_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s); dataset reads "
+        f"{p['dataset_read_bytes_per_s'] / mb:.0f} MB/s "
+        f"({p['dataset_read_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s)",
+    ]
+    return "\n".join(lines)
+
+
+def add_args(p):
+    p.add_argument("--train-rate", type=float, required=True, metavar="IMG_S",
+                   help="images/s one host's training consumes")
+    p.add_argument("--batch", type=int, default=256, help="batch size (default: 256)")
+    p.add_argument("--size", type=int, default=224, help="output size in pixels (default: 224)")
+    p.add_argument("--dtype", choices=("float32", "float16", "uint8"), default="float32",
+                   help="batch element type (default: float32)")
+    rate = p.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--producer-rate", type=float, metavar="IMG_S_PER_CORE",
+                      help="images/s of the batch kernel on one core")
+    rate.add_argument("--measure", action="store_true",
+                      help="time the batch kernel on one core of this machine over --data")
+    p.add_argument("--data", help="dataset to measure (ImageFolder, file list or packed "
+                                  "file); also gives the mean JPEG size")
+    p.add_argument("--images", "-n", type=int, default=200,
+                   help="samples of --data to time (default: 200)")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="DPU model: BlueField-2 (8 x A72, 16 GiB), BlueField-3 (16 x A78, "
+                        "32 GiB)")
+    p.add_argument("--arm-factor", type=float, metavar="F",
+                   help="producer core speed / speed of the core the rate was measured on "
+                        "(required with --preset; see the module docstring)")
+    p.add_argument("--headroom", type=float, default=0.1,
+                   help="spare producer capacity, a fraction (default: 0.1)")
+    p.add_argument("--slots", type=int,
+                   help="slots of the host's window (default: producer cores + 2)")
+    p.add_argument("--jpeg-bytes", type=float,
+                   help=f"mean JPEG size when --data is not given (default: "
+                        f"{IMAGENET_JPEG_BYTES}, ImageNet-1k train)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args):
+    if args.preset is not None and args.arm_factor is None:
+        raise ConfigError("--preset needs --arm-factor: the speed of one DPU core relative to "
+                          "the core --producer-rate/--measure timed (1 if measured on the DPU)")
+    if args.measure and not args.data:
+        raise ConfigError("--measure needs --data: the dataset whose images are timed")
+    import dpu_pipe  # noqa: F401 - the process as a producer has it: counted below
+
+    measured = None
+    process = _rss_bytes()
+    jpeg_bytes = args.jpeg_bytes
+    rate = args.producer_rate
+    if args.measure:
+        measured = measure_kernel(args.data, images=args.images, size=args.size,
+                                  dtype=args.dtype)
+        rate = measured["rate_per_core"]
+        if jpeg_bytes is None:
+            jpeg_bytes = measured["mean_jpeg_bytes"]
+    elif args.data and jpeg_bytes is None:
+        bufs = _sample(args.data, args.images)[1]
+        jpeg_bytes = sum(len(b) for b in bufs) / len(bufs)
+    p = plan(train_rate=args.train_rate, producer_rate=rate, batch=args.batch, size=args.size,
+             dtype=args.dtype, arm_factor=1.0 if args.arm_factor is None else args.arm_factor,
+             preset=args.preset, headroom=args.headroom,
+             jpeg_bytes=jpeg_bytes or IMAGENET_JPEG_BYTES, process_bytes=process,
+             kernel_memory_bytes=measured["kernel_memory_bytes"] if measured else None,
+             slots=args.slots)
+    if measured:
+        p["measured"] = {**measured, "data": os.path.abspath(args.data),
+                         "cpu": _cpu_name()}
+    if args.json:
+        print(json.dumps(p, indent=2))
+    else:
+        if measured:
+            print(f"measured on this machine ({p['measured']['cpu']}): "
+                  f"{measured['rate_per_core']:.1f} img/s per core over {measured['images']} "
+                  f"images of {args.data}")
+        print(format_plan(p))
+    return 0
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine

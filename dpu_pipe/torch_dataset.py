@@ -1,0 +1,52 @@
+"""A ``torch.utils.data.IterableDataset`` view of a loader, for frameworks that expect a
+dataset behind a ``DataLoader`` (Lightning, Accelerate).
+
+    ds = loader.iterable_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+
+Each element is one whole batch made by the loader (``batch_size=None`` turns off the
+DataLoader's own batching); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the
+loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
+copy it and read the dataset once per worker, so the view refuses to run in one.
+"""
+
+from .errors import ConfigError
+from .device import torch_module
+
+__all__ = ["LoaderDataset"]
+
+
+def _base():
+    return torch_module("an IterableDataset view").utils.data.IterableDataset
+
+
+class LoaderDataset(_base()):
+    """Iterable dataset over the batches of ``loader`` (a :class:`~dpu_pipe.Loader` or
+    :class:`~dpu_pipe.DPULoader`). Iterating it is iterating the loader: an epoch continues
+    where the loader stands, as ``for batch in loader`` does."""
+
+    def __init__(self, loader):
+        super().__init__()
+        self.loader = loader
+
+    def __iter__(self):
+        import torch
+
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            raise ConfigError("a dpu_pipe loader runs its own producers: use "
+                              "DataLoader(dataset, batch_size=None, num_workers=0)")
+        return iter(self.loader)
+
+    def __len__(self):
+        """Batches per epoch (the DataLoader's len with batch_size=None)."""
+        return len(self.loader)
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
