@@ -27,7 +27,7 @@ from dpu_pipe.errors import ConfigError, DecodeError
 
 EXPECTED = (DecodeError, ConfigError)
 # Budgets small enough that an execution stays fast, large enough for every seed.
-MAX_PIXELS = 1 << 20
+MAX_PIXELS = 1 << 16
 MAX_SCANS = 64
 
 DECODE_TRAILER_FMT = "<BHHHHHH"         # flags, top, left, height, width, min_h, min_w
