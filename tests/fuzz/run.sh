@@ -3,18 +3,19 @@
 #   tests/fuzz/run.sh long  [TARGET ...]  the measured runs: 1,000,000 executions for the
 #                                         decoder targets (header, decode), 200,000 for the
 #                                         others; corpus kept in build/fuzz/corpus/
-#   tests/fuzz/run.sh smoke [TARGET ...]  CI: FUZZ_SMOKE_SECONDS (default 25) per target from
+#   tests/fuzz/run.sh smoke [TARGET ...]  CI: FUZZ_SMOKE_SECONDS (default 15) per target from
 #                                         the seeds and the checked-in regression inputs
+#                                         (6 targets: about 2.5 minutes with start-up)
 # With the sanitizer build (scripts/asan/build.sh) the targets run under ASan+UBSan and the
 # extensions' and libjpeg's edges guide the fuzzer; without it, the plain build is fuzzed and
-# only Python edges are seen (crashes still end the run). Logs: build/fuzz/logs/<target>.log;
+# only Python edges are seen (crashes still end the run); FUZZ_BUILD=plain forces that. Logs: build/fuzz/logs/<target>.log;
 # a crashing input: build/fuzz/artifacts/<target>/. Exit status: non-zero if any target failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 MODE=${1:-}
 shift || true
-TARGETS=${*:-header decode batch packed filelist}
+TARGETS=${*:-header decode batch packed filelist bufferlist}
 PY=${DPU_PIPE_PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=$ROOT/.venv/bin/python; else PY=$(command -v python3); fi
@@ -22,14 +23,16 @@ fi
 export DPU_PIPE_PYTHON=$PY
 OUT=$ROOT/build/fuzz
 mkdir -p "$OUT/logs"
-if [ -f build/asan/runtime/asan_with_fuzzer.so ]; then
+if [ -f build/asan/runtime/asan_with_fuzzer.so ] && [ "${FUZZ_BUILD:-}" != plain ]; then
   RUN=(scripts/asan/python.sh)
 else
   echo "[fuzz] no sanitizer build (scripts/asan/build.sh): fuzzing the plain build" >&2
   RUN=(env PYTHONPATH="$ROOT" "$PY")
 fi
-if [ ! -d "$OUT/seeds" ]; then
-  PYTHONPATH=$ROOT "$PY" tests/fuzz/seeds.py "$OUT/seeds" >/dev/null || exit 1
+if [ ! -d "$OUT/seeds/bufferlist" ]; then
+  rm -rf "$OUT/seeds"
+  PYTHONPATH=$ROOT "$PY" tests/fuzz/seeds.py "$OUT/seeds.tmp" >/dev/null || exit 1
+  mv "$OUT/seeds.tmp" "$OUT/seeds"
 fi
 status=0
 for t in $TARGETS; do
@@ -38,7 +41,7 @@ for t in $TARGETS; do
       case $t in header|decode) limit=(-runs=1000000) ;; *) limit=(-runs=200000) ;; esac
       corpus=$OUT/corpus/$t ;;
     smoke)
-      limit=(-max_total_time="${FUZZ_SMOKE_SECONDS:-25}" -seed=1)
+      limit=(-max_total_time="${FUZZ_SMOKE_SECONDS:-15}" -seed=1)
       corpus=$(mktemp -d) ;;
     *) echo "usage: $0 long|smoke [TARGET ...]" >&2; exit 2 ;;
   esac
