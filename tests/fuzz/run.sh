@@ -49,6 +49,7 @@ for t in $TARGETS; do
   dirs=("$corpus" "$OUT/seeds/$t")
   [ -d "tests/fuzz/regressions/$t" ] && dirs+=("tests/fuzz/regressions/$t")
   log=$OUT/logs/$t.log
+  [ "$MODE" = smoke ] && log=$OUT/logs/smoke-$t.log
   start=$SECONDS
   nice -n 5 "${RUN[@]}" tests/fuzz/fuzz.py "$t" "${limit[@]}" -timeout=20 -rss_limit_mb=3000 \
     -max_len=8192 -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$t/" "${dirs[@]}" \
