@@ -146,6 +146,8 @@ class _FileSource(Source):
 
     def read(self, i):
         path = self._path(i)
+        if "\0" in path:  # the OS cannot name it: open() would raise ValueError
+            raise DecodeError("cannot read: the path contains a NUL byte", index=i, path=path)
         try:
             # Non-blocking open: a FIFO listed as a sample would otherwise block until a
             # writer appears. Only regular files are samples: a device such as /dev/zero
