@@ -297,3 +297,18 @@ def test_a_damaged_manifest_is_refused_at_opening(packed_dir, how):
         return
     with pytest.raises(ConfigError, match=fmt.MANIFEST_NAME):
         Loader(PackedSource(packed_dir), 4, **KW)
+
+
+def test_a_listed_path_with_a_nul_byte_is_a_bad_sample(tmp_path):
+    """A file list is untrusted: a path the OS cannot name is reported like a missing file
+    (it used to escape as ValueError and stop the loader under on_error="skip")."""
+    good = str(tmp_path / "a.jpg")
+    _write(good, _filler(0))
+    src = FileList([(good, 0), (str(tmp_path / "b\0c.jpg"), 1)])
+    with Loader(src, 2, on_error="skip", **KW) as loader:
+        (x, y), = _stream(loader)
+        assert y.tolist() == [0, 0] and list(loader.bad_samples) == [1]
+    with Loader(src, 2, on_error="raise", **KW) as loader:
+        with pytest.raises(DecodeError, match="NUL byte") as info:
+            _stream(loader)
+    assert info.value.index == 1

@@ -281,7 +281,8 @@ def filelist(data):
         p = src.relpath(i)
         assert p and p == p.strip(), repr(p)
         src.describe(i)
-        assert -2**63 <= src.label(i) < 2**63
+        # One integer label, or a row of labels (several label columns, float labels).
+        assert np.array_equal(np.asarray(src.label(i)), np.asarray(src.labels[i]))
     again = open_source(src.spec())
     assert [again.relpath(i) for i in range(n)] == [src.relpath(i) for i in range(n)]
     assert np.array_equal(again.labels, src.labels)
