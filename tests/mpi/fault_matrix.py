@@ -3,7 +3,9 @@ oversubscribed), per mode. For each cell: how the job ended (completed exactly o
 error naming the rank / job ended), seconds from the injection to its detection, and whether
 any rank of the job outlived it (checked by pid).
 
-    python tests/mpi/fault_matrix.py [--modes offload,hybrid] [--json PATH]
+    python tests/mpi/fault_matrix.py [--modes offload,hybrid] [--json PATH] [--root DIR]
+
+``--root`` runs the ranks against another checkout of dpu_pipe (default: this one).
 
 Faults: producer SIGKILL; SIGSTOP mid-epoch and between epochs; one producer 10x slower; an
 exception in a producer's decode path that is not a DecodeError; an exception in the host
@@ -40,7 +42,7 @@ def alive(pid):
         return False
 
 
-def run_cell(fault, mode, data, limit=90):
+def run_cell(fault, mode, data, limit=90, root=ROOT):
     from dpu_pipe.mpi import mpiexec_argv
 
     out = tempfile.mkdtemp(prefix=f"fault-{fault}-")
@@ -51,9 +53,9 @@ def run_cell(fault, mode, data, limit=90):
         "--mode", mode, "--data", data, "--out", out, "--epochs", "3",
         "--liveness", str(LIVENESS), "--timeout", "30",
         ":", "-n", "2", sys.executable, "-m", "mpi4py", *worker)]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=root)
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=limit + 20)
@@ -112,14 +114,16 @@ def main():
     ap.add_argument("--modes", default="offload")
     ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--json")
+    ap.add_argument("--root", default=ROOT)
     args = ap.parse_args()
+    sys.path.insert(0, args.root)
     data = make_dataset(tempfile.mkdtemp(prefix="fault-data-"), 48)
     rows = []
     print("| mode | fault | outcome | detected after s | job s | exit | ranks left | message |")
     print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         for fault in args.faults.split(","):
-            r = run_cell(fault, mode, data)
+            r = run_cell(fault, mode, data, root=args.root)
             rows.append(r)
             print(f"| {mode} | {fault} | {r['outcome']} | {r['detect_s']} | {r['job_s']} | "
                   f"{r['returncode']} | {len(r['left_behind'])} | {r['message']} |", flush=True)
