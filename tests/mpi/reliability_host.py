@@ -301,13 +301,16 @@ def run_worker(args):
         steps.StepProducer.produce = boom
     elif args.fault == "unreachable":
         # The dataset's file system is not mounted on the producers' node.
-        real_open = os.open
+        import builtins
 
-        def no_dataset(path, *a, **k):
-            if os.fspath(path).startswith(args.data_root):
-                raise FileNotFoundError(2, "No such file or directory", path)
-            return real_open(path, *a, **k)
-        os.open = no_dataset
+        def hidden(real):
+            def opener(path, *a, **k):
+                if isinstance(path, (str, bytes, os.PathLike)) \
+                        and os.fsdecode(path).startswith(args.data_root):
+                    raise FileNotFoundError(2, "No such file or directory", path)
+                return real(path, *a, **k)
+            return opener
+        os.open, builtins.open = hidden(os.open), hidden(builtins.open)
     worker.serve()
 
 
