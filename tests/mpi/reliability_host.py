@@ -133,7 +133,7 @@ def run_soak(args, src):
     extra = {}
     if args.mode != "offload":
         extra = {"mode": args.mode, "host_threads": 1}
-    common = dict(on_error="skip", **kw(args))
+    common = dict(on_error="skip", timeout=args.timeout, **kw(args))
     train = DPULoader(src, args.batch, slots=3, **extra, **common)
     val = DPULoader(src, args.batch, train=False, shuffle=False, slots=2, **extra, **common)
     local = {t: Loader(src, args.batch, num_threads=t, **common) for t in (1, 2)}
