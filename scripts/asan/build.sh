@@ -10,7 +10,8 @@
 #              extensions' edge counters.
 #   pkg/       an importable dpu_pipe: the instrumented extensions and a copy of this checkout's
 #              Python files (rebuild after editing either)
-# Run Python with it through scripts/asan/python.sh. Needs: clang, cmake, dpkg-dev and a
+# DPU_PIPE_ASAN_DIR puts it elsewhere (a second build beside one a fuzzer is using). Run Python
+# with it through scripts/asan/python.sh (same variable). Needs: clang, cmake, dpkg-dev and a
 # deb-src line for apt (the libjpeg part falls back to the system libjpeg, uninstrumented,
 # with a warning when the source package cannot be fetched).
 #   scripts/asan/build.sh [PYTHON]      default PYTHON: .venv/bin/python, else /work/main/.venv
@@ -21,7 +22,7 @@ PY=${1:-}
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=$(command -v python3); fi
 fi
-OUT=$ROOT/build/asan
+OUT=${DPU_PIPE_ASAN_DIR:-$ROOT/build/asan}
 mkdir -p "$OUT"
 SAN="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
 SAN="$SAN -fno-omit-frame-pointer -g"
