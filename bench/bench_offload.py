@@ -10,22 +10,24 @@ RandomResizedCrop to ``--size`` px, flip, float32 CHW, and prints one row per co
 * ``img/s``: images per second of wall time when the host consumes as fast as it can (after
   one warm-up epoch that also opens the source on the producers);
 * ``host cpu/batch``: ``time.process_time()`` of the whole host process (all its threads:
-  the MPI progress thread included) per batch while it "trains", i.e. sleeps ``--train``
-  seconds per batch without MPI calls; ``in step``: the part of it spent while the training
-  step runs (the progress thread's polling), the rest is spent in ``next()``;
+  host threads included) per batch while it "trains", i.e. sleeps ``--train`` seconds per
+  batch without MPI calls; ``in step``: the part of it spent while the training step runs
+  (background threads), the rest is spent in ``next()``;
 * ``make/batch``: the producer's own read + decode/augment seconds per batch, from
   ``stats()`` (the local Loader's thread, for the Loader rows);
 * ``host/make``: the ratio of the two — the share of the batch's production cost the host
   still pays; the offload's target is <= 1 %;
 * ``late/batch``: how much longer than the training step each step took (waiting for data).
 
-Configurations: the local Loader (1 thread) on the host; DPULoader with 1 and 2 workers on
-one node with shared memory, and with MPICH ``MPIR_CVAR_NOLOCAL=1`` (an off-node DPU); then,
-to show where the host's CPU goes, 2 workers without the MPI progress thread (shared memory
-needs none) and with the thread polling every 5 ms instead of the transport's 0.5 ms (set
-through the transport's default: DPULoader has no argument for it). Every rank shares this
-machine's cores, so producers compete with each other and with the host.
-Numbers only; nothing is asserted.
+Configurations: the local Loader (1 thread) on the host; DPULoader with 1 and 2 producers on
+one node with shared memory, and with MPICH ``MPIR_CVAR_NOLOCAL=1`` (an off-node DPU); hybrid
+mode with 2 producers. Every rank shares this machine's cores, so producers compete with each
+other and with the host. Numbers only; nothing is asserted.
+
+The scaling sweep (batches/s against 1, 2, 4, 8, 16 producers, with 0.2 s injected per batch
+and with real decode, slots 2 and 3; ``--before`` runs an earlier checkout alternately)::
+
+    python bench/bench_offload.py --scaling --before /work/main
 
 The host side alone, under mpiexec::
 
@@ -46,15 +48,13 @@ NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1"}
 CONFIGS = [
     # name, environment, loader ("loader" | "dpu"), producer ranks, host options
     ("Loader, 1 thread (local)", {}, "loader", 0, ()),
-    ("DPULoader, 1 worker, shm", {}, "dpu", 1, ()),
-    ("DPULoader, 2 workers, shm", {}, "dpu", 2, ()),
-    ("DPULoader, 1 worker, NOLOCAL", NOLOCAL, "dpu", 1, ()),
-    ("DPULoader, 2 workers, NOLOCAL", NOLOCAL, "dpu", 2, ()),
-    # Where the host's CPU goes: without the progress thread (enough with shared memory),
-    # and with the thread polling every 5 ms instead of 0.5 ms.
-    ("  2 workers, shm, no progress", {}, "dpu", 2, ("--progress", "none")),
-    ("  2 workers, NOLOCAL, poll 5 ms", NOLOCAL, "dpu", 2, ("--progress-interval", "0.005")),
+    ("DPULoader, 1 producer, shm", {}, "dpu", 1, ()),
+    ("DPULoader, 2 producers, shm", {}, "dpu", 2, ()),
+    ("DPULoader, 1 producer, NOLOCAL", NOLOCAL, "dpu", 1, ()),
+    ("DPULoader, 2 producers, NOLOCAL", NOLOCAL, "dpu", 2, ()),
+    ("DPULoader hybrid, 2 producers", {}, "dpu", 2, ("--mode", "hybrid")),
 ]
+PRODUCERS = (1, 2, 4, 8, 16)
 
 
 def host(args):
@@ -64,14 +64,12 @@ def host(args):
 
     src = FileList(args.list)
     kw = dict(size=args.size, dtype="float32", layout="CHW", seed=0, num_threads=1)
-    if args.progress_interval is not None:
-        # DPULoader has no argument for it: change the transport's default.
-        from dpu_pipe.transport import Consumer
-        Consumer.__init__.__kwdefaults__["progress_interval"] = args.progress_interval
     if args.loader == "loader":
         loader = Loader(src, args.batch, **kw)
-    else:
-        loader = DPULoader(src, args.batch, slots=args.slots, progress=args.progress, **kw)
+    elif args.mode != "offload":
+        loader = DPULoader(src, args.batch, slots=args.slots, mode=args.mode, **kw)
+    else:   # the plain call, which the earlier transport understands too (--scaling)
+        loader = DPULoader(src, args.batch, slots=args.slots, **kw)
 
     def made():
         s = loader.stats()
@@ -87,7 +85,10 @@ def host(args):
             for x, y in loader:
                 images += len(y)
         wall = time.perf_counter() - wall
-        result = {"img_s": images / wall}
+        result = {"img_s": images / wall, "batch_s": images / args.batch / wall}
+        if args.scaling:
+            print("RESULT " + json.dumps(result), flush=True)
+            return
         batches, made0, in_step = 0, made(), 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.epochs):
@@ -158,11 +159,67 @@ def driver(args):
               f"{100 * r['host_cpu_ms'] / r['make_ms']:9.1f}% {r['late_ms']:8.1f} ms  {spread}",
               flush=True)
     print("\nhost cpu/batch: process_time of the host process (all threads) per batch while it "
-          "trains;\nin step: the part of it spent during the training steps (the progress "
-          "thread; the rest is\nspent in next(): waiting, unpacking, credits); make/batch: "
+          "trains;\nin step: the part of it spent during the training steps (background "
+          "threads; the rest is\nspent in next(): waiting, unpacking, grants); make/batch: "
           "producer read + decode/augment\ntime per batch; host/make: host cpu/batch over "
           "make/batch (target <= 1 % for DPULoader);\nlate/batch: step time beyond the "
           "training step (the host waited for data).")
+
+
+def delayed_worker(args):
+    """A producer rank whose batches take ``--delay`` s more (the scaling sweep's injected
+    delay), for the current and the earlier worker module alike."""
+    from dpu_pipe import steps, worker
+
+    produce = steps.StepProducer.produce
+
+    def slow(self, *a, **kw):
+        time.sleep(args.delay)
+        return produce(self, *a, **kw)
+
+    steps.StepProducer.produce = slow
+    worker.main([])
+
+
+def scaling(args):
+    """Batches/s against producer count, delay-injected and real decode, slots 2 and 3,
+    this checkout ("after") against ``--before`` (a checkout of the earlier transport),
+    run alternately configuration by configuration."""
+    from dpu_pipe.mpi import mpiexec_argv
+
+    listing = dataset_list(args.n)
+    trees = [("after", ROOT)] + ([("before", args.before)] if args.before else [])
+    print(f"batches/s, 1 host + P producers, batch {args.batch}, {args.size} px float32; "
+          f"delay: producers sleep {args.delay} s per batch on top of the decode "
+          f"(ideal P/{args.delay:g} batches/s); {os.cpu_count()} cores shared by all ranks\n")
+    head = f"{'work':6s} {'slots':>5s} " + " ".join(
+        f"{f'P={p} ' + name:>13s}" for p in PRODUCERS for name, _ in trees)
+    print(head)
+    print("-" * len(head))
+    for work in ("delay", "decode"):
+        for slots in (2, 3):
+            cells = []
+            for p in PRODUCERS:
+                for name, tree in trees:
+                    env = dict(os.environ, PYTHONPATH=tree)
+                    host = mpiexec_argv(1, os.path.abspath(__file__), "--host", "--scaling",
+                                        "--list", listing, "--batch", args.batch, "--size",
+                                        args.size, "--slots", slots, "--epochs", args.epochs)
+                    tail = ["-m", "dpu_pipe.worker"] if work == "decode" else \
+                        [os.path.abspath(__file__), "--delayed-worker", "--delay", str(args.delay)]
+                    argv = host + [":", "-n", str(p), sys.executable, "-m", "mpi4py", *tail]
+                    try:
+                        # cwd: `-m dpu_pipe.worker` imports from the current directory first.
+                        proc = subprocess.run(["timeout", "-k", "5", str(args.limit), *argv],
+                                              env=env, cwd=tree, capture_output=True,
+                                              text=True, timeout=args.limit + 20)
+                        lines = [l for l in proc.stdout.splitlines()
+                                 if l.startswith("RESULT ")]
+                        rate = json.loads(lines[-1][7:])["batch_s"] if lines else None
+                    except subprocess.TimeoutExpired:
+                        rate = None
+                    cells.append("failed" if rate is None else f"{rate:.1f}")
+            print(f"{work:6s} {slots:5d} " + " ".join(f"{c:>13s}" for c in cells), flush=True)
 
 
 def main():
@@ -176,12 +233,24 @@ def main():
     ap.add_argument("--limit", type=int, default=300, help="wall-clock limit per job, s")
     ap.add_argument("--host", action="store_true", help="run as the host rank of one job")
     ap.add_argument("--list", help=argparse.SUPPRESS)
-    ap.add_argument("--progress", default="thread", help=argparse.SUPPRESS)
-    ap.add_argument("--progress-interval", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="offload", help=argparse.SUPPRESS)
+    ap.add_argument("--scaling", action="store_true",
+                    help="batches/s against producers 1..16 (delay-injected and real decode, "
+                         "slots 2 and 3) instead of the host-cost table")
+    ap.add_argument("--before", default=None,
+                    help="--scaling: also run this checkout of dpu_pipe (e.g. /work/main), "
+                         "alternating with this one")
+    ap.add_argument("--delay", type=float, default=0.2, help="--scaling: injected s/batch")
+    ap.add_argument("--delayed-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--loader", choices=("loader", "dpu"), default="dpu", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.host:
+    if args.delayed_worker:
+        delayed_worker(args)
+    elif args.host:
         host(args)
+    elif args.scaling:
+        sys.path.insert(0, ROOT)
+        scaling(args)
     else:
         sys.path.insert(0, ROOT)
         driver(args)

@@ -22,6 +22,7 @@ from .loader import Loader
 from .offload import DPULoader
 from .packed.writer import pack
 from .transforms import TransformConfig
+from .offload.validation import RemoteValidation
 from .sources import FileList, ImageFolder, PackedSource, open_source
 
 __version__ = "0.1.0"
@@ -40,5 +41,6 @@ __all__ = [
     "DpuPipeError",
     "PipeTimeout",
     "ProducerError",
+    "RemoteValidation",
     "TransformConfig",
 ]

@@ -106,7 +106,7 @@ class OutputSpec:
         if self.pin_memory and not _accelerator(torch):
             # As torch's DataLoader does: a pinned buffer without an accelerator is only slower.
             warnings.warn("pin_memory=True but torch sees no accelerator: batches are not "
-                          "pinned", RuntimeWarning, stacklevel=3)
+                          "pinned", RuntimeWarning, stacklevel=4)
             self.pin_memory = False
         self._torch = torch
         self._stage = None

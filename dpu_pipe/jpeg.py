@@ -25,15 +25,19 @@ Restart intervals
 -----------------
 A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
 in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
-it: the markers are found by a scan of the entropy-coded data (memchr speed, stopping after the
-last interval needed), the covering intervals plus two pixels all round are copied into a
-per-decoder scratch stream (at most the file's size) with a SOF of the sub-image's size and
-renumbered markers, and that stream is decoded as above. The pixels are those of the plain
-region decode, bit for bit; only the intervals above and beside the region are no longer
-Huffman-decoded. A stream whose markers are missing, misnumbered, misplaced or cut short, or
-whose interval is neither a whole number of MCU rows nor a divisor of one, takes the plain
-region decode (which reports bad data as usual). In ``strict`` mode a corrupt-data warning in
-an interval outside the region goes unnoticed, as it does today below the region.
+it: the markers are found by a scan of the entropy-coded data (memchr, stopping after the last
+interval needed), the covering intervals plus two pixels all round (whole MCU rows when the
+interval does not divide a row) are copied into a per-decoder scratch stream (at most the
+file's size, plus 16 bytes per interval in the covered span for their offsets) with a SOF of
+the sub-image's size and renumbered markers, and that stream is decoded as above. The pixels
+are those of the plain region decode, bit for bit; only the intervals above and beside the
+region are no longer Huffman-decoded. A stream whose markers are missing, misnumbered,
+misplaced or cut short takes the plain region decode (which reports bad data as usual). Two
+outcomes differ from the plain region decode, both on damaged files and never in pixels: in
+``strict`` mode a corrupt-data warning in an interval outside the region goes unnoticed (as it
+does below the region), and a stream cut short after the intervals a region needs decodes that
+region, where the plain decode, which reads one iMCU row further for chroma upsampling context,
+reports the truncation.
 
 Budgets
 -------

@@ -231,8 +231,8 @@ class Loader(_BaseLoader):
         group is initialized, else they are 0 and 1 (with a warning when the launcher's
         environment, e.g. ``WORLD_SIZE``, says the job has several processes).
     dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
-        Float outputs are normalized by mean/std. bfloat16 is torch-only: the kernel writes
-        float32 and the loader converts.
+        Float outputs are normalized by mean/std. bfloat16 (written by the kernel: the
+        float32 value rounded to nearest even) needs torch output.
     layout : "CHW" or "HWC"
         Batches are (B, 3, H, W) or (B, H, W, 3).
     memory_format : torch.channels_last, optional
@@ -259,7 +259,7 @@ class Loader(_BaseLoader):
 
     Buffers and aliasing
     --------------------
-    **Without** ``copy``, a device, bfloat16 or pin_memory, **the images of a yielded batch
+    **Without** ``copy``, a device or pin_memory, **the images of a yielded batch
     are a view of a reused ring buffer: they stay valid only until the next batch is
     requested.** Keeping batches across iterations (``held = list(loader)``) then keeps
     buffers that later batches overwrite. With ``output="torch"`` the tensor shares that
@@ -295,7 +295,7 @@ class Loader(_BaseLoader):
         return self._run
 
     def _make_run(self, epoch, start):
-        return _Run(self, epoch, start)
+        return _LocalRun(self, epoch, start)
 
     def _close_run(self):
         run = getattr(self, "_run", None)
@@ -325,7 +325,18 @@ def _produce(producer, images, labels, epoch, start, end, free, ready, stop):
 
 
 class _Run:
-    """One pass over the rest of an epoch: a producer thread filling free slots in order.
+    """One pass over the rest of an epoch: the iterator contract every engine shares.
+
+    It owns the position (epoch, next step, end), the check that it is still the loader's
+    current iteration, the wait accounting and the output conversion; an engine provides
+    ``_next_data()`` (the next batch as ``(images, labels)`` arrays, raising on failure),
+    ``_release_held()`` (give back the buffer of the batch the caller held) and ``close()``.
+    Engines: :class:`_LocalRun` (a host thread), ``dpu_pipe.offload.host._RemoteRun``
+    (producer ranks, and host threads in hybrid mode).
+
+    A yielded batch stays valid until the next one is requested: its buffer is given back
+    at the start of the next ``next()`` — not at the ``StopIteration`` that ends the epoch,
+    so the last batch can still be read after the loop.
 
     Only the loader's current run may yield: a run superseded by a new ``iter()``,
     ``set_epoch`` or ``load_state_dict`` raises instead of handing out buffers that the new
@@ -337,6 +348,46 @@ class _Run:
         self.epoch = epoch
         self.next_step = start
         self.end = len(loader)
+
+    def __iter__(self):
+        return self
+
+    def _check_current(self):
+        if self.loader._run is not self:
+            raise DpuPipeError("this iterator is no longer current: the loader started another "
+                               "iteration, or moved with set_epoch/load_state_dict/close")
+
+    def __next__(self):
+        loader = self.loader
+        self._check_current()
+        if self.next_step >= self.end:
+            self.close()
+            loader._run = None
+            loader._epoch_done()
+            raise StopIteration
+        self._release_held()
+        t0 = time.perf_counter()
+        images, labels = self._next_data()
+        loader._wait_s += time.perf_counter() - t0
+        self.next_step += 1
+        loader._advance()
+        return loader._emit(images, labels)
+
+    def _next_data(self):
+        raise NotImplementedError
+
+    def _release_held(self):
+        raise NotImplementedError
+
+    def close(self):
+        raise NotImplementedError
+
+
+class _LocalRun(_Run):
+    """The local engine: a producer thread filling the loader's free buffers in order."""
+
+    def __init__(self, loader, epoch, start):
+        super().__init__(loader, epoch, start)
         self.free = queue.Queue()
         self.ready = queue.Queue()
         self.stop = threading.Event()
@@ -349,35 +400,14 @@ class _Run:
                   self.free, self.ready, self.stop))
         self.thread.start()
 
-    def __iter__(self):
-        return self
-
-    def _check_current(self):
-        if self.loader._run is not self:
-            raise DpuPipeError("this iterator is no longer current: the loader started another "
-                               "iteration, or moved with set_epoch/load_state_dict/close")
-
     def _release_held(self):
         if self.held is not None:
             self.free.put(self.held)
             self.held = None
 
-    def _begin_next(self):
-        """What every next() starts with: still current, give back the batch the caller
-        held, end the run after its last step."""
-        self._check_current()
-        self._release_held()
-        if self.next_step >= self.end:
-            self.close()
-            self.loader._run = None
-            self.loader._epoch_done()
-            raise StopIteration
-
-    def __next__(self):
+    def _next_data(self):
         loader = self.loader
-        self._begin_next()
-        t0 = time.perf_counter()
-        deadline = t0 + loader.timeout
+        deadline = time.perf_counter() + loader.timeout
         while True:
             try:
                 step, slot, n, exc = self.ready.get(timeout=0.2)
@@ -389,7 +419,6 @@ class _Run:
                 if time.perf_counter() > deadline:
                     raise PipeTimeout(f"no batch within {loader.timeout:.0f} s (epoch "
                                       f"{self.epoch}, step {self.next_step})") from None
-        loader._wait_s += time.perf_counter() - t0
         if exc is not None:
             self.close()
             if isinstance(exc, DecodeError):
@@ -398,9 +427,7 @@ class _Run:
                                 remote_traceback="".join(traceback.format_exception(exc))) \
                 from exc
         self.held = slot
-        self.next_step = step + 1
-        loader._advance()
-        return loader._emit(loader._images[slot][:n], loader._labels[slot][:n])
+        return loader._images[slot][:n], loader._labels[slot][:n]
 
     def close(self):
         self.stop.set()

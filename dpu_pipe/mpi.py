@@ -1,17 +1,16 @@
-"""Small MPI helpers: import mpi4py on demand, MPI datatypes from numpy dtypes, launch lines.
+"""Small MPI helpers: import mpi4py on demand, launch lines.
 
 Nothing here imports mpi4py at module import time, so ``import dpu_pipe`` works on machines
-without MPI; the first helper that needs MPI imports it and says how to install it if missing.
+without MPI; the first function that needs MPI imports it and says how to install it if missing.
 """
 import os
 import shutil
 import sys
+import time
 
-import numpy as np
+from .errors import ConfigError, PipeTimeout
 
-from .errors import ConfigError
-
-__all__ = ["load_mpi", "mpi_dtype", "require_thread_multiple", "mpiexec_path", "mpiexec_argv"]
+__all__ = ["load_mpi", "wait_request", "mpiexec_path", "mpiexec_argv"]
 
 
 def load_mpi():
@@ -30,38 +29,17 @@ def load_mpi():
     return MPI
 
 
-def mpi_dtype(dtype):
-    """The MPI datatype matching a numpy dtype (e.g. ``<i8`` -> ``MPI.INT64_T``).
-
-    Derived from the dtype rather than written by hand, because a hard-coded ``MPI.INT`` for
-    int64 data silently moves half the bytes. Non-native byte order is refused: MPI atomics
-    work in the machine's own order.
-    """
-    dtype = np.dtype(dtype)
-    if not dtype.isnative:
-        raise ConfigError(f"MPI atomics need native byte order, got dtype {dtype.str}")
-    load_mpi()
-    from mpi4py.util import dtlib
-    return dtlib.from_numpy_dtype(dtype)
-
-
-def require_thread_multiple(what):
-    """Raise :class:`ConfigError` unless MPI runs with ``MPI_THREAD_MULTIPLE``.
-
-    ``what`` names the feature that needs it, for the message. mpi4py asks for
-    THREAD_MULTIPLE by default; it is lower only when ``mpi4py.rc.thread_level`` was changed
-    or the MPI library cannot provide it.
-    """
-    MPI = load_mpi()
-    level = MPI.Query_thread()
-    if level < MPI.THREAD_MULTIPLE:
-        names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
-                 MPI.THREAD_SERIALIZED: "serialized"}
-        raise ConfigError(
-            f"{what} needs MPI_THREAD_MULTIPLE but MPI was initialized with "
-            f"thread level '{names.get(level, level)}'; leave mpi4py.rc.thread_level at "
-            "'multiple', or use progress='none' with MPIR_CVAR_ASYNC_PROGRESS=1 (MPICH)"
-        )
+def wait_request(req, deadline, what):
+    """Test the MPI request ``req`` until it completes, sleeping between tests (up to 5 ms:
+    a blocking MPI wait would spin a core), or raise :class:`PipeTimeout` saying ``what``
+    when ``deadline`` (``time.monotonic()`` seconds) passes."""
+    delay = 0.0
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise PipeTimeout(f"{what}: no answer before the deadline")
+        if delay:
+            time.sleep(delay)
+        delay = min(0.005, max(2e-5, delay * 2))
 
 
 def mpiexec_path():

@@ -279,13 +279,14 @@ def test_neon_in_hot_kernels(wheels, tmp_path):
 # streams compared with a child process (no subprocesses under emulation), and tests that take
 # minutes under qemu and check integer or bit-exact code whose outputs the digest below compares
 # against x86-64, where those tests run: the corpus-wide identity tests of transcoded files, the
-# permutation's exhaustive and chi-square tests. The transcoder's error and damaged-stream tests
-# do run emulated.
+# permutation's exhaustive, sampled-bijectivity, twin and chi-square tests. The transcoder's
+# error and damaged-stream tests do run emulated.
 EMULATED_TESTS = ["test_jpeg.py", "test_transcode.py", "test_batch.py", "test_loader.py",
                   "test_rng.py", "test_sampler.py", "test_permutation.py"]
 EMULATED_DESELECT = ("not arith and not torch and not interval_region_decode_is_bit_identical"
                      " and not transcode_decodes_identically and not over_transcoded_bytes"
-                     " and not another_process and not exhaustively and not quality")
+                     " and not another_process and not exhaustively and not quality"
+                     " and not sampled_beyond and not twins_and_reference")
 
 
 def test_emulated_userland_is_isolated_and_aarch64(userland):

@@ -25,8 +25,8 @@ def test_hand_computed_case():
     assert p["producer_capacity"] == 1100
     assert p["batch_seconds_per_core"] == 0.2                # 10 images at 50 img/s
     assert p["slots"] == 24                                   # 22 producers + 2
-    assert p["slot_bytes"] == 6 * 8 + 10 * 8 + 10 * 192 + 16384 == 18432
-    assert p["window_bytes"] == 24 * 18432
+    assert p["slot_bytes"] == 64 + 10 * 8 + 10 * 192 + 16384 == 18448  # header 64 B
+    assert p["window_bytes"] == 24 * 18448
     assert p["producer_rank_bytes"] == 1000 + (1920 + 80) + 500 == 3500
     assert p["producer_memory_bytes"] == 22 * 3500
     assert p["to_host_bytes_per_s"] == 1000 * (192 + 8)

@@ -481,3 +481,21 @@ def test_transcode_paths_do_not_leak():
     growth = tj._rss() - before
     # A leaked decompress or compress object is several KB: 4000 of them would be > 8 MB.
     assert growth < 4 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 4000 transcodes"
+
+
+def test_truncated_stream_decodes_regions_it_holds():
+    """A cut after the intervals a region needs: the region's pixels are the file's (the plain
+    decode may report the cut: it reads one iMCU row further); past the cut, an error."""
+    t = transcoded("medium-420")
+    rst = _scan_markers(t)
+    mpr = -(-331 // 16)
+    cut = t[:rst[8 * mpr - 1] + 2 + 7]        # seven bytes into MCU row 8's first interval
+    full = tj.full("medium-420")
+    for box in ((40, 100, 60, 50), (0, 200, 100, 131), (10, 0, 80, 331)):
+        got, used = region_decode(cut, box)
+        top, left, h, w = box
+        assert np.array_equal(got, full[top:top + h, left:left + w]), box
+        assert used == (box[1] > 0 or box[0] >= 16), box
+    for box in ((100, 100, 40, 40), (0, 0, 229, 331)):
+        with pytest.raises(ValueError, match="Premature end"):
+            region_decode(cut, box)

@@ -328,6 +328,9 @@ COMMANDS = {
              ".demo:add_args", ".demo:run"),
     "bench": ("decode + RandomResizedCrop + flip + normalize img/s against Pillow and OpenCV",
               ".bench_augment:add_args", ".bench_augment:run"),
+    "bench-train": ("epoch time of a CNN's training with torchvision, DataLoader, Loader, offload "
+                    "and offloaded validation, side by side (table, JSON, plots)",
+                    ".bench_train:add_args", ".bench_train:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
                      ".bench:add_args", ".bench:run"),
     "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "

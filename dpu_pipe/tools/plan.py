@@ -104,9 +104,9 @@ def _sample(data, images):
 
 
 def _slot_bytes(batch, sample_bytes):
-    from ..offload import BAD_REPORT_BYTES, PAYLOAD_HEADER
+    from ..offload.wire import payload_bytes
 
-    return 8 * len(PAYLOAD_HEADER) + 8 * batch + batch * sample_bytes + BAD_REPORT_BYTES
+    return payload_bytes(batch, sample_bytes)
 
 
 def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm_factor=1.0,

@@ -134,8 +134,8 @@ class Hosts:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
-        self.index = loader._session.host_index
-        self.count = loader._session.num_hosts
+        self.index = loader._group.host_index
+        self.count = loader._group.num_hosts
         assert self.index == world.Get_rank(), "hosts must be the first ranks of the launch"
         group = world.Get_group().Incl(list(range(self.count)))
         self.comm = world.Create_group(group, tag=77)
@@ -389,7 +389,8 @@ def job_workers():
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == me and b"dpu_pipe.worker" in cmd:
+        wrapped = any(c.endswith(b"offload_host.py") for c in cmd) and b"worker" in cmd
+        if ppid == me and (b"dpu_pipe.worker" in cmd or wrapped):
             pids.append(int(entry))
     return sorted(pids)
 
@@ -401,18 +402,25 @@ def run_kill(args, src, warnings):
                    **loader_kwargs(args))
     consumed = 0
     killed = None
+
+    def kill():
+        workers = job_workers()
+        assert workers, "no dpu_pipe.worker process found in this job"
+        write_json(os.path.join(args.out, "killed.json"),
+                   {"pid": workers[-1], "workers": workers, "after": consumed,
+                    "signal": args.signal})
+        os.kill(workers[-1], getattr(signal, f"SIG{args.signal}"))
+        return workers[-1], time.monotonic()
+
     try:
-        for _ in range(args.epochs):
+        for e in range(args.epochs):
+            if args.between and e == 1:
+                killed = kill()     # between two epochs: the host is not in next()
+                time.sleep(args.sleep)
             for x, y in dl:
                 consumed += 1
-                if consumed == args.kill_after:
-                    workers = job_workers()
-                    assert workers, "no dpu_pipe.worker process found in this job"
-                    killed = (workers[-1], time.monotonic())
-                    write_json(os.path.join(args.out, "killed.json"),
-                               {"pid": workers[-1], "workers": workers, "after": consumed,
-                                "signal": args.signal})
-                    os.kill(workers[-1], getattr(signal, f"SIG{args.signal}"))
+                if not args.between and not args.no_signal and consumed == args.kill_after:
+                    killed = kill()
                 time.sleep(args.sleep)
     except Exception as exc:
         record_error(args, 0, exc, consumed=consumed, killed_pid=killed and killed[0],
@@ -421,24 +429,225 @@ def run_kill(args, src, warnings):
     return {"consumed": consumed, "killed": killed and killed[0], "no_error": True}
 
 
+def run_matrix(args, src, warnings):
+    """For slots {1, 3} x modes {offload, hybrid}: one DPULoader over 3 epochs with a
+    set_epoch jump (epoch 0, then 5 from a break mid-epoch, then 2) and a mid-epoch resume
+    (load_state_dict of a state saved 4 batches in, also across loaders), each batch equal
+    to the Loader's and each epoch's labels exactly once."""
+    from dpu_pipe import DPULoader, Loader
+
+    kw = loader_kwargs(args)
+    ref = Loader(src, args.batch, **kw)
+
+    def epoch_of(e, start=0):
+        ref.set_epoch(e)
+        out = [(x.copy(), y.copy()) for x, y in ref]
+        return out[start:]
+
+    runs = []
+    for mode in ("offload", "hybrid"):
+        for slots in (1, 3):
+            dl = DPULoader(src, args.batch, mode=mode, slots=slots, **kw)
+            where = f"{mode} slots={slots}"
+            got = {}
+            # epoch 0 in full; epoch 5 by a jump, broken off after 4 batches (state saved);
+            # epoch 2 by a jump; then the saved state resumed to the end of epoch 5.
+            for e, stop in ((0, None), (5, 4), (2, None)):
+                dl.set_epoch(e)
+                batches = []
+                for x, y in dl:
+                    batches.append((x.copy(), y.copy()))
+                    if stop is not None and len(batches) == stop:
+                        state = dl.state_dict()
+                        break
+                got[e] = batches
+            dl.load_state_dict(state)
+            got["5-rest"] = [(x.copy(), y.copy()) for x, y in dl]
+            assert dl.epoch == 6, dl.epoch
+            for key, start, e in ((0, 0, 0), (5, 0, 5), (2, 0, 2), ("5-rest", 4, 5)):
+                want = epoch_of(e, start)
+                if key == 5:
+                    want = want[:4]
+                assert len(got[key]) == len(want), (where, key, len(got[key]), len(want))
+                for j, (b, w) in enumerate(zip(got[key], want)):
+                    check_same(b, w, f"{where} epoch {key} batch {j}")
+            for e, labels in ((0, got[0]), (2, got[2]), (5, got[5] + got["5-rest"])):
+                flat = sorted(v for _, y in labels for v in y.tolist())
+                assert flat == list(range(len(src))), f"{where} epoch {e}: not exactly once"
+            s = dl.stats()
+            runs.append({"mode": mode, "slots": slots, "host_samples": s["host_samples"],
+                         "producer_samples": s["producer_samples"]})
+            dl.close()
+    return {"runs": runs}
+
+
+def run_concurrency(args, src, warnings):
+    """Batches/s of a DPULoader whose producers take ``--fixed-delay`` s per batch (the
+    worker wrapper), the host consuming as fast as it can, after one warm-up batch."""
+    from dpu_pipe import DPULoader
+
+    dl = DPULoader(src, args.batch, slots=args.slots[0], **loader_kwargs(args))
+    it = iter(dl)
+    next(it)
+    t0 = time.monotonic()
+    count = 0
+    for _ in range(args.epochs):
+        for x, y in it:
+            count += 1
+        it = iter(dl)
+    seconds = time.monotonic() - t0
+    return {"batches": count, "seconds": seconds, "rate": count / seconds,
+            "steps_per_producer": dl.stats()["steps_per_producer"]}
+
+
+def run_misc(args, src, warnings):
+    """The request channel (ping, an unknown kind), the last batch read after the loop, and a
+    host holding the GIL in a C call while the producers fill the window."""
+    import ctypes
+
+    from dpu_pipe import DPULoader, Loader
+    from dpu_pipe.offload.host import host_group
+    from dpu_pipe.offload.transport import RemoteError
+
+    kw = loader_kwargs(args)
+    dl = DPULoader(src, args.batch, slots=args.slots[0], **kw)
+    ref = Loader(src, args.batch, **kw)
+    result = {}
+    t = host_group().transport
+    replies = t.request("ping", {"x": [1, 2, 3]})
+    result["ping"] = [r.result(timeout=10) for r in replies]
+    if args.bulk:
+        # A generator handler fed by a bulk point-to-point transfer, while batches flow.
+        data = np.arange(3_000_000, dtype=np.float64)
+        replies = t.request("bulk-sum", {"n": data.size, "tag": 77})
+        sends = [t.comm.Isend(data, dest=r.to, tag=77) for r in replies]
+        it = iter(dl)
+        made = sum(1 for _ in zip(range(5), it))
+        result["bulk"] = [r.result(timeout=30) for r in replies]
+        result["bulk_expected"] = float(data.sum())
+        result["batches_meanwhile"] = made
+        for s_ in sends:
+            s_.Wait()
+        dl.set_epoch(0)     # back to the start for the checks below
+    try:
+        t.request("no-such-kind", None, to=1).result(timeout=10)
+        result["unknown"] = None
+    except RemoteError as exc:
+        result["unknown"] = {"message": str(exc), "producer": exc.producer,
+                             "traceback": exc.remote_traceback}
+    for e in range(2):
+        for (x, y), (u, v) in zip(dl, ref):
+            pass
+        # After the loop: the last yielded batch is still the Loader's last batch.
+        check_same((x, y), (u, v), f"last batch of epoch {e} after the loop")
+    result["last_batch_checked"] = True
+    # The GIL held for 2 s in one C call (PyDLL keeps it), no MPI call meanwhile.
+    it = iter(dl)
+    next(it)
+    before = sum(t.state(tk) == "ready" for tk, _, _ in dl._stream.pending)
+    ctypes.PyDLL(None).sleep(2)
+    t.win.Sync()
+    for tk, _, _ in dl._stream.pending:
+        tt = t.tickets[tk]
+        if tt.ready is None and tt.buffer >= 0:
+            t._read_header(tt)
+    result["ready_before_hold"] = before
+    result["ready_after_hold"] = sum(t.state(tk) == "ready" for tk, _, _ in dl._stream.pending)
+    result["granted"] = sum(t.tickets[tk].buffer >= 0 for tk, _, _ in dl._stream.pending)
+    for (x, y), (u, v) in zip(it, [(u.copy(), v.copy()) for u, v in ref][1:]):
+        check_same((x, y), (u, v), "after the GIL hold")
+    dl.close()
+    return result
+
+
+def run_takeover(args, src, warnings):
+    """Hybrid mode: SIGSTOP one producer (mid-epoch after ``--kill-after`` batches, or between
+    epochs with ``--between``), go on: every epoch equals the Loader's and delivers every
+    sample once; SIGCONT it two epochs later (its late Puts must land nowhere that matters)
+    and check two more epochs."""
+    from dpu_pipe import DPULoader
+
+    kw = loader_kwargs(args)
+    ref = reference_epochs(src, args.batch, args.epochs, **kw)
+    dl = DPULoader(src, args.batch, mode="hybrid", host_threads=1, slots=args.slots[0],
+                   liveness_timeout=args.liveness, **kw)
+    stopped = None
+    consumed = 0
+    for e in range(args.epochs):
+        if args.between and e == 1:
+            stopped = job_workers()[-1]
+            os.kill(stopped, signal.SIGSTOP)
+        if stopped and e == 3:
+            os.kill(stopped, signal.SIGCONT)
+        if args.no_signal and stopped is None:
+            stopped = job_workers()[-1]      # the slow one (last world rank), not stopped
+        labels = []
+        for j, (x, y) in enumerate(dl):
+            check_same((x, y), ref[e][j], f"hybrid epoch {e} step {j}")
+            labels.extend(y.tolist())
+            consumed += 1
+            if not args.between and not args.no_signal and consumed == args.kill_after:
+                stopped = job_workers()[-1]
+                os.kill(stopped, signal.SIGSTOP)
+            time.sleep(args.sleep)
+        assert sorted(labels) == list(range(len(src))), f"epoch {e}: not exactly once"
+    s = dl.stats()
+    dl.close()
+    return {"stopped": stopped, "host_samples": s["host_samples"],
+            "producer_samples": s["producer_samples"],
+            "steps_per_producer": s["steps_per_producer"],
+            "takeover_warnings": [w for w in warnings.messages if "takes over" in w]}
+
+
+def run_close_early(args, src, warnings):
+    """Two batches, then close() and leave: the producers must stop and the job end."""
+    from dpu_pipe import DPULoader
+
+    dl = DPULoader(src, args.batch, slots=args.slots[0], **loader_kwargs(args))
+    it = iter(dl)
+    next(it)
+    next(it)
+    dl.close()
+    return {"workers": job_workers()}
+
+
 def run_worker(args):
-    """``python -m dpu_pipe.worker`` with a random delay before each batch."""
+    """``python -m dpu_pipe.worker`` with a delay before each batch: random up to
+    ``--delay`` s, or exactly ``--fixed-delay`` s."""
     from dpu_pipe import steps, worker
     from mpi4py import MPI
 
     rng = random.Random(1234 + MPI.COMM_WORLD.Get_rank())
     produce = steps.StepProducer.produce
 
+    made = [0]
+
     def slow_produce(self, *a, **kw):
-        time.sleep(rng.uniform(0, args.delay))
+        made[0] += 1
+        if args.slow_rank == MPI.COMM_WORLD.Get_rank() and made[0] == 5:
+            time.sleep(args.slow_delay)      # one batch far slower than the others'
+        time.sleep(args.fixed_delay or rng.uniform(0, args.delay))
         return produce(self, *a, **kw)
 
     steps.StepProducer.produce = slow_produce
+
+    from dpu_pipe.offload.worker import handler
+
+    @handler("bulk-sum")
+    def bulk_sum(ctx, payload):
+        """Receive ``payload["n"]`` float64 by a non-blocking receive, in pieces between
+        batches, and return their sum."""
+        buf = np.empty(payload["n"], np.float64)
+        req = ctx.comm.Irecv(buf, source=0, tag=payload["tag"])
+        while not req.Test():
+            yield
+        return float(buf.sum())
     worker.serve()
 
 
 SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
-             "interleave": run_interleave}
+             "interleave": run_interleave, "matrix": run_matrix, "concurrency": run_concurrency, "misc": run_misc,
+             "takeover": run_takeover, "close-early": run_close_early}
 
 
 def main():
@@ -465,6 +674,14 @@ def main():
     ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
                     help="kill: SIGKILL the worker, or SIGSTOP it (hung, not dead)")
     ap.add_argument("--delay", type=float, default=0.0, help="worker: max delay per batch, s")
+    ap.add_argument("--fixed-delay", type=float, default=0.0, help="worker: delay per batch, s")
+    ap.add_argument("--between", action="store_true", help="takeover: stop between epochs")
+    ap.add_argument("--bulk", action="store_true", help="misc: bulk-sum request (wrapper)")
+    ap.add_argument("--slow-rank", type=int, default=-1,
+                    help="worker: this world rank's 5th batch takes --slow-delay s more")
+    ap.add_argument("--slow-delay", type=float, default=0.0)
+    ap.add_argument("--no-signal", action="store_true",
+                    help="takeover: stop nobody (a slow producer is the fault)")
     args = ap.parse_args()
     if args.scenario == "worker":
         return run_worker(args)

@@ -279,21 +279,24 @@ def test_many_bad_samples_in_one_batch_all_reach_the_host(tmp_path_factory):
 LIVENESS = 3.0
 
 
-@pytest.mark.parametrize("signal,env,launcher", [
-    ("KILL", "shm", "default"),
-    ("KILL", "nolocal", "disable-auto-cleanup"),
-    ("STOP", "shm", "default"),
-    ("STOP", "nolocal", "default"),
-], ids=["kill-shm", "kill-nolocal-no-auto-cleanup", "stop-shm", "stop-nolocal"])
-def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher):
-    """After 3 batches the host SIGKILLs (or SIGSTOPs) one of its 2 workers and keeps
-    consuming. The job must end non-zero in bounded time: MPI ends it when a rank dies, or
-    the host raises naming the worker within the liveness timeout (always so for a hung
-    worker, which MPI cannot see). No rank may outlive the job."""
+@pytest.mark.parametrize("signal,env,launcher,when", [
+    ("KILL", "shm", "default", "mid-epoch"),
+    ("KILL", "nolocal", "disable-auto-cleanup", "mid-epoch"),
+    ("STOP", "shm", "default", "mid-epoch"),
+    ("STOP", "nolocal", "default", "mid-epoch"),
+    ("STOP", "nolocal", "default", "between-epochs"),
+], ids=["kill-shm", "kill-nolocal-no-auto-cleanup", "stop-shm", "stop-nolocal",
+        "stop-between-epochs-nolocal"])
+def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher, when):
+    """After 3 batches (or between epochs 0 and 1) the host SIGKILLs (or SIGSTOPs) one of its
+    2 workers and keeps consuming. The job must end non-zero in bounded time: MPI ends it
+    when a rank dies, or the host raises naming the worker within the liveness timeout + 2 s
+    (always so for a hung worker, which MPI cannot see). No rank may outlive the job."""
     out = str(tmp_path)
     extra = () if launcher == "default" else ("-disable-auto-cleanup",)
+    when_args = ("--between",) if when == "between-epochs" else ("--kill-after", "3")
     job = launch(1, 2, "kill", out, "--data", data, "--slots", "2", "--liveness", str(LIVENESS),
-                 "--sleep", "0.05", "--epochs", "3", "--kill-after", "3", "--signal", signal,
+                 "--sleep", "0.05", "--epochs", "3", "--signal", signal, *when_args,
                  env=env, limit=60, launcher_args=extra)
     assert job.returncode != 0 and "OK host=" not in job.stdout, job.explain()
     assert job.seconds < 30, job.explain()
@@ -305,7 +308,7 @@ def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher)
     if err is not None:
         assert err["type"] in ("PipeTimeout", "ProducerError"), err
         assert f"pid {killed['pid']}" in err["message"], err
-        assert LIVENESS - 0.5 <= err["seconds_after_kill"] < LIVENESS + 10, err
+        assert LIVENESS - 0.5 <= err["seconds_after_kill"] < LIVENESS + 2, err
         if err["type"] == "PipeTimeout":
             assert "stopped answering" in err["message"], err
     for pid in killed["workers"]:
@@ -327,3 +330,120 @@ def test_mid_epoch_validation_with_a_second_loader_does_not_hang(data, tmp_path)
     else:
         assert err is not None and err["type"] in (
             "ConfigError", "PipeTimeout", "ProducerError", "DpuPipeError"), job.explain()
+
+
+# --- every producer busy, request channel, GIL, takeover, early close ---------------------------
+
+@pytest.mark.parametrize("producers,slots", [(8, 3), (16, 2)], ids=["8x3slots", "16x2slots"])
+def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots):
+    """Producers that take 0.2 s per batch (test-only wrapper): the host receives at least
+    0.85 x producers / 0.2 batches/s with fewer slots than producers."""
+    out = str(tmp_path)
+    job = launch(1, producers, "concurrency", out, "--data", data, "--slots", str(slots),
+                 "--epochs", "20" if producers < 16 else "30", "--size", "16", worker_args=("--fixed-delay", "0.2"),
+                 limit=120)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    ideal = producers / 0.2
+    assert res["rate"] >= 0.85 * ideal, (res, ideal)
+    assert len(res["steps_per_producer"]) == producers, res
+
+
+@pytest.fixture(scope="module")
+def misc_run(data, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("misc"))
+    job = launch(1, 2, "misc", out, "--data", data, "--slots", "3", "--bulk", env="nolocal",
+                 worker_args=("--fixed-delay", "0"), limit=60)
+    return job, read(out, "host0.json")
+
+
+def test_request_channel_answers_and_carries_errors(misc_run):
+    job, res = misc_run
+    assert job.returncode == 0, job.explain()
+    assert res["ping"] == [{"x": [1, 2, 3]}] * 2
+    unknown = res["unknown"]
+    assert unknown is not None and "no handler for request kind 'no-such-kind'" in \
+        unknown["message"] and "producer rank 1" in unknown["producer"], unknown
+    assert "Traceback" in unknown["traceback"]
+    # A handler run in pieces, fed by a 24 MB non-blocking transfer, answered by each.
+    assert res["bulk"] == [res["bulk_expected"]] * 2 and res["batches_meanwhile"] == 5, res
+
+
+def test_last_batch_stays_valid_after_the_loop(misc_run):
+    job, res = misc_run
+    assert job.returncode == 0 and res["last_batch_checked"], job.explain()
+
+
+def test_producers_fill_the_window_while_the_host_holds_the_gil(misc_run):
+    """NOLOCAL (off-node RMA): the host sits 2 s in one C call holding the GIL; every
+    granted buffer is filled meanwhile (no host progress needed)."""
+    job, res = misc_run
+    assert job.returncode == 0, job.explain()
+    assert res["granted"] == 2 and res["ready_after_hold"] == res["granted"], res
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "between-epochs"])
+def test_hybrid_takes_over_a_stopped_producer(data, tmp_path, where):
+    """Hybrid mode: a producer SIGSTOPped (mid-epoch, or between epochs) loses its work to
+    the host's thread; every epoch equals the Loader's, every sample once; after SIGCONT the
+    woken producer corrupts nothing (two more epochs checked), and the job ends cleanly."""
+    out = str(tmp_path)
+    extra = ["--between"] if where == "between-epochs" else ["--kill-after", "3"]
+    job = launch(1, 2, "takeover", out, "--data", data, "--slots", "3", "--liveness", "2",
+                 "--epochs", "5", "--sleep", "0.02", *extra,
+                 worker_args=("--fixed-delay", "0.02"), env="nolocal", limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert res["host_samples"] > 0 and res["producer_samples"] > 0, res
+    assert len(res["takeover_warnings"]) == 1 and f"pid {res['stopped']}" in \
+        res["takeover_warnings"][0], res
+    assert gone(res["stopped"]), "the stopped producer outlived the job"
+
+
+def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
+    """Hybrid mode: one producer's batch takes 3 s where the others take 0.05 s (its
+    heartbeat goes on): the host takes its work over, the streams stay the Loader's."""
+    out = str(tmp_path)
+    job = launch(1, 3, "takeover", out, "--data", data, "--slots", "3", "--liveness", "60",
+                 "--epochs", "3", "--no-signal",
+                 worker_args=("--fixed-delay", "0.05", "--slow-rank", "3", "--slow-delay", "3"),
+                 limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert len(res["takeover_warnings"]) == 1 and "usual" in res["takeover_warnings"][0], res
+    assert f"pid {res['stopped']}" in res["takeover_warnings"][0], res
+
+
+def test_host_that_closes_early_ends_the_job(data, tmp_path):
+    out = str(tmp_path)
+    job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
+    assert job.returncode == 0 and job.seconds < 30, job.explain()
+    for pid in read(out, "host0.json")["workers"]:
+        assert gone(pid), f"worker pid {pid} outlived the job"
+
+
+@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("producers", [1, 3, 8])
+def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
+    """Producers {1, 3, 8} x NOLOCAL {0, 1}, each launch running slots {1, 3} x modes
+    {offload, hybrid} with set_epoch jumps and a mid-epoch resume: the Loader's stream."""
+    out = str(tmp_path)
+    job = launch(1, producers, "matrix", out, "--data", data, env=env, limit=150)
+    assert job.returncode == 0, job.explain()
+    runs = read(out, "host0.json")["runs"]
+    assert [(r["mode"], r["slots"]) for r in runs] == \
+        [("offload", 1), ("offload", 3), ("hybrid", 1), ("hybrid", 3)]
+    for r in runs:
+        if r["mode"] == "offload":
+            assert r["host_samples"] == 0, r
+
+
+def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):
+    """DPU_PIPE_HOSTMAP wins over hostnames; one that names a host no rank runs on is a
+    ConfigError on every rank, and the job ends promptly."""
+    from mpi_launch import run_mpi
+
+    job = run_mpi(1, "offload_host.py", "close-early", "--data", data, "--out", str(tmp_path),
+                  *workers(2), env={"DPU_PIPE_HOSTMAP": "no-such-node:whatever"}, limit=60)
+    assert job.returncode != 0 and job.seconds < 30, job.explain()
+    assert "host map names host 'no-such-node'" in job.stderr, job.explain()

@@ -4,15 +4,15 @@ local Loader's over the same dataset, bit for bit, and exactly once over the epo
 Loader's stream over a transcoded packed dataset equals the original files' (test_packed.py),
 so the offloaded one does too."""
 import json
-import os
 import re
+import sys
 
 import pytest
 
 from dpu_pipe import pack
 from dpu_pipe.sources import ImageFolder
 
-from test_offload import launch, read
+from mpi_launch import ENVS, run_mpi
 from offload_host import make_dataset
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,11 +26,15 @@ def test_offloaded_stream_over_a_transcoded_sharded_dataset(tmp_path):
                   progress=False)
     assert packed.dataset.num_shards >= 3
     assert int(packed.dataset.shards["transcoded"].sum()) == N
-    out = str(tmp_path / "out")
-    job = launch(1, 2, "stream", out, "--data", packed.path, "--slots", "3", "--epochs", "2")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = run_mpi(1, "offload_host.py", "stream", "--out", out, "--data", packed.path,
+                  "--slots", "3", "--epochs", "2",
+                  ":", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.worker",
+                  env=ENVS["shm"], limit=90)
     assert job.returncode == 0, job.explain()
     assert re.findall(r"OK host=(\d+)", job.stdout) == ["0"], job.explain()
-    res = read(out, "host0.json")
+    res = json.loads((out / "host0.json").read_text())
     assert res["mode"] == "offload" and not res["warnings"], res
     run = res["runs"][0]
     assert run["batches"] == 2 * (N // 4), run

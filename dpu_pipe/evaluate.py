@@ -1,0 +1,259 @@
+"""Evaluating a model on validation batches: exact, mergeable metrics.
+
+A :class:`Metrics` holds sums, never averages: the sample count, the cross-entropy loss summed
+over samples (in float64), and for each k of ``topk`` how many samples had their label among
+the k highest logits (``torch.topk``'s choice among ties). Partial results from several
+producers or hosts add up exactly (:meth:`Metrics.merge`), and :meth:`Metrics.result` turns
+the total into ``{"count", "loss", "top1", "top5", ...}``.
+
+:func:`evaluate_steps` runs one shard's validation batches — made by the same
+:class:`~dpu_pipe.steps.StepProducer` as ``Loader(train=False)`` — through a model; it is what
+a producer rank does for :class:`~dpu_pipe.RemoteValidation`, and what the host does to check
+it. torch is optional for dpu_pipe as a whole: everything here that needs it raises
+:class:`ConfigError` naming the extra to install.
+"""
+
+import importlib
+import json
+import math
+import time
+
+import numpy as np
+
+from .errors import ConfigError
+from .sources import open_source
+from .steps import StepProducer
+from .transforms import TransformConfig
+from .weights import load_state
+
+__all__ = ["Metrics", "require_torch", "load_factory", "build_model", "evaluate_batch",
+           "evaluate_steps", "check_topk", "ShardEvaluator"]
+
+
+def require_torch():
+    """``torch``, or :class:`ConfigError` saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("evaluating a model needs PyTorch: pip install dpu_pipe[torch] "
+                          "(or pip install torch)") from None
+    return torch
+
+
+def check_topk(topk):
+    """``topk`` as a sorted tuple of distinct positive ints (ConfigError otherwise)."""
+    if isinstance(topk, (int, np.integer)) and not isinstance(topk, bool):
+        topk = (topk,)
+    try:
+        ks = tuple(sorted({int(k) for k in topk}))
+    except (TypeError, ValueError):
+        raise ConfigError(f"topk must be positive integers, got {topk!r}") from None
+    if not ks or ks[0] < 1 or any(isinstance(k, bool) for k in topk):
+        raise ConfigError(f"topk must be positive integers, got {topk!r}")
+    return ks
+
+
+class Metrics:
+    """Sums over evaluated samples: ``count``, ``loss_sum`` (float64) and ``correct[k]``.
+
+    Top-k with k larger than the number of classes counts every sample as correct (its label
+    is always among all the classes), as ``torch.topk`` with k clamped to the class count.
+    """
+
+    __slots__ = ("topk", "count", "loss_sum", "correct")
+
+    def __init__(self, topk=(1, 5), count=0, loss_sum=0.0, correct=None):
+        self.topk = check_topk(topk)
+        self.count = int(count)
+        self.loss_sum = float(loss_sum)
+        self.correct = {k: 0 for k in self.topk}
+        if correct:
+            for k, v in correct.items():
+                self.correct[int(k)] = int(v)
+
+    def merge(self, other):
+        """Add ``other``'s sums to these (same ``topk``); returns self."""
+        if other.topk != self.topk:
+            raise ConfigError(f"cannot merge metrics of topk {other.topk} into {self.topk}")
+        self.count += other.count
+        self.loss_sum += other.loss_sum
+        for k in self.topk:
+            self.correct[k] += other.correct[k]
+        return self
+
+    def to_dict(self):
+        """Plain, JSON-serialisable sums (what producers send back)."""
+        return {"topk": list(self.topk), "count": self.count, "loss_sum": self.loss_sum,
+                "correct": {str(k): v for k, v in self.correct.items()}}
+
+    @classmethod
+    def from_dict(cls, d):
+        try:
+            return cls(d["topk"], d["count"], d["loss_sum"],
+                       {int(k): v for k, v in d["correct"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"not a metrics record: {d!r} ({exc})") from None
+
+    def result(self):
+        """{"count", "loss", "top1", "top5", ...}: loss is the summed cross-entropy divided by
+        the count, ``topK`` the share of samples whose label is among the K highest logits
+        (NaN for both when nothing was evaluated)."""
+        n = self.count
+        out = {"count": n, "loss": self.loss_sum / n if n else math.nan}
+        for k in self.topk:
+            out[f"top{k}"] = self.correct[k] / n if n else math.nan
+        return out
+
+    def __eq__(self, other):
+        return isinstance(other, Metrics) and self.to_dict() == other.to_dict()
+
+    def __repr__(self):
+        return (f"Metrics(count={self.count}, loss_sum={self.loss_sum!r}, "
+                f"correct={self.correct})")
+
+
+def load_factory(spec):
+    """The callable named by ``"package.module:function"`` (attributes may be dotted:
+    ``"pkg.mod:Class.build"``)."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ConfigError(f"model must be 'module:factory', got {spec!r}")
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"model must be 'module:factory', got {spec!r}")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for model {spec!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (model {spec!r})") \
+                from None
+    if not callable(obj):
+        raise ConfigError(f"model factory {spec!r} is not callable")
+    return obj
+
+
+def build_model(spec, kwargs=None):
+    """Call the factory ``spec`` with ``kwargs`` and check it made a ``torch.nn.Module``; the
+    model is put in eval mode. Errors inside the factory propagate unchanged (with their
+    traceback)."""
+    torch = require_torch()
+    model = load_factory(spec)(**(kwargs or {}))
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model factory {spec!r} returned a {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model.eval()
+
+
+def evaluate_batch(model, images, labels, metrics):
+    """Add one batch to ``metrics``: ``images`` a float tensor or array (B, 3, H, W) or
+    whatever the model takes, ``labels`` int64 (B,). The forward runs under
+    ``torch.no_grad``; the model must already be in eval mode."""
+    torch = require_torch()
+    images = torch.as_tensor(images)
+    labels = torch.as_tensor(labels, dtype=torch.int64)
+    n = int(labels.shape[0])
+    if n == 0:
+        return metrics
+    with torch.no_grad():
+        logits = model(images)
+        if logits.dim() != 2 or logits.shape[0] != n:
+            raise ConfigError(f"the model returned logits of shape {tuple(logits.shape)} "
+                              f"for a batch of {n}; expected ({n}, classes)")
+        # Per-sample losses summed in float64: partial sums over different batchings (hosts,
+        # producers) then agree to float64 rounding, not float32's.
+        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        metrics.loss_sum += float(losses.double().sum())
+        kmax = min(metrics.topk[-1], logits.shape[1])
+        top = torch.topk(logits, kmax, dim=1).indices
+        hit = top == labels[:, None]
+        for k in metrics.topk:
+            metrics.correct[k] += int(hit[:, :min(k, kmax)].any(dim=1).sum())
+    metrics.count += n
+    return metrics
+
+
+def evaluate_steps(model, producer, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
+                   progress=None):
+    """Evaluate batches ``steps`` (iterable of step numbers) of ``producer`` (a
+    :class:`~dpu_pipe.steps.StepProducer` built with the validation transform) with
+    ``model``; returns (:class:`Metrics`, seconds spent making batches, seconds in the
+    model).
+
+    ``images``/``labels``: optional batch buffers (``producer.batch_shape`` of the
+    transform's dtype, int64 (batch_size,)) reused across calls. ``progress(n)`` is called
+    after each batch with its sample count.
+    """
+    torch = require_torch()
+    if images is None:
+        images = np.empty(producer.batch_shape, producer.transform.np_dtype)
+    if labels is None:
+        labels = np.empty(producer.batch_size, np.int64)
+    metrics = Metrics(topk)
+    make_s = model_s = 0.0
+    for step in steps:
+        t0 = time.perf_counter()
+        n = producer.produce(epoch, step, images, labels)
+        t1 = time.perf_counter()
+        evaluate_batch(model, torch.from_numpy(images[:n]), torch.from_numpy(labels[:n]),
+                       metrics)
+        model_s += time.perf_counter() - t1
+        make_s += t1 - t0
+        if progress is not None:
+            progress(n)
+    return metrics, make_s, model_s
+
+
+class ShardEvaluator:
+    """What a producer keeps between validation requests: the model built once per factory
+    and arguments, and one :class:`~dpu_pipe.steps.StepProducer` per validation spec (sources
+    are not reopened per request).
+
+    A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
+    :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``, the
+    validation transform), ``batch_size``, ``rank``/``world_size`` (the host's shard),
+    ``model`` (``"module:factory"``), ``model_kwargs``, ``topk`` and ``num_threads``.
+    """
+
+    def __init__(self):
+        self._models = {}
+        self._producers = {}
+
+    def model(self, spec, kwargs):
+        key = (spec, json.dumps(kwargs or {}, sort_keys=True))
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = build_model(spec, kwargs)
+        return model
+
+    def producer(self, spec):
+        key = json.dumps({k: spec[k] for k in ("source", "transform", "batch_size", "rank",
+                                               "world_size", "num_threads")}, sort_keys=True)
+        prod = self._producers.get(key)
+        if prod is None:
+            transform = TransformConfig.from_dict(spec["transform"])
+            # Loader(train=False)'s sharding: in order, uneven shards, nothing padded or
+            # dropped, so every sample counts once over the hosts.
+            prod = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
+                                shuffle=False, shard_tail="uneven", drop_last=False,
+                                rank=spec["rank"],
+                                world_size=spec["world_size"],
+                                num_threads=spec.get("num_threads", 1))
+            prod.buffers = (np.empty(prod.batch_shape, transform.np_dtype),
+                            np.empty(prod.batch_size, np.int64))
+            self._producers[key] = prod
+        return prod
+
+    def run(self, spec, weights, part=0, parts=1):
+        """Evaluate the steps ``part, part + parts, ...`` of the shard ``spec`` describes with
+        the weights buffer ``weights`` (see :mod:`dpu_pipe.weights`) loaded into the model.
+        Returns (:class:`Metrics`, make seconds, model seconds)."""
+        model = self.model(spec["model"], spec.get("model_kwargs"))
+        load_state(model, weights)
+        model.eval()
+        prod = self.producer(spec)
+        images, labels = prod.buffers
+        return evaluate_steps(model, prod, range(part, prod.num_batches, parts),
+                              topk=spec["topk"], images=images, labels=labels)

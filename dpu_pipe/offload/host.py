@@ -1,0 +1,575 @@
+"""DPULoader: batches made by producer ranks (DPU cores) — and, in hybrid mode, by this
+host's threads too — delivered into this host's memory over MPI one-sided RMA.
+
+Launch (one machine)::
+
+    mpiexec -n 1 python -m mpi4py train.py : -n 2 python -m mpi4py -m dpu_pipe.worker
+
+and on a cluster, hosts and DPUs as separate machines (MPMD)::
+
+    mpiexec -hosts node1,node2 -n 2 python -m mpi4py train.py \\
+          : -hosts node1-dpu,node2-dpu -n 16 python -m mpi4py -m dpu_pipe.worker
+
+The first DPULoader of a host process starts its *host group* (collective over the hosts and
+producers of the job: roles, one window, once): see :mod:`dpu_pipe.offload.roles` for who
+serves whom and :mod:`dpu_pipe.offload.transport` for the protocol. Every loader of the
+process is a *stream* of that host group: its pipeline spec goes to the producers once, then its
+epochs, ``set_epoch`` jumps, ``load_state_dict`` resumes are just the tickets it submits. One
+stream is active at a time; iterating another loader cancels the work the previous one had
+in flight (re-made when it continues). The producers serve the host until its process exits
+(or :func:`shutdown`); an exception that ends the host ends the job (``python -m mpi4py``).
+
+Request channel for other work (validation, say): :func:`host_group` gives the host's
+:class:`HostGroup`; ``host_group().transport.request(kind, payload, to=None)`` sends a request to
+one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which
+producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
+
+The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
+run the same :class:`~dpu_pipe.steps.StepProducer`, and batches are yielded strictly in order.
+"""
+
+import atexit
+import json
+import logging
+import queue
+import threading
+import traceback
+from collections import deque
+
+import numpy as np
+
+from ..errors import ConfigError, DpuPipeError
+from ..loader import Loader, _Run
+from ..mpi import load_mpi
+from ..steps import StepProducer
+from . import wire
+from .roles import discover_roles, host_comm
+from .transport import FAILED, OK, HostTransport, _pack_error
+from .validation import open_channel
+from .wire import QUEUE
+
+__all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
+
+log = logging.getLogger("dpu_pipe")
+
+MODES = ("offload", "hybrid", "local")
+
+
+def _mpi_running():
+    """True when this process already initialized MPI (it was launched in an MPI job)."""
+    import sys
+
+    mod = sys.modules.get("mpi4py.MPI")
+    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
+
+
+def host_group(comm=None, *, hostmap=None):
+    """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
+    on first use — collectively with every rank of ``comm``, so every host must call it (or
+    build its first DPULoader) at the same point of its program."""
+    MPI = load_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    key = comm.py2f()
+    s = HostGroup._groups.get(key)
+    if s is None:
+        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap)
+    return s
+
+
+def shutdown():
+    """Stop the producers of every host group of this process (also done at exit)."""
+    for s in list(HostGroup._groups.values()):
+        s.close()
+
+
+class HostGroup:
+    """This host's place in the job: its group (rank 0 = this host, then its producers),
+    its index among the hosts, and the transport (one window for the process lifetime).
+
+    ``transport`` is a :class:`~dpu_pipe.offload.transport.HostTransport`; use its
+    ``request()`` for work other than batches. ``producers`` is the number of producer
+    ranks serving this host (0: no transport, loaders produce locally).
+    """
+
+    _groups = {}
+
+    def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
+        # Hosts reach their first DPULoader at about the same point of their program.
+        roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
+        self.roles = roles
+        self.group = host_comm(comm, roles)
+        #: RemoteValidation's channel, set up with the group as the producers do.
+        self.validation = open_channel(self.group, "host")
+        self.host_index = roles.hosts.index(roles.rank)
+        self.num_hosts = len(roles.hosts)
+        self.producers = self.group.Get_size() - 1
+        self.setup_timeout = setup_timeout
+        self._transport = None
+        self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
+        self.active = None          # the loader whose tickets are in flight
+        self.next_stream = 1
+        self.open = True
+        atexit.register(self.close)
+
+    def reserve(self, buffers, slot_bytes):
+        """Size the window for a loader of ``buffers`` batches of ``slot_bytes`` bytes
+        (before the window exists; it is made when first needed)."""
+        self._want = (max(self._want[0], buffers), max(self._want[1], slot_bytes))
+
+    @property
+    def transport(self):
+        """The :class:`~dpu_pipe.offload.transport.HostTransport`, made on first use with
+        the largest buffer count and batch size reserved so far (collective with this
+        host's producers, which wait for it from their start)."""
+        if self._transport is None and self.producers:
+            buffers, slot_bytes = self._want
+            self._transport = HostTransport(self.group, buffers=buffers, slot_bytes=slot_bytes,
+                                            setup_timeout=self.setup_timeout)
+        return self._transport
+
+    def activate(self, loader):
+        """Make ``loader`` the stream in flight; the previous one's work is cancelled. Its
+        mode and liveness timeout become the transport's."""
+        if self.active is not None and self.active is not loader:
+            self.active._suspend()
+        self.active = loader
+        t = self.transport
+        t.takeover = loader.mode == "hybrid"
+        t.liveness_timeout = loader.liveness_timeout
+
+    def grow(self, buffers, slot_bytes):
+        """Make the window again for a loader larger than the window (collective with the
+        producers, after the stream in flight is cancelled and its held batch released)."""
+        if self.active is not None:
+            self.active._suspend()
+            if self.active._stream is not None:
+                self.active._stream._release_held()
+        self.reserve(buffers, slot_bytes)
+        log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
+        self._transport.resize(*self._want)
+
+    def register(self, spec):
+        """Send a pipeline spec to every producer; returns (stream id, replies)."""
+        sid = self.next_stream
+        self.next_stream += 1
+        return sid, self.transport.request("spec", (sid, spec))
+
+    def close(self):
+        """Stop this host's producers (they leave their loop and exit). Idempotent."""
+        if self.open:
+            self.open = False
+            if self.active is not None:
+                self.active._suspend()
+            if self._transport is None and self.producers:
+                # The producers wait for the window from their start: make a minimal one
+                # so that they are released the same way.
+                self._want = (1, 0)
+                self.transport
+            if self._transport is not None:
+                self._transport.close()
+
+
+class DPULoader(Loader):
+    """:class:`~dpu_pipe.Loader` whose batches are made by producer ranks.
+
+    Same arguments and behaviour as :class:`~dpu_pipe.Loader` (``len``, ``set_epoch``,
+    ``state_dict``/``load_state_dict``, ``on_error``, torch output; a yielded batch stays
+    valid until the next one is requested, also after the loop that ended an epoch), plus:
+
+    Parameters
+    ----------
+    comm : mpi4py communicator, optional
+        The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
+        first DPULoader of a process starts the host group: collective over ``comm``.
+    mode : "offload", "hybrid" or "local"
+        ``"offload"``: producers make the batches (this host's threads when it has no
+        producer, with a warning). ``"hybrid"``: producers and ``host_threads`` host threads
+        take work from the same ticket pool; the host threads take work only when the
+        producers fall behind (fewer than ``slots // 2 + 1`` batches ready), and take over
+        the work of a producer that falls silent. ``"local"``: this host's threads only,
+        as :class:`~dpu_pipe.Loader`.
+    host_threads : int
+        Threads making batches on the host in hybrid mode (default 1). Each holds its own
+        batch buffer: host memory grows by ``(host_threads + 2) × batch bytes``.
+    rank, world_size : int, optional
+        Shard of this host; default: its index among the host ranks and their count.
+    slots : int, optional
+        Batch buffers in the host's window (default ``prefetch + 1``): host memory for
+        offloaded batches is ``slots × batch bytes``. The window is sized by the first
+        DPULoader of the process (the largest of its slots and batch bytes seen so far when
+        a later loader needs more: then it is made again, a collective with the producers).
+    producer_threads : int
+        Threads of each producer's batch kernel (keep 1 when producer ranks share a DPU).
+    liveness_timeout : float
+        Seconds without a producer's heartbeat after which it counts as silent: offload mode
+        raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
+    hostmap : str, optional
+        ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
+        by name (see :mod:`dpu_pipe.offload.roles`). Used when the host group starts.
+
+    Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
+    its decoder's scratch.
+    """
+
+    def __init__(self, source, batch_size, *, comm=None, mode="offload", host_threads=1,
+                 rank=None, world_size=None, slots=None, producer_threads=1,
+                 liveness_timeout=60.0, hostmap=None, **kwargs):
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
+                or host_threads < (1 if mode == "hybrid" else 0):
+            raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
+                              f"{host_threads!r}")
+        self._group = None
+        self._stream = None
+        if mode != "local" or comm is not None or _mpi_running():
+            # In an MPI job the hosts start the host group whatever the mode, so shard defaults
+            # agree across modes and the producers are released at exit.
+            self._group = host_group(comm, hostmap=hostmap)
+            rank = self._group.host_index if rank is None else rank
+            world_size = self._group.num_hosts if world_size is None else world_size
+        super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
+        self.slots = self.prefetch + 1 if slots is None else slots
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
+        self.producer_threads = int(producer_threads)
+        self.liveness_timeout = float(liveness_timeout)
+        self.host_threads = int(host_threads)
+        if self._group is not None:
+            self._group.reserve(self.slots, self.payload_bytes)
+            if mode != "local" and self._group.producers == 0:
+                log.warning("DPULoader: no producer rank serves this host; producing locally")
+                mode = "local"
+        self.mode = mode
+        self._remote = {"bytes": 0, "batches": 0, "read_s": 0.0, "process_s": 0.0,
+                        "publish_s": 0.0, "per_producer": {}, "host_samples": 0,
+                        "producer_samples": 0}
+        self._remote_bad = {}
+
+    def spec(self):
+        """What producers need to make this loader's stream (JSON-serialisable)."""
+        p = self.producer
+        return {"version": wire.SPEC_VERSION, "source": self.source.spec(),
+                "batch_size": self.batch_size, "transform": self.transform.to_dict(),
+                "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
+                "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
+                "drop_last": p.drop_last,
+                "on_error": p.on_error, "num_threads": self.producer_threads}
+
+    @property
+    def payload_bytes(self):
+        """Bytes of one batch payload: header, labels, images, bad-sample report."""
+        return wire.payload_bytes(self.batch_size, self.transform.sample_bytes)
+
+    def _make_run(self, epoch, start):
+        if self.mode == "local":
+            return super()._make_run(epoch, start)
+        if self._stream is None:
+            self._stream = _Stream(self)
+        return _RemoteRun(self, epoch, start)
+
+    def _suspend(self):
+        if self._stream is not None:
+            self._stream.suspend()
+
+    def close(self):
+        """Stop this loader's work and release its buffers (the producers keep serving the
+        process's other loaders until it exits, or :func:`shutdown`). Idempotent."""
+        super().close()
+        if getattr(self, "_stream", None) is not None:
+            self._stream.close()
+            self._stream = None
+
+    @property
+    def bad_samples(self):
+        bad = dict(self.producer.bad_samples)
+        bad.update(self._remote_bad)
+        return bad
+
+    def stats(self):
+        """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
+        read/decode+augment/publish seconds, batches per producer rank (0: host threads),
+        and samples made by each side (``producer_samples``, ``host_samples``)."""
+        d = super().stats()
+        if self.mode != "local":
+            r = self._remote
+            d.update(bytes_received=r["bytes"], batches=r["batches"],
+                     producer_read_s=r["read_s"], producer_process_s=r["process_s"],
+                     producer_publish_s=r["publish_s"],
+                     steps_per_producer={str(k): v for k, v in r["per_producer"].items()},
+                     producer_samples=r["producer_samples"], host_samples=r["host_samples"])
+        return d
+
+
+class _LocalMaker(threading.Thread):
+    """A host thread of hybrid mode: makes tickets into its own payload-shaped buffers."""
+
+    def __init__(self, loader, producer, free, done):
+        super().__init__(name="dpu_pipe-hybrid", daemon=True)
+        self.producer = producer
+        self.batch_size = loader.batch_size
+        self.transform = loader.transform
+        self.todo = queue.Queue()
+        self.free, self.done = free, done
+        self.busy = False
+
+    def run(self):
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            ticket, epoch, step, buf = item
+            try:
+                images, labels = _views(buf, self.batch_size, self.transform, self.batch_size)
+                tm = self.producer.timings
+                r0, p0 = tm["read_s"], tm["process_s"]
+                n = self.producer.produce(epoch, step, images, labels)
+                buf[:wire.PAYLOAD_HEADER.itemsize] = wire.pack(
+                    wire.PAYLOAD_HEADER, n=n, read_ns=round((tm["read_s"] - r0) * 1e9),
+                    process_ns=round((tm["process_s"] - p0) * 1e9),
+                    version=wire.WIRE_VERSION).view(np.uint8)
+                self.done.put((ticket, buf, OK, None))
+            except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                self.done.put((ticket, buf, FAILED, _pack_error(exc, tb, 1 << 20,
+                                                                "a host thread")))
+            finally:
+                self.busy = False
+
+
+def _views(payload, batch_size, transform, n):
+    """(images (n, *sample_shape), labels (n,)) inside a payload laid out as
+    :data:`wire.PAYLOAD_HEADER`, labels int64[batch_size], images."""
+    at = wire.PAYLOAD_HEADER.itemsize
+    labels = payload[at:at + 8 * batch_size].view(np.int64)[:n]
+    at += 8 * batch_size
+    size = n * transform.sample_bytes
+    images = payload[at:at + size].view(transform.np_dtype).reshape(
+        (n,) + transform.sample_shape)
+    return images, labels
+
+
+class _Stream:
+    """A loader's place in its host group: its stream id, the tickets it has in flight (in
+    order), the batch the caller holds, and in hybrid mode the host threads."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.hostgroup = loader._group
+        self.transport = self.hostgroup.transport
+        self.id = None
+        self.spec_replies = []
+        self.pending = deque()      # (ticket, epoch, step) submitted, in order
+        self.feed = None            # (epoch, step) to submit next
+        self.held = None            # ticket (or local buffer) the caller holds
+        self.makers = []
+        self.local_free = []
+        self.local_done = queue.Queue()
+        self.local = {}             # ticket -> local buffer, made or being made
+        self.local_made = set()     # tickets of self.local already made
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _ensure(self):
+        loader = self.loader
+        if self.transport is not None and self.id is None:
+            t = self.transport
+            if loader.slots > t.layout.buffers or loader.payload_bytes > t.layout.slot_bytes:
+                self.hostgroup.grow(loader.slots, loader.payload_bytes)
+            self.id, self.spec_replies = self.hostgroup.register(loader.spec())
+        if loader.mode == "hybrid" and not self.makers:
+            p = loader.producer
+            for k in range(loader.host_threads):
+                prod = p if k == 0 else StepProducer(
+                    p.source, p.batch_size, p.transform, seed=p.seed,
+                    shuffle=p.sampler.shuffle, rank=p.sampler.rank,
+                    world_size=p.sampler.world_size, shard_tail=p.sampler.shard_tail,
+                    drop_last=p.drop_last,
+                    num_threads=loader.num_threads, on_error=p.on_error)
+                m = _LocalMaker(loader, prod, self.local_free, self.local_done)
+                m.start()
+                self.makers.append(m)
+            self.local_free.extend(np.zeros(loader.payload_bytes, np.uint8)
+                                   for _ in range(loader.host_threads + 2))
+
+    def _check_specs(self):
+        for r in self.spec_replies:
+            if r._done:
+                r.result(0)  # raises the producer's error opening the pipeline
+
+    # -- flow -------------------------------------------------------------------------------
+    def start(self, epoch, step):
+        """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
+        continue from there, else cancel them."""
+        self._ensure()
+        self.hostgroup.activate(self.loader)
+        if self.pending and self.pending[0][1:] == (epoch, step):
+            return
+        self.suspend(keep_held=True)
+        self.feed = (epoch, step)
+
+    def _top_up(self):
+        t, loader = self.transport, self.loader
+        # Enough for every producer's queue and the host threads; more would only be
+        # cancelled work when the stream jumps.
+        ahead = loader.slots + QUEUE * (t.size - 1 if t else 0) + loader.host_threads
+        while len(self.pending) < ahead:
+            epoch, step = self.feed
+            if step >= len(loader):
+                epoch, step = epoch + 1, 0
+            ticket = t.submit(self.id, epoch, step) if t else None
+            self.pending.append((ticket, epoch, step))
+            self.feed = (epoch, step + 1)
+
+    def _run_local(self):
+        """Hybrid: hand tickets to idle host threads when the producers fall behind."""
+        t, loader = self.transport, self.loader
+        while True:
+            try:
+                ticket, buf, status, blob = self.local_done.get_nowait()
+            except queue.Empty:
+                break
+            if ticket in self.local:
+                self.local_made.add(ticket)
+                if status == FAILED:
+                    buf[:len(blob)] = np.frombuffer(blob, np.uint8)
+                    t.deliver(ticket, buf[:len(blob)], FAILED)
+                else:
+                    head = wire.unpack(buf, wire.PAYLOAD_HEADER)
+                    end = wire.PAYLOAD_HEADER.itemsize + 8 * loader.batch_size \
+                        + head["n"] * loader.transform.sample_bytes
+                    t.deliver(ticket, buf[:end], OK)
+            else:
+                self.local_free.append(buf)
+        ready = sum(1 for tk, _, _ in self.pending if t.state(tk) == "ready")
+        low = ready < loader.slots // 2 + 1
+        for m in self.makers:
+            if m.busy or not self.local_free:
+                continue
+            if not (low or t.pool_size(local_only=True)):
+                return
+            taken = t.take(1)
+            if not taken:
+                return
+            ticket, stream, epoch, step = taken[0]
+            buf = self.local_free.pop()
+            self.local[ticket] = buf
+            m.busy = True
+            m.todo.put((ticket, epoch, step, buf))
+
+    def next(self, epoch, step):
+        """The batch for ``(epoch, step)`` as (images, labels), waiting with the loader's
+        deadline."""
+        loader, t = self.loader, self.transport
+        self._release_held()
+        self._top_up()
+        ticket, e, s = self.pending[0]
+        if (e, s) != (epoch, step):
+            raise DpuPipeError(f"stream out of step: next ticket is epoch {e} step {s}, "
+                               f"expected epoch {epoch} step {step}")
+
+        def between():
+            self._check_specs()
+            if self.makers:
+                self._run_local()
+
+        d = t.wait(ticket, timeout=loader.timeout, between=between)
+        self.pending.popleft()
+        self.held = ticket
+        # Grant the buffer just given back before the caller's training step, so producers
+        # fill it meanwhile without waiting for the next call.
+        t.poll()
+        return self._unpack(d)
+
+    def _unpack(self, d):
+        loader = self.loader
+        payload = d.payload
+        head = wire.unpack(payload, wire.PAYLOAD_HEADER)
+        n = head["n"]
+        images, labels = _views(payload, loader.batch_size, loader.transform, n)
+        bad_bytes = head["bad_bytes"]
+        if bad_bytes:
+            at = wire.PAYLOAD_HEADER.itemsize + 8 * loader.batch_size \
+                + n * loader.transform.sample_bytes
+            for index, message in json.loads(bytes(payload[at:at + bad_bytes])).items():
+                if int(index) not in loader._remote_bad:
+                    loader._remote_bad[int(index)] = message
+                    log.warning("producer %d skipped undecodable sample: %s", d.producer,
+                                message)
+        r = loader._remote
+        r["bytes"] += payload.nbytes
+        r["batches"] += 1
+        r["per_producer"][d.producer] = r["per_producer"].get(d.producer, 0) + 1
+        if d.producer:
+            r["read_s"] += head["read_ns"] * 1e-9
+            r["process_s"] += head["process_ns"] * 1e-9
+            r["publish_s"] += head["publish_ns"] * 1e-9
+            r["producer_samples"] += n
+            loader.producer.timings["samples"] += n
+        else:
+            r["host_samples"] += n
+        return images, labels
+
+    def _release_held(self):
+        if self.held is not None:
+            ticket, self.held = self.held, None
+            self.transport.release(ticket)
+            buf = self.local.pop(ticket, None)
+            if buf is not None:
+                self.local_made.discard(ticket)
+                self.local_free.append(buf)
+
+    def suspend(self, keep_held=False):
+        """Cancel the tickets in flight (and, unless ``keep_held``, give back the held
+        batch): the stream continues later from its loader's position."""
+        t = self.transport
+        if t is None or t.closed:
+            self.pending.clear()
+            return
+        if not keep_held:
+            self._release_held()
+        tickets = [tk for tk, _, _ in self.pending]
+        t.cancel(tickets)
+        # Buffers of host threads still making a cancelled ticket come back when they finish.
+        for tk in tickets:
+            buf = self.local.pop(tk, None)
+            if tk in self.local_made:
+                self.local_made.discard(tk)
+                self.local_free.append(buf)
+        self.pending.clear()
+        if self.hostgroup.active is self.loader:
+            self.hostgroup.active = None
+
+    def close(self):
+        self.suspend()
+        for m in self.makers:
+            m.todo.put(None)
+        self.makers = []
+
+
+class _RemoteRun(_Run):
+    """The remote engine: batches from the host group's producers (and hybrid host threads)."""
+
+    def __init__(self, loader, epoch, start):
+        super().__init__(loader, epoch, start)
+        self.stream = loader._stream
+        self.failed = None
+        self.stream.start(epoch, start)
+
+    def _next_data(self):
+        if self.failed is not None:
+            raise DpuPipeError(f"this iteration ended with an error at epoch {self.epoch} "
+                               f"step {self.next_step}: {self.failed}; start a new one")
+        try:
+            return self.stream.next(self.epoch, self.next_step)
+        except BaseException as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.stream.suspend()
+            raise
+
+    def _release_held(self):
+        # The stream gives the held batch back when the next one is requested (in next()),
+        # also across runs: the last batch of an epoch outlives its loop.
+        pass
+
+    def close(self):
+        pass

@@ -1,0 +1,396 @@
+"""Offloaded validation: producer ranks evaluate a snapshot of the model while the host trains.
+
+Channel (one per host group, set up with the group, alive for the job):
+
+* a duplicate of the host group's communicator, so validation messages never match the
+  batch stream's, and a dynamic RMA window on it (``Win.Create_dynamic``). Both are created
+  collectively while the group is set up (:func:`open_channel`, called by the host session
+  and by :func:`dpu_pipe.worker.serve`); no collective runs after that.
+* :meth:`RemoteValidation.submit` packs the ``state_dict`` into one flat buffer
+  (:mod:`dpu_pipe.weights`), attaches it to the window and sends each producer a small
+  request ``{"job", "spec", "address", "nbytes", "part", "parts"}``. That is all the host
+  does: the call returns at once.
+* each producer's validation thread receives requests in order, reads the weights with a
+  one-sided ``Rget`` (deadline: ``rma_timeout``), loads them into the model it built from the
+  ``"module:factory"`` spec (built once, names/shapes/dtypes checked), evaluates its part of
+  the host's validation shard (steps ``part, part + parts, ...``) with the same
+  :class:`~dpu_pipe.steps.StepProducer` as ``Loader(train=False)``, and sends back the sums
+  of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback.
+* with several hosts, each host evaluates its own shard (``rank`` = host index,
+  ``world_size`` = hosts) and sends its sums to the other hosts point to point, so every
+  host's future gives the metrics of the whole validation set.
+
+Sharing the producer cores: the validation thread lowers its own scheduling priority to nice
+19, so the producer's batch-making thread (normal priority) takes the core whenever it has
+training work; validation runs in the gaps. When the producers are saturated by training,
+validation waits for the end of training (it is then on the host's critical path); the
+training stream itself loses at most what the kernel's scheduler gives a nice-19 thread
+(about 1.5 % of a busy core) plus the GIL hand-overs.
+
+Memory: each submitted snapshot holds one weights buffer on the host until every producer
+has answered (a buffer a silent producer may still read is never freed); each producer holds
+one weights buffer, its model and one validation batch.
+"""
+
+import json
+import os
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from .. import _validate as _v
+from ..errors import ConfigError, PipeTimeout, ProducerError
+from ..evaluate import Metrics, ShardEvaluator, check_topk, require_torch
+from ..mpi import load_mpi
+from ..transforms import TransformConfig
+from ..weights import pack_state
+
+__all__ = ["RemoteValidation", "ValidationFuture", "open_channel", "ValidationService"]
+
+
+REQUEST_TAG = 0x5601     # host -> producer: a job (dict) or None (stop)
+RESULT_TAG = 0x5602      # producer -> host: a result record
+MERGE_TAG = 0x5603       # host -> host (world communicator): one host's sums for a job
+_POLL = 0.002
+
+
+class Channel:
+    """The validation communicator and dynamic window of one host group (see the module
+    docstring). ``role`` is "host" or "producer"."""
+
+    def __init__(self, group, role):
+        MPI = self.MPI = load_mpi()
+        self.role = role
+        self.comm = group.Dup()
+        self.win = MPI.Win.Create_dynamic(comm=self.comm)
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        #: host side: job id -> ValidationFuture of every RemoteValidation of this group,
+        #: and sums from other hosts for jobs not submitted here yet.
+        self.futures = {}
+        self.early = {}
+        self.sends = []             # pending isend requests (they own their pickled buffers)
+        self._jobs = 0
+        if role == "producer":
+            # One passive-target epoch for the job's lifetime: each read is an Rget waited
+            # on with a deadline, never a blocking lock or unlock.
+            self.win.Lock_all()
+
+    def next_job(self):
+        """Job ids count submissions on this host: hosts that submit the same sequence of
+        snapshots agree on them."""
+        self._jobs += 1
+        return self._jobs
+
+
+def open_channel(group, role):
+    """Collective over the host group ``group``: the validation channel. Called once when
+    the group is set up, by the host and by every producer, in the same order as the group's
+    other collectives."""
+    return Channel(group, role)
+
+
+# -- producer side ----------------------------------------------------------------------------
+
+class ValidationService(threading.Thread):
+    """A producer's validation thread: serve requests until :meth:`stop`.
+
+    Runs at nice 19 (see the module docstring). ``rma_timeout`` bounds the read of the
+    weights from the host.
+    """
+
+    def __init__(self, channel, *, rma_timeout=120.0):
+        super().__init__(name="dpu_pipe-validation", daemon=True)
+        self.channel = channel
+        self.rma_timeout = float(rma_timeout)
+        self._halt = threading.Event()
+        self.evaluator = ShardEvaluator()
+        self.jobs = 0
+
+    def stop(self, timeout=10.0):
+        self._halt.set()
+        self.join(timeout)
+
+    def run(self):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        ch = self.channel
+        while not self._halt.is_set():
+            req = ch.comm.irecv(source=0, tag=REQUEST_TAG)
+            job = None
+            while not self._halt.is_set():
+                done, job = req.test()
+                if done:
+                    break
+                time.sleep(_POLL)
+            else:
+                req.Cancel()
+                return
+            if job is None:
+                return
+            self._serve(job)
+
+    def _serve(self, job):
+        ch = self.channel
+        t0 = time.perf_counter()
+        record = {"job": job["job"], "producer": ch.rank, "pid": os.getpid()}
+        try:
+            torch = require_torch()
+            torch.set_num_threads(1)
+            weights = self._read_weights(job)
+            metrics, make_s, model_s = self.evaluator.run(job["spec"], weights, job["part"],
+                                                          job["parts"])
+            record.update(ok=True, metrics=metrics.to_dict(), make_s=make_s, model_s=model_s)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the host
+            record.update(ok=False, type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                          message=str(exc), traceback="".join(
+                              traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        record["seconds"] = time.perf_counter() - t0
+        self.jobs += 1
+        ch.comm.send(record, dest=0, tag=RESULT_TAG)
+
+    def _read_weights(self, job):
+        ch = self.channel
+        buf = np.empty(int(job["nbytes"]), np.uint8)
+        req = ch.win.Rget(buf, 0, target=(int(job["address"]), buf.size, ch.MPI.BYTE))
+        deadline = time.monotonic() + self.rma_timeout
+        while not req.Test():
+            if time.monotonic() > deadline:
+                raise PipeTimeout(f"reading the weights of validation job {job['job']} from the "
+                                  f"host did not complete within {self.rma_timeout:g} s")
+            time.sleep(_POLL / 4)
+        return buf
+
+
+# -- host side --------------------------------------------------------------------------------
+
+class ValidationFuture:
+    """The result of one :meth:`RemoteValidation.submit`. ``result(timeout)`` waits for it."""
+
+    def __init__(self, owner, job, tag, producers, hosts, submitted):
+        self._owner, self.job, self.tag = owner, job, tag
+        self._waiting = set(producers)          # producer ranks of this host still to answer
+        self._hosts = set(hosts)                # other hosts whose sums are still to come
+        self._parts = []                        # per-producer records of this host
+        self._remote = {}                       # host index -> its sums and parts
+        self._error = None
+        self._submitted = submitted
+        self._finished_at = None
+        self._value = None
+
+    def done(self):
+        """True once the result (or an error) is in; polls without blocking."""
+        if self._value is None and self._error is None:
+            self._owner._poll()
+            self._finish()
+        return self._value is not None or self._error is not None
+
+    def result(self, timeout=None):
+        """The metrics ``{"tag", "count", "loss", "top1", "top5", ..., "seconds", "by_rank"}``
+        of the whole validation set (all hosts). Waits at most ``timeout`` seconds (default:
+        the RemoteValidation's ``timeout``); raises :class:`PipeTimeout` naming the producers
+        or hosts that have not answered, or :class:`ProducerError` with a producer's
+        traceback when the model factory, the weights or the forward pass failed there."""
+        timeout = self._owner.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + timeout
+        while not self.done():
+            if time.monotonic() > deadline:
+                who = [self._owner._describe(r) for r in sorted(self._waiting)]
+                who += [f"host {h}" for h in sorted(self._hosts)]
+                raise PipeTimeout(f"validation job {self.job} (tag {self.tag!r}): no answer "
+                                  f"within {timeout:g} s from {', '.join(who)}")
+            time.sleep(_POLL)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _finish(self):
+        if self._waiting or self._value is not None or self._error is not None:
+            return
+        owner = self._owner
+        failed = [p for p in self._parts if not p["ok"]]
+        if failed:
+            p = failed[0]
+            self._error = ProducerError(
+                f"validation job {self.job} (tag {self.tag!r}) failed: {p['type']}: "
+                f"{p['message']}", producer=owner._describe(p["producer"]),
+                remote_traceback=p["traceback"])
+            owner._send_sums(self, None)
+            return
+        # Our sums go to the other hosts once, as soon as they are complete, whether or not
+        # theirs already arrived.
+        owner._send_sums(self, self._own_sums())
+        if self._hosts:
+            owner._poll()
+            if self._hosts:
+                return
+        total = self._own_sums()
+        by_rank = [dict(p, host=owner.host_index) for p in self._parts]
+        for h, rec in sorted(self._remote.items()):
+            if rec is None:
+                self._error = ProducerError(f"validation job {self.job} failed on host {h}")
+                return
+            total.merge(Metrics.from_dict(rec["sums"]))
+            by_rank += [dict(p, host=h) for p in rec["parts"]]
+        out = {"tag": self.tag}
+        out.update(total.result())
+        out["seconds"] = max((p["seconds"] for p in by_rank), default=0.0)
+        out["by_rank"] = by_rank
+        self._value = out
+        owner.channel.futures.pop(self.job, None)
+
+    def _own_sums(self):
+        total = Metrics(self._owner.topk)
+        for p in self._parts:
+            total.merge(Metrics.from_dict(p["metrics"]))
+        return total
+
+
+class RemoteValidation:
+    """Validation of model snapshots on this host's producer ranks (DPU cores).
+
+    Parameters
+    ----------
+    val_source : ImageFolder, FileList or PackedSource
+        The validation set; each host evaluates its shard of it (no padding, no drop: every
+        sample counted once over all hosts and producers).
+    batch_size : int
+    model : str
+        ``"module:factory"`` importable on the producers; ``factory(**model_kwargs)`` returns
+        the ``torch.nn.Module`` whose ``state_dict`` is submitted.
+    model_kwargs : dict, optional
+        JSON-serialisable arguments of the factory.
+    size, and the other validation-transform options of :class:`~dpu_pipe.Loader`
+        (``resize``, ``mean``, ``std``, ``dtype``, ``layout``, ``fast``, ``max_pixels``).
+    topk : tuple of int
+        Which top-k accuracies to report (``top1``, ``top5`` by default).
+    comm : mpi4py communicator, optional
+        The job's communicator (default ``COMM_WORLD``); construction is collective over its
+        hosts, as for :class:`~dpu_pipe.DPULoader`, and every host must submit the same
+        sequence of snapshots.
+    timeout : float
+        Default seconds :meth:`ValidationFuture.result` waits.
+    producer_threads : int
+        Threads of each producer's batch kernel.
+
+    :meth:`submit` returns at once. A second ``submit`` before the first finished is
+    **queued**: producers take snapshots in submission order, and each queued snapshot holds
+    its own copy of the weights on the host until it has been evaluated.
+    """
+
+    def __init__(self, val_source, batch_size, *, model, model_kwargs=None, size=224,
+                 topk=(1, 5), comm=None, timeout=600.0, producer_threads=1,
+                 **transform_options):
+        from .host import host_group
+
+        require_torch()
+        self.topk = check_topk(topk)
+        batch_size = _v.positive_int(batch_size, "batch_size")
+        producer_threads = _v.positive_int(producer_threads, "producer_threads")
+        if not isinstance(model, str) or model.count(":") != 1:
+            raise ConfigError(f"model must be 'module:factory', got {model!r}")
+        timeout = _v.seconds(timeout, "timeout")
+        try:
+            json.dumps(model_kwargs or {})
+        except TypeError as exc:
+            raise ConfigError(f"model_kwargs must be JSON-serialisable: {exc}") from None
+        transform = TransformConfig(train=False, size=size, **transform_options)
+        MPI = load_mpi()
+        self._world = MPI.COMM_WORLD if comm is None else comm
+        self._session = host_group(self._world)
+        if self._session.producers == 0:
+            raise ConfigError("RemoteValidation: no producer rank serves this host")
+        self.channel = self._session.validation
+        self.host_index = self._session.host_index
+        self.num_hosts = self._session.num_hosts
+        self.timeout = float(timeout)
+        self.spec = {"source": val_source.spec(), "transform": transform.to_dict(),
+                     "batch_size": int(batch_size), "rank": self.host_index,
+                     "world_size": self.num_hosts, "model": model,
+                     "model_kwargs": model_kwargs or {}, "topk": list(self.topk),
+                     "num_threads": int(producer_threads)}
+        self._hosts_world = list(self._session.roles.hosts)
+        self._attached = {}         # job -> weights buffer attached to the window
+        self._closed = False
+
+    # -- submitting ---------------------------------------------------------------------------
+    def submit(self, state_dict, tag=None):
+        """Post a snapshot of ``state_dict`` (e.g. ``model.state_dict()``) for evaluation;
+        returns a :class:`ValidationFuture` at once. The tensors are copied into the posted
+        buffer before it returns, so training may change the model right away."""
+        if self._closed:
+            raise ConfigError("this RemoteValidation is closed")
+        ch = self.channel
+        buf = pack_state(state_dict)
+        ch.win.Attach(buf)
+        job = ch.next_job()
+        address = ch.MPI.Get_address(buf)
+        self._attached[job] = buf
+        producers = range(1, ch.size)
+        for k, p in enumerate(producers):
+            ch.sends.append(ch.comm.isend({"job": job, "spec": self.spec, "address": int(address),
+                           "nbytes": int(buf.size), "part": k, "parts": len(producers)},
+                          dest=p, tag=REQUEST_TAG))
+        others = [h for h in range(self.num_hosts) if h != self.host_index]
+        fut = ValidationFuture(self, job, tag, producers, others, time.monotonic())
+        ch.futures[job] = fut
+        for h, rec in ch.early.pop(job, {}).items():
+            fut._remote[h] = rec
+            fut._hosts.discard(h)
+        return fut
+
+    # -- receiving ----------------------------------------------------------------------------
+    def _poll(self):
+        ch = self.channel
+        MPI = ch.MPI
+        status = MPI.Status()
+        ch.sends = [r for r in ch.sends if not r.Test()]
+        while ch.comm.iprobe(source=MPI.ANY_SOURCE, tag=RESULT_TAG, status=status):
+            rec = ch.comm.recv(source=status.Get_source(), tag=RESULT_TAG)
+            fut = ch.futures.get(rec["job"])
+            if fut is None:
+                continue
+            fut._parts.append(rec)
+            fut._waiting.discard(rec["producer"])
+            if not fut._waiting:
+                buf = fut._owner._attached.pop(rec["job"], None)
+                if buf is not None:
+                    ch.win.Detach(buf)
+        while self._world.iprobe(source=MPI.ANY_SOURCE, tag=MERGE_TAG, status=status):
+            rec = self._world.recv(source=status.Get_source(), tag=MERGE_TAG)
+            fut = ch.futures.get(rec["job"])
+            if fut is None:
+                ch.early.setdefault(rec["job"], {})[rec["host"]] = rec["data"]
+            else:
+                fut._remote[rec["host"]] = rec["data"]
+                fut._hosts.discard(rec["host"])
+
+    def _send_sums(self, fut, sums):
+        """Send this host's part of job ``fut`` to every other host (once)."""
+        if getattr(fut, "_sent", False) or self.num_hosts == 1:
+            return
+        fut._sent = True
+        data = None if sums is None else {"sums": sums.to_dict(), "parts": fut._parts}
+        for h, world_rank in enumerate(self._hosts_world):
+            if h != self.host_index:
+                self.channel.sends.append(self._world.isend(
+                    {"job": fut.job, "host": self.host_index, "data": data},
+                    dest=world_rank, tag=MERGE_TAG))
+
+    def _describe(self, producer):
+        return f"producer rank {producer} of host {self.host_index}"
+
+    def close(self):
+        """Stop accepting snapshots. Buffers of unanswered snapshots stay attached (a
+        producer may still read them)."""
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,227 @@
+"""Every byte layout the host and its producers exchange, defined once.
+
+Each record is a numpy structured dtype with explicit little-endian fields and a size that is
+a multiple of 8; both ends import it from here and go through :func:`pack` / :func:`unpack`,
+never positional slicing. Records that one side writes with a ``Put`` while the other side may
+be reading them end in a ``check`` word (:func:`seal` / :func:`intact`): a reader that sees a
+record half written (MPI gives no atomicity to a ``Put``) finds the check wrong and reads
+again later. That replaces remote atomics, which off-node need the target to make MPI progress.
+
+Windows (one per host group for the whole run, displacement unit 1 byte):
+
+* host (group rank 0): ``[STATUS x producers][BUFFER_HEADER + payload] x buffers``;
+  a producer writes its own ``STATUS`` record and the buffers the host granted it.
+* producer (group rank r >= 1): ``[CONTROL][ASSIGN x QUEUE]``, written only by the host.
+
+Everything is 64-byte aligned. :data:`WIRE_VERSION` changes with any layout here; ranks that
+disagree refuse to start with both versions named.
+"""
+import struct
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = [
+    "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
+    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "payload_bytes", "SPEC_VERSION", "WAITING", "CANCELLED",
+    "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
+    "align", "check_version",
+]
+
+#: Version of every layout in this module (and of the pipeline spec's meaning).
+WIRE_VERSION = 2
+ALIGN = 64
+#: Assignment entries per producer: work it may hold (producing, produced, queued).
+QUEUE = 3
+
+#: One per producer in the host window, written by that producer only.
+STATUS = np.dtype([
+    ("beat", "<i8"),          # bumped every few ms while the producer lives
+    ("done", "<i8"),          # every assignment with a smaller seq is finished or dropped
+    ("working", "<i8"),       # ticket it is making (-1: none)
+    ("stopped", "<i8"),       # 1 once it left its loop after the host's stop
+    ("made", "<i8"),          # batches it delivered
+    ("pid", "<i8"),
+    ("reserved", "<i8"),
+    ("check", "<u8"),
+])
+
+#: Header of a batch buffer in the host window; the producer writes it after the payload
+#: (and a Flush), so a header that is intact and names the buffer's current grant means the
+#: payload is complete.
+BUFFER_HEADER = np.dtype([
+    ("grant", "<i8"),         # grant id the host issued for this buffer (unique per grant)
+    ("ticket", "<i8"),
+    ("epoch", "<i8"),
+    ("step", "<i8"),
+    ("payload_bytes", "<i8"),
+    ("producer", "<i4"),      # group rank of the producer
+    ("status", "<i4"),        # OK, or FAILED: the payload is a pickled error record
+    ("stream", "<i8"),
+    ("check", "<u8"),
+])
+
+#: Start of a producer's window, written by the host.
+CONTROL = np.dtype([
+    ("stop", "<i8"),          # 1: leave the serving loop
+    ("host_beat", "<i8"),     # bumped by the host whenever it polls
+    ("reserved", "<i8", (5,)),
+    ("check", "<u8"),
+])
+
+#: One unit of work for a producer, in entry ``seq % QUEUE`` of its window. The host writes it
+#: once to assign the ticket (``buffer`` -1), again to grant a batch buffer, or to cancel it.
+ASSIGN = np.dtype([
+    ("seq", "<i8"),           # 0, 1, 2, ... per producer
+    ("ticket", "<i8"),
+    ("stream", "<i8"),
+    ("epoch", "<i8"),
+    ("step", "<i8"),
+    ("buffer", "<i8"),        # granted buffer, -1 not yet, CANCELLED: drop the work
+    ("grant", "<i8"),         # grant id to echo in the buffer header
+    ("check", "<u8"),
+])
+
+WAITING, CANCELLED = -1, -2
+OK, FAILED = 0, 1
+
+#: Start of a DPULoader batch payload, followed by labels int64[batch_size], the images
+#: (n samples) and ``bad_bytes`` of JSON {index: message} of samples newly skipped.
+PAYLOAD_HEADER = np.dtype([
+    ("n", "<i8"),
+    ("bad_bytes", "<i8"),
+    ("read_ns", "<i8"),
+    ("process_ns", "<i8"),
+    ("publish_ns", "<i8"),
+    ("version", "<i8"),
+    ("reserved", "<i8", (2,)),
+])
+BAD_REPORT_BYTES = 16384
+SPEC_VERSION = WIRE_VERSION
+
+
+def payload_bytes(batch_size, sample_bytes):
+    """Bytes of one batch payload: header, int64 labels, images (``sample_bytes`` each) and
+    the bad-sample report."""
+    return PAYLOAD_HEADER.itemsize + 8 * batch_size + batch_size * sample_bytes \
+        + BAD_REPORT_BYTES
+
+for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
+    assert _dt.itemsize % 64 == 0, _dt
+for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN):   # sealed: 64 bytes, check word last
+    assert _dt.itemsize == 64 and _dt.names[-1] == "check" and _dt.fields["check"][1] == 56
+
+_MIX = 0x9E3779B97F4A7C15
+_SEED = 0x6470755F70697065   # "dpu_pipe"
+_MASK = (1 << 64) - 1
+_WORDS = struct.Struct("<7Q")
+
+
+def align(n):
+    """``n`` rounded up to a multiple of :data:`ALIGN` bytes."""
+    return (int(n) + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _checksum(raw):
+    """64-bit mix of the 7 words before the check word of a 64-byte record (bytes-like).
+    Plain integers: a record is read on every poll, and numpy scalars cost 10x more."""
+    acc = _SEED
+    for w in _WORDS.unpack_from(raw):
+        acc = ((acc ^ w) * _MIX) & _MASK
+        acc ^= acc >> 29
+    return acc
+
+
+def pack(dtype, **fields):
+    """A one-record array of ``dtype`` with ``fields`` set (others zero); records ending in a
+    ``check`` word come back sealed."""
+    rec = np.zeros(1, dtype)
+    for name, value in fields.items():
+        rec[name] = value
+    if "check" in dtype.names:
+        seal(rec)
+    return rec
+
+
+def unpack(raw, dtype):
+    """The record of ``dtype`` at the start of the bytes ``raw`` as a dict of Python ints
+    (copied, so the caller may keep it after the memory changes)."""
+    rec = np.frombuffer(raw, dtype, count=1)[0] if not isinstance(raw, np.ndarray) \
+        else raw[:dtype.itemsize].view(dtype)[0]
+    return {name: (rec[name].tolist()) for name in dtype.names}
+
+
+def seal(rec):
+    """Set the ``check`` word of the one-record array ``rec`` from its other fields."""
+    rec["check"] = _checksum(rec.tobytes())
+
+
+def intact(raw, dtype):
+    """The record of ``dtype`` at the start of ``raw`` (bytes view) as a dict, or None when
+    its check word does not match (half written, or never written)."""
+    snap = bytes(raw[:dtype.itemsize])   # one snapshot, then verify it
+    if int.from_bytes(snap[56:64], "little") != _checksum(snap):
+        return None
+    layout, names = _plain(dtype)
+    return dict(zip(names, layout.unpack(snap)))
+
+
+_PLAIN = {}
+_CODES = {"<i8": "q", "<u8": "Q", "<i4": "i", "<u4": "I"}
+
+
+def _plain(dtype):
+    """A struct.Struct reading a sealed record's fields (they tile it exactly); of an array
+    field (reserved words) the dict keeps the last element."""
+    got = _PLAIN.get(dtype)
+    if got is None:
+        fmt, names = "<", []
+        for _, n in sorted((dtype.fields[n][1], n) for n in dtype.names):
+            ft = dtype.fields[n][0]
+            count = int(np.prod(ft.shape)) if ft.shape else 1   # reserved words: skipped
+            fmt += _CODES[ft.base.str] * count
+            names += [n] * count
+        got = _PLAIN[dtype] = (struct.Struct(fmt), names)
+        assert got[0].size == dtype.itemsize, dtype
+    return got
+
+
+def check_version(version, who):
+    if version != WIRE_VERSION:
+        raise ConfigError(f"{who} speaks dpu_pipe wire format {version}, this rank speaks "
+                          f"{WIRE_VERSION}: install the same dpu_pipe version on hosts and DPUs")
+
+
+class HostLayout:
+    """Byte offsets of the host window: ``buffers`` batch buffers of ``slot_bytes`` payload
+    bytes and ``producers`` status records. Host memory is :attr:`total_bytes`, about
+    ``buffers x slot_bytes``."""
+
+    def __init__(self, buffers, slot_bytes, producers):
+        self.buffers, self.slot_bytes, self.producers = int(buffers), int(slot_bytes), \
+            int(producers)
+        self.status_offset = 0
+        self.buffers_offset = align(self.status_offset + self.producers * STATUS.itemsize)
+        self.stride = BUFFER_HEADER.itemsize + align(self.slot_bytes)
+        self.total_bytes = self.buffers_offset + self.buffers * self.stride
+
+    def status(self, producer):
+        """Offset of the status record of group rank ``producer`` (>= 1)."""
+        return self.status_offset + (producer - 1) * STATUS.itemsize
+
+    def header(self, buffer):
+        return self.buffers_offset + buffer * self.stride
+
+    def payload(self, buffer):
+        return self.header(buffer) + BUFFER_HEADER.itemsize
+
+
+class ProducerLayout:
+    """Byte offsets of a producer's window: the control record and :data:`QUEUE` entries."""
+
+    total_bytes = CONTROL.itemsize + QUEUE * ASSIGN.itemsize
+
+    @staticmethod
+    def entry(seq):
+        return CONTROL.itemsize + (seq % QUEUE) * ASSIGN.itemsize

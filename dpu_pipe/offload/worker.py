@@ -1,0 +1,384 @@
+"""The producer rank's loop (``python -m dpu_pipe.worker``): serve this rank's host until it
+stops.
+
+The loop, one thread, never blocks for long:
+
+1. take the host's requests (point-to-point, pickled ``(id, kind, payload)``) and start their
+   handlers;
+2. run one *piece* of every handler that is a generator (see below);
+3. publish made batches whose buffers the host granted (``Put``, ``Flush``, header);
+4. make the next assigned batch into this rank's own memory when it holds fewer than
+   ``DEPTH`` made batches (produce ahead, so it is busy whatever the host's buffer count);
+5. heartbeat; sleep a little (backing off to ``poll_interval``) when nothing happened.
+
+Request handlers (the extension point for work other than the training stream, e.g.
+evaluating a model on a validation shard between batches)::
+
+    from dpu_pipe.offload.worker import handler
+
+    @handler("ping")
+    def ping(ctx, payload):
+        return payload                        # a value: replied at once
+
+    @handler("count")
+    def count(ctx, payload):
+        total = 0
+        for chunk in range(payload):          # a generator: one piece per loop turn,
+            total += chunk                    # interleaved with batch production
+            yield
+        return total                          # replied when it finishes
+
+A handler gets the :class:`Context` (``ctx.comm`` the host group, ``ctx.rank``, ``ctx.streams``
+the open pipelines, ``ctx.transport``) and the payload the host sent. Its return value (any
+picklable object; keep it small) goes back to the host's :class:`~transport.Reply`; an
+exception goes back as type, message and traceback (the host raises
+:class:`~transport.RemoteError`). Handlers are registered at import: a module that defines
+some is imported by :func:`serve` when listed in :data:`HANDLER_MODULES`.
+
+Bulk data (a weights snapshot): a payload of a few MB may travel in the request itself (it is
+received whole before the handler starts). For more, post a non-blocking receive in the
+handler and yield until it completes, so batches keep flowing meanwhile; the host's side of
+the transfer progresses in its MPI calls (every ``next()``, ``poll()``, ``Reply.done()``)::
+
+    # host
+    replies = transport.request("load-weights", {"nbytes": blob.nbytes, "tag": 77})
+    sends = [transport.comm.Isend(blob, dest=r.to, tag=77) for r in replies]
+    # producer
+    @handler("load-weights")
+    def load(ctx, payload):
+        buf = np.empty(payload["nbytes"], np.uint8)
+        req = ctx.comm.Irecv(buf, source=0, tag=payload["tag"])
+        while not req.Test():
+            yield
+        ctx.weights = buf
+        return buf.nbytes
+
+Built-in kinds: ``"spec"`` (open a pipeline: ``(stream id, spec dict)``) and ``"ping"``
+(echo, used by tests and liveness checks).
+"""
+
+import argparse
+import importlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..mpi import load_mpi
+from ..sources import open_source
+from ..steps import StepProducer
+from ..transforms import TransformConfig
+from . import wire
+from .roles import discover_roles, host_comm
+from .transport import CANCELLED, ProducerTransport, error_record
+from .validation import ValidationService, open_channel
+
+__all__ = ["serve", "main", "handler", "Context", "HANDLERS", "HANDLER_MODULES", "DEPTH"]
+
+#: Batches a producer makes ahead into its own memory (its memory bound: DEPTH batches
+#: of the largest stream, plus the decoder's scratch).
+DEPTH = 2
+#: {kind: handler}; see the module docstring. "resize" is reserved (the window itself).
+HANDLERS = {}
+#: Modules imported by :func:`serve` before it starts, for their handlers.
+HANDLER_MODULES = []
+
+
+def handler(kind):
+    """Register the decorated function as the handler of requests of ``kind``."""
+    def register(fn):
+        HANDLERS[kind] = fn
+        return fn
+    return register
+
+
+class Maker:
+    """A pipeline opened from a host's spec: a StepProducer and ``DEPTH`` batch buffers."""
+
+    def __init__(self, spec):
+        if spec.get("version") != wire.SPEC_VERSION:
+            raise ConfigError(f"pipeline spec version {spec.get('version')} is not "
+                              f"{wire.SPEC_VERSION}: host and producers run different "
+                              "dpu_pipe versions")
+        transform = TransformConfig.from_dict(spec["transform"])
+        self.steps = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
+                                  seed=spec["seed"], shuffle=spec["shuffle"],
+                                  rank=spec["rank"], world_size=spec["world_size"],
+                                  shard_tail=spec["shard_tail"], drop_last=spec["drop_last"],
+                                  num_threads=spec["num_threads"],
+                                  on_error=spec["on_error"])
+        shape, dtype = self.steps.batch_shape, transform.np_dtype
+        self.free = [(np.empty(shape, dtype), np.empty(self.steps.batch_size, np.int64))
+                     for _ in range(DEPTH)]
+        self.reported = set()
+
+    def _bad_report(self):
+        """JSON of bad samples the host has not heard of, as many as fit the report area;
+        the rest go with the next batches."""
+        entries, size = {}, 0
+        for index, message in sorted(self.steps.bad_samples.items()):
+            if index in self.reported:
+                continue
+            item = len(json.dumps({str(index): message}))
+            if size + item > wire.BAD_REPORT_BYTES:
+                if not entries:  # one message longer than the area: shortened
+                    entries[str(index)] = message[:wire.BAD_REPORT_BYTES // 2]
+                    self.reported.add(index)
+                break
+            entries[str(index)] = message
+            self.reported.add(index)
+            size += item
+        return entries
+
+    def make(self, work, publish_ns=0):
+        """Fill a free buffer pair with ``work``'s batch: sets ``work.parts`` (header,
+        labels, images, bad report); the pair comes back with :meth:`give_back`."""
+        images, labels = self.free.pop()
+        tm = self.steps.timings
+        read0, proc0 = tm["read_s"], tm["process_s"]
+        try:
+            n = self.steps.produce(work.epoch, work.step, images, labels)
+        except BaseException:
+            self.free.append((images, labels))
+            raise
+        entries = self._bad_report()
+        report = json.dumps(entries).encode() if entries else b""
+        head = wire.pack(wire.PAYLOAD_HEADER, n=n, bad_bytes=len(report),
+                         read_ns=round((tm["read_s"] - read0) * 1e9),
+                         process_ns=round((tm["process_s"] - proc0) * 1e9),
+                         publish_ns=publish_ns, version=wire.WIRE_VERSION)
+        work.parts = [head, labels, images[:n], np.frombuffer(report, np.uint8)]
+        work.buffers = (images, labels, [int(i) for i in entries])
+
+    def give_back(self, work, delivered=True):
+        """Take back ``work``'s buffers; when it was not delivered, the bad samples it
+        reported go with a later batch."""
+        if work.buffers is not None:
+            images, labels, reported = work.buffers
+            self.free.append((images, labels))
+            if not delivered:
+                self.reported.difference_update(reported)
+            work.buffers = None
+
+
+class Context:
+    """What a request handler may use: ``comm`` (host group), ``rank`` (group rank),
+    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: Maker})."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.comm = transport.comm
+        self.rank = transport.rank
+        self.streams = {}
+
+
+@handler("ping")
+def _ping(ctx, payload):
+    return payload
+
+
+@handler("spec")
+def _spec(ctx, payload):
+    stream, spec = payload
+    key = json.dumps(spec, sort_keys=True)
+    for maker in ctx.streams.values():   # the same pipeline again: reuse the open source
+        if getattr(maker, "key", None) == key:
+            ctx.streams[stream] = maker
+            return stream
+    maker = Maker(spec)
+    maker.key = key
+    ctx.streams[stream] = maker
+    return stream
+
+
+class _Worker:
+    def __init__(self, transport):
+        self.t = transport
+        self.ctx = Context(transport)
+        self.made = []          # Work made, waiting for a grant, in seq order
+        self.running = []         # (id, generator) of handlers running in pieces
+        self.backoff_max = transport.poll_interval
+        self.publish_ns = 0
+        self.current = None     # the Work being made, by the maker thread
+        self.future = None
+        # Batches are made on a thread (the kernel releases the GIL) so that this loop keeps
+        # publishing granted batches, beating and answering requests meanwhile.
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="dpu_pipe-maker")
+
+    def _finish(self, rid, ok, value):
+        self.t.reply(rid, ok, value)
+
+    def _start(self, rid, kind, payload):
+        if kind == "resize":  # the window itself: every made batch of the old one is void
+            self._collect(wait=True)
+            for work in self.made:
+                maker = self.ctx.streams.get(work.stream)
+                if maker is not None:
+                    maker.give_back(work, delivered=False)
+            self.made = []
+            self.t.resize()
+            return
+        fn = HANDLERS.get(kind)
+        try:
+            if fn is None:
+                raise ConfigError(f"no handler for request kind {kind!r} on this producer "
+                                  f"(known: {sorted(HANDLERS)})")
+            out = fn(self.ctx, payload)
+        except Exception as exc:  # noqa: BLE001 - goes back to the host with its traceback
+            self._finish(rid, False, error_record(exc))
+            return
+        if hasattr(out, "__next__") and hasattr(out, "send"):
+            self.running.append((rid, out))
+        else:
+            self._finish(rid, True, out)
+
+    def _step_handlers(self):
+        busy = False
+        for rid, gen in list(self.running):
+            busy = True
+            try:
+                next(gen)
+            except StopIteration as stop:
+                self.running.remove((rid, gen))
+                self._finish(rid, True, stop.value)
+            except Exception as exc:  # noqa: BLE001
+                self.running.remove((rid, gen))
+                self._finish(rid, False, error_record(exc))
+        return busy
+
+    def _done_seq(self):
+        """Every assignment below this one is finished: the oldest one held, else the next."""
+        held = [w.seq for w in self.made] + ([self.current.seq] if self.current else [])
+        return min(held) if held else self.t.next_seq
+
+    def _publish_granted(self):
+        busy = False
+        for work in list(self.made):
+            g = self.t.granted(work)
+            if g is None:
+                continue
+            busy = True
+            self.made.remove(work)
+            if g != CANCELLED:
+                # Reported with the next batch: this one's header is already out.
+                self.publish_ns = self.t.publish(work, *g)
+            maker = self.ctx.streams.get(work.stream)
+            if maker is not None:
+                maker.give_back(work, delivered=g != CANCELLED)
+        return busy
+
+    def _collect(self, wait=False):
+        """Move the batch the maker thread finished to ``made``; True when one was."""
+        if self.future is None or not (wait or self.future.done()):
+            return False
+        exc = self.future.result()
+        work, self.future, self.current = self.current, None, None
+        return self._made(work, exc)
+
+    def _made(self, work, exc):
+        if exc is not None:
+            self.t.fail(work, exc)
+        self.t.working = -1
+        self.made.append(work)
+        return True
+
+    def _make_next(self):
+        busy = self._collect()
+        # At most DEPTH batches held: the one being made and those waiting for a grant.
+        if self.future is not None or len(self.made) >= DEPTH:
+            return busy
+        work = self.t.next_work()
+        if work is None:
+            return busy
+        self.current = work
+        maker = self._maker(work.stream)
+        self.t.working = work.ticket
+        self.t.beat(force=True, done=self._done_seq())
+        if maker is None:
+            self.current = None
+            return self._made(work, ConfigError(f"no pipeline spec for stream {work.stream} "
+                                                "arrived"))
+        self.future = self.pool.submit(self._make, maker, work, self.publish_ns)
+        return True
+
+    @staticmethod
+    def _make(maker, work, publish_ns):
+        """Maker thread: returns the exception making ``work`` raised, or None."""
+        try:
+            maker.make(work, publish_ns)
+        except Exception as exc:  # noqa: BLE001 - delivered to the host for that step
+            return exc
+        return None
+
+    def _maker(self, stream):
+        """The stream's pipeline; its spec travels on the request channel and may be a
+        moment behind the assignment that needs it."""
+        deadline = time.monotonic() + self.t.setup_timeout
+        while stream not in self.ctx.streams:
+            for rid, kind, payload in self.t.requests():
+                self._start(rid, kind, payload)
+            if stream in self.ctx.streams or time.monotonic() > deadline:
+                break
+            if self.t.stop_requested():
+                return None
+            self.t.beat(done=self._done_seq())
+            time.sleep(0.001)
+        return self.ctx.streams.get(stream)
+
+    def run(self):
+        idle = 0.0
+        while True:
+            busy = False
+            for rid, kind, payload in self.t.requests():
+                self._start(rid, kind, payload)
+                busy = True
+            if self.t.stop_requested():
+                return
+            busy |= self._step_handlers()
+            busy |= self._publish_granted()
+            busy |= self._make_next()
+            busy |= self._publish_granted()
+            self.t.beat(done=self._done_seq())
+            if busy:
+                idle = 0.0
+            else:
+                idle = min(self.backoff_max, max(2e-5, idle * 2))
+                time.sleep(idle)
+
+
+def serve(comm=None, *, hostmap=None):
+    """Serve this rank's host until it stops (collective start-up with the hosts of
+    ``comm``, default ``COMM_WORLD``). Returns the number of batches this rank delivered."""
+    MPI = load_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    for name in HANDLER_MODULES:
+        importlib.import_module(name)
+    roles = discover_roles(comm, "producer", hostmap=hostmap)
+    group = host_comm(comm, roles)
+    # Validation snapshots are served by a low-priority thread of their own, in the gaps
+    # between batches (see dpu_pipe.offload.validation).
+    validation = ValidationService(open_channel(group, "producer"))
+    validation.start()
+    transport = ProducerTransport(group)
+    # On an exception no clean shutdown is attempted: python -m mpi4py aborts the job.
+    loop = _Worker(transport)
+    loop.run()
+    loop.pool.shutdown(wait=True)
+    validation.stop()
+    transport.close()
+    group.Free()
+    return transport.made
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dpu_pipe.worker", description=__doc__)
+    p.add_argument("--hostmap", default=None,
+                   help="host:producer hostname pairs, as DPU_PIPE_HOSTMAP")
+    args = p.parse_args(argv)
+    serve(hostmap=args.hostmap)
+
+
+if __name__ == "__main__":
+    main()
