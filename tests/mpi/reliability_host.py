@@ -136,7 +136,8 @@ def run_soak(args, src):
     common = dict(on_error="skip", timeout=args.timeout, **kw(args))
     train = DPULoader(src, args.batch, slots=3, **extra, **common)
     val = DPULoader(src, args.batch, train=False, shuffle=False, slots=2, **extra, **common)
-    local = {t: Loader(src, args.batch, num_threads=t, **common) for t in (1, 2)}
+    local = {t: Loader(src, args.batch, num_threads=t, rank=0, world_size=1, **common)
+             for t in (1, 2)}
     rows = []
     last = None
     bad_before = {}
@@ -176,7 +177,7 @@ def run_soak(args, src):
     val.close()
     for loader in local.values():
         loader.close()
-    with Loader(src, args.batch, **common) as fresh:
+    with Loader(src, args.batch, rank=0, world_size=1, **common) as fresh:
         fresh.set_epoch(args.epochs - 1)
         same_last = same(copy_epoch(fresh), last)
     return {"rows": rows, "last_epoch_equals_fresh_loader": same_last, "bad": bad,
