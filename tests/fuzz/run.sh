@@ -8,7 +8,8 @@
 #                                         (6 targets: about 2.5 minutes with start-up)
 # With the sanitizer build (scripts/asan/build.sh) the targets run under ASan+UBSan and the
 # extensions' and libjpeg's edges guide the fuzzer; without it, the plain build is fuzzed and
-# only Python edges are seen (crashes still end the run); FUZZ_BUILD=plain forces that. Logs: build/fuzz/logs/<target>.log;
+# only Python edges are seen (crashes still end the run; -keep_seed keeps every seed JPEG in
+# the corpus, since without native edges they all look alike); FUZZ_BUILD=plain forces that. Logs: build/fuzz/logs/<target>.log;
 # a crashing input: build/fuzz/artifacts/<target>/. Exit status: non-zero if any target failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,7 +52,8 @@ for t in $TARGETS; do
   log=$OUT/logs/$t.log
   [ "$MODE" = smoke ] && log=$OUT/logs/smoke-$t.log
   start=$SECONDS
-  nice -n 5 "${RUN[@]}" tests/fuzz/fuzz.py "$t" "${limit[@]}" -timeout=20 -rss_limit_mb=3000 \
+  nice -n 5 "${RUN[@]}" tests/fuzz/fuzz.py "$t" "${limit[@]}" -keep_seed=1 -timeout=20 \
+    -rss_limit_mb=3000 \
     -max_len=8192 -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$t/" "${dirs[@]}" \
     >"$log" 2>&1
   rc=$?
