@@ -39,6 +39,7 @@ from several threads at once.
 import csv
 import hashlib
 import os
+import stat
 
 import numpy as np
 
@@ -145,8 +146,22 @@ class _FileSource(Source):
 
     def read(self, i):
         path = self._path(i)
+        if "\0" in path:  # the OS cannot name it: open() would raise ValueError
+            raise DecodeError("cannot read: the path contains a NUL byte", index=i, path=path)
         try:
-            with open(path, "rb") as f:
+            # Non-blocking open: a FIFO listed as a sample would otherwise block until a
+            # writer appears. Only regular files are samples: a device such as /dev/zero
+            # never ends, and a FIFO's contents are whatever some writer sends.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                f = open(fd, "rb") if regular else None
+            finally:
+                if not regular:
+                    os.close(fd)
+            if f is None:
+                raise DecodeError("cannot read: not a regular file", index=i, path=path)
+            with f:
                 return f.read()
         except OSError as e:
             raise DecodeError(f"cannot read: {e}", index=i, path=path) from e

@@ -572,7 +572,9 @@ cdef class BufferList:
         self._alloc(offsets.shape[0])
         self.keep = data
         for i in range(self.n):
-            if offsets[i] < 0 or lengths[i] < 0 or offsets[i] + lengths[i] > total:
+            # offsets[i] + lengths[i] could overflow int64 and pass a sum test.
+            if (offsets[i] < 0 or lengths[i] < 0 or offsets[i] > total
+                    or lengths[i] > total - offsets[i]):
                 raise ConfigError(f"record {i} (offset {offsets[i]}, length {lengths[i]}) "
                                  f"lies outside the {total}-byte buffer")
             self.sizes[i] = lengths[i]

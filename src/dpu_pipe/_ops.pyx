@@ -98,7 +98,18 @@ cdef extern from *:
         for (; i < n; i++)
             dst[i] = (unsigned short)_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
     }
+    #if defined(__clang__) && __clang_major__ < 16
+    /* Clang before 16 does not know "f16c" in __builtin_cpu_supports: read CPUID instead
+       ("avx" also checks that the OS saves the YMM registers F16C needs). */
+    #include <cpuid.h>
+    static int ops_have_f16c(void) {
+        unsigned int a, b, c, d;
+        return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d)
+               && (c & bit_F16C) != 0;
+    }
+    #else
     static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
+    #endif
     #else
     static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
         (void)src; (void)dst; (void)n;
