@@ -50,14 +50,7 @@ def table(res):
     return "\n".join(lines)
 
 
-# The offload transport does not yet serve a second loader on the same producers: the val
-# DPULoader's first step is never made after the train DPULoader's epoch (PipeTimeout naming
-# the step), in both modes. Strict: the test fails as soon as that works, to drop the mark.
-SECOND_LOADER = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a val DPULoader after a train DPULoader on the same producers: step 0 never made"))
-
-
-@pytest.fixture(scope="module", params=[pytest.param(m, marks=SECOND_LOADER) for m in MODES])
+@pytest.fixture(scope="module", params=MODES)
 def soak(data, tmp_path_factory, request):
     """One soak run per mode: (mode, results, the job's $TMPDIR)."""
     mode = request.param
@@ -86,7 +79,10 @@ def test_soak_resources_stay_flat_and_the_stream_stays_right(soak):
     assert seen == {str(i) for i in BAD} and set(res["val_bad"]) == seen, res
     rows = res["rows"]
     assert len(rows) == EPOCHS and len(rows[0]["ranks"]) == 3, rows[0]
-    first, last = rows[0], rows[-1]
+    # The baseline is the second epoch: in hybrid mode a producer may make nothing in the
+    # first one (the host's threads took the work while it opened the pipeline), and its
+    # first batch then starts its maker thread and imports what decoding needs.
+    first, last = rows[min(1, len(rows) - 1)], rows[-1]
     for name, s0 in first["ranks"].items():
         s1 = last["ranks"][name]
         assert s0 is not None and s1 is not None, (name, first, last)
