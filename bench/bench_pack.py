@@ -87,28 +87,6 @@ print(json.dumps({"open_heap": heap, "open_anon": r1["RssAnon"] - r0["RssAnon"],
 """
 
 
-class _TinySource:
-    """``n`` 24-byte records (a PNG signature and the index)."""
-
-    classes = None
-
-    def __init__(self, n):
-        import numpy as np
-        self.labels = np.arange(n, dtype=np.int64) % 1000
-
-    def __len__(self):
-        return len(self.labels)
-
-    def read(self, i):
-        return b"\x89PNG\r\n\x1a\n" + i.to_bytes(16, "little")
-
-    def relpath(self, i):
-        return f"d/{i}.png"
-
-    def spec(self):
-        return {"kind": "synthetic", "count": len(self)}
-
-
 def _child(code, *args):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env,
@@ -154,10 +132,11 @@ def bench_pack(root, n, rounds, threads, tmp):
 def bench_lazy(sizes, tmp):
     sys.path.insert(0, str(REPO))
     from dpu_pipe import pack
+    from dpu_pipe.tools.sample_data import TinySource
     rows = {}
     for n in sizes:
         out = os.path.join(tmp, f"tiny-{n}")
-        pack(_TinySource(n), out, shard_size=64 * 2**20, progress=False, verify=False)
+        pack(TinySource(n), out, shard_size=64 * 2**20, progress=False, verify=False)
         rows[n] = _child(_LAZY_CHILD, out, n)
         rows[n]["index_mb"] = n * 56 / 2**20
         shutil.rmtree(out)

@@ -23,6 +23,7 @@ from dpu_pipe.loader import Loader
 from dpu_pipe.packed import format as fmt
 from dpu_pipe.packed import writer as writer_mod
 from dpu_pipe.packed.reader import PackedShard
+from dpu_pipe.tools.sample_data import TinySource
 from dpu_pipe.sources import (FileList, ImageFolder, PackedSource, as_source, open_path,
                               open_source)
 
@@ -551,27 +552,6 @@ def test_random_corruption_never_escapes_as_another_error(sharded):
 
 
 # -- lazy index loading -----------------------------------------------------------------
-
-class TinySource:
-    """A source of ``n`` 24-byte records (a PNG signature + the index), for scale tests."""
-
-    classes = None
-
-    def __init__(self, n):
-        self.labels = np.arange(n, dtype=np.int64) % 1000
-
-    def __len__(self):
-        return len(self.labels)
-
-    def read(self, i):
-        return b"\x89PNG\r\n\x1a\n" + i.to_bytes(16, "little")
-
-    def relpath(self, i):
-        return f"d/{i}.png"
-
-    def spec(self):
-        return {"kind": "tiny", "count": len(self)}
-
 
 _MEMORY_PROBE = r"""
 import json, os, sys, tracemalloc

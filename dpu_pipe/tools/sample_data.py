@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from .progress import bar
 
 __all__ = ["make_imagenet_like", "photo_corpus", "dataset_files", "MANIFEST_NAME",
-           "default_cache_dir", "sample_dataset"]
+           "default_cache_dir", "sample_dataset", "TinySource"]
 
 MANIFEST_NAME = "dpu_pipe_sample.json"
 # Bump when the generator changes so an old cached dataset is rebuilt instead of reused.
@@ -391,3 +391,26 @@ def dataset_files(root):
     index = {c: k for k, c in enumerate(names)}
     rels = sorted(m["sizes"], key=lambda r: r.rsplit("/", 1)[1])
     return [Path(root) / r for r in rels], [index[r.split("/", 1)[0]] for r in rels]
+
+
+class TinySource:
+    """A source of ``n`` 24-byte records (a PNG signature, then the index as 16 bytes) with
+    labels ``index % 1000``: packing and index-loading at the scale of millions of records,
+    where what is measured is the format, not the images."""
+
+    classes = None
+
+    def __init__(self, n):
+        self.labels = np.arange(n, dtype=np.int64) % 1000
+
+    def __len__(self):
+        return len(self.labels)
+
+    def read(self, i):
+        return b"\x89PNG\r\n\x1a\n" + int(i).to_bytes(16, "little")
+
+    def relpath(self, i):
+        return f"d/{i}.png"
+
+    def spec(self):
+        return {"kind": "tiny", "count": len(self)}
