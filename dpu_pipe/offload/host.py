@@ -105,6 +105,7 @@ class HostGroup:
         self.producers = self.group.Get_size() - 1
         self.setup_timeout = setup_timeout
         self._transport = None
+        self._setup_failed = None
         self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
         self.active = None          # the loader whose tickets are in flight
         self.next_stream = 1
@@ -122,9 +123,18 @@ class HostGroup:
         the largest buffer count and batch size reserved so far (collective with this
         host's producers, which wait for it from their start)."""
         if self._transport is None and self.producers:
+            if self._setup_failed is not None:
+                raise ConfigError(f"the host window could not be made: {self._setup_failed}")
             buffers, slot_bytes = self._want
-            self._transport = HostTransport(self.group, buffers=buffers, slot_bytes=slot_bytes,
-                                            setup_timeout=self.setup_timeout)
+            try:
+                self._transport = HostTransport(self.group, buffers=buffers,
+                                                slot_bytes=slot_bytes,
+                                                setup_timeout=self.setup_timeout)
+            except BaseException as exc:
+                # The producers are stuck in the same start-up: the job has to end, and
+                # close() must not try again (python -m mpi4py aborts on the exception).
+                self._setup_failed = exc
+                raise
         return self._transport
 
     def activate(self, loader):
@@ -160,7 +170,7 @@ class HostGroup:
             self.open = False
             if self.active is not None:
                 self.active._suspend()
-            if self._transport is None and self.producers:
+            if self._transport is None and self.producers and self._setup_failed is None:
                 # The producers wait for the window from their start: make a minimal one
                 # so that they are released the same way.
                 self._want = (1, 0)

@@ -122,7 +122,16 @@ class _Endpoint:
         self._inflight = []
 
     def _allocate(self, my_bytes):
-        self.win = self._MPI.Win.Allocate(my_bytes, 1, comm=self.comm)
+        try:
+            self.win = self._MPI.Win.Allocate(my_bytes, 1, comm=self.comm)
+        except self._MPI.Exception as exc:
+            who = (f"group rank {self.rank} (world rank "
+                   f"{self._MPI.COMM_WORLD.Get_rank()} on {socket.gethostname()}, "
+                   f"pid {os.getpid()})")
+            raise ConfigError(
+                f"cannot allocate the {my_bytes}-byte RMA window on {who}: "
+                f"{exc.Get_error_string()} — memory or /dev/shm is short; lower slots or "
+                f"batch_size, or free /dev/shm") from exc
         self.win.Lock_all()
         self.mem = np.frombuffer(self.win.tomemory(), np.uint8)
         self.mem[:] = 0
@@ -411,6 +420,9 @@ class HostTransport(_Endpoint):
         backoff = _Backoff(self.poll_interval)
         while t.ready is None:
             self.poll()
+            if t.ready is None and self.quarantined and not self.free \
+                    and t.owner not in (None, LOCAL) and t.buffer < 0:
+                self._reclaim(t)
             if between is not None:
                 between()
             if t.ready is not None:
@@ -583,6 +595,20 @@ class HostTransport(_Endpoint):
                     self.describe(peer.rank), why, len(back),
                     f"; {len(self.quarantined)} window buffer(s) quarantined"
                     if self.quarantined else "")
+
+    def _reclaim(self, t):
+        """Takeover: the batch awaited next is assigned to a live producer, but no buffer
+        is free and none will be (the others are quarantined or hold later batches, which
+        are consumed after this one): the host's threads make it instead."""
+        peer = self.peers[t.owner]
+        self._write_entry(peer, t, CANCELLED)
+        self._flush({peer.rank})
+        peer.entries.pop(t.seq, None)
+        t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
+        t.local_only = True
+        self.pool = sorted(self.pool + [t.ticket])
+        log.info("%s: no window buffer left for epoch %d step %d; the host makes it",
+                 self.describe(peer.rank), t.epoch, t.step)
 
     def _free_buffer(self, b):
         if b not in self.quarantined and b not in self.free:
