@@ -33,7 +33,7 @@ def test_bench_train_quick_writes_json_and_plots(tmp_path):
     for point in results["points"].values():
         configs = {r["config"]: r for r in point["configs"]}
         assert sorted(configs) == [1, 2, 3, 4, 5, 6]
-        for c in (1, 2, 3, 4, 5):
+        for c in (1, 2, 3, 4, 5, 6):
             assert "skipped" not in configs[c], configs[c]
             assert len(configs[c]["epochs"]) == results["args"]["epochs"]
     from PIL import Image
