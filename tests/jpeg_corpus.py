@@ -274,3 +274,22 @@ def to_arithmetic(data, *, progressive=False):
         raise ToolUnavailable("arithmetic transcode failed: "
                               + proc.stderr.decode("utf-8", "replace")[-300:])
     return proc.stdout
+
+
+# --- datasets on disk ----------------------------------------------------------------------------
+
+def write_file(path, data):
+    """Write ``data`` to ``path``, making its parent directories."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def assert_same_samples(a, b):
+    """Two sources hold the same samples: count, labels, classes, bytes and paths."""
+    assert len(a) == len(b)
+    assert np.array_equal(a.labels, b.labels)
+    assert a.classes == b.classes
+    for i in range(len(a)):
+        assert a.read(i) == b.read(i), i
+        assert a.relpath(i) == b.relpath(i)

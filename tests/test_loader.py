@@ -44,18 +44,12 @@ def _image(i):
                        subsampling=("420", "444", "422")[i % 3])
 
 
-def _write(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """ImageFolder of N samples, one class folder each: label == sample index."""
     root = tmp_path_factory.mktemp("loader") / "folder"
     for i in range(N):
-        _write(str(root / f"c{i:03d}" / "img.jpg"), _image(i))
+        jc.write_file(str(root / f"c{i:03d}" / "img.jpg"), _image(i))
     src = ImageFolder(root)
     assert src.labels.tolist() == list(range(N))
     return src
@@ -508,7 +502,7 @@ def make_dataset(root, n, bad=None, special=None):
         else:
             data = _image(i)
         if data is not None:
-            _write(path, data)
+            jc.write_file(path, data)
         rows.append((path, i))
     return FileList(rows)
 

@@ -46,18 +46,12 @@ def _image(i):
                        mode=mode)
 
 
-def _write(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """ImageFolder of N samples in 3 classes."""
     root = tmp_path_factory.mktemp("packed") / "folder"
     for i in range(N):
-        _write(str(root / f"c{i % 3}" / f"img{i:03d}.jpg"), _image(i))
+        jc.write_file(str(root / f"c{i % 3}" / f"img{i:03d}.jpg"), _image(i))
     return ImageFolder(root)
 
 
@@ -79,15 +73,6 @@ def transcoded(folder, tmp_path_factory):
     return _pack(folder, out, shard_size=8000, transcode=True)
 
 
-def assert_same_samples(a, b):
-    assert len(a) == len(b)
-    assert np.array_equal(a.labels, b.labels)
-    assert a.classes == b.classes
-    for i in range(len(a)):
-        assert a.read(i) == b.read(i), i
-        assert a.relpath(i) == b.relpath(i)
-
-
 def shard_records(path):
     """RECORD entries of a shard, parsed from its bytes."""
     return fmt.parse_shard(open(path, "rb").read())[1]
@@ -101,7 +86,7 @@ def test_sharded_round_trip(folder, tmp_path, shard_size, alignment):
     out = tmp_path / "ds"
     packed = _pack(folder, out, shard_size=shard_size, alignment=alignment)
     assert isinstance(packed, PackedSource)
-    assert_same_samples(folder, packed)
+    jc.assert_same_samples(folder, packed)
     ds = packed.dataset
     want_shards = {1: N, 8000: None, "1GiB": 1}[shard_size]
     if want_shards is not None:
@@ -120,7 +105,7 @@ def test_sharded_round_trip(folder, tmp_path, shard_size, alignment):
         assert np.all(recs["flags"] == 0) and np.all(recs["format"] == 1)
         assert np.array_equal(recs["orig_length"], recs["length"])
     reopened = PackedSource(out / "manifest.dpk")  # the manifest opens it too
-    assert_same_samples(folder, reopened)
+    jc.assert_same_samples(folder, reopened)
     assert reopened.describe(3) == (f"packed dataset {out}, shard {int(ds.shard_of(3))}, "
                                     f"record 3 ({folder.relpath(3)})")
     assert ds.meta["formats"] == {"jpeg": N} and ds.meta["unreadable"] == 0
@@ -132,9 +117,9 @@ def test_sharded_round_trip(folder, tmp_path, shard_size, alignment):
 def test_file_list_and_repack(folder, tmp_path):
     rows = FileList([(folder.describe(i), i * 11 - 3) for i in range(N)])
     first = _pack(rows, tmp_path / "a", shard_size=20000)
-    assert_same_samples(rows, first)
+    jc.assert_same_samples(rows, first)
     second = _pack(first, tmp_path / "b", shard_size=5000)  # a packed source packs too
-    assert_same_samples(rows, second)
+    jc.assert_same_samples(rows, second)
     assert first.dataset.num_shards != second.dataset.num_shards
 
 
@@ -180,10 +165,10 @@ def test_transcoded_records(folder, transcoded):
 def test_spec_and_pickle_reopen_lazily(sharded):
     import pickle
     again = open_source(json.loads(json.dumps(sharded.spec())))
-    assert_same_samples(sharded, again)
+    jc.assert_same_samples(sharded, again)
     blob = pickle.dumps(sharded)
     assert len(blob) < 1000
-    assert_same_samples(sharded, pickle.loads(blob))
+    jc.assert_same_samples(sharded, pickle.loads(blob))
 
 
 def test_open_path_recognises_packed_datasets(sharded, folder, tmp_path):
@@ -644,7 +629,7 @@ def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     }
     root = tmp_path / "mixed"
     for rel, (data, _, _) in cases.items():
-        _write(str(root / rel), data)
+        jc.write_file(str(root / rel), data)
     src = ImageFolder(root)
     packed = _pack(src, tmp_path / "out", transcode=True)
     for i in range(len(src)):
@@ -832,7 +817,7 @@ def test_cmyk_arithmetic_12_bit_and_lossless_jpegs(tmp_path):
              for name in want}
     rows = []
     for name, data in datas.items():
-        _write(str(tmp_path / "in" / f"{name}.jpg"), data)
+        jc.write_file(str(tmp_path / "in" / f"{name}.jpg"), data)
         rows.append((str(tmp_path / "in" / f"{name}.jpg"), len(rows)))
     packed = _pack(FileList(rows), tmp_path / "ds", transcode=True)
     for i, name in enumerate(want):

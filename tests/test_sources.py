@@ -15,6 +15,8 @@ from dpu_pipe import pack
 from dpu_pipe.errors import ConfigError, DecodeError
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource, open_path, open_source
 
+import jpeg_corpus as jc
+
 
 def jpeg_bytes(seed):
     """A small JPEG whose bytes differ for every seed (size and colour depend on it)."""
@@ -235,15 +237,6 @@ def test_file_list_missing_list(tmp_path):
         FileList(tmp_path / "nope.txt")
 
 
-def assert_same_samples(a, b):
-    assert len(a) == len(b)
-    assert np.array_equal(a.labels, b.labels)
-    assert a.classes == b.classes
-    for i in range(len(a)):
-        assert a.read(i) == b.read(i), i
-        assert a.relpath(i) == b.relpath(i)
-
-
 # -- spec, open_source, pickling ----------------------------------------------------------
 
 def all_sources(folder, listed, tmp_path):
@@ -265,7 +258,7 @@ def test_spec_round_trip(folder, listed, tmp_path):
         again = open_source(spec)
         assert type(again) is type(src), name
         assert again.spec() == spec
-        assert_same_samples(src, again)
+        jc.assert_same_samples(src, again)
 
 
 def test_open_source_refuses_a_different_dataset(folder, tmp_path):
@@ -292,7 +285,7 @@ def test_pickle(folder, listed, tmp_path):
     for name, src in all_sources(folder, listed, tmp_path).items():
         blob = pickle.dumps(src)
         again = pickle.loads(blob)
-        assert_same_samples(src, again)
+        jc.assert_same_samples(src, again)
         if name == "packed":  # pickles its path, not its data
             assert len(blob) < 1000
             assert again.path == src.path
