@@ -65,6 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..batch import load_other_formats
 from ..errors import ConfigError
 from ..mpi import load_mpi
 from ..sources import open_source
@@ -110,8 +111,12 @@ class Maker:
                                   num_threads=spec["num_threads"],
                                   on_error=spec["on_error"])
         shape, dtype = self.steps.batch_shape, transform.np_dtype
-        self.free = [(np.empty(shape, dtype), np.empty(self.steps.batch_size, np.int64))
+        # Touched now (zeros, not empty) and OpenCV imported now: a producer's memory is
+        # what it holds after start-up, not something that grows with the first batch or the
+        # first PNG of an epoch.
+        self.free = [(np.zeros(shape, dtype), np.zeros(self.steps.batch_size, np.int64))
                      for _ in range(DEPTH)]
+        load_other_formats()
         self.reported = set()
 
     def _bad_report(self):
@@ -206,6 +211,7 @@ class _Worker:
         # Batches are made on a thread (the kernel releases the GIL) so that this loop keeps
         # publishing granted batches, beating and answering requests meanwhile.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="dpu_pipe-maker")
+        self.pool.submit(int).result()   # started now: threads stay flat after start-up
 
     def _finish(self, rid, ok, value):
         self.t.reply(rid, ok, value)

@@ -63,13 +63,24 @@ def job_pids():
     return me, sorted(pids)
 
 
-def proc_stats(pid):
-    """RSS (bytes), open fds and threads of process ``pid``."""
+def _status(pid):
     with open(f"/proc/{pid}/status") as f:
-        status = dict(line.split(":", 1) for line in f if ":" in line)
+        return dict(line.split(":", 1) for line in f if ":" in line)
+
+
+def proc_stats(pid):
+    """RSS (bytes), open fds and threads of process ``pid``.
+
+    Threads are the fewest seen over 0.5 s: the OpenMP team of a loader thread that just
+    ended exits on its own a moment later, while a leaked thread stays in every sample."""
+    status = _status(pid)
+    threads = int(status["Threads"])
+    for _ in range(10):
+        time.sleep(0.05)
+        threads = min(threads, int(_status(pid)["Threads"]))
     return {"rss": int(status["VmRSS"].split()[0]) * 1024,
             "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": int(status["Threads"])}
+            "threads": threads}
 
 
 def tmp_files():
@@ -168,6 +179,9 @@ def run_soak(args, src):
                                              for k, p in enumerate(producers)]:
             try:
                 row["ranks"][name] = proc_stats(pid)
+                if pid == os.getpid():   # names the thread when one is left behind
+                    row["ranks"][name]["thread_names"] = sorted(
+                        t.name for t in threading.enumerate())
             except OSError:
                 row["ranks"][name] = None
         rows.append(row)
