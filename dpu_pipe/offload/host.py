@@ -152,10 +152,11 @@ class HostGroup:
     def grow(self, buffers, slot_bytes):
         """Make the window again for a loader larger than the window (collective with the
         producers, after the stream in flight is cancelled and its held batch released)."""
-        if self.active is not None:
-            self.active._suspend()
-            if self.active._stream is not None:
-                self.active._stream._release_held()
+        active = self.active        # suspending it leaves no loader active
+        if active is not None:
+            active._suspend()
+            if active._stream is not None:
+                active._stream._release_held()
         self.reserve(buffers, slot_bytes)
         log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
         self._transport.resize(*self._want)
