@@ -11,7 +11,8 @@ Without ``--refuse`` the runtime registers memory: a loader of batch 4 and one s
 epochs, a loader of batch 6 and three slots makes the window again (resize) and runs one,
 then the first loader a third epoch in the new window; every copy must read the window
 registered at the time, no staging buffer may exist, no copy's source may change before the
-copy completed, and each window must be unregistered once, while it still exists. With
+copy completed, and each window must be unregistered once, while it still exists. Then one
+hybrid epoch: batches of the producers from the window, of the host threads staged. With
 ``--refuse TEXT`` registration fails with TEXT: two epochs through staging buffers, the reason
 logged once and reported by ``stats()``.
 
@@ -104,9 +105,22 @@ def run(args):
         big.close()
         dl.close()
         assert not dev.pinned, f"{len(dev.pinned)} staging buffers were made"
+        # Hybrid: batches of the producers from the window, those of host threads staged.
+        hy = DPULoader(src, 4, mode="hybrid", host_threads=1, slots=1, device="cuda", **kw)
+        hy.out.backend = dev
+        copies = epoch_on_device(hy, dev, ref[0], "hybrid epoch 0")
+        sh = hy.stats()
+        region = hy.out.window
+        from_window = sum(c.inside(region.base, region.nbytes) for c in copies)
+        staged = sum(dev.in_staging(c) for c in copies)
+        assert from_window + staged == len(copies), (from_window, staged, len(copies))
+        by_host = sh["steps_per_producer"].get("0", 0)
+        assert (sh["device_batches_staged"], sh["device_batches_from_window"]) == \
+            (by_host, len(ref[0]) - by_host) == (staged // 2, from_window // 2), sh
+        hy.close()
         result.update(stats={k: v for k, v in s.items() if k.startswith("device")},
                       big_stats={k: v for k, v in sb.items() if k.startswith("device")},
-                      windows=windows, fence_waited=waited,
+                      hybrid_by_host=by_host, windows=windows, fence_waited=waited,
                       said=[m for m in warnings.messages if "pinned" in m])
     dl.close()
     shutdown()
