@@ -1,6 +1,7 @@
 """Host side of the device scenarios, run under mpiexec (MPMD) by ``test_device_offload.py``::
 
-    mpiexec -n 1 python -m mpi4py tests/mpi/device_host.py --data D --out O [--refuse TEXT] \\
+    mpiexec -n 1 python -m mpi4py tests/mpi/device_host.py --data D --out O \\
+          [--refuse TEXT | --real] \\
           : -n 2 python -m mpi4py -m dpu_pipe.worker
 
 DPULoaders with ``device="cuda"`` on the fake device runtime of ``tests/fake_device.py``,
@@ -14,7 +15,7 @@ registered at the time, no staging buffer may exist, no copy's source may change
 copy completed, and each window must be unregistered once, while it still exists. Then one
 hybrid epoch: batches of the producers from the window, of the host threads staged. With
 ``--refuse TEXT`` registration fails with TEXT: two epochs through staging buffers, the reason
-logged once and reported by ``stats()``.
+logged once and reported by ``stats()``. With ``--real``: two epochs on the CUDA device.
 
 Writes ``<out>/host0.json`` and prints ``OK host=0`` on success.
 """
@@ -65,8 +66,10 @@ def run(args):
         t = host_group().transport
         alive.append(t.win is not None and t.mem is not None and t.mem.ctypes.data == ptr)
 
-    dev = FakeDevice(delay=args.copy_delay, refuse=args.refuse, on_unregister=window_alive)
     ref = reference_epochs(src, 4, 3, **one, **kw)
+    if args.real:
+        return run_real(src, ref, kw)
+    dev = FakeDevice(delay=args.copy_delay, refuse=args.refuse, on_unregister=window_alive)
     dl = DPULoader(src, 4, slots=1, device="cuda", **kw)
     dl.out.backend = dev
     result = {}
@@ -128,12 +131,33 @@ def run(args):
     return result
 
 
+def run_real(src, ref, kw):
+    """Two epochs on the CUDA device, compared with the Loader's stream."""
+    import torch
+    from dpu_pipe import DPULoader
+    from dpu_pipe.offload.host import shutdown
+
+    dl = DPULoader(src, 4, slots=1, device="cuda", **kw)
+    for e in range(2):
+        outs = [(x, y) for x, y in dl]
+        torch.cuda.synchronize()
+        assert len(outs) == len(ref[e])
+        for j, (x, y) in enumerate(outs):
+            assert x.device.type == y.device.type == "cuda", (x.device, y.device)
+            check_same((x.cpu(), y.cpu()), ref[e][j], f"cuda epoch {e} step {j}")
+    s = dl.stats()
+    dl.close()
+    shutdown()
+    return {"stats": {k: v for k, v in s.items() if k.startswith("device")}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--copy-delay", type=float, default=0.03, help="fake copy time, s")
     ap.add_argument("--refuse", default=None, help="registration fails with this message")
+    ap.add_argument("--real", action="store_true", help="the CUDA device, no fake")
     args = ap.parse_args()
     t0 = time.monotonic()
     result = run(args)

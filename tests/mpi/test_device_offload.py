@@ -13,7 +13,7 @@ import pytest
 from mpi_launch import run_mpi
 from offload_host import make_dataset
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,3 +63,15 @@ def test_refused_registration_stages_every_batch(data, tmp_path):
     assert len(res["said"]) == 1 and REFUSAL in res["said"][0]
     assert res["staging_buffers"] == 4          # 2 staging slots x (images, labels)
     assert [e[0] for e in res["log"]] == ["register"] and res["alive"] == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_cuda_device_from_the_window(data, tmp_path):
+    res = launch(data, str(tmp_path), "--real")
+    s = res["stats"]
+    assert s["device_batches_from_window"] + s["device_batches_staged"] == 24, s
+    # The MPI's window memory may be refused by the driver: then staging, with the reason.
+    if s["device_path"] == "window":
+        assert s["device_batches_from_window"] == 24, s
+    else:
+        assert s["device_path_reason"], s
