@@ -14,15 +14,15 @@ numpy / torch on the CPU       **a view of a ring buffer**: valid until the next
 ``device="cuda"``              a new device tensor; the host side goes through a ring of two
                                pinned staging buffers, copied with ``non_blocking=True`` on a
                                side stream that the consumer's stream waits on
-``device="cuda"``, DPULoader   a new device tensor copied with ``non_blocking=True`` straight
-in offload/hybrid mode         from the batch's slot of the RMA window, which is registered as
-                               pinned memory (``cudaHostRegister`` through
-                               ``torch.cuda.cudart()``): no host-side copy. The slot goes back
-                               to the producers only once the copy's event has completed.
-                               Where registration is unavailable or refused (an older torch,
-                               memory the driver will not pin), the staging path above, with
-                               one logged reason. Batches made by hybrid host threads are
-                               staged.
+DPULoader, ``device="cuda"``   offload and hybrid modes: a new device tensor copied with
+                               ``non_blocking=True`` straight from the batch's slot of the RMA
+                               window, which is registered as pinned memory
+                               (``cudaHostRegister`` through ``torch.cuda.cudart()``): no
+                               host-side copy. The slot goes back to the producers only once
+                               the copy's event has completed. Where registration is
+                               unavailable or refused (an older torch, memory the driver will
+                               not pin), the staging path above, with one logged reason.
+                               Batches made by hybrid host threads are staged.
 =============================  ==================================================================
 
 So batches kept across iterations (``held = [(x, y) for x, y in loader]``) are safe on a

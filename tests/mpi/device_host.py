@@ -20,6 +20,7 @@ logged once and reported by ``stats()``. With ``--real``: two epochs on the CUDA
 Writes ``<out>/host0.json`` and prints ``OK host=0`` on success.
 """
 import argparse
+import logging
 import os
 import sys
 import time
@@ -43,7 +44,8 @@ def epoch_on_device(dl, dev, ref, where):
     copies = dev.copies[first:]
     assert len(copies) == 2 * len(ref), (where, len(copies))     # images, labels
     late = [c for c in copies if c.event.overwritten]
-    assert not late, f"{where}: {len(late)} copies read a window slot given back before they completed"
+    assert not late, (f"{where}: {len(late)} copies whose source was overwritten before they "
+                      f"completed")
     return copies
 
 
@@ -52,8 +54,6 @@ def run(args):
     from dpu_pipe.offload.host import host_group, shutdown
     from dpu_pipe.sources import open_path
     from fake_device import FakeDevice
-
-    import logging
 
     warnings = Warnings()
     logging.getLogger("dpu_pipe").addHandler(warnings)
