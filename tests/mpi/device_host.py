@@ -85,12 +85,16 @@ def run(args):
         windows = []
 
         def in_window(copies, where):
+            mem = host_group().transport.mem
+            window = (mem.ctypes.data, mem.nbytes)
             region = dl.out.window
-            assert region.nbytes, f"{where}: the window is not registered: {region.reason}"
-            outside = [c for c in copies if not c.inside(region.base, region.nbytes)]
+            assert (region.base, region.nbytes) == window, \
+                f"{where}: registered {region.base, region.nbytes} ({region.reason}), " \
+                f"the window is {window}"
+            outside = [c for c in copies if not c.inside(*window)]
             assert not outside, f"{where}: {len(outside)} copies not from the window"
-            if (region.base, region.nbytes) not in windows:
-                windows.append((region.base, region.nbytes))
+            if window not in windows:
+                windows.append(window)
 
         waited = 0
         for e in range(2):
