@@ -271,7 +271,7 @@ class DPULoader(Loader):
                 mode = "local"
         self.mode = mode
         self._remote = {"bytes": 0, "batches": 0, "read_s": 0.0, "process_s": 0.0,
-                        "publish_s": 0.0, "per_producer": {}, "host_samples": 0,
+                        "publish_s": 0.0, "per_producer": {}, "host_samples": 0, "polls": 0,
                         "producer_samples": 0}
         self._remote_bad = {}
 
@@ -318,7 +318,10 @@ class DPULoader(Loader):
     def stats(self):
         """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
         read/decode+augment/publish seconds, batches per producer rank (0: host threads),
-        and samples made by each side (``producer_samples``, ``host_samples``)."""
+        and samples made by each side (``producer_samples``, ``host_samples``), and the
+        window polls made while waiting for batches (``host_polls``; each costs the host
+        ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
+        time instead of polling)."""
         d = super().stats()
         if self.mode != "local":
             r = self._remote
@@ -326,7 +329,8 @@ class DPULoader(Loader):
                      producer_read_s=r["read_s"], producer_process_s=r["process_s"],
                      producer_publish_s=r["publish_s"],
                      steps_per_producer={str(k): v for k, v in r["per_producer"].items()},
-                     producer_samples=r["producer_samples"], host_samples=r["host_samples"])
+                     producer_samples=r["producer_samples"], host_samples=r["host_samples"],
+                     host_polls=r["polls"])
         return d
 
 
@@ -509,7 +513,10 @@ class _Stream:
             if self.makers:
                 self._run_local()
 
-        d = t.wait(ticket, timeout=loader.timeout, between=between)
+        # Hybrid: the host's threads get their turn on every poll, so no naps.
+        polls = t.polls
+        d = t.wait(ticket, timeout=loader.timeout, between=between, nap=not self.makers)
+        loader._remote["polls"] += t.polls - polls
         self.pending.popleft()
         self.held = ticket
         # Grant the buffer just given back before the caller's training step, so producers

@@ -505,8 +505,10 @@ def run_concurrency(args, src, warnings):
             count += 1
         it = iter(dl)
     seconds = time.monotonic() - t0
+    stats = dl.stats()
     return {"batches": count, "seconds": seconds, "rate": count / seconds,
-            "steps_per_producer": dl.stats()["steps_per_producer"]}
+            "steps_per_producer": stats["steps_per_producer"], "polls": stats["host_polls"],
+            "all_batches": stats["batches"]}
 
 
 def run_misc(args, src, warnings):

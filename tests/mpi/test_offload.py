@@ -346,6 +346,20 @@ def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots
     assert len(res["steps_per_producer"]) == producers, res
 
 
+@pytest.mark.parametrize("env", ["shm", "nolocal"])
+def test_a_host_waiting_for_a_slow_producer_sleeps_instead_of_polling(data, tmp_path, env):
+    """One producer at 0.3 s per batch (test-only wrapper): the host, always waiting, naps
+    through most of each batch. Polling alone would take ~70 polls per batch (pacing up to
+    5 % of the time waited); the naps must not cost throughput."""
+    out = str(tmp_path)
+    job = launch(1, 1, "concurrency", out, "--data", data, "--slots", "2", "--epochs", "2",
+                 "--size", "16", worker_args=("--fixed-delay", "0.3"), env=env, limit=120)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert res["rate"] >= 0.85 / 0.3, res
+    assert res["polls"] <= 30 * res["all_batches"], res
+
+
 @pytest.fixture(scope="module")
 def misc_run(data, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("misc"))
