@@ -84,7 +84,7 @@ SLOW_FACTOR, SLOW_FLOOR = 10, 1.0
 
 #: A host waiting for a batch its producer is making sleeps through the expected rest of it,
 #: waking this share of the producer's usual batch time early, at most NAP_MAX seconds at once.
-NAP_MARGIN, NAP_MAX = 0.2, 0.5
+NAP_MARGIN, NAP_MAX = 0.1, 0.5
 
 
 class _Backoff:
@@ -99,11 +99,11 @@ class _Backoff:
         self.start = time.monotonic()
 
     def __call__(self, nap=0.0):
-        """Sleep the next delay, or ``nap`` seconds when that is longer (then tight again:
-        the batch is due)."""
+        """Sleep the next delay, or ``nap`` seconds when that is longer (then ``longest``
+        again: the batch is due)."""
         if nap > self.delay:
             time.sleep(nap)
-            self.delay = 0.0
+            self.delay = self.longest / 2
             return
         if self.delay:
             time.sleep(self.delay)
