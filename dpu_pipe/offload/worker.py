@@ -124,23 +124,26 @@ class Maker:
         self.free = [np.zeros(self.layout.end(self.layout.batch_size), np.uint8)
                      for _ in range(DEPTH)]
         load_other_formats()
-        self.reported = set()
+        # {stream: sample indices reported}: streams sharing this pipeline are loaders of
+        # their own, and each one's bad_samples lists every bad sample it met.
+        self.reported = {}
 
-    def _bad_report(self):
-        """JSON of bad samples the host has not heard of, as many as fit the report area;
-        the rest go with the next batches."""
+    def _bad_report(self, stream):
+        """JSON of bad samples the host's ``stream`` has not heard of, as many as fit the
+        report area; the rest go with the next batches."""
         entries, size = {}, 0
+        reported = self.reported.setdefault(stream, set())
         for index, message in sorted(self.steps.bad_samples.items()):
-            if index in self.reported:
+            if index in reported:
                 continue
             item = len(json.dumps({str(index): message}))
             if size + item > wire.BAD_REPORT_BYTES:
                 if not entries:  # one message longer than the area: shortened
                     entries[str(index)] = message[:wire.BAD_REPORT_BYTES // 2]
-                    self.reported.add(index)
+                    reported.add(index)
                 break
             entries[str(index)] = message
-            self.reported.add(index)
+            reported.add(index)
             size += item
         return entries
 
@@ -156,7 +159,7 @@ class Maker:
         except BaseException:
             self.free.append(buf)
             raise
-        entries = self._bad_report()
+        entries = self._bad_report(work.stream)
         report = json.dumps(entries).encode() if entries else b""
         self.layout.write_header(buf, n=n, bad_bytes=len(report),
                                  read_ns=round((tm["read_s"] - read0) * 1e9),
@@ -172,7 +175,7 @@ class Maker:
             buf, reported = work.buffers
             self.free.append(buf)
             if not delivered:
-                self.reported.difference_update(reported)
+                self.reported[work.stream].difference_update(reported)
             work.buffers = None
 
 
