@@ -216,7 +216,11 @@ class _BaseLoader:
 
 
 class Loader(_BaseLoader):
-    """Iterable of ``(images, labels)`` batches decoded and augmented on this host.
+    """Iterable of ``(images, labels)`` batches decoded and augmented on this host
+    (``(images, labels, meta)`` with ``return_meta``).
+
+    Labels are the source's: int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s float32
+    targets (B,) or several labels per sample (B, K), int64 or float32.
 
     Parameters
     ----------

@@ -182,8 +182,9 @@ class DPULoader(Loader):
     """:class:`~dpu_pipe.Loader` whose batches are made by producer ranks.
 
     Same arguments and behaviour as :class:`~dpu_pipe.Loader` (``len``, ``set_epoch``,
-    ``state_dict``/``load_state_dict``, ``on_error``, torch output; a yielded batch stays
-    valid until the next one is requested, also after the loop that ended an epoch), plus:
+    ``state_dict``/``load_state_dict``, ``on_error``, torch output, the source's labels
+    whatever their dtype and shape, ``return_meta``; a yielded batch stays valid until the
+    next one is requested, also after the loop that ended an epoch), plus:
 
     Parameters
     ----------
