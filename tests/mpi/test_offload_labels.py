@@ -4,6 +4,7 @@ metadata column and bad files skipped, in offload and hybrid modes, equal to the
 Loader batch by batch, images, labels and metadata."""
 import pytest
 
+from mpi_launch import ENVS
 from offload_host import make_dataset
 from test_offload import BAD, launch, read
 
@@ -12,12 +13,17 @@ pytestmark = pytest.mark.timeout(300)
 N = 32
 
 
-def test_labels_indices_and_metadata_equal_the_loader(tmp_path):
-    data = make_dataset(str(tmp_path / "data"), N, bad=BAD)
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(str(tmp_path_factory.mktemp("labels") / "data"), N, bad=BAD)
+
+
+@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+def test_labels_indices_and_metadata_equal_the_loader(data, tmp_path, env):
     out = str(tmp_path / "out")
-    # Producers 30 ms per batch: hybrid host threads make part of every stream.
+    # Producers take 30 ms per batch, so hybrid host threads make part of the streams.
     job = launch(1, 2, "labels", out, "--data", data, "--bad", ",".join(map(str, BAD)),
-                 worker_args=("--fixed-delay", "0.03"), limit=120)
+                 worker_args=("--fixed-delay", "0.03"), env=env, limit=120)
     assert job.returncode == 0, job.explain()
     runs = read(out, "host0.json")["runs"]
     assert [(r["kind"], r["mode"]) for r in runs] == [
