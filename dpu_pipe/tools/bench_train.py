@@ -563,10 +563,10 @@ def calibrate(train_src, args, classes, quick):
             fwd = _median_time(lambda: model(x), 2)
         return train, fwd
 
-    def fit_width(target, blocks):
-        """Width whose step takes about ``target`` seconds, with ``blocks``."""
-        width = 16
-        for _ in range(2 if quick else 3):
+    def fit_width(target, blocks, width):
+        """Width whose step takes about ``target`` seconds, with ``blocks``, searched from
+        ``width``."""
+        for _ in range(2 if quick else 5):
             t, _ = step_time(width, blocks)
             new = max(MIN_WIDTH, int(round(width * math.sqrt(target / t))))
             if quick:   # a smoke run: the ratio may fall short, the report says by how much
@@ -581,8 +581,9 @@ def calibrate(train_src, args, classes, quick):
         target = aug / POINTS[name]
         # Shallower models when even the narrowest is too slow: a cheap augmentation (small
         # crops, a fast machine) would otherwise never reach the augmentation-bound point.
+        width = 16
         for blocks in ARCHS:
-            width = fit_width(target, blocks)
+            width = fit_width(target, blocks, width)
             t, fwd = step_time(width, blocks)
             if t <= target * 1.25:
                 break
