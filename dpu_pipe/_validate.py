@@ -13,7 +13,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
-           "seconds", "dtype", "OUTPUT_DTYPES"]
+           "seconds", "names", "dtype", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -89,6 +89,27 @@ def choice(value, name, options):
 def seconds(value, name):
     """A finite, positive duration in seconds."""
     return number(value, name, 0.0, low_open=True)
+
+
+def names(value, name, reserved=()):
+    """A tuple of distinct, non-empty strings (None: empty), none of them in ``reserved``."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise ConfigError(f"{name} must be a list of names, got the string {value!r}")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a list of names, got {value!r}") from None
+    for v in items:
+        if not isinstance(v, str) or not v.strip() or v != v.strip():
+            raise ConfigError(f"{name} must hold non-empty names without surrounding "
+                              f"spaces, got {v!r}")
+        if v in reserved:
+            raise ConfigError(f"{name}: {v!r} is reserved (the loader's metadata has it)")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{name} must not repeat a name, got {list(items)}")
+    return items
 
 
 #: Output dtypes a loader yields, by canonical name.

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from . import _validate as _v
-from .device import OutputSpec
+from .device import OutputSpec, torch_module
 from .rng import check_epoch
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .sources import as_source
@@ -63,7 +63,7 @@ class _BaseLoader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, **transform_options):
+                 timeout=300.0, return_meta=False, **transform_options):
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -81,6 +81,7 @@ class _BaseLoader:
         self.source = source
         self.output = self.out.output
         self.copy = self.out.copy
+        self.return_meta = _v.boolean(return_meta, "return_meta")
         self.prefetch = prefetch
         self.timeout = _v.seconds(timeout, "timeout")
         self.out.timeout = self.timeout
@@ -173,6 +174,21 @@ class _BaseLoader:
     def _emit(self, images, labels):
         return self.out.emit(images, labels)
 
+    def _meta(self, indices):
+        """The ``meta`` of a batch whose rows are the samples ``indices``: a dict of columns,
+        ``"index"`` (int64, a fresh array or CPU tensor) and one list per key of the
+        source's ``metadata(i)``."""
+        index = np.array(indices, dtype=np.int64)    # a copy: ``indices`` is a ring buffer
+        lookup = getattr(self.source, "metadata", None)
+        rows = [lookup(i) for i in index.tolist()] if lookup is not None else []
+        meta = {"index": index}
+        for key in (rows[0] if rows else ()):
+            if key != "index":
+                meta[key] = [r[key] for r in rows]
+        if self.output == "torch":
+            meta["index"] = torch_module("output='torch'").from_numpy(index)
+        return meta
+
     def _advance(self):
         self._step += 1
 
@@ -203,7 +219,11 @@ class _BaseLoader:
 
 
 class Loader(_BaseLoader):
-    """Iterable of ``(images, labels)`` batches decoded and augmented on this host.
+    """Iterable of ``(images, labels)`` batches decoded and augmented on this host
+    (``(images, labels, meta)`` with ``return_meta``).
+
+    Labels are the source's: int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s float32
+    targets (B,) or several labels per sample (B, K), int64 or float32.
 
     Parameters
     ----------
@@ -259,6 +279,14 @@ class Loader(_BaseLoader):
         See :class:`dpu_pipe.steps.StepProducer`.
     copy : bool
         Yield images the caller owns.
+    return_meta : bool
+        Yield ``(images, labels, meta)``: ``meta`` is a dict of columns, one entry per row,
+        as ``DataLoader``'s default collate builds from per-sample dicts — ``meta["index"]``
+        the dataset index of each row (int64 array, or CPU tensor with torch output), and a
+        list per key of the source's ``metadata(i)`` (``"path"``: the path relative to the
+        dataset root; a :class:`~dpu_pipe.FileList`'s ``meta_columns``). With
+        ``on_error="skip"`` a replaced row names its replacement, the sample whose image and
+        label it holds. Looked up on the consumer's thread from the in-memory index.
 
     Buffers and aliasing
     --------------------
@@ -281,13 +309,9 @@ class Loader(_BaseLoader):
         nslots = self.prefetch + 1
         self._images = [np.empty(shape, dtype=self.transform.np_dtype) for _ in range(nslots)]
         labels = self.producer.labels
-        if (labels.dtype != np.int64 or labels.ndim != 1) \
-                and type(self)._make_run is not Loader._make_run:
-            raise ConfigError(f"{type(self).__name__} carries one integer label per sample; "
-                              f"labels of dtype {labels.dtype} and shape {labels.shape[1:]} "
-                              f"need the local Loader")
         self._labels = [np.empty((self.batch_size,) + labels.shape[1:], dtype=labels.dtype)
                         for _ in range(nslots)]
+        self._indices = [np.empty(self.batch_size, np.int64) for _ in range(nslots)]
         self._run = None
 
     def __iter__(self):
@@ -307,7 +331,7 @@ class Loader(_BaseLoader):
             self._run = None
 
 
-def _produce(producer, images, labels, epoch, start, end, free, ready, stop):
+def _produce(producer, images, labels, indices, epoch, start, end, free, ready, stop):
     """Producer thread body. It holds no reference to the Loader or its iterator, so a loader
     dropped without close() is collected, and its __del__ stops this thread."""
     step = start
@@ -321,7 +345,7 @@ def _produce(producer, images, labels, epoch, start, end, free, ready, stop):
                     break
                 except queue.Empty:
                     continue
-            n = producer.produce(epoch, step, images[slot], labels[slot])
+            n = producer.produce(epoch, step, images[slot], labels[slot], indices[slot])
             ready.put((step, slot, n, None))
     except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
         ready.put((step, None, 0, exc))
@@ -332,7 +356,8 @@ class _Run:
 
     It owns the position (epoch, next step, end), the check that it is still the loader's
     current iteration, the wait accounting and the output conversion; an engine provides
-    ``_next_data()`` (the next batch as ``(images, labels)`` arrays, raising on failure),
+    ``_next_data()`` (the next batch as ``(images, labels, indices)`` arrays, ``indices``
+    the dataset index of each row; raising on failure),
     ``_release_held()`` (give back the buffer of the batch the caller held) and ``close()``.
     Engines: :class:`_LocalRun` (a host thread), ``dpu_pipe.offload.host._RemoteRun``
     (producer ranks, and host threads in hybrid mode).
@@ -370,10 +395,13 @@ class _Run:
             raise StopIteration
         self._release_held()
         t0 = time.perf_counter()
-        images, labels = self._next_data()
+        images, labels, indices = self._next_data()
         loader._wait_s += time.perf_counter() - t0
         self.next_step += 1
         loader._advance()
+        if loader.return_meta:
+            x, y = loader._emit(images, labels)
+            return x, y, loader._meta(indices)
         return loader._emit(images, labels)
 
     def _next_data(self):
@@ -399,7 +427,8 @@ class _LocalRun(_Run):
             self.free.put(k)
         self.thread = threading.Thread(
             target=_produce, name="dpu_pipe-loader", daemon=True,
-            args=(loader.producer, loader._images, loader._labels, epoch, start, self.end,
+            args=(loader.producer, loader._images, loader._labels, loader._indices, epoch,
+                  start, self.end,
                   self.free, self.ready, self.stop))
         self.thread.start()
 
@@ -430,7 +459,7 @@ class _LocalRun(_Run):
                                 remote_traceback="".join(traceback.format_exception(exc))) \
                 from exc
         self.held = slot
-        return loader._images[slot][:n], loader._labels[slot][:n]
+        return loader._images[slot][:n], loader._labels[slot][:n], loader._indices[slot][:n]
 
     def close(self):
         self.stop.set()

@@ -21,6 +21,11 @@ provides:
     Class names (label ``k`` is ``classes[k]``) when the source has them.
 ``src.relpath(i) -> str``
     Sample ``i``'s path relative to the dataset root (what a packed dataset stores).
+``src.metadata(i) -> dict`` (optional)
+    Per-sample metadata from the in-memory index, the same keys for every sample: here
+    ``{"path": relpath(i)}``, plus a :class:`FileList`'s ``meta_columns``. A loader built
+    with ``return_meta=True`` yields them, looked up by the dataset index of each row; a
+    source without the method gives only the indices.
 ``src.describe(i) -> str``
     Where sample ``i`` lives, for error messages: a file path, or
     ``"packed dataset X, shard k, record i (relpath)"``.
@@ -108,6 +113,11 @@ class Source:
     def describe(self, i):
         """Where sample ``i`` lives, for error messages."""
         return self.relpath(i)
+
+    def metadata(self, i):
+        """Sample ``i``'s metadata: ``{"path": relative path}`` (no I/O for file sources; a
+        packed source reads the path from its shard's index, mapped once per shard)."""
+        return {"path": self.relpath(i)}
 
     def _all_relpaths(self):
         return (self.relpath(i) for i in range(len(self)))
@@ -339,9 +349,16 @@ class FileList(_FileSource):
     Labels: one integer per sample gives ``labels`` int64 of shape (N,), as for the other
     sources. A label that is a float (``path,0.75``) makes the array float32; several label
     columns (``path,1,0,1`` — CSV only — or rows with a sequence of numbers) give shape
-    (N, K), for multi-label or regression targets; every sample must have the same K. The
-    loader yields labels of the same dtype and shape. Only the local :class:`Loader` carries
-    such labels; the offload transport and packed files hold one integer per sample. Relative paths are resolved
+    (N, K), for multi-label or regression targets; every sample must have the same K. Both
+    loaders yield labels of the same dtype and shape (packed files hold one integer per
+    sample).
+
+    Metadata: ``meta_columns=["caption", ...]`` names CSV columns that are per-sample
+    metadata rather than labels. The list must then start with a header naming every column
+    (``path,label,caption``; the first column is the path, whatever its name, and every
+    column not in ``meta_columns`` is a label); each line has as many fields as the header.
+    Their text (stripped) is in :meth:`metadata` beside the ``"path"``. Rows take them after
+    the label: ``(path, label, caption, ...)``. Relative paths are resolved
     against ``root``, by default the list file's directory (or the working directory, for
     rows). Order and labels are kept as listed. Files are not checked at construction; a
     missing one raises :class:`DecodeError` when read.
@@ -352,22 +369,33 @@ class FileList(_FileSource):
 
     kind = "file_list"
 
-    def __init__(self, path_or_rows, root=None):
+    def __init__(self, path_or_rows, root=None, *, meta_columns=None):
+        from ._validate import names
+        meta_columns = names(meta_columns, "meta_columns", reserved=("path", "index"))
+        self.meta_columns = meta_columns
         if isinstance(path_or_rows, (str, bytes, os.PathLike)):
             list_path = os.path.abspath(os.fsdecode(path_or_rows))
-            rows = self._read_list(list_path)
+            rows = self._read_list(list_path, meta_columns)
             base = os.path.dirname(list_path)
             self._list_path = list_path
         else:
             rows = []
+            shape = "a (path, label) pair" if not meta_columns else \
+                "(path, label" + "".join(f", {c}" for c in meta_columns) + ")"
             for n, row in enumerate(path_or_rows):
                 try:
-                    path, label = row
+                    path, label, *meta = row
                     path = os.fsdecode(path)
+                    if len(meta) != len(meta_columns):
+                        raise ValueError
                 except (TypeError, ValueError):
-                    raise ConfigError(f"FileList row {n}: expected a (path, label) pair, "
-                                      f"got {row!r}") from None
-                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}"))
+                    raise ConfigError(f"FileList row {n}: expected {shape}, got {row!r}") \
+                        from None
+                for v in meta:
+                    if not isinstance(v, str):
+                        raise ConfigError(f"FileList row {n}: metadata {v!r} is not a string")
+                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}",
+                             tuple(meta)))
             base = os.getcwd()
             self._list_path = None
         if not rows:
@@ -375,11 +403,18 @@ class FileList(_FileSource):
             raise ConfigError(f"FileList is empty: no samples in {where}")
         # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
         self._root = os.path.abspath(os.fspath(root)) if root is not None else base
-        self._relpaths = [p for p, _, _ in rows]
-        self._labels = _label_array([lab for _, lab, _ in rows], [w for _, _, w in rows])
+        self._relpaths = [r[0] for r in rows]
+        self._labels = _label_array([r[1] for r in rows], [r[2] for r in rows])
+        self._meta = [r[3] for r in rows]
+
+    def metadata(self, i):
+        """``{"path": relative path as listed, <each meta column>: its text}``."""
+        meta = {"path": self.relpath(i)}
+        meta.update(zip(self.meta_columns, self._meta[i]))
+        return meta
 
     @staticmethod
-    def _read_list(list_path):
+    def _read_list(list_path, meta_columns=()):
         try:
             with open(list_path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
@@ -387,15 +422,21 @@ class FileList(_FileSource):
             raise ConfigError(f"cannot read file list: {e}") from e
         except UnicodeDecodeError as e:
             raise ConfigError(f"file list {list_path} is not UTF-8 text: {e}") from e
-        rows = []
+        rows, columns = [], None
         for lineno, line in enumerate(lines, 1):
             text = line.strip()
             if not text or text.startswith("#"):
                 continue
             where = f"{list_path}, line {lineno}"
+            if meta_columns:
+                if columns is None:
+                    columns = _header_columns(text, meta_columns, where)
+                    continue
+                rows.append(_parse_row(text, columns, where))
+                continue
             if not rows and _is_header(text):
                 continue
-            rows.append(_parse_line(text, where) + (where,))
+            rows.append(_parse_line(text, where) + (where, ()))
         return rows
 
     @property
@@ -403,10 +444,40 @@ class FileList(_FileSource):
         return self._root
 
     def _spec(self):
+        extra = {"meta_columns": list(self.meta_columns)} if self.meta_columns else {}
         if self._list_path is not None:
-            return {"path": self._list_path, "root": self._root}
-        return {"rows": [[p, lab] for p, lab in zip(self._relpaths, self._labels.tolist())],
-                "root": self._root}
+            return {"path": self._list_path, "root": self._root, **extra}
+        return {"rows": [[p, lab, *m] for p, lab, m in zip(self._relpaths,
+                                                           self._labels.tolist(), self._meta)],
+                "root": self._root, **extra}
+
+
+def _header_columns(text, meta_columns, where):
+    """Positions ``(labels, meta)`` of the columns of a ``path,...`` header line: those named
+    in ``meta_columns`` are metadata (in that order), every other one after the path a label."""
+    names = [f.strip() for f in next(csv.reader([text]))]
+    missing = [c for c in meta_columns if c not in names[1:]]
+    if missing:
+        raise ConfigError(f"{where}: meta_columns {missing} are not in the header {names} "
+                          f"(a list with meta_columns starts with a 'path,label,...' header)")
+    meta = [names.index(c, 1) for c in meta_columns]
+    labels = [k for k in range(1, len(names)) if k not in meta]
+    if not labels:
+        raise ConfigError(f"{where}: no label column left in the header {names}")
+    return len(names), labels, meta
+
+
+def _parse_row(text, columns, where):
+    """One CSV line of a list with a header: ``(path, labels, where, meta texts)``."""
+    count, labels, meta = columns
+    fields = next(csv.reader([text]))
+    if len(fields) != count:
+        raise ConfigError(f"{where}: {len(fields)} fields where the header has {count}")
+    path = fields[0].strip()
+    if not path:
+        raise ConfigError(f"{where}: empty path")
+    return (path, tuple(_parse_label(fields[k], where) for k in labels), where,
+            tuple(fields[k].strip() for k in meta))
 
 
 def _is_header(text):
@@ -538,7 +609,8 @@ def open_source(spec):
             src = ImageFolder(spec["root"], allow_empty=spec.get("allow_empty", False))
         elif kind == "file_list":
             rows = spec.get("rows")
-            src = FileList(spec["path"] if rows is None else rows, root=spec.get("root"))
+            src = FileList(spec["path"] if rows is None else rows, root=spec.get("root"),
+                           meta_columns=spec.get("meta_columns"))
         else:
             src = PackedSource(spec["path"], verify_reads=spec.get("verify_reads", False))
     except KeyError as e:

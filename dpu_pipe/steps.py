@@ -98,11 +98,15 @@ class StepProducer:
                 datas.append(b"")
         return _jpeg.BufferList.from_buffers(datas), errors
 
-    def produce(self, epoch, step, images, labels):
-        """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``.
+    def produce(self, epoch, step, images, labels, out_indices=None):
+        """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``, and
+        ``out_indices[:n]`` (when given) with the dataset index of each row.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...). Returns n, the batch's
+        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...), ``out_indices``
+        int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``, except where
+        ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]`` then names the
+        replacement, the sample whose image and label the row holds. Returns n, the batch's
         sample count.
         """
         indices = self.step_indices(epoch, step)
@@ -117,7 +121,10 @@ class StepProducer:
         errors.update(read_errors)
         labels[:n] = self.labels[indices]
         if errors:
+            indices = indices.copy()   # rows replaced below name their replacement
             self._handle_errors(epoch, step, indices, errors, images, labels)
+        if out_indices is not None:
+            out_indices[:n] = indices
         t3 = time.perf_counter()
         tm = self.timings
         tm["read_s"] += t1 - t0
@@ -152,6 +159,7 @@ class StepProducer:
                 err = self._single(epoch, cand, images[j:j + 1])
                 if err is None:
                     labels[j] = self.labels[cand]
+                    indices[j] = cand
                     break
                 self._record_bad(cand, err)
             else:

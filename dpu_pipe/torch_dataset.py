@@ -4,9 +4,10 @@ dataset behind a ``DataLoader`` (Lightning, Accelerate).
     ds = loader.iterable_dataset()
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
 
-Each element is one whole batch made by the loader (``batch_size=None`` turns off the
-DataLoader's own batching); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the
-loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
+Each element is one whole batch made by the loader, ``(images, labels)`` or, with
+``return_meta=True``, ``(images, labels, meta)`` (``batch_size=None`` turns off the
+DataLoader's own batching; its default conversion leaves the meta dict's lists and tensors as
+they are); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
 copy it and read the dataset once per worker, so the view refuses to run in one.
 """
 

@@ -25,18 +25,19 @@ def test_hand_computed_case():
     assert p["producer_capacity"] == 1100
     assert p["batch_seconds_per_core"] == 0.2                # 10 images at 50 img/s
     assert p["slots"] == 24                                   # 22 producers + 2
-    assert p["slot_bytes"] == 64 + 10 * 8 + 10 * 192 + 16384 == 18448  # header 64 B
-    assert p["window_bytes"] == 24 * 18448
-    assert p["producer_rank_bytes"] == 1000 + (1920 + 80) + 500 == 3500
-    assert p["producer_memory_bytes"] == 22 * 3500
-    assert p["to_host_bytes_per_s"] == 1000 * (192 + 8)
+    # header 64 B, then indices and labels (10 x 8 B each) padded to 64 B, images, report
+    assert p["slot_bytes"] == 256 + 10 * 192 + 16384 == 18560
+    assert p["window_bytes"] == 24 * 18560
+    assert p["producer_rank_bytes"] == 1000 + (256 + 1920) + 500 == 3676
+    assert p["producer_memory_bytes"] == 22 * 3676
+    assert p["to_host_bytes_per_s"] == 1000 * (192 + 16)
     assert p["dataset_read_bytes_per_s"] == 1000 * 50_000
     d = p["dpu"]
     assert d["dpus_per_host"] == 3                            # ceil(22 / 8)
     assert d["rate_per_dpu"] == 8 * 50
     assert d["ranks_per_dpu"] == 8
-    assert d["memory_per_dpu_bytes"] == 8 * 3500
-    assert d["memory_share"] == 8 * 3500 / (16 * GiB)
+    assert d["memory_per_dpu_bytes"] == 8 * 3676
+    assert d["memory_share"] == 8 * 3676 / (16 * GiB)
 
 
 def test_presets_and_exact_fit():

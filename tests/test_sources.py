@@ -237,6 +237,71 @@ def test_file_list_missing_list(tmp_path):
         FileList(tmp_path / "nope.txt")
 
 
+# -- per-sample metadata -------------------------------------------------------------------
+
+def test_metadata_is_the_relative_path(folder, listed, tmp_path):
+    srcs = all_sources(folder, listed, tmp_path)
+    for name, src in srcs.items():
+        for i in range(len(src)):
+            assert src.metadata(i) == {"path": src.relpath(i)}, name
+    # A packed source holds the relative paths of the dataset it was made from.
+    img, pk = srcs["image_folder"], srcs["packed"]
+    assert [pk.metadata(i) for i in range(len(pk))] == \
+        [{"path": rel} for rel in reference_order(folder[1])]
+    assert [pk.metadata(i) for i in range(len(pk))] == [img.metadata(i) for i in range(len(img))]
+
+
+def test_file_list_meta_columns(tmp_path):
+    (tmp_path / "list.csv").write_text(
+        "# captions and a split beside two labels\n"
+        "file,cat,caption,dog,split\n"
+        'a.jpg,1,"a cat, sitting",0,train\n'
+        "\n"
+        "b.jpg,0, a dog ,1,val\n", encoding="utf-8")
+    src = FileList(tmp_path / "list.csv", meta_columns=["split", "caption"])
+    assert src.labels.dtype == np.int64 and src.labels.tolist() == [[1, 0], [0, 1]]
+    assert src.metadata(0) == {"path": "a.jpg", "split": "train", "caption": "a cat, sitting"}
+    assert src.metadata(1) == {"path": "b.jpg", "split": "val", "caption": "a dog"}
+    # Without meta_columns the same header means four label columns, and text is no label.
+    with pytest.raises(ConfigError, match="line 3: label 'a cat, sitting' is not an integer"):
+        FileList(tmp_path / "list.csv")
+    rows = FileList([("a.jpg", 0.5, "x"), ("b.jpg", 2, "y")], meta_columns=["note"])
+    assert rows.labels.dtype == np.float32 and rows.metadata(1) == {"path": "b.jpg", "note": "y"}
+    for lst in (src, rows):
+        again = open_source(json.loads(json.dumps(lst.spec())))
+        assert again.labels.tolist() == lst.labels.tolist()
+        assert [again.metadata(i) for i in range(2)] == [lst.metadata(i) for i in range(2)]
+
+
+@pytest.mark.parametrize("text, columns, match", [
+    ("path,label\na.jpg,1\n", ["caption"], r"line 1: meta_columns \['caption'\] are not in"),
+    ("path,caption\na.jpg,x\n", ["caption"], r"line 1: no label column left"),
+    ("path,label,caption\na.jpg,1,x\nb.jpg,2\n", ["caption"],
+     r"line 3: 2 fields where the header has 3"),
+    ("path,label,caption\na.jpg,z,x\n", ["caption"], r"line 2: label 'z' is not an integer"),
+    ("path,label,caption\n,1,x\n", ["caption"], r"line 2: empty path"),
+    ("path,label\na.jpg,1\n", ["path"], r"meta_columns: 'path' is reserved"),
+    ("path,label\na.jpg,1\n", ["index"], r"meta_columns: 'index' is reserved"),
+    ("path,label\na.jpg,1\n", "caption", r"meta_columns must be a list of names"),
+    ("path,label\na.jpg,1\n", ["a", "a"], r"must not repeat a name"),
+    ("path,label\na.jpg,1\n", [" a"], r"without surrounding spaces"),
+])
+def test_file_list_meta_column_errors(tmp_path, text, columns, match):
+    lst = tmp_path / "list.csv"
+    lst.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=match):
+        FileList(lst, meta_columns=columns)
+
+
+def test_file_list_meta_rows_errors():
+    with pytest.raises(ConfigError, match=r"row 0: expected \(path, label, note\)"):
+        FileList([("a.jpg", 1)], meta_columns=["note"])
+    with pytest.raises(ConfigError, match=r"row 0: metadata 3 is not a string"):
+        FileList([("a.jpg", 1, 3)], meta_columns=["note"])
+    with pytest.raises(ConfigError, match=r"row 0: expected a \(path, label\) pair"):
+        FileList([("a.jpg", 1, "x")])
+
+
 # -- spec, open_source, pickling ----------------------------------------------------------
 
 def all_sources(folder, listed, tmp_path):

@@ -293,10 +293,3 @@ def test_loader_yields_float_and_multi_labels(data, labels, dtype, shape):
         assert y.dtype == dtype and y.shape == (len(x),) + shape
         assert np.array_equal(y, want[4 * k:4 * k + len(x)])
         assert np.array_equal(x, rx)
-
-
-def test_offload_loader_refuses_labels_its_transport_cannot_carry(data):
-    from dpu_pipe import DPULoader
-    src = FileList([(str(data / "folder" / "c00" / "x.jpg"), (1, 2))] * 4)
-    with pytest.raises(ConfigError, match="one integer label per sample"):
-        DPULoader(src, 2, mode="local", size=16)

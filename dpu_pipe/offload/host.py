@@ -29,7 +29,6 @@ run the same :class:`~dpu_pipe.steps.StepProducer`, and batches are yielded stri
 """
 
 import atexit
-import json
 import logging
 import queue
 import threading
@@ -195,8 +194,9 @@ class DPULoader(Loader):
     """:class:`~dpu_pipe.Loader` whose batches are made by producer ranks.
 
     Same arguments and behaviour as :class:`~dpu_pipe.Loader` (``len``, ``set_epoch``,
-    ``state_dict``/``load_state_dict``, ``on_error``, torch output; a yielded batch stays
-    valid until the next one is requested, also after the loop that ended an epoch), plus:
+    ``state_dict``/``load_state_dict``, ``on_error``, torch output, the source's labels
+    whatever their dtype and shape, ``return_meta``; a yielded batch stays valid until the
+    next one is requested, also after the loop that ended an epoch), plus:
 
     Parameters
     ----------
@@ -261,6 +261,11 @@ class DPULoader(Loader):
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
+        labels = self.producer.labels
+        #: Byte layout of this loader's batches in the window (and in hybrid host threads).
+        self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
+                                         self.transform.np_dtype, labels.dtype,
+                                         labels.shape[1:])
         self.producer_threads = int(producer_threads)
         self.liveness_timeout = float(liveness_timeout)
         self.host_threads = int(host_threads)
@@ -282,13 +287,14 @@ class DPULoader(Loader):
                 "batch_size": self.batch_size, "transform": self.transform.to_dict(),
                 "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
                 "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
-                "drop_last": p.drop_last,
+                "drop_last": p.drop_last, "labels": self.layout.labels(),
                 "on_error": p.on_error, "num_threads": self.producer_threads}
 
     @property
     def payload_bytes(self):
-        """Bytes of one batch payload: header, labels, images, bad-sample report."""
-        return wire.payload_bytes(self.batch_size, self.transform.sample_bytes)
+        """Bytes of one batch payload: header, indices, labels, images, bad-sample report
+        (see :class:`~dpu_pipe.offload.wire.PayloadLayout`)."""
+        return self.layout.nbytes
 
     def _make_run(self, epoch, start):
         if self.mode == "local":
@@ -340,8 +346,7 @@ class _LocalMaker(threading.Thread):
     def __init__(self, loader, producer, free, done):
         super().__init__(name="dpu_pipe-hybrid", daemon=True)
         self.producer = producer
-        self.batch_size = loader.batch_size
-        self.transform = loader.transform
+        self.layout = loader.layout
         self.todo = queue.Queue()
         self.free, self.done = free, done
         self.busy = False
@@ -353,14 +358,12 @@ class _LocalMaker(threading.Thread):
                 return
             ticket, epoch, step, buf = item
             try:
-                images, labels = _views(buf, self.batch_size, self.transform, self.batch_size)
+                images, labels, indices = self.layout.views(buf, self.layout.batch_size)
                 tm = self.producer.timings
                 r0, p0 = tm["read_s"], tm["process_s"]
-                n = self.producer.produce(epoch, step, images, labels)
-                buf[:wire.PAYLOAD_HEADER.itemsize] = wire.pack(
-                    wire.PAYLOAD_HEADER, n=n, read_ns=round((tm["read_s"] - r0) * 1e9),
-                    process_ns=round((tm["process_s"] - p0) * 1e9),
-                    version=wire.WIRE_VERSION).view(np.uint8)
+                n = self.producer.produce(epoch, step, images, labels, indices)
+                self.layout.write_header(buf, n=n, read_ns=round((tm["read_s"] - r0) * 1e9),
+                                         process_ns=round((tm["process_s"] - p0) * 1e9))
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -368,18 +371,6 @@ class _LocalMaker(threading.Thread):
                                                                 "a host thread")))
             finally:
                 self.busy = False
-
-
-def _views(payload, batch_size, transform, n):
-    """(images (n, *sample_shape), labels (n,)) inside a payload laid out as
-    :data:`wire.PAYLOAD_HEADER`, labels int64[batch_size], images."""
-    at = wire.PAYLOAD_HEADER.itemsize
-    labels = payload[at:at + 8 * batch_size].view(np.int64)[:n]
-    at += 8 * batch_size
-    size = n * transform.sample_bytes
-    images = payload[at:at + size].view(transform.np_dtype).reshape(
-        (n,) + transform.sample_shape)
-    return images, labels
 
 
 class _Stream:
@@ -473,9 +464,7 @@ class _Stream:
                     t.deliver(ticket, buf[:len(blob)], FAILED)
                 else:
                     head = wire.unpack(buf, wire.PAYLOAD_HEADER)
-                    end = wire.PAYLOAD_HEADER.itemsize + 8 * loader.batch_size \
-                        + head["n"] * loader.transform.sample_bytes
-                    t.deliver(ticket, buf[:end], OK)
+                    t.deliver(ticket, buf[:loader.layout.end(head["n"])], OK)
             else:
                 self.local_free.append(buf)
         ready = sum(1 for tk, _, _ in self.pending if t.state(tk) == "ready")
@@ -495,8 +484,8 @@ class _Stream:
             m.todo.put((ticket, epoch, step, buf))
 
     def next(self, epoch, step):
-        """The batch for ``(epoch, step)`` as (images, labels), waiting with the loader's
-        deadline."""
+        """The batch for ``(epoch, step)`` as (images, labels, indices), waiting with the
+        loader's deadline."""
         loader, t = self.loader, self.transport
         self._release_held()
         if self.hostgroup.active is not self.loader:
@@ -529,16 +518,11 @@ class _Stream:
         payload = d.payload
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
-        images, labels = _views(payload, loader.batch_size, loader.transform, n)
-        bad_bytes = head["bad_bytes"]
-        if bad_bytes:
-            at = wire.PAYLOAD_HEADER.itemsize + 8 * loader.batch_size \
-                + n * loader.transform.sample_bytes
-            for index, message in json.loads(bytes(payload[at:at + bad_bytes])).items():
-                if int(index) not in loader._remote_bad:
-                    loader._remote_bad[int(index)] = message
-                    log.warning("producer %d skipped undecodable sample: %s", d.producer,
-                                message)
+        images, labels, indices = loader.layout.views(payload, n)
+        for index, message in loader.layout.report(payload, n, head["bad_bytes"]).items():
+            if index not in loader._remote_bad:
+                loader._remote_bad[index] = message
+                log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
         r = loader._remote
         r["bytes"] += payload.nbytes
         r["batches"] += 1
@@ -551,7 +535,7 @@ class _Stream:
             loader.producer.timings["samples"] += n
         else:
             r["host_samples"] += n
-        return images, labels
+        return images, labels, indices
 
     def _release_held(self):
         if self.held is not None:

@@ -16,6 +16,7 @@ Windows (one per host group for the whole run, displacement unit 1 byte):
 Everything is 64-byte aligned. :data:`WIRE_VERSION` changes with any layout here; ranks that
 disagree refuse to start with both versions named.
 """
+import json
 import struct
 
 import numpy as np
@@ -24,13 +25,15 @@ from ..errors import ConfigError
 
 __all__ = [
     "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
-    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "payload_bytes", "SPEC_VERSION", "WAITING", "CANCELLED",
+    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
+    "SPEC_VERSION", "WAITING", "CANCELLED",
     "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
     "align", "check_version",
 ]
 
 #: Version of every layout in this module (and of the pipeline spec's meaning).
-WIRE_VERSION = 2
+#: 3: payloads carry each row's sample index, and labels of the source's dtype and shape.
+WIRE_VERSION = 3
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3
@@ -86,10 +89,9 @@ ASSIGN = np.dtype([
 WAITING, CANCELLED = -1, -2
 OK, FAILED = 0, 1
 
-#: Start of a DPULoader batch payload, followed by labels int64[batch_size], the images
-#: (n samples) and ``bad_bytes`` of JSON {index: message} of samples newly skipped.
+#: Start of a DPULoader batch payload; :class:`PayloadLayout` places the rest.
 PAYLOAD_HEADER = np.dtype([
-    ("n", "<i8"),
+    ("n", "<i8"),             # rows in this batch (<= batch_size: a short last batch)
     ("bad_bytes", "<i8"),
     ("read_ns", "<i8"),
     ("process_ns", "<i8"),
@@ -99,13 +101,94 @@ PAYLOAD_HEADER = np.dtype([
 ])
 BAD_REPORT_BYTES = 16384
 SPEC_VERSION = WIRE_VERSION
+#: Label dtypes a payload carries: integer classes, or float targets (regression, soft or
+#: multi-label), one or several per sample.
+LABEL_DTYPES = {"int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
 
 
-def payload_bytes(batch_size, sample_bytes):
-    """Bytes of one batch payload: header, int64 labels, images (``sample_bytes`` each) and
-    the bad-sample report."""
-    return PAYLOAD_HEADER.itemsize + 8 * batch_size + batch_size * sample_bytes \
-        + BAD_REPORT_BYTES
+class PayloadLayout:
+    """Byte layout of one DPULoader batch payload, computed the same way by the producer that
+    writes it and the host that reads it (and by the host's own threads in hybrid mode)::
+
+        0                 PAYLOAD_HEADER (64 bytes)
+        indices_offset    int64[batch_size]: the dataset index of each row
+        labels_offset     label dtype [batch_size, *label_shape]
+        images_offset     images, ``sample_bytes`` per row (64-byte aligned)
+        end(n)            ``bad_bytes`` of UTF-8 JSON {index: message}: samples newly skipped
+
+    A batch of ``n < batch_size`` rows leaves the tail of the indices and labels unused and
+    ends its images at ``end(n)``. :attr:`nbytes` is the largest payload (a full batch and a
+    full report): the size of a host window slot.
+
+    Parameters
+    ----------
+    batch_size : int
+    sample_shape : tuple of int
+        One image, e.g. (3, H, W); ``image_dtype`` its numpy dtype.
+    label_dtype : "int64" or "float32" (or the numpy dtype)
+    label_shape : tuple of int
+        One sample's labels: () for one label, (K,) for K.
+    """
+
+    def __init__(self, batch_size, sample_shape, image_dtype, label_dtype="int64",
+                 label_shape=()):
+        self.batch_size = int(batch_size)
+        self.sample_shape = tuple(int(v) for v in sample_shape)
+        self.image_dtype = np.dtype(image_dtype)
+        name = np.dtype(label_dtype).name
+        if name not in LABEL_DTYPES:
+            raise ConfigError(f"labels of dtype {name} do not travel to a DPULoader: "
+                              f"use one of {', '.join(LABEL_DTYPES)}")
+        self.label_dtype = LABEL_DTYPES[name]
+        self.label_shape = tuple(int(v) for v in label_shape)
+        if any(v < 1 for v in self.label_shape):
+            raise ConfigError(f"label shape {self.label_shape} has an empty axis")
+        self.sample_bytes = int(np.prod(self.sample_shape)) * self.image_dtype.itemsize
+        label_row = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
+        self.indices_offset = PAYLOAD_HEADER.itemsize
+        self.labels_offset = self.indices_offset + 8 * self.batch_size
+        self.images_offset = align(self.labels_offset + label_row * self.batch_size)
+        self.nbytes = self.end(self.batch_size) + BAD_REPORT_BYTES
+
+    @classmethod
+    def from_spec(cls, spec, sample_shape, image_dtype):
+        """The layout of a pipeline spec's payloads (``spec["labels"]`` from :meth:`labels`)."""
+        labels = spec["labels"]
+        return cls(spec["batch_size"], sample_shape, image_dtype, labels["dtype"],
+                   labels["shape"])
+
+    def labels(self):
+        """The labels' part of a pipeline spec: ``{"dtype": name, "shape": [...]}``."""
+        return {"dtype": self.label_dtype.name, "shape": list(self.label_shape)}
+
+    def end(self, n):
+        """Offset of the bad-sample report of a batch of ``n`` rows (the end of its images)."""
+        return self.images_offset + int(n) * self.sample_bytes
+
+    def views(self, payload, n):
+        """``(images (n, *sample_shape), labels (n, *label_shape), indices (n,))``: views into
+        ``payload``, a 1-D uint8 array holding (at least) the first ``end(n)`` bytes."""
+        b = self.batch_size
+        indices = payload[self.indices_offset:self.labels_offset].view("<i8")[:n]
+        labels = payload[self.labels_offset:self.labels_offset
+                         + b * int(np.prod(self.label_shape)) * self.label_dtype.itemsize]
+        labels = labels.view(self.label_dtype).reshape((b,) + self.label_shape)[:n]
+        images = payload[self.images_offset:self.end(n)].view(self.image_dtype).reshape(
+            (n,) + self.sample_shape)
+        return images, labels, indices
+
+    def write_header(self, payload, **fields):
+        """Write the :data:`PAYLOAD_HEADER` (``fields``, and this format's version) at the
+        start of ``payload``."""
+        payload[:PAYLOAD_HEADER.itemsize] = pack(PAYLOAD_HEADER, version=WIRE_VERSION,
+                                                 **fields).view(np.uint8)
+
+    def report(self, payload, n, bad_bytes):
+        """The bad-sample report of a payload of ``n`` rows: {sample index: message}."""
+        if not bad_bytes:
+            return {}
+        at = self.end(n)
+        return {int(k): v for k, v in json.loads(bytes(payload[at:at + bad_bytes])).items()}
 
 for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
     assert _dt.itemsize % 64 == 0, _dt

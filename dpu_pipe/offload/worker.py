@@ -110,61 +110,72 @@ class Maker:
                                   shard_tail=spec["shard_tail"], drop_last=spec["drop_last"],
                                   num_threads=spec["num_threads"],
                                   on_error=spec["on_error"])
-        shape, dtype = self.steps.batch_shape, transform.np_dtype
-        # Touched now (zeros, not empty) and OpenCV imported now: a producer's memory is
-        # what it holds after start-up, not something that grows with the first batch or the
-        # first PNG of an epoch.
-        self.free = [(np.zeros(shape, dtype), np.zeros(self.steps.batch_size, np.int64))
+        self.layout = wire.PayloadLayout.from_spec(spec, transform.sample_shape,
+                                                   transform.np_dtype)
+        labels = self.steps.labels
+        if (labels.dtype, labels.shape[1:]) != (self.layout.label_dtype,
+                                                self.layout.label_shape):
+            raise ConfigError(f"the source here has labels {labels.dtype}{labels.shape[1:]}, "
+                              f"the host's {self.layout.label_dtype}{self.layout.label_shape}")
+        # Each buffer is a payload as the host receives it (its first end(batch_size) bytes),
+        # so a batch is made in place and Put as is. Touched now (zeros, not empty) and
+        # OpenCV imported now: a producer's memory is what it holds after start-up, not
+        # something that grows with the first batch or the first PNG of an epoch.
+        self.free = [np.zeros(self.layout.end(self.layout.batch_size), np.uint8)
                      for _ in range(DEPTH)]
         load_other_formats()
-        self.reported = set()
+        # {stream: sample indices reported}: streams sharing this pipeline are loaders of
+        # their own, and each one's bad_samples lists every bad sample it met.
+        self.reported = {}
 
-    def _bad_report(self):
-        """JSON of bad samples the host has not heard of, as many as fit the report area;
-        the rest go with the next batches."""
+    def _bad_report(self, stream):
+        """JSON of bad samples the host's ``stream`` has not heard of, as many as fit the
+        report area; the rest go with the next batches."""
         entries, size = {}, 0
+        reported = self.reported.setdefault(stream, set())
         for index, message in sorted(self.steps.bad_samples.items()):
-            if index in self.reported:
+            if index in reported:
                 continue
             item = len(json.dumps({str(index): message}))
             if size + item > wire.BAD_REPORT_BYTES:
                 if not entries:  # one message longer than the area: shortened
                     entries[str(index)] = message[:wire.BAD_REPORT_BYTES // 2]
-                    self.reported.add(index)
+                    reported.add(index)
                 break
             entries[str(index)] = message
-            self.reported.add(index)
+            reported.add(index)
             size += item
         return entries
 
     def make(self, work, publish_ns=0):
-        """Fill a free buffer pair with ``work``'s batch: sets ``work.parts`` (header,
-        labels, images, bad report); the pair comes back with :meth:`give_back`."""
-        images, labels = self.free.pop()
+        """Fill a free buffer with ``work``'s batch: sets ``work.parts`` (the payload up to
+        its report, then the report); the buffer comes back with :meth:`give_back`."""
+        buf = self.free.pop()
         tm = self.steps.timings
         read0, proc0 = tm["read_s"], tm["process_s"]
         try:
-            n = self.steps.produce(work.epoch, work.step, images, labels)
+            images, labels, indices = self.layout.views(buf, self.layout.batch_size)
+            n = self.steps.produce(work.epoch, work.step, images, labels, indices)
         except BaseException:
-            self.free.append((images, labels))
+            self.free.append(buf)
             raise
-        entries = self._bad_report()
+        entries = self._bad_report(work.stream)
         report = json.dumps(entries).encode() if entries else b""
-        head = wire.pack(wire.PAYLOAD_HEADER, n=n, bad_bytes=len(report),
-                         read_ns=round((tm["read_s"] - read0) * 1e9),
-                         process_ns=round((tm["process_s"] - proc0) * 1e9),
-                         publish_ns=publish_ns, version=wire.WIRE_VERSION)
-        work.parts = [head, labels, images[:n], np.frombuffer(report, np.uint8)]
-        work.buffers = (images, labels, [int(i) for i in entries])
+        self.layout.write_header(buf, n=n, bad_bytes=len(report),
+                                 read_ns=round((tm["read_s"] - read0) * 1e9),
+                                 process_ns=round((tm["process_s"] - proc0) * 1e9),
+                                 publish_ns=publish_ns)
+        work.parts = [buf[:self.layout.end(n)], np.frombuffer(report, np.uint8)]
+        work.buffers = (buf, [int(i) for i in entries])
 
     def give_back(self, work, delivered=True):
-        """Take back ``work``'s buffers; when it was not delivered, the bad samples it
+        """Take back ``work``'s buffer; when it was not delivered, the bad samples it
         reported go with a later batch."""
         if work.buffers is not None:
-            images, labels, reported = work.buffers
-            self.free.append((images, labels))
+            buf, reported = work.buffers
+            self.free.append(buf)
             if not delivered:
-                self.reported.difference_update(reported)
+                self.reported[work.stream].difference_update(reported)
             work.buffers = None
 
 

@@ -18,11 +18,12 @@ core's rate, ``B`` the batch size, ``S`` one output sample's bytes):
   the slot it claimed: with fewer slots, producers idle — 6 producers on 3 slots deliver
   0.52x the ideal rate); ``--slots`` overrides;
   window memory = slots × slot bytes, slot bytes = the transport's payload for ``B``
-  samples (header, ``B`` int64 labels, ``B × S`` image bytes, bad-sample report area);
+  samples (header, ``B`` int64 sample indices and ``B`` int64 labels padded to 64 bytes,
+  ``B × S`` image bytes, bad-sample report area);
 * producer memory per rank: the process as measured here (Python, numpy, dpu_pipe imported)
   + its batch buffers + (``--measure``) the kernel's working memory measured on the data;
   per DPU: that × the producer ranks it runs, against the preset's memory;
-* bandwidth: batches to the host ``R × (S + 8)`` bytes/s; dataset reads by the producers
+* bandwidth: batches to the host ``R × (S + 16)`` bytes/s; dataset reads by the producers
   ``R × mean JPEG bytes`` (measured from ``--data``, else ``--jpeg-bytes``).
 
 The x86 → Arm factor: this machine has no Arm CPU, so the planner cannot time a DPU core.
@@ -103,10 +104,11 @@ def _sample(data, images):
     return idx, [src.read(int(i)) for i in idx], src
 
 
-def _slot_bytes(batch, sample_bytes):
-    from ..offload.wire import payload_bytes
+def _payload(batch, transform):
+    """The transport's payload layout for ``batch`` samples of ``transform``, int labels."""
+    from ..offload.wire import PayloadLayout
 
-    return payload_bytes(batch, sample_bytes)
+    return PayloadLayout(batch, transform.sample_shape, transform.np_dtype)
 
 
 def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm_factor=1.0,
@@ -132,14 +134,16 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
     headroom = _v.number(headroom, "--headroom", 0, 10)
     if preset is not None:
         _v.choice(preset, "--preset", tuple(PRESETS))
-    sample_bytes = TransformConfig(train=True, size=size, dtype=dtype).sample_bytes
+    transform = TransformConfig(train=True, size=size, dtype=dtype)
+    sample_bytes = transform.sample_bytes
 
     core_rate = producer_rate * arm_factor
     # rounded first: 1000 * 1.1 / 50 is 22.000000000000004 in binary floating point
     cores = math.ceil(round(train_rate * (1 + headroom) / core_rate, 9))
     slots = cores + 2 if slots is None else _v.positive_int(slots, "--slots")
-    slot = _slot_bytes(batch, sample_bytes)
-    buffers = batch * sample_bytes + 8 * batch
+    layout = _payload(batch, transform)
+    slot = layout.nbytes
+    buffers = layout.end(batch)     # a producer's batch buffer: the payload before its report
     per_rank = process_bytes + buffers + (kernel_memory_bytes or 0)
     out = {
         "inputs": {"train_rate": train_rate, "producer_rate": producer_rate,
@@ -157,7 +161,7 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
         "producer_rank_parts": {"process": process_bytes, "batch_buffers": buffers,
                                 "kernel": kernel_memory_bytes},
         "producer_memory_bytes": cores * per_rank,
-        "to_host_bytes_per_s": train_rate * (sample_bytes + 8),
+        "to_host_bytes_per_s": train_rate * (sample_bytes + 16),
         "dataset_read_bytes_per_s": train_rate * jpeg_bytes,
     }
     if preset is not None:

@@ -27,6 +27,12 @@ Scenarios (each host rank runs the same one):
     After ``--kill-after`` batches the host sends ``--signal`` (KILL, or STOP for a hung
     producer) to one ``dpu_pipe.worker`` rank of this job (a child of the same MPI process
     manager) and keeps consuming; the error that ends it is recorded and re-raised.
+``labels``
+    FileLists over the dataset's files with float, multi-label and multi-float labels (each
+    unique to its sample) and a metadata column, ``on_error="skip"``, ``return_meta=True``:
+    offload and hybrid DPULoaders equal to the Loader in images, labels and metadata, batch
+    by batch, over an epoch and a mid-epoch resume in a new loader; each row's metadata
+    names the sample whose label the row carries.
 ``interleave``
     Mid-epoch validation: after 3 training batches a second DPULoader (validation transform)
     is iterated to its end, then training continues; both streams checked against the Loader.
@@ -85,6 +91,34 @@ def make_dataset(root, n, bad=None):
         with open(os.path.join(d, "img.jpg"), "wb") as f:
             f.write(bad_jpeg(bad[i]) if i in bad else sample_jpeg(i))
     return root
+
+
+def label_lists(src):
+    """{kind: FileList} over the files of ``src`` with labels of another kind, each one unique
+    to its sample (so a label names its sample), and a ``caption`` metadata column."""
+    from dpu_pipe.sources import FileList
+
+    n = len(src)
+    kinds = {"float": [i + 0.25 for i in range(n)],
+             "multi": [(i, i % 3, -i) for i in range(n)],
+             "multi-float": [(0.5 * i, -i) for i in range(n)]}
+    paths = [src.describe(i) for i in range(n)]
+    return {kind: FileList([(p, lab, f"sample {i}") for i, (p, lab) in
+                            enumerate(zip(paths, labels))], meta_columns=["caption"])
+            for kind, labels in kinds.items()}
+
+
+def check_meta(meta, ref, src, labels, where):
+    """``meta`` equals the Loader's ``ref``, and names for each row the sample whose label
+    the row carries (``labels``, as yielded)."""
+    index = as_numpy(meta["index"])
+    assert np.array_equal(index, as_numpy(ref["index"])), \
+        f"{where}: indices {index.tolist()}, Loader gives {as_numpy(ref['index']).tolist()}"
+    assert {k: v for k, v in meta.items() if k != "index"} == \
+        {k: v for k, v in ref.items() if k != "index"}, f"{where}: metadata differs"
+    assert np.array_equal(src.labels[index], as_numpy(labels)), f"{where}: index vs label"
+    assert meta["caption"] == [f"sample {i}" for i in index.tolist()], where
+    assert meta["path"] == [src.relpath(i) for i in index.tolist()], where
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -341,6 +375,48 @@ def run_bad(args, src, warnings):
                      again_is_dpu_pipe_error=isinstance(again, DpuPipeError))
         raise
     raise AssertionError("DPULoader(on_error='raise') went through a bad file")
+
+
+def run_labels(args, src, warnings):
+    from dpu_pipe import DPULoader, Loader
+
+    kw = dict(loader_kwargs(args), on_error="skip", return_meta=True)
+    bad = set(args.bad)
+    runs = []
+    for kind, lst in label_lists(src).items():
+        with Loader(lst, args.batch, **kw) as ref_loader:
+            ref = [[(x.copy(), y.copy(), m) for x, y, m in ref_loader] for _ in range(2)]
+        for mode in ("offload", "hybrid"):
+            where = f"{kind} {mode}"
+            got = []
+            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **kw) as dl:
+                got += [(0, (x.copy(), y, m)) for x, y, m in dl]
+                for x, y, m in dl:             # epoch 1: broken off after 2 batches
+                    got.append((1, (x.copy(), y, m)))
+                    if len(got) == len(ref[0]) + 2:
+                        state = dl.state_dict()
+                        break
+                stats = dl.stats()
+                skipped = sorted(dl.bad_samples)       # an epoch meets every bad file
+            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **kw) as dl:
+                dl.load_state_dict(state)      # a new loader resumes epoch 1
+                got += [(1, (x.copy(), y, m)) for x, y, m in dl]
+                stats2 = dl.stats()
+            want = [(e, b) for e in range(2) for b in ref[e]]
+            assert len(got) == len(want), (where, len(got), len(want))
+            seen = []
+            for j, ((e, (x, y, m)), (_, (u, v, rm))) in enumerate(zip(got, want)):
+                check_same((x, y), (u, v), f"{where} batch {j}")
+                assert y.dtype == lst.labels.dtype and y.shape[1:] == lst.labels.shape[1:]
+                check_meta(m, rm, lst, y, f"{where} batch {j}")
+                seen += as_numpy(m["index"]).tolist()
+            assert not bad & set(seen), f"{where}: a bad sample was delivered"
+            runs.append({"kind": kind, "mode": mode, "batches": len(got),
+                         "skipped": skipped,
+                         "host_samples": stats["host_samples"] + stats2["host_samples"],
+                         "producer_samples": stats["producer_samples"]
+                         + stats2["producer_samples"]})
+    return {"runs": runs}
 
 
 def run_interleave(args, src, warnings):
@@ -657,7 +733,7 @@ def run_worker(args):
 
 
 SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
-             "interleave": run_interleave, "matrix": run_matrix, "concurrency": run_concurrency, "misc": run_misc,
+             "interleave": run_interleave, "matrix": run_matrix, "labels": run_labels, "concurrency": run_concurrency, "misc": run_misc,
              "takeover": run_takeover, "close-early": run_close_early}
 
 

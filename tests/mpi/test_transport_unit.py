@@ -1,6 +1,8 @@
 """Parts of the offload transport that need no MPI job: wire records, producer placement,
 errors carried across the wire."""
+import json
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -153,3 +155,129 @@ def test_error_record_truncated_to_slot(capacity):
 def test_unreadable_record():
     err = _raised(b"\x80\x04garbage")
     assert type(err) is ProducerError and "unreadable" in str(err)
+
+
+# --- batch payloads: one layout at both ends ------------------------------------------------
+
+LABELS = {"int": ("int64", ()), "float": ("float32", ()), "multi": ("int64", (3,)),
+          "multi-float": ("float32", (2,))}
+IMAGES = {"u8-chw": ((3, 7, 5), "uint8"), "f32-hwc": ((9, 11, 3), "float32"),
+          "f16": ((3, 4, 4), "float16")}
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=list(IMAGES))
+@pytest.mark.parametrize("batch, n", [(1, 1), (5, 5), (5, 3)], ids=["1of1", "5of5", "3of5"])
+@pytest.mark.parametrize("label", LABELS, ids=list(LABELS))
+def test_payload_round_trip(label, batch, n, image):
+    """A producer's buffer, sent as the transport Puts its parts (payload up to the report,
+    then the report), reads back through the layout the host makes from the pipeline spec."""
+    dtype, shape = LABELS[label]
+    sample_shape, image_dtype = IMAGES[image]
+    writer = wire.PayloadLayout(batch, sample_shape, image_dtype, dtype, shape)
+    rng = np.random.default_rng(batch * 10 + n)
+    buf = np.zeros(writer.end(batch), np.uint8)
+    images, labels, indices = writer.views(buf, batch)
+    images[:] = rng.integers(0, 255, images.shape)
+    labels[:] = rng.integers(-1000, 1000, labels.shape) / (4 if dtype == "float32" else 1)
+    indices[:] = rng.integers(0, 2**40, batch)
+    sent_images, sent_labels, sent_indices = images.copy(), labels.copy(), indices.copy()
+    report = json.dumps({"7": "bad file"}).encode()
+    writer.write_header(buf, n=n, bad_bytes=len(report), read_ns=5)
+    sent = bytes(buf[:writer.end(n)]) + report
+
+    spec = json.loads(json.dumps({"batch_size": batch, "labels": writer.labels()}))
+    reader = wire.PayloadLayout.from_spec(spec, sample_shape, image_dtype)
+    assert len(sent) <= reader.nbytes
+    slot = np.zeros(reader.nbytes, np.uint8)
+    slot[:len(sent)] = np.frombuffer(sent, np.uint8)
+    head = wire.unpack(slot, wire.PAYLOAD_HEADER)
+    assert (head["n"], head["read_ns"], head["version"]) == (n, 5, wire.WIRE_VERSION)
+    got_images, got_labels, got_indices = reader.views(slot, n)
+    assert got_labels.dtype == np.dtype(dtype) and got_labels.shape == (n,) + shape
+    assert got_images.dtype == np.dtype(image_dtype)
+    assert np.array_equal(got_images, sent_images[:n])
+    assert np.array_equal(got_labels, sent_labels[:n])
+    assert np.array_equal(got_indices, sent_indices[:n])
+    assert reader.report(slot, n, head["bad_bytes"]) == {7: "bad file"}
+
+
+def test_payload_byte_layout():
+    # Offsets are the wire format between x86 hosts and aarch64 DPUs: little-endian fields,
+    # labels 8-aligned after the indices, images 64-aligned.
+    L = wire.PayloadLayout(3, (3, 2, 2), "uint8", "float32", (2,))
+    assert (L.indices_offset, L.labels_offset, L.images_offset) == (64, 64 + 24, 128)
+    assert L.end(3) == 128 + 36 and L.nbytes == 128 + 36 + wire.BAD_REPORT_BYTES
+    buf = np.zeros(L.end(3), np.uint8)
+    images, labels, indices = L.views(buf, 3)
+    indices[:] = [1, 2**40, 3]
+    labels[:] = [[0.5, -1.0], [2.0, 3.0], [4.0, 5.0]]
+    images[2] = 9
+    raw = buf.tobytes()
+    assert raw[72:80] == (2**40).to_bytes(8, "little")
+    assert raw[88:96] == struct.pack("<ff", 0.5, -1.0)
+    assert raw[128 + 24:128 + 36] == bytes([9] * 12) and raw[128:128 + 24] == bytes(24)
+    assert wire.PayloadLayout(4, (1,), "uint8").labels() == {"dtype": "int64", "shape": []}
+
+
+def test_payload_refuses_labels_it_cannot_carry():
+    with pytest.raises(ConfigError, match="float64 do not travel"):
+        wire.PayloadLayout(2, (3, 4, 4), "uint8", "float64")
+    with pytest.raises(ConfigError, match="empty axis"):
+        wire.PayloadLayout(2, (3, 4, 4), "uint8", "int64", (0,))
+
+
+@pytest.fixture(scope="module")
+def label_data(tmp_path_factory):
+    from offload_host import make_dataset
+
+    from dpu_pipe.sources import ImageFolder
+
+    return ImageFolder(make_dataset(str(tmp_path_factory.mktemp("labels")), 10,
+                                    bad={3: "corrupt"}))
+
+
+@pytest.mark.parametrize("kind", ["int", "float", "multi", "multi-float"])
+def test_producer_payload_reads_back_as_the_loaders_batch(label_data, kind):
+    """A producer's Maker, opened from a DPULoader's spec, makes payloads that the host's
+    layout reads back as the local Loader's batches: images, labels, each row's sample index
+    (a skipped bad file replaced), and the bad-sample report."""
+    from offload_host import label_lists
+
+    from dpu_pipe import DPULoader, Loader
+    from dpu_pipe.offload.transport import Work
+    from dpu_pipe.offload.worker import Maker
+
+    src = label_data if kind == "int" else label_lists(label_data)[kind]
+    kw = dict(size=16, dtype="uint8", seed=3, on_error="skip", return_meta=True)
+    host = DPULoader(src, 4, mode="local", **kw)
+    maker = Maker(host.spec())
+    reported = {}
+    with Loader(src, 4, **kw) as ref:
+        for step, (x, y, meta) in enumerate(ref):
+            work = Work({"seq": step, "ticket": step, "stream": 1, "epoch": 0, "step": step})
+            maker.make(work)
+            sent = b"".join(bytes(p) for p in work.parts)
+            slot = np.zeros(host.payload_bytes, np.uint8)
+            slot[:len(sent)] = np.frombuffer(sent, np.uint8)
+            head = wire.unpack(slot, wire.PAYLOAD_HEADER)
+            images, labels, indices = host.layout.views(slot, head["n"])
+            assert np.array_equal(images, x) and np.array_equal(indices, meta["index"])
+            assert labels.dtype == y.dtype and np.array_equal(labels, y)
+            assert np.array_equal(src.labels[indices], labels)
+            reported.update(host.layout.report(slot, head["n"], head["bad_bytes"]))
+            maker.give_back(work)
+    assert list(reported) == [3] and "img.jpg" in reported[3]
+    host.close()
+
+
+def test_producer_refuses_a_spec_whose_labels_differ_from_its_source(label_data):
+    from offload_host import label_lists
+
+    from dpu_pipe import DPULoader
+    from dpu_pipe.offload.worker import Maker
+
+    with DPULoader(label_lists(label_data)["multi"], 4, mode="local", size=16) as host:
+        spec = host.spec()
+    spec["labels"] = {"dtype": "int64", "shape": []}
+    with pytest.raises(ConfigError, match=r"labels int64\(3,\).*int64\(\)"):
+        Maker(spec)
