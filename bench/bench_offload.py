@@ -142,8 +142,10 @@ def driver(args):
             argv += [":", "-n", str(producers), sys.executable, "-m", "mpi4py",
                      "-m", "dpu_pipe.worker"]
         try:
+            # cwd: `-m dpu_pipe.worker` imports from the current directory first.
             proc = subprocess.run(["timeout", "-k", "5", str(args.limit), *argv], env=full_env,
-                                  capture_output=True, text=True, timeout=args.limit + 20)
+                                  cwd=ROOT, capture_output=True, text=True,
+                                  timeout=args.limit + 20)
         except subprocess.TimeoutExpired:
             print(f"{name:31s} hung past {args.limit + 20} s")
             continue
