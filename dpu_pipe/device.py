@@ -14,18 +14,42 @@ numpy / torch on the CPU       **a view of a ring buffer**: valid until the next
 ``device="cuda"``              a new device tensor; the host side goes through a ring of two
                                pinned staging buffers, copied with ``non_blocking=True`` on a
                                side stream that the consumer's stream waits on
+DPULoader, ``device="cuda"``   offload and hybrid modes: a new device tensor copied with
+                               ``non_blocking=True`` straight from the batch's slot of the RMA
+                               window, which is registered as pinned memory
+                               (``cudaHostRegister`` through ``torch.cuda.cudart()``): no
+                               host-side copy. The slot goes back to the producers only once
+                               the copy's event has completed. Where registration is
+                               unavailable or refused (an older torch, memory the driver will
+                               not pin), the staging path above, with one logged reason.
+                               Batches made by hybrid host threads are staged.
 =============================  ==================================================================
 
 So batches kept across iterations (``held = [(x, y) for x, y in loader]``) are safe on a
 device, pinned, and with ``copy=True``; not otherwise.
+
+``stats()`` of a loader with a device reports the path: ``device_path`` (``"window"`` while
+the window is registered, else ``"staging"``), ``device_path_reason`` (why an offloading loader
+stages: None when it does not), and ``device_batches_from_window`` / ``device_batches_staged``.
 """
 
+import ctypes
+import logging
+import os
+import time
 import warnings
 
 from . import _validate as _v
-from .errors import ConfigError
+from .errors import ConfigError, PipeTimeout
 
-__all__ = ["OutputSpec", "torch_module"]
+__all__ = ["OutputSpec", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
+           "wait_event"]
+
+log = logging.getLogger("dpu_pipe")
+
+#: ``cudaHostRegisterPortable``: pinned for every CUDA context of the process, not only the
+#: current one.
+HOST_REGISTER_PORTABLE = 1
 
 
 def torch_module(why):
@@ -110,28 +134,62 @@ class OutputSpec:
             self.pin_memory = False
         self._torch = torch
         self._stage = None
+        #: The device runtime (:class:`CudaBackend` unless set before the first batch).
+        self.backend = None
+        #: A :class:`PinnedRegion` whose batches are copied in place (DPULoader's window).
+        self.window = None
+        #: Deadline of every wait for a device copy, seconds (the loader's ``timeout``).
+        self.timeout = 300.0
 
     def emit(self, images, labels):
         """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``."""
-        labels = labels.copy()
         if self.output == "numpy":
-            return (images.copy() if self.copy else images), labels
+            return (images.copy() if self.copy else images), labels.copy()
         torch = self._torch
         x = torch.from_numpy(images)
         if self.dtype == "bfloat16":
             x = x.view(torch.bfloat16)      # the kernel wrote bfloat16 bits into uint16
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)       # (B, 3, H, W) view of NHWC memory
-        y = torch.from_numpy(labels)
         if self.device is not None:
-            if self._stage is None:
-                self._stage = DeviceStage(torch, self.device)
-            return self._stage.send(x, y, x.dtype)
+            # Labels in place too: staged (copied at once) or copied from the pinned window.
+            return self._device_stage().send(x, torch.from_numpy(labels), x.dtype)
+        y = torch.from_numpy(labels.copy())
         if self.pin_memory:
             return x.pin_memory(), y.pin_memory()   # new pinned copies
         if self.copy:
             x = x.clone()                   # strides (channels_last) kept
         return x, y
+
+    def device_backend(self):
+        """:attr:`backend`, made on first use."""
+        if self.backend is None:
+            self.backend = CudaBackend(self._torch, self.device)
+        return self.backend
+
+    def _device_stage(self):
+        if self._stage is None:
+            self._stage = DeviceStage(self._torch, self.device, backend=self.device_backend(),
+                                      timeout=self.timeout)
+        self._stage.window = self.window
+        return self._stage
+
+    def fence(self):
+        """Wait (deadline :attr:`timeout`) until no device copy still reads the memory of
+        the batches emitted so far: call before that memory is given back for reuse."""
+        if self._stage is not None:
+            self._stage.fence()
+
+    def stats(self):
+        """Which way batches reach the device (empty without a device): see the module's
+        docstring."""
+        if self.device is None:
+            return {}
+        stage, window = self._stage, self.window
+        return {"device_path": "window" if window is not None and window.nbytes else "staging",
+                "device_path_reason": None if window is None else window.reason,
+                "device_batches_from_window": stage.direct if stage is not None else 0,
+                "device_batches_staged": stage.staged if stage is not None else 0}
 
 
 def _accelerator(torch):
@@ -141,13 +199,62 @@ def _accelerator(torch):
     return bool(torch.cuda.is_available())
 
 
+def wait_event(event, deadline, what):
+    """Poll the device event ``event`` until it has completed, sleeping between polls (up to
+    1 ms), or raise :class:`PipeTimeout` saying ``what`` when ``deadline``
+    (``time.monotonic()`` seconds) passes. A device copy of a batch takes well under that."""
+    delay = 0.0
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise PipeTimeout(f"{what}: the device copy did not complete before the deadline")
+        if delay:
+            time.sleep(delay)
+        delay = min(1e-3, max(2e-5, delay * 2))
+
+
+def _cudart(torch):
+    """``torch.cuda.cudart()``, or a RuntimeError saying why this torch cannot pin memory
+    in place."""
+    if not hasattr(torch.cuda, "cudart"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.cudart()")
+    try:
+        cudart = torch.cuda.cudart()
+    except (AssertionError, RuntimeError, OSError) as exc:  # a build without CUDA asserts
+        raise RuntimeError(f"torch.cuda.cudart() is unavailable: {exc}") from None
+    if not hasattr(cudart, "cudaHostRegister"):
+        raise RuntimeError(f"torch {torch.__version__} does not bind cudaHostRegister")
+    return cudart
+
+
+def _clear_cuda_error(torch):
+    """Reset the runtime's last error after a refused registration: torch checks
+    ``cudaGetLastError`` after kernel launches and would report it against an unrelated
+    kernel. Best effort, through the libcudart torch has already loaded."""
+    major = (getattr(torch.version, "cuda", None) or "").split(".")[0]
+    for name in (f"libcudart.so.{major}", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        lib.cudaGetLastError()
+        return
+
+
 class CudaBackend:
-    """What :class:`DeviceStage` asks of the device runtime; ``torch.cuda`` by default."""
+    """What :class:`DeviceStage` and :class:`PinnedRegion` ask of the device runtime;
+    ``torch.cuda`` by default."""
 
     def __init__(self, torch, device):
         self.torch = torch
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        self._stream = None
+
+    @property
+    def stream(self):
+        """The side stream of the copies (made on first use)."""
+        if self._stream is None:
+            self._stream = self.torch.cuda.Stream(device=self.device)
+        return self._stream
 
     def empty_pinned(self, like, dtype):
         return self.torch.empty_like(like, dtype=dtype, device="cpu", pin_memory=True)
@@ -155,9 +262,32 @@ class CudaBackend:
     def event(self):
         return self.torch.cuda.Event()
 
+    def register(self, ptr, nbytes):
+        """Page-lock ``nbytes`` bytes of host memory at address ``ptr`` in place
+        (``cudaHostRegister``), so that copies from it are asynchronous DMA. Raises
+        RuntimeError saying why when the runtime refuses or cannot be reached."""
+        torch = self.torch
+        cudart = _cudart(torch)
+        err = cudart.cudaHostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE)
+        if int(err) != 0:
+            _clear_cuda_error(torch)
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: "
+                               f"{cudart.cudaGetErrorString(err)} (cudaError {int(err)})")
+
+    def unregister(self, ptr):
+        """Undo :meth:`register` of the memory at ``ptr``."""
+        torch = self.torch
+        cudart = _cudart(torch)
+        err = cudart.cudaHostUnregister(ptr)
+        if int(err) != 0:
+            _clear_cuda_error(torch)
+            raise RuntimeError(f"cudaHostUnregister failed: {cudart.cudaGetErrorString(err)} "
+                               f"(cudaError {int(err)})")
+
     def copy_to_device(self, pinned):
-        """Start copying ``pinned`` to the device on the side stream; return the new tensor
-        and an event recorded after the copy."""
+        """Start copying ``pinned`` (pinned memory: a staging buffer or registered memory)
+        to the device on the side stream; return the new tensor and an event recorded after
+        the copy."""
         torch = self.torch
         with torch.cuda.stream(self.stream):
             out = pinned.to(self.device, non_blocking=True)
@@ -171,34 +301,113 @@ class CudaBackend:
         return out, done
 
 
-class DeviceStage:
-    """Host → device copies through a ring of two pinned staging buffers.
+class PinnedRegion:
+    """Host memory registered in place with the device runtime (DPULoader's RMA window), so
+    that batches lying in it are copied to the device from where they are.
 
-    ``send`` copies the batch (converting its dtype) into the staging buffer whose previous
-    copy has completed, starts an asynchronous ``non_blocking`` copy to the device and returns
-    at once: the copy overlaps with the consumer's work on the previous batch and with the
-    producer making the next one. A staging buffer is reused only after the event recorded
-    behind its last copy has completed.
+    :meth:`attach` registers memory (once per window: again after the window is made
+    anew); :meth:`detach` waits (deadline ``timeout``) for the copies still reading it, then
+    unregisters it — before the memory is freed (a refused unregistration is logged: the
+    memory goes all the same). When registration is refused, the region stays empty,
+    :attr:`reason` says why (logged once per refusal) and batches are staged.
+    """
+
+    def __init__(self, backend, timeout=300.0):
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.base = 0           # address and size of the registered memory; 0 when none
+        self.nbytes = 0
+        self.reason = None      # why the memory is not registered
+        self._reading = []      # events of copies from it not yet seen complete
+
+    def attach(self, mem):
+        """Register ``mem`` (a 1-D uint8 numpy array over the memory); True when it is."""
+        if self.nbytes:
+            raise ConfigError("the pinned region already holds registered memory")
+        ptr, nbytes = mem.ctypes.data, mem.nbytes
+        try:
+            self.backend.register(ptr, nbytes)
+        except Exception as exc:  # noqa: BLE001 - any refusal means: stage instead
+            self.reason = f"the RMA window cannot be pinned in place: {exc}"
+            log.warning("dpu_pipe: %s; batches go to the device through pinned staging "
+                        "buffers", self.reason)
+            return False
+        self.base, self.nbytes, self.reason = ptr, nbytes, None
+        return True
+
+    def detach(self):
+        """Wait for the copies still reading the memory, then unregister it. Idempotent."""
+        if not self.nbytes:
+            return
+        deadline = time.monotonic() + self.timeout
+        for event in self._reading:
+            wait_event(event, deadline, "unpinning the RMA window")
+        self._reading = []
+        base, self.base, self.nbytes = self.base, 0, 0
+        self.reason = "the RMA window was freed"
+        try:
+            self.backend.unregister(base)
+        except Exception as exc:  # noqa: BLE001 - the window is freed all the same
+            log.warning("dpu_pipe: unpinning the RMA window: %s", exc)
+
+    def holds(self, tensor):
+        """True when the memory of the dense CPU tensor ``tensor`` lies in the region."""
+        p = tensor.data_ptr()
+        return (self.nbytes > 0 and self.base <= p
+                and p + tensor.numel() * tensor.element_size() <= self.base + self.nbytes)
+
+    def reading(self, event):
+        """Note a copy from the region in flight until ``event`` completes."""
+        self._reading = [e for e in self._reading if not e.query()]
+        self._reading.append(event)
+
+
+class DeviceStage:
+    """Host → device copies, asynchronous, overlapped with the consumer's work on the
+    previous batch and with the making of the next one.
+
+    A batch lying in :attr:`window` (a registered :class:`PinnedRegion`) is copied from
+    there, with no host-side copy; its memory must then stay untouched until :meth:`fence`
+    returns. Any other batch goes through a ring of two pinned staging buffers: ``send``
+    copies it (converting its dtype) into the staging buffer whose previous copy has
+    completed and starts the ``non_blocking`` copy from it. Every wait for a copy has the
+    deadline ``timeout`` (seconds).
     """
 
     SLOTS = 2
 
-    def __init__(self, torch, device, backend=None):
+    def __init__(self, torch, device, backend=None, timeout=300.0):
         self.torch = torch
         self.backend = backend if backend is not None else CudaBackend(torch, device)
+        self.timeout = float(timeout)
+        self.window = None
         self._pinned = [None] * self.SLOTS      # (images, labels) staging per slot
         self._done = [None] * self.SLOTS        # event behind the slot's last copy
         self._next = 0
+        self._direct = []                       # events of copies from the window in flight
+        self.direct = 0                         # batches copied from the window
+        self.staged = 0                         # batches copied through staging
 
     def send(self, images, labels, dtype):
         """Device tensors ``(images as dtype, labels)``, copies of the CPU tensors given."""
+        w = self.window
+        if w is not None and dtype == images.dtype and w.holds(images) and w.holds(labels):
+            out_x, _ = self.backend.copy_to_device(images)
+            out_y, done = self.backend.copy_to_device(labels)
+            w.reading(done)                     # recorded after the image copy, same stream
+            self._direct.append(done)
+            self.direct += 1
+            return out_x, out_y
         k = self._next
         self._next = (k + 1) % self.SLOTS
         if self._done[k] is not None:
-            self._done[k].synchronize()
+            wait_event(self._done[k], time.monotonic() + self.timeout,
+                       "reusing a pinned staging buffer")
         staged = self._pinned[k]
         if staged is None or staged[0].shape[1:] != images.shape[1:] \
-                or staged[0].shape[0] < images.shape[0] or staged[0].dtype != dtype:
+                or staged[0].shape[0] < images.shape[0] or staged[0].dtype != dtype \
+                or staged[1].shape[1:] != labels.shape[1:] \
+                or staged[1].shape[0] < labels.shape[0] or staged[1].dtype != labels.dtype:
             staged = (self.backend.empty_pinned(images, dtype),
                       self.backend.empty_pinned(labels, labels.dtype))
             self._pinned[k] = staged
@@ -209,5 +418,13 @@ class DeviceStage:
         out_x, done_x = self.backend.copy_to_device(x)
         out_y, done_y = self.backend.copy_to_device(y)
         self._done[k] = done_y                  # recorded after the image copy, same stream
+        self.staged += 1
         return out_x, out_y
 
+    def fence(self):
+        """Wait until every copy from the window started by :meth:`send` has completed."""
+        deadline = time.monotonic() + self.timeout
+        while self._direct:
+            wait_event(self._direct[0], deadline,
+                       "giving a batch's window slot back to the producers")
+            self._direct.pop(0)

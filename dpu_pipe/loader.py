@@ -83,6 +83,7 @@ class _BaseLoader:
         self.copy = self.out.copy
         self.prefetch = prefetch
         self.timeout = _v.seconds(timeout, "timeout")
+        self.out.timeout = self.timeout
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
                                      shard_tail=shard_tail, drop_last=drop_last,
@@ -162,9 +163,11 @@ class _BaseLoader:
 
     def stats(self):
         """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
-        batches in the consumer; batches and samples produced."""
+        batches in the consumer; batches and samples produced; with a device, how batches
+        reach it (see :mod:`dpu_pipe.device`)."""
         d = dict(self.producer.timings)
         d["wait_s"] = self._wait_s
+        d.update(self.out.stats())
         return d
 
     def _emit(self, images, labels):

@@ -1,6 +1,6 @@
 """What a PyTorch user passes to a loader: dataset paths, argument checks in one place, dtypes
-(numpy, torch, bfloat16), channels_last, devices and pinned staging, rank defaults — and the
-Cython kernels raising dpu_pipe's own errors."""
+(numpy, torch, bfloat16), channels_last, devices (their copy logic: test_device.py), rank
+defaults — and the Cython kernels raising dpu_pipe's own errors."""
 
 import io
 import os
@@ -12,7 +12,7 @@ from PIL import Image
 import jpeg_corpus as jc
 from dpu_pipe import ConfigError, DecodeError, Loader, TransformConfig, pack
 from dpu_pipe import _jpeg, _pipeline
-from dpu_pipe.device import DeviceStage, OutputSpec
+from dpu_pipe.device import OutputSpec
 from dpu_pipe.loader import default_shard
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource
 
@@ -197,61 +197,6 @@ def test_pin_memory_without_an_accelerator_warns_and_yields_cpu_tensors(data, re
     with loader:
         x, _ = next(iter(loader))
     assert isinstance(x, torch.Tensor) and np.array_equal(x.numpy(), reference[0][0])
-
-
-class FakeEvent:
-    def __init__(self, log):
-        self.log, self.done = log, False
-
-    def record(self):
-        self.log.append("record")
-
-    def synchronize(self):
-        self.done = True
-        self.log.append("sync")
-
-
-class FakeBackend:
-    """A device whose memory is ordinary CPU memory; copies are recorded and completed by the
-    test, and each carries an event that says whether anyone waited for it."""
-
-    def __init__(self):
-        self.log, self.pending, self.pinned = [], [], []
-
-    def empty_pinned(self, like, dtype):
-        t = torch.empty_like(like, dtype=dtype, device="cpu")
-        self.pinned.append(t)
-        return t
-
-    def copy_to_device(self, pinned):
-        out = torch.empty_like(pinned)
-        ev = FakeEvent(self.log)
-        ev.record()
-        self.pending.append((ev, pinned, out))
-        self.log.append("copy")
-        return out, ev
-
-
-def test_device_stage_double_buffers_and_waits_before_reusing(reference):
-    backend = FakeBackend()
-    stage = DeviceStage(torch, torch.device("cpu"), backend=backend)
-    outs = []
-    for k, (x, y) in enumerate(reference):
-        bx = torch.from_numpy(x.copy()).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        outs.append(stage.send(bx, torch.from_numpy(y), torch.bfloat16))
-        # Before a staging buffer is written again, its previous copy has been waited for.
-        if k >= DeviceStage.SLOTS:
-            assert backend.pending[2 * (k - DeviceStage.SLOTS) + 1][0].done
-        # Completing the copies of this batch now reads the staging buffers as they stand.
-        for ev, src, dst in backend.pending[2 * k:2 * k + 2]:
-            dst.copy_(src)
-    assert len(backend.pinned) == 2 * DeviceStage.SLOTS   # images + labels per slot, once
-    for (ox, oy), (rx, ry) in zip(outs, reference):
-        assert ox.dtype == torch.bfloat16 and ox.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(ox, torch.from_numpy(rx).to(torch.bfloat16))
-        assert np.array_equal(oy.numpy(), ry)
-    # The partial last batch went through a slice of the first staging buffers.
-    assert reference[-1][0].shape[0] < reference[0][0].shape[0]
 
 
 def test_output_spec_chooses_torch_for_torch_options():

@@ -38,6 +38,7 @@ from collections import deque
 
 import numpy as np
 
+from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Loader, _Run
 from ..mpi import load_mpi
@@ -108,6 +109,7 @@ class HostGroup:
         self._setup_failed = None
         self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
         self.active = None          # the loader whose tickets are in flight
+        self._pinned = None         # the window as pinned memory, once a loader has a device
         self.next_stream = 1
         self.open = True
         atexit.register(self.close)
@@ -150,13 +152,23 @@ class HostGroup:
     def grow(self, buffers, slot_bytes):
         """Make the window again for a loader larger than the window (collective with the
         producers, after the stream in flight is cancelled and its held batch released)."""
-        if self.active is not None:
-            self.active._suspend()
-            if self.active._stream is not None:
-                self.active._stream._release_held()
+        active = self.active        # suspending it leaves no loader active
+        if active is not None:
+            active._suspend()
+            if active._stream is not None:
+                active._stream._release_held()
         self.reserve(buffers, slot_bytes)
         log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
         self._transport.resize(*self._want)
+
+    def pinned_window(self, loader):
+        """The window registered as pinned memory with the device runtime of ``loader``'s
+        output (made on first use, registered again when the window is made anew), for
+        device copies straight from the window."""
+        if self._pinned is None:
+            self._pinned = PinnedRegion(loader.out.device_backend(), timeout=loader.timeout)
+            self.transport.add_window_user(self._pinned)
+        return self._pinned
 
     def register(self, spec):
         """Send a pipeline spec to every producer; returns (stream id, replies)."""
@@ -219,6 +231,13 @@ class DPULoader(Loader):
 
     Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
     its decoder's scratch.
+
+    With an accelerator ``device``, the window is registered as pinned memory
+    (``cudaHostRegister``) and a batch made by a producer is copied to the device straight
+    from its window slot; the slot is given back once that copy has completed. Without
+    registration (refused, or a torch without ``torch.cuda.cudart``) batches go through
+    pinned staging buffers, as with :class:`~dpu_pipe.Loader`; ``stats()["device_path"]``
+    says which (see :mod:`dpu_pipe.device`).
     """
 
     def __init__(self, source, batch_size, *, comm=None, mode="offload", host_threads=1,
@@ -386,6 +405,8 @@ class _Stream:
             if loader.slots > t.layout.buffers or loader.payload_bytes > t.layout.slot_bytes:
                 self.hostgroup.grow(loader.slots, loader.payload_bytes)
             self.id, self.spec_replies = self.hostgroup.register(loader.spec())
+            if loader.out.device is not None:
+                loader.out.window = self.hostgroup.pinned_window(loader)
         if loader.mode == "hybrid" and not self.makers:
             p = loader.producer
             for k in range(loader.host_threads):
@@ -527,6 +548,9 @@ class _Stream:
 
     def _release_held(self):
         if self.held is not None:
+            # A device copy may still read the batch from its window slot: the producers
+            # get the slot back only once it is done.
+            self.loader.out.fence()
             ticket, self.held = self.held, None
             self.transport.release(ticket)
             buf = self.local.pop(ticket, None)

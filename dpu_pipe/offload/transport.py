@@ -103,6 +103,10 @@ class _Backoff:
 class _Endpoint:
     """Start-up shared by both ends: version check, window, names of the ranks."""
 
+    #: What is told about the window's memory (the host's pinned region for device copies):
+    #: ``attach(mem)`` once the window is made, ``detach()`` before it is freed.
+    window_users = ()
+
     def _setup(self, comm, setup_timeout):
         MPI = self._MPI = load_mpi()
         if sys.byteorder != "little":
@@ -160,9 +164,11 @@ class _Endpoint:
         self._inflight.clear()
 
     def _free_window(self, deadline, what):
-        win, self.win = self.win, None
-        if win is None:
+        if self.win is None:
             return
+        for user in self.window_users:
+            user.detach()
+        win, self.win = self.win, None
         self.mem = None
         win.Unlock_all()
         # Win.Free is collective: only enter it once everyone is known to be there.
@@ -298,6 +304,7 @@ class HostTransport(_Endpoint):
         self.setup_timeout = float(setup_timeout)
         self.poll_interval = float(poll_interval)
         self.takeover = bool(takeover)
+        self.window_users = []
         self._setup(comm, self.setup_timeout)
         self._window(buffers, slot_bytes)
         self.tickets = {}           # ticket -> _Ticket, submitted and not released/cancelled
@@ -318,6 +325,8 @@ class HostTransport(_Endpoint):
         """Make the window (collective with every producer's ``_window``)."""
         self.layout = HostLayout(buffers, slot_bytes, self.size - 1)
         self._allocate(self.layout.total_bytes)
+        for user in self.window_users:
+            user.attach(self.mem)
         self.comm.bcast({"slot_bytes": self.layout.slot_bytes, "buffers": self.layout.buffers,
                          "host_timeout": max(3600.0, 10 * self.liveness_timeout)}, root=0)
         self._ready(self.setup_timeout)
@@ -344,6 +353,14 @@ class HostTransport(_Endpoint):
         self._free_window(deadline, "making the window again")
         self._window(buffers, slot_bytes)
         self._replies.clear()
+
+    def add_window_user(self, user):
+        """Tell ``user`` about the window's memory: ``user.attach(mem)`` now and whenever
+        :meth:`resize` makes the window anew, ``user.detach()`` before the window is freed
+        (resize, close)."""
+        self._check_open()
+        self.window_users.append(user)
+        user.attach(self.mem)
 
     # -- work -----------------------------------------------------------------------------
     def submit(self, stream, epoch, step):

@@ -136,7 +136,7 @@ class ValidationService(threading.Thread):
 
     def _serve(self, job):
         ch = self.channel
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         record = {"job": job["job"], "producer": ch.rank, "pid": os.getpid()}
         try:
             torch = require_torch()
@@ -150,6 +150,9 @@ class ValidationService(threading.Thread):
                           message=str(exc), traceback="".join(
                               traceback.format_exception(type(exc), exc, exc.__traceback__)))
         record["seconds"] = time.perf_counter() - t0
+        # CPU seconds of this thread: the wall seconds above include the gaps in which the
+        # producer's batch making (at a higher priority) had the core.
+        record["cpu_s"] = time.thread_time() - c0
         self.jobs += 1
         ch.comm.send(record, dest=0, tag=RESULT_TAG)
 
@@ -191,7 +194,9 @@ class ValidationFuture:
 
     def result(self, timeout=None):
         """The metrics ``{"tag", "count", "loss", "top1", "top5", ..., "seconds", "by_rank"}``
-        of the whole validation set (all hosts). Waits at most ``timeout`` seconds (default:
+        of the whole validation set (all hosts); ``seconds`` is the slowest producer's wall
+        time, and each ``by_rank`` entry has its producer's wall ``seconds`` and ``cpu_s`` (CPU
+        seconds of its validation thread). Waits at most ``timeout`` seconds (default:
         the RemoteValidation's ``timeout``); raises :class:`PipeTimeout` naming the producers
         or hosts that have not answered, or :class:`ProducerError` with a producer's
         traceback when the model factory, the weights or the forward pass failed there."""

@@ -148,7 +148,8 @@ def _report(host, off, speedup):
               f"{s.get('producer_process_s', 0):.2f} s, publish "
               f"{s.get('producer_publish_s', 0):.2f} s; steps per producer "
               f"{s.get('steps_per_producer')}; validation on the producers "
-              f"{off.get('remote_val_s', 0):.2f} s; busy "
+              f"{off.get('remote_val_s', 0):.2f} s ({off.get('remote_val_cpu_s', 0):.2f} s of "
+              f"CPU); busy "
               f"{off['producer_busy_s'] / (off['wall_s'] * off['producers']):.0%} of their core")
     print("\naccuracy after each epoch (top-1 on the validation set)")
     for a, b in zip(host["epochs"], off["epochs"]):

@@ -19,7 +19,7 @@ from mpi_launch import run_mpi
 from offload_host import make_dataset
 
 EPOCHS = int(os.environ.get("DPU_PIPE_SOAK_EPOCHS", "5"))
-MODES = os.environ.get("DPU_PIPE_SOAK_MODES", "offload").split(",")
+MODES = os.environ.get("DPU_PIPE_SOAK_MODES", "offload,hybrid").split(",")
 N = 100                 # samples; 2 of them bad (2 %)
 BAD = {13: "corrupt", 71: "not-jpeg"}
 RSS_GROWTH = 0.05       # RSS after the last epoch within 5 % of after the first

@@ -72,6 +72,10 @@ def test_metrics_equal_host_evaluation(data, seven, tmp_path, hosts, producers, 
                 (h, name, remote, host)
             assert remote["loss"] == pytest.approx(host["loss"], rel=1e-6)
             assert remote["seconds"] > 0
+            # CPU seconds of a producer's validation thread: some, never more than its wall
+            # time (thread CPU time on one thread; 10 ms for clock granularity).
+            for wall, cpu in res[name]["times"]:
+                assert 0 < cpu <= wall + 0.01, (h, name, wall, cpu)
             # Every producer of every host took part, and the parts add up.
             parts = res[name]["parts"]
             assert len(parts) == producers

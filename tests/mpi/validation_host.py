@@ -103,7 +103,8 @@ def scenario_equal(args, src):
         out[name] = {"remote": {k: v for k, v in got.items() if k != "by_rank"},
                      "host": host_metrics(model, src, args.batch_size),
                      "parts": [(p["host"], p["producer"], p["metrics"]["count"])
-                               for p in got["by_rank"]]}
+                               for p in got["by_rank"]],
+                     "times": [(p["seconds"], p["cpu_s"]) for p in got["by_rank"]]}
     return out
 
 
