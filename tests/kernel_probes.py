@@ -7,12 +7,12 @@ conversion on its own) lives in these extensions, not in the wheel. They cimport
 setup.py's flags and directives (``kernel_extension``, ``cythonize_kernels``) for the build of
 dpu_pipe that is imported — debug or not, -march and OpenMP as ``dpu_pipe.build_info()``
 reports them — into build/test-kernels/ of this checkout, and imports it. Later runs reuse the
-build while its key holds: the .pyx, the package's .pxd files, setup.py, those flags, the
-compiler environment, the Python ABI and the dpu_pipe._ops file it links to. So `./run.sh
-test`, a debug rebuild (.ci/run) and `pytest tests/test_ops.py` after `pip install .` each get
-a matching build. The extension is compiled against this checkout's .pxd files: the dpu_pipe
-under test must be built from the same sources (Cython checks the signatures of the functions
-it imports, not the layout of the structs). A failed build raises with the compiler's output:
+build while its key holds: the .pyx, the package's .pxd files, setup.py, this file, those
+flags, the compiler environment, the Python ABI and the dpu_pipe._ops file it links to. So
+`./run.sh test`, a debug rebuild (.ci/run) and `pytest tests/test_ops.py` after
+`pip install .` each get a matching build. The extension is compiled against this checkout's
+.pxd files: the dpu_pipe under test must be built from the same sources (Cython checks the
+signatures of the functions it imports, not the layout of the structs). A failed build raises with the compiler's output:
 the tests that need it error out, they are never skipped.
 
     python tests/kernel_probes.py [NAME...]   build (or find) them, print their paths
@@ -60,7 +60,7 @@ def _key(name, env):
                                                     "JPEG_LIB_DIR")}
     h.update(json.dumps([env, compiler, sys.version, sysconfig.get_config_var("EXT_SUFFIX"),
                          str(ops_so), st.st_size, st.st_mtime_ns]).encode())
-    for path in [KERNELS / f"{name}.pyx", REPO / "setup.py",
+    for path in [KERNELS / f"{name}.pyx", REPO / "setup.py", Path(__file__),
                  *sorted((REPO / "src" / "dpu_pipe").glob("*.pxd"))]:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
