@@ -12,8 +12,8 @@ flags, the compiler environment, the Python ABI and the dpu_pipe._ops file it li
 `./run.sh test`, a debug rebuild (.ci/run) and `pytest tests/test_ops.py` after
 `pip install .` each get a matching build. The extension is compiled against this checkout's
 .pxd files: the dpu_pipe under test must be built from the same sources (Cython checks the
-signatures of the functions it imports, not the layout of the structs). A failed build raises with the compiler's output:
-the tests that need it error out, they are never skipped.
+signatures of the functions it imports, not the layout of the structs). A failed build raises
+with the compiler's output: the tests that need it error out, they are never skipped.
 
     python tests/kernel_probes.py [NAME...]   build (or find) them, print their paths
 """

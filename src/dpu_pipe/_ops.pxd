@@ -141,7 +141,8 @@ cdef extern from *:
                && (c & bit_F16C) != 0;
     }
     #else
-    __attribute__((unused)) static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
+    __attribute__((unused))
+    static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
     #endif
     #else
     __attribute__((unused))
