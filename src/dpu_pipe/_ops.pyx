@@ -646,6 +646,7 @@ cdef void _v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssiz
 
 
 # --- output conversion ----------------------------------------------------------------------
+# The float16 conversions (_to_f16, ops_f16c_convert) are in _ops.pxd.
 
 cdef inline uint8_t _to_u8(float v) noexcept nogil:
     # Round half up, as Pillow's fixed point does. Clamped in integers: float min/max with
