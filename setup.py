@@ -89,27 +89,34 @@ common = dict(
                    ("DPU_PIPE_DEBUG", str(int(DEBUG)))],
 )
 
-# Every kernel module in src/dpu_pipe/ becomes dpu_pipe.<name>; .pxd files beside them are
-# cimported across modules through include_path.
-sources = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                       "src", "dpu_pipe", "*.pyx")))
-if not sources:
-    # Without this check a source tree missing its kernels builds a pure-Python wheel that
-    # installs "successfully" and then cannot be imported.
-    sys.exit("dpu_pipe: no Cython sources (src/dpu_pipe/*.pyx) next to setup.py; the source "
-             "distribution is incomplete. Build from a git checkout or a complete sdist.")
-extensions = [
-    Extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", [os.path.relpath(p)], libraries=libs,
-              **common)
-    for p in sources
-]
+def kernel_extension(name, pyx):
+    """Extension `name` from the Cython file `pyx` with the kernels' compiler and link flags.
+    tests/kernel_probes.py builds the tests' own extensions (tests/kernels/) with it, so they
+    are compiled exactly like the modules they call into."""
+    return Extension(name, [pyx], libraries=libs, **common)
 
-setup(
-    ext_modules=cythonize(
-        extensions,
-        include_path=["src"],
-        compiler_directives=DIRECTIVES,
-        compile_time_env={"DPU_PIPE_DEBUG": DEBUG},
-        build_dir="build/cython-debug" if DEBUG else "build/cython",
-    ),
-)
+
+def cythonize_kernels(extensions, build_dir=None):
+    """cythonize with the kernels' directives, from the directory of setup.py; the .pxd files
+    of src/dpu_pipe/ are cimportable."""
+    if build_dir is None:
+        build_dir = "build/cython-debug" if DEBUG else "build/cython"
+    return cythonize(extensions, include_path=["src"],
+                     compiler_directives=DIRECTIVES, compile_time_env={"DPU_PIPE_DEBUG": DEBUG},
+                     build_dir=build_dir)
+
+
+if __name__ == "__main__":  # as setuptools runs it; tests/kernel_probes.py only reads the flags
+    # Every kernel module in src/dpu_pipe/ becomes dpu_pipe.<name>; .pxd files beside them are
+    # cimported across modules through include_path.
+    sources = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                           "src", "dpu_pipe", "*.pyx")))
+    if not sources:
+        # Without this check a source tree missing its kernels builds a pure-Python wheel that
+        # installs "successfully" and then cannot be imported.
+        sys.exit("dpu_pipe: no Cython sources (src/dpu_pipe/*.pyx) next to setup.py; the "
+                 "source distribution is incomplete. Build from a git checkout or a complete "
+                 "sdist.")
+    setup(ext_modules=cythonize_kernels(
+        [kernel_extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", os.path.relpath(p))
+         for p in sources]))

@@ -25,11 +25,20 @@ import pytest
 from dpu_pipe import ConfigError, ops
 from dpu_pipe import _ops
 
+import kernel_probes
+
 Image = pytest.importorskip("PIL.Image")
 
 MEAN = np.array(ops.IMAGENET_MEAN)
 STD = np.array(ops.IMAGENET_STD)
 F32_ATOL = 3e-5
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """tests/kernels/_ops_probe.pyx, built for this dpu_pipe: the kernel's plans, a forced pass
+    order and the float16 conversions, which the package does not expose."""
+    return kernel_probes.load("_ops_probe")
 
 
 # --- reference ------------------------------------------------------------------------------
@@ -221,7 +230,7 @@ def test_out_into_batch_slot_and_strided_image():
     np.testing.assert_array_equal(ops.resize_crop(view, box, size), batch[1])
 
 
-def test_workspace_reuse_across_sizes():
+def test_workspace_reuse_across_sizes(probe):
     img = image((375, 500))
     plans = [((0.0, 0.0, 375.0, 500.0), (224, 224)), ((1.5, 2.5, 3.0, 4.0), (7, 5)),
              ((10.0, 10.0, 300.0, 20.0), (1, 300)), ((0.0, 0.0, 375.0, 500.0), (224, 224))]
@@ -232,7 +241,7 @@ def test_workspace_reuse_across_sizes():
                               _ops.DTYPE_CODES["float32"], _ops.LAYOUT_CODES["CHW"],
                               ops.IMAGENET_MEAN, ops.IMAGENET_STD, ws)
         np.testing.assert_array_equal(out, ops.resize_crop(img, box, (oh, ow)))
-    assert ws.nbytes >= _ops.workspace_bytes(500, 375.0, 500.0, 224, 224)
+    assert ws.nbytes >= probe.workspace_bytes(500, 375.0, 500.0, 224, 224)
 
 
 def test_uint8_ignores_mean_and_std():
@@ -252,24 +261,31 @@ def test_custom_mean_std():
 
 # --- pass order -----------------------------------------------------------------------------
 
-def resize_crop_order(img, box, size, order, *, flip=False, dtype="float32", layout="CHW"):
+def resize_crop_order(probe, img, box, size, order, *, flip=False, dtype="float32",
+                      layout="CHW"):
     """ops.resize_crop with the kernel's pass order forced ("h_first" or "v_first")."""
     oh, ow = size
     out = np.empty(ops.output_shape(size, layout), dtype)
-    _ops.resize_crop_into(img, *box, out.reshape(-1).view(np.uint8), oh, ow, flip,
-                          _ops.DTYPE_CODES[dtype], _ops.LAYOUT_CODES[layout], ops.IMAGENET_MEAN,
-                          ops.IMAGENET_STD, _ops.Workspace(), _ops.ORDER_CODES[order])
+    probe.resize_crop_order(img, *box, out.reshape(-1).view(np.uint8), oh, ow, flip,
+                            _ops.DTYPE_CODES[dtype], _ops.LAYOUT_CODES[layout],
+                            ops.IMAGENET_MEAN, ops.IMAGENET_STD, probe.ORDER_CODES[order])
     return out
+
+
+def pass_order(probe, src_h, src_w, y0, x0, h, w, oh, ow):
+    """The pass order ops_plan picks: "h_first" or "v_first"."""
+    code = probe.plan(src_h, src_w, y0, x0, h, w, oh, ow)[0]
+    return {v: k for k, v in probe.ORDER_CODES.items()}[code]
 
 
 @pytest.mark.parametrize("order", ["h_first", "v_first"])
 @pytest.mark.parametrize("layout", ["CHW", "HWC"])
 @pytest.mark.parametrize("dtype", ["float32", "uint8", "float16"])
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_both_pass_orders_match_reference(case_id, dtype, layout, order):
+def test_both_pass_orders_match_reference(probe, case_id, dtype, layout, order):
     shape, box, size = CASES[case_id]
     for flip in (False, True):
-        got = resize_crop_order(image(shape), box, size, order, flip=flip, dtype=dtype,
+        got = resize_crop_order(probe, image(shape), box, size, order, flip=flip, dtype=dtype,
                                 layout=layout)
         check_close(got, expected(case_reference(case_id), flip=flip, dtype=dtype,
                                   layout=layout), dtype)
@@ -278,35 +294,28 @@ def test_both_pass_orders_match_reference(case_id, dtype, layout, order):
 @pytest.mark.parametrize("order", ["h_first", "v_first"])
 @pytest.mark.parametrize("dtype", ["float32", "uint8", "float16"])
 @pytest.mark.parametrize("case_id", ["down-typical", "up-typical", "odd-output", "row-1xN"])
-def test_each_pass_order_is_bit_identical_across_flip_and_layouts(case_id, dtype, order):
+def test_each_pass_order_is_bit_identical_across_flip_and_layouts(probe, case_id, dtype, order):
     shape, box, size = CASES[case_id]
     img = image(shape)
-    hwc = resize_crop_order(img, box, size, order, dtype=dtype, layout="HWC")
-    chw = resize_crop_order(img, box, size, order, dtype=dtype, layout="CHW")
-    chw_f = resize_crop_order(img, box, size, order, dtype=dtype, layout="CHW", flip=True)
+    hwc = resize_crop_order(probe, img, box, size, order, dtype=dtype, layout="HWC")
+    chw = resize_crop_order(probe, img, box, size, order, dtype=dtype, layout="CHW")
+    chw_f = resize_crop_order(probe, img, box, size, order, dtype=dtype, layout="CHW", flip=True)
     assert hwc.tobytes() == np.ascontiguousarray(chw.transpose(1, 2, 0)).tobytes()
     assert chw_f.tobytes() == np.ascontiguousarray(chw[:, :, ::-1]).tobytes()
 
 
-def test_pass_order_follows_the_sizes():
+def test_pass_order_follows_the_sizes(probe):
     H, W = 375, 500
     # Vertical downscale: summing source rows first leaves the horizontal pass oh rows.
-    assert _ops.pass_order(H, W, 30.5, 40.25, 300.3, 280.7, 224, 224) == \
-        _ops.ORDER_CODES["v_first"]
-    assert _ops.pass_order(H, W, *ops.center_crop_box(H, W, 224, 256), 224, 224) == \
-        _ops.ORDER_CODES["v_first"]
+    assert pass_order(probe, H, W, 30.5, 40.25, 300.3, 280.7, 224, 224) == "v_first"
+    assert pass_order(probe, H, W, *ops.center_crop_box(H, W, 224, 256), 224, 224) == "v_first"
     # Upscale: the horizontal pass on the ~120 source rows is cheaper than on 224.
-    assert _ops.pass_order(H, W, 10.2, 20.7, 120.4, 100.9, 224, 224) == \
-        _ops.ORDER_CODES["h_first"]
+    assert pass_order(probe, H, W, 10.2, 20.7, 120.4, 100.9, 224, 224) == "h_first"
     # ops.resize_crop uses the plan's order: same bits as forcing it.
     shape, box, size = CASES["down-typical"]
-    order = {v: k for k, v in _ops.ORDER_CODES.items()}[_ops.pass_order(*shape, *box, *size)]
+    order = pass_order(probe, *shape, *box, *size)
     assert ops.resize_crop(image(shape), box, size).tobytes() == \
-        resize_crop_order(image(shape), box, size, order).tobytes()
-    with pytest.raises(ConfigError):
-        _ops.resize_crop_into(image(shape), *box, np.empty(3 * 224 * 224 * 4, np.uint8),
-                              224, 224, False, 0, 0, ops.IMAGENET_MEAN, ops.IMAGENET_STD,
-                              _ops.Workspace(), 7)
+        resize_crop_order(probe, image(shape), box, size, order).tobytes()
 
 
 # --- coefficient tables ---------------------------------------------------------------------
@@ -316,25 +325,29 @@ def test_pass_order_follows_the_sizes():
     (50, 17.0, 1.0, 9), (120, 59.75, 60.25, 47), (7, 0.0, 7.0, 7)],
     ids=["down", "up", "down-18x", "one-pixel", "edge", "identity"])
 @pytest.mark.parametrize("flip", [False, True], ids=["noflip", "flip"])
-def test_axis_tables_match_pillow_coefficients(in_size, in0, length, n_out, flip):
-    starts, counts, weights = _ops.axis_coefficients(in_size, in0, length, n_out, flip)
+def test_axis_tables_match_pillow_coefficients(probe, in_size, in0, length, n_out, flip):
+    # The axis as the columns of a plan (mirrored when flipping) and as its rows (never
+    # mirrored), the other axis one pixel wide.
+    _, columns, _ = probe.plan(1, in_size, 0.0, in0, 1.0, length, 1, n_out, flip)
+    _, _, rows = probe.plan(in_size, 1, in0, 0.0, length, 1.0, n_out, 1)
     m = pillow_matrix(in_size, in0, length, n_out)
-    if flip:
-        m = m[::-1]
-    for i in range(n_out):
-        nz = np.flatnonzero(m[i])
-        # Zero-weight taps at the ends are trimmed; everything non-zero is kept, in order.
-        assert starts[i] == nz[0] and counts[i] == nz[-1] - nz[0] + 1
-        np.testing.assert_allclose(weights[i], m[i, nz[0]:nz[-1] + 1], rtol=0, atol=1e-7)
-    if (in0, length, n_out) == (0.0, in_size, in_size):
-        assert all(w == [1.0] for w in weights)
+    for (starts, counts, weights), mirrored in ((columns, flip), (rows, False)):
+        want = m[::-1] if mirrored else m
+        for i in range(n_out):
+            nz = np.flatnonzero(want[i])
+            # Zero-weight taps at the ends are trimmed; everything non-zero is kept, in order.
+            assert starts[i] == nz[0] and counts[i] == nz[-1] - nz[0] + 1
+            np.testing.assert_allclose(weights[i], want[i, nz[0]:nz[-1] + 1], rtol=0,
+                                       atol=1e-7)
+        if (in0, length, n_out) == (0.0, in_size, in_size):
+            assert all(w == [1.0] for w in weights)
 
 
 # --- float16 conversion ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("f16c", [False, True], ids=["portable", "f16c"])
-def test_float16_conversion_is_numpy_round_to_nearest_even(f16c):
-    if f16c and not _ops.has_f16c():
+def test_float16_conversion_is_numpy_round_to_nearest_even(probe, f16c):
+    if f16c and not probe.has_f16c():
         pytest.skip("no F16C instructions on this CPU")
     # Every float16 value and the exact midpoints (ties) around it, plus a sweep over all
     # float32 exponents, signs and NaN/inf bit patterns.
@@ -349,7 +362,7 @@ def test_float16_conversion_is_numpy_round_to_nearest_even(f16c):
     x = np.concatenate([finite, ties, near, sweep, np.float32([np.inf, -np.inf, 65504, 65520,
                                                                -65520, 1e-8, -0.0])])
     got = np.empty(x.shape, np.uint16)
-    _ops.float32_to_float16_bits(np.ascontiguousarray(x, np.float32), got, f16c)
+    probe.float32_to_float16_bits(np.ascontiguousarray(x, np.float32), got, f16c)
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(np.float16).view(np.uint16)
     nan = np.isnan(x)

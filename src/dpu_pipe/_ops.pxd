@@ -14,7 +14,8 @@
 # Nothing is global: one OpsWorkspace (and OpsPlan) per thread. The workspace grows on demand
 # and is reused, so after the first few images the kernel does not allocate.
 # Every call returns OPS_OK or a negative OPS_E* code.
-from libc.stdint cimport uint8_t, int32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t
+from libc.string cimport memcpy
 
 cdef enum:
     OPS_OK = 0
@@ -105,3 +106,78 @@ cdef int ops_resize_crop(OpsWorkspace* ws, const uint8_t* src, Py_ssize_t src_st
                          int oh, int ow, int flip, const OpsOutput* o, void* out) noexcept nogil
 cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int resize,
                              double* box) noexcept nogil
+
+
+# --- float16 conversion ---------------------------------------------------------------------
+# Both conversions the float16 output uses, here rather than in _ops.pyx so that the tests'
+# extension (tests/kernels/) compiles exactly this code and holds it to numpy: the portable
+# one, inlined into the conversion loops, and the F16C one, which ops_run picks when the CPU
+# has it.
+
+cdef extern from *:
+    """
+    /* float32 -> float16 with x86's F16C instructions when the CPU has them (every x86-64
+       CPU since 2012, but not the SSE2 baseline a portable build targets). IEEE round to
+       nearest even, like _to_f16, so both give the same bits (tests compare them). Marked
+       unused: every module that cimports this file gets a copy, most never call it. */
+    #if defined(__x86_64__) && defined(__GNUC__)
+    #include <immintrin.h>
+    __attribute__((target("avx,f16c"), unused))
+    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < n; i++)
+            dst[i] = (unsigned short)_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+    }
+    #if defined(__clang__) && __clang_major__ < 16
+    /* Clang before 16 does not know "f16c" in __builtin_cpu_supports: read CPUID instead
+       ("avx" also checks that the OS saves the YMM registers F16C needs). */
+    #include <cpuid.h>
+    __attribute__((unused)) static int ops_have_f16c(void) {
+        unsigned int a, b, c, d;
+        return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d)
+               && (c & bit_F16C) != 0;
+    }
+    #else
+    __attribute__((unused))
+    static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
+    #endif
+    #else
+    __attribute__((unused))
+    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
+        (void)src; (void)dst; (void)n;
+    }
+    __attribute__((unused)) static int ops_have_f16c(void) { return 0; }
+    #endif
+
+    """
+    void ops_f16c_convert(const float* src, uint16_t* dst, Py_ssize_t n) noexcept nogil
+    int ops_have_f16c() noexcept nogil
+
+
+cdef inline uint16_t _to_f16(float x) noexcept nogil:
+    """IEEE binary16 bits of x, round to nearest even; NaN -> quiet NaN, overflow -> inf.
+    Integer and mask arithmetic only (no branches), so loops around it vectorize and give the
+    same bits everywhere; matches numpy's float32 -> float16 cast on finite values and inf."""
+    cdef uint32_t f, sign, odd, normal, sub, special, m_sub, m_big, res
+    cdef float af
+    memcpy(&f, &x, 4)
+    sign = f & 0x80000000u
+    f = f ^ sign                               # |x|; below 2**31, so signed compares work
+    # Normal half: rebias the exponent (-112 << 23) and round at bit 13 to nearest even.
+    odd = (f >> 13) & 1u
+    normal = (f + 0xC8000FFFu + odd) >> 13
+    # Subnormal half or zero: adding 0.5f lines the 10 mantissa bits up at the bottom and lets
+    # the float adder round to nearest even; then remove 0.5f's bits.
+    memcpy(&af, &f, 4)
+    af = af + <float>0.5
+    memcpy(&sub, &af, 4)
+    sub = sub - 0x3F000000u
+    special = 0x7C00u | (<uint32_t>(<int32_t>f > <int32_t>0x7F800000) << 9)
+    m_sub = 0u - <uint32_t>(<int32_t>f < <int32_t>0x38800000)
+    m_big = 0u - <uint32_t>(<int32_t>f >= <int32_t>0x47800000)
+    res = (sub & m_sub) | (normal & ~m_sub)
+    res = (special & m_big) | (res & ~m_big)
+    return <uint16_t>(res | (sign >> 16))

@@ -84,39 +84,6 @@ cdef extern from *:
         ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5) * aff[2] + aff[5]);
     }
 
-    /* float32 -> float16 with x86's F16C instructions when the CPU has them (every x86-64
-       CPU since 2012, but not the SSE2 baseline a portable build targets). IEEE round to
-       nearest even, like _to_f16, so both give the same bits (tests compare them). */
-    #if defined(__x86_64__) && defined(__GNUC__)
-    #include <immintrin.h>
-    __attribute__((target("avx,f16c")))
-    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
-        Py_ssize_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            _mm_storeu_si128((__m128i *)(dst + i),
-                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-        for (; i < n; i++)
-            dst[i] = (unsigned short)_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-    }
-    #if defined(__clang__) && __clang_major__ < 16
-    /* Clang before 16 does not know "f16c" in __builtin_cpu_supports: read CPUID instead
-       ("avx" also checks that the OS saves the YMM registers F16C needs). */
-    #include <cpuid.h>
-    static int ops_have_f16c(void) {
-        unsigned int a, b, c, d;
-        return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d)
-               && (c & bit_F16C) != 0;
-    }
-    #else
-    static int ops_have_f16c(void) { return __builtin_cpu_supports("f16c"); }
-    #endif
-    #else
-    static void ops_f16c_convert(const float *src, unsigned short *dst, Py_ssize_t n) {
-        (void)src; (void)dst; (void)n;
-    }
-    static int ops_have_f16c(void) { return 0; }
-    #endif
-
     typedef float *__restrict__ ops_f32_rp;
     typedef const float *__restrict__ ops_cf32_rp;
     typedef unsigned char *__restrict__ ops_u8_rp;
@@ -135,8 +102,6 @@ cdef extern from *:
     void ops_v4f_store_planar_affine(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
                                      float* r, float* g, float* b,
                                      const ops_v4f* aff) noexcept nogil
-    void ops_f16c_convert(const float* src, uint16_t* dst, Py_ssize_t n) noexcept nogil
-    int ops_have_f16c() noexcept nogil
 
     ctypedef float* ops_f32_rp
     ctypedef const float* ops_cf32_rp
@@ -148,7 +113,6 @@ cdef extern from *:
 DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
                "bfloat16": OPS_BFLOAT16}
 LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
-ORDER_CODES = {"h_first": OPS_H_FIRST, "v_first": OPS_V_FIRST}
 BOX_SLACK = OPS_BOX_SLACK
 
 
@@ -682,6 +646,7 @@ cdef void _v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssiz
 
 
 # --- output conversion ----------------------------------------------------------------------
+# The float16 conversions (_to_f16, ops_f16c_convert) are in _ops.pxd.
 
 cdef inline uint8_t _to_u8(float v) noexcept nogil:
     # Round half up, as Pillow's fixed point does. Clamped in integers: float min/max with
@@ -691,32 +656,6 @@ cdef inline uint8_t _to_u8(float v) noexcept nogil:
     i = i if i < 255 else 255
     i = i if i > 0 else 0
     return <uint8_t>i
-
-
-cdef inline uint16_t _to_f16(float x) noexcept nogil:
-    """IEEE binary16 bits of x, round to nearest even; NaN -> quiet NaN, overflow -> inf.
-    Integer and mask arithmetic only (no branches), so loops around it vectorize and give the
-    same bits everywhere; matches numpy's float32 -> float16 cast on finite values and inf."""
-    cdef uint32_t f, sign, odd, normal, sub, special, m_sub, m_big, res
-    cdef float af
-    memcpy(&f, &x, 4)
-    sign = f & 0x80000000u
-    f = f ^ sign                               # |x|; below 2**31, so signed compares work
-    # Normal half: rebias the exponent (-112 << 23) and round at bit 13 to nearest even.
-    odd = (f >> 13) & 1u
-    normal = (f + 0xC8000FFFu + odd) >> 13
-    # Subnormal half or zero: adding 0.5f lines the 10 mantissa bits up at the bottom and lets
-    # the float adder round to nearest even; then remove 0.5f's bits.
-    memcpy(&af, &f, 4)
-    af = af + <float>0.5
-    memcpy(&sub, &af, 4)
-    sub = sub - 0x3F000000u
-    special = 0x7C00u | (<uint32_t>(<int32_t>f > <int32_t>0x7F800000) << 9)
-    m_sub = 0u - <uint32_t>(<int32_t>f < <int32_t>0x38800000)
-    m_big = 0u - <uint32_t>(<int32_t>f >= <int32_t>0x47800000)
-    res = (sub & m_sub) | (normal & ~m_sub)
-    res = (special & m_big) | (res & ~m_big)
-    return <uint16_t>(res | (sign >> 16))
 
 
 cdef inline uint16_t _to_bf16(float x) noexcept nogil:
@@ -1045,15 +984,12 @@ cdef class Workspace:
 
 def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h, double w,
                      uint8_t[::1] out, int oh, int ow, bint flip, int dtype, int layout,
-                     mean, std, Workspace ws, int order=-1):
+                     mean, std, Workspace ws):
     """Run the kernel on img (H, W, 3) uint8 with pixel stride 3 (rows may be strided) into the
-    bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code.
-    order: OPS_H_FIRST or OPS_V_FIRST forces that pass order (tests and benchmarks); -1, the
-    default, keeps the plan's choice as ops_resize_crop does."""
+    bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code."""
     cdef double m[3]
     cdef double s[3]
     cdef OpsOutput o
-    cdef OpsPlan p
     cdef int rc, c
     cdef int src_h = <int>img.shape[0], src_w = <int>img.shape[1]
     cdef Py_ssize_t stride = img.strides[0]
@@ -1067,51 +1003,14 @@ def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h,
     for c in range(3):
         m[c] = mean[c]
         s[c] = std[c]
-    if order != -1 and order != OPS_H_FIRST and order != OPS_V_FIRST:
-        raise ConfigError(f"pass order {order} is not OPS_H_FIRST or OPS_V_FIRST")
     rc = ops_output_init(&o, dtype, layout, m, s)
     if rc != OPS_OK:
         _raise(rc, "output spec")
     with nogil:
-        if order == -1:
-            rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
-                                 oh, ow, flip, &o, &out[0])
-        else:
-            rc = ops_plan(&p, &ws.ws, src_h, src_w, y0, x0, h, w, oh, ow, flip)
-            if rc == OPS_OK:
-                p.order = order
-                rc = ops_run(&p, &img[0, 0, 0], stride, &o, &out[0])
+        rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
+                             oh, ow, flip, &o, &out[0])
     if rc != OPS_OK:
         _raise(rc, "resize_crop")
-
-
-def axis_coefficients(int in_size, double in0, double length, int n_out, bint flip=False):
-    """The table of one axis as Python lists (start, count, weights per output); for tests
-    and inspection, not for the hot path."""
-    cdef OpsWorkspace ws
-    cdef OpsAxis ax
-    cdef int rc, i, t, kh
-    if in_size < 1 or n_out < 1 or not (in0 >= 0.0 and length > 0.0 and in0 + length <= in_size):
-        raise ConfigError("axis_coefficients: box outside the axis or sizes < 1")
-    kh = _ksize(length, n_out)
-    ops_ws_init(&ws)
-    try:
-        rc = ops_ws_reserve(&ws, 4 * (2 * <size_t>n_out + <size_t>n_out * kh))
-        if rc != OPS_OK:
-            _raise(rc, "axis_coefficients")
-        ax.start = <int32_t*>ws.mem
-        ax.count = ax.start + n_out
-        ax.weight = <float*>(ax.count + n_out)
-        rc = _plan_axis(&ax, in_size, in0, length, n_out, n_out, flip)
-        if rc != OPS_OK:
-            _raise(rc, "axis_coefficients")
-        starts = [ax.start[i] for i in range(n_out)]
-        counts = [ax.count[i] for i in range(n_out)]
-        weights = [[ax.weight[i * ax.ksize + t] for t in range(ax.count[i])]
-                   for i in range(n_out)]
-    finally:
-        ops_ws_free(&ws)
-    return starts, counts, weights
 
 
 def center_crop_box(int height, int width, int size_h, int size_w, int resize):
@@ -1121,46 +1020,3 @@ def center_crop_box(int height, int width, int size_h, int size_w, int resize):
         raise ConfigError(f"center crop {size_h}x{size_w} does not fit in image {height}x{width} "
                           f"resized to shorter side {resize}")
     return (box[0], box[1], box[2], box[3])
-
-
-def float32_to_float16_bits(const float[::1] src, uint16_t[::1] dst, bint f16c=False):
-    """dst[i] = binary16 bits of src[i] by the kernel's portable conversion, or by the F16C
-    instructions if f16c (ConfigError when the CPU has none); tests compare both to numpy."""
-    cdef Py_ssize_t i
-    if dst.shape[0] != src.shape[0]:
-        raise ConfigError("float32_to_float16_bits: src and dst lengths differ")
-    if f16c and not ops_have_f16c():
-        raise ConfigError("float32_to_float16_bits: this CPU has no F16C instructions")
-    if src.shape[0] == 0:
-        return
-    with nogil:
-        if f16c:
-            ops_f16c_convert(&src[0], &dst[0], src.shape[0])
-        else:
-            for i in range(src.shape[0]):
-                dst[i] = _to_f16(src[i])
-
-
-def has_f16c():
-    """Whether float16 output uses x86's F16C instructions on this CPU."""
-    return bool(ops_have_f16c())
-
-
-def pass_order(int src_h, int src_w, double y0, double x0, double h, double w, int oh, int ow):
-    """The pass order ops_plan picks for these sizes (ORDER_CODES); for tests and benchmarks."""
-    cdef OpsWorkspace ws
-    cdef OpsPlan p
-    cdef int rc
-    ops_ws_init(&ws)
-    try:
-        rc = ops_plan(&p, &ws, src_h, src_w, y0, x0, h, w, oh, ow, 0)
-        if rc != OPS_OK:
-            _raise(rc, "pass_order")
-        return p.order
-    finally:
-        ops_ws_free(&ws)
-
-
-def workspace_bytes(int src_w, double h, double w, int oh, int ow):
-    """Workspace bytes one plan needs (ops_workspace_bytes); 0 for invalid sizes."""
-    return ops_workspace_bytes(src_w, h, w, oh, ow)
