@@ -411,6 +411,9 @@ class _Stream:
                     world_size=p.sampler.world_size, shard_tail=p.sampler.shard_tail,
                     drop_last=p.drop_last,
                     num_threads=loader.num_threads, on_error=p.on_error)
+                # One record of bad samples for every host thread: the loader reports the
+                # first producer's (dict updates are atomic under the GIL).
+                prod.bad_samples = p.bad_samples
                 m = _LocalMaker(loader, prod, self.local_free, self.local_done)
                 m.start()
                 self.makers.append(m)

@@ -389,7 +389,10 @@ def run_labels(args, src, warnings):
         for mode in ("offload", "hybrid"):
             where = f"{kind} {mode}"
             got = []
-            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **kw) as dl:
+            # Two host threads in hybrid mode: bad files either of them meets are reported.
+            extra = {"host_threads": 2} if mode == "hybrid" else {}
+            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **extra,
+                           **kw) as dl:
                 got += [(0, (x.copy(), y, m)) for x, y, m in dl]
                 for x, y, m in dl:             # epoch 1: broken off after 2 batches
                     got.append((1, (x.copy(), y, m)))
@@ -398,7 +401,8 @@ def run_labels(args, src, warnings):
                         break
                 stats = dl.stats()
                 skipped = sorted(dl.bad_samples)       # an epoch meets every bad file
-            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **kw) as dl:
+            with DPULoader(lst, args.batch, mode=mode, slots=args.slots[0], **extra,
+                           **kw) as dl:
                 dl.load_state_dict(state)      # a new loader resumes epoch 1
                 got += [(1, (x.copy(), y, m)) for x, y, m in dl]
                 stats2 = dl.stats()
