@@ -223,12 +223,12 @@ def _build_into(out, name):
 
 
 if __name__ == "__main__":
-    ALL = sorted(p.stem for p in KERNELS.glob("*.pyx"))
+    every = sorted(p.stem for p in KERNELS.glob("*.pyx"))
     if sys.argv[1:2] == ["--build-into"]:
         _build_into(sys.argv[2], sys.argv[3])
     elif sys.argv[1:2] == ["--prebuild"]:
-        for p in prebuild(sys.argv[2], sys.argv[3:] or ALL):
+        for p in prebuild(sys.argv[2], sys.argv[3:] or every):
             print(p)
     else:
-        for n in sys.argv[1:] or ALL:
+        for n in sys.argv[1:] or every:
             print(build(n))
