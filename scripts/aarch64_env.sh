@@ -9,7 +9,11 @@
 # subprocesses (they would be x86-64 execs of arm64 binaries).
 #
 #   scripts/aarch64_env.sh setup   [--python 3.11]            build or refresh it; prints its root
-#   scripts/aarch64_env.sh install [--python 3.11] WHEEL      install a dpu_pipe wheel (replacing one)
+#   scripts/aarch64_env.sh install [--python 3.11] WHEEL [TEST_KERNELS]
+#                                  install a dpu_pipe wheel (replacing one) and the test
+#                                  extensions built with it (scripts/build_wheels.sh puts them in
+#                                  build/wheels/test-kernels/<wheel>/), which the emulated tests
+#                                  load from there (tests/kernel_probes.py, $DPU_PIPE_TEST_KERNELS)
 #   scripts/aarch64_env.sh python  [--python 3.11] ARGS...    run the arm64 python3.X with ARGS
 #   scripts/aarch64_env.sh pytest  [--python 3.11] FILES... [-- PYTEST-ARGS]
 #                                  copy tests/ in and run pytest on FILES (paths under tests/)
@@ -32,6 +36,7 @@ ROOT=${DPU_PIPE_ARM64_ROOT:-$CROSS_CACHE/userland/$SUITE-arm64}
 QEMU_CPU=${DPU_PIPE_QEMU_CPU:-cortex-a72}
 SITE=/usr/lib/python3/dist-packages   # Debian's site directory: numpy, pytest, Pillow
 WHEEL_DIR=/opt/dpu_pipe               # the dpu_pipe wheel under test (on PYTHONPATH)
+TEST_KERNELS_DIR=/opt/dpu_pipe-test-kernels   # its tests/kernels/ extensions, cross-compiled
 # Python packages of the userland: what the kernel, decode and Loader tests import.
 SUPPORT_WHEELS="numpy pytest pytest-timeout pillow scipy scikit-image opencv-python-headless"
 
@@ -82,12 +87,17 @@ setup() {
 }
 
 install_wheel() {
-    local whl=$1
+    local whl=$1 kernels=${2:-}
     [ -f "$whl" ] || die "no such wheel: $whl"
+    [ -z "$kernels" ] || [ -d "$kernels" ] || die "no such directory of test extensions: $kernels"
     [ -f "$ROOT/.ok" ] || setup >/dev/null
-    rm -rf "${ROOT:?}$WHEEL_DIR" && mkdir -p "$ROOT$WHEEL_DIR"
+    rm -rf "${ROOT:?}$WHEEL_DIR" "${ROOT:?}$TEST_KERNELS_DIR" && mkdir -p "$ROOT$WHEEL_DIR"
     pip_target "$ROOT$WHEEL_DIR" --no-deps "$whl"
     log "installed $(basename "$whl") in $ROOT$WHEEL_DIR"
+    if [ -n "$kernels" ]; then
+        cp -r "$kernels" "$ROOT$TEST_KERNELS_DIR"
+        log "installed its test extensions ($(cd "$kernels" && echo *.so)) in $ROOT$TEST_KERNELS_DIR"
+    fi
 }
 
 enter() {  # run ARGS with the userland as /
@@ -108,6 +118,7 @@ enter() {  # run ARGS with the userland as /
     "${runner[@]}" env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 TMPDIR=/tmp \
         PYTHONPATH="$WHEEL_DIR" PYTHONDONTWRITEBYTECODE=1 PYTHONHASHSEED=0 \
         OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" DPU_PIPE_EMULATED=1 \
+        DPU_PIPE_TEST_KERNELS="$TEST_KERNELS_DIR" \
         "$chroot_bin" "$ROOT" /usr/bin/qemu-aarch64-static -cpu "$QEMU_CPU" "$@"
 }
 

@@ -14,7 +14,9 @@
 #     oldest DPU OS) and the target CPython headers from Debian .debs, with a private apt state that
 #     leaves the machine's apt configuration and packages alone;
 #  3. compiles every kernel with -ffp-contract=off (setup.py) and, for aarch64,
-#     -march=armv8-a -mtune=cortex-a72 (BlueField-2's Cortex-A72 cores, NEON/ASIMD);
+#     -march=armv8-a -mtune=cortex-a72 (BlueField-2's Cortex-A72 cores, NEON/ASIMD), and with each
+#     aarch64 wheel the tests' own extensions (tests/kernels/), same compiler and flags, into
+#     build/wheels/test-kernels/<wheel>/ for its tests under emulation, where no compiler runs;
 #  4. auditwheel-repairs each wheel (libjpeg-turbo and libgomp bundled: Ubuntu's libjpeg is
 #     libjpeg.so.8, Debian's libjpeg.so.62), refuses a manylinux tag newer than glibc 2.31, and checks that the wheel's
 #     dependencies resolve to binary wheels for its platform (pip download --platform ...).
@@ -163,16 +165,27 @@ build_one() {  # ARCH X.Y
     log "build $cpv $machine ($cc, sysroot glibc $SYSROOT_SUITE)"
     local march="" mtune=""
     if [ "$arch" = aarch64 ]; then march=armv8-a; mtune=cortex-a72; fi
-    (cd "$src" && env \
-        CC="$cc --sysroot=$sysroot" LDSHARED="$cc --sysroot=$sysroot -shared" \
-        CFLAGS="$cflags" LDFLAGS="-L$sysroot/usr/lib/$trip -L$sysroot/lib/$trip" CPPFLAGS="" \
-        SETUPTOOLS_EXT_SUFFIX=".cpython-${ver/./}-$trip.so" _PYTHON_HOST_PLATFORM="linux-$machine" \
-        DPU_PIPE_MARCH="$march" DPU_PIPE_MTUNE="$mtune" DPU_PIPE_DEBUG=0 \
-        JPEG_INCLUDE_DIR="$sysroot/usr/include" JPEG_LIB_DIR="$sysroot/usr/lib/$trip" \
-        PKG_CONFIG_LIBDIR="$sysroot/usr/lib/$trip/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sysroot" \
-        PATH="$VBIN:$PATH" \
+    local build_env=(
+        CC="$cc --sysroot=$sysroot" LDSHARED="$cc --sysroot=$sysroot -shared"
+        CFLAGS="$cflags" LDFLAGS="-L$sysroot/usr/lib/$trip -L$sysroot/lib/$trip" CPPFLAGS=""
+        SETUPTOOLS_EXT_SUFFIX=".cpython-${ver/./}-$trip.so" _PYTHON_HOST_PLATFORM="linux-$machine"
+        DPU_PIPE_MARCH="$march" DPU_PIPE_MTUNE="$mtune" DPU_PIPE_DEBUG=0
+        JPEG_INCLUDE_DIR="$sysroot/usr/include" JPEG_LIB_DIR="$sysroot/usr/lib/$trip"
+        PKG_CONFIG_LIBDIR="$sysroot/usr/lib/$trip/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sysroot"
+        PATH="$VBIN:$PATH")
+    (cd "$src" && env "${build_env[@]}" \
         "$VPY" -m pip wheel -v --no-build-isolation --no-deps -w "$raw" . \
         > "$WORK/log-$machine-$cpv.txt" 2>&1) || { tail -40 "$WORK/log-$machine-$cpv.txt" >&2; die "build failed ($cpv $machine), log: $WORK/log-$machine-$cpv.txt"; }
+    # The tests' own extensions (tests/kernels/), for the aarch64 wheel's tests under emulation,
+    # where no compiler runs: same compiler, flags and sources as the wheel's kernels.
+    local probes=$WORK/test-kernels-$machine-$cpv
+    rm -rf "$probes"
+    if [ "$arch" = aarch64 ] && compgen -G "$src/tests/kernels/*.pyx" >/dev/null; then
+        log "test extensions $cpv $machine"
+        (cd "$src" && env "${build_env[@]}" "$VPY" tests/kernel_probes.py --prebuild "$probes" \
+            > "$WORK/log-test-kernels-$machine-$cpv.txt" 2>&1) \
+            || { tail -40 "$WORK/log-test-kernels-$machine-$cpv.txt" >&2; die "test extensions failed ($cpv $machine)"; }
+    fi
     local whl objcopy=objcopy
     whl=$(ls "$raw"/*.whl)
     [ "$arch" = aarch64 ] && objcopy=aarch64-linux-gnu-objcopy
@@ -198,6 +211,11 @@ build_one() {  # ARCH X.Y
     PATH="$VBIN:$PATH" "$VBIN/auditwheel" show "$fixed" > "$WORK/show-$machine-$cpv.txt" 2>&1 || true
     rm -rf "$WORK/debug/$(basename "$fixed")"; mkdir -p "$WORK/debug"
     mv "$WORK/debug-$machine-$cpv" "$WORK/debug/$(basename "$fixed")"
+    rm -rf "$WORK/test-kernels/$(basename "$fixed")"
+    if [ -d "$probes" ]; then
+        mkdir -p "$WORK/test-kernels"
+        mv "$probes" "$WORK/test-kernels/$(basename "$fixed")"
+    fi
     BUILT+=("$fixed")
 }
 

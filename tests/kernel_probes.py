@@ -1,21 +1,32 @@
 """The tests' own Cython extensions (tests/kernels/*.pyx), built on demand like the kernels.
 
 What only tests need to see inside a kernel (its coefficient tables, a forced pass order, one
-conversion on its own) lives in these extensions, not in the wheel. They cimport the package's
-.pxd files and call the installed kernel through its C API, so they must be compiled like it.
-``load(name)`` does that the first time a test asks: it compiles tests/kernels/<name>.pyx with
-setup.py's flags and directives (``kernel_extension``, ``cythonize_kernels``) for the build of
-dpu_pipe that is imported — debug or not, -march and OpenMP as ``dpu_pipe.build_info()``
-reports them — into build/test-kernels/ of this checkout, and imports it. Later runs reuse the
-build while its key holds: the .pyx, the package's .pxd files, setup.py, this file, those
-flags, the compiler environment, the Python ABI and the dpu_pipe._ops file it links to. So
+conversion on its own, one RNG kernel over an array) lives in these extensions, not in the
+wheel. They cimport the package's .pxd files and call the installed kernel through its C API or
+compile the .pxd's inline kernels, so they must be compiled like it. ``load(name)`` does that
+the first time a test asks: it compiles tests/kernels/<name>.pyx with setup.py's flags and
+directives (``kernel_extension``, ``cythonize_kernels``) for the build of dpu_pipe that is
+imported — debug or not, -march and OpenMP as ``dpu_pipe.build_info()`` reports them — into
+build/test-kernels/ of this checkout, and imports it. Later runs reuse the build while its key
+holds: the .pyx, the package's .pxd files, setup.py, this file, those flags, the compiler
+environment, the Python ABI and the dpu_pipe extension files it may link to. So
 `./run.sh test`, a debug rebuild (.ci/run) and `pytest tests/test_ops.py` after
 `pip install .` each get a matching build. The extension is compiled against this checkout's
 .pxd files: the dpu_pipe under test must be built from the same sources (Cython checks the
 signatures of the functions it imports, not the layout of the structs). A failed build raises
 with the compiler's output: the tests that need it error out, they are never skipped.
 
+Where no compiler runs (the aarch64 wheel's tests under emulation), $DPU_PIPE_TEST_KERNELS
+names a directory of extensions built beforehand by ``--prebuild``, which scripts/build_wheels.sh
+runs with the cross compiler and the flags of the wheel it builds; ``load`` then takes them from
+there, after checking that each was compiled from this checkout's .pyx for the imported build's
+flavour (debug, -march, OpenMP), and never compiles. A missing or mismatched one raises.
+
     python tests/kernel_probes.py [NAME...]   build (or find) them, print their paths
+    python tests/kernel_probes.py --prebuild DIR [NAME...]
+                 build them into DIR for the target the environment describes (CC, CFLAGS,
+                 SETUPTOOLS_EXT_SUFFIX, setup.py's DPU_PIPE_* switches), without importing
+                 dpu_pipe; all of tests/kernels/ when no NAME is given
 """
 
 import functools
@@ -32,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "tests" / "kernels"
 CACHE = REPO / "build" / "test-kernels"
+PREBUILT = "DPU_PIPE_TEST_KERNELS"   # directory of extensions built by --prebuild
 BUILD_TIMEOUT = 900          # seconds; a cold -O3 build takes ~30 s on a loaded 2-core machine
 KEEP = 4                     # builds kept per extension (normal and debug flavours alternate)
 
@@ -49,17 +61,30 @@ def _build_env():
             "DPU_PIPE_MTUNE": os.environ.get("DPU_PIPE_MTUNE", "")}
 
 
+def _flavour(env):
+    """The build flavour setup.py makes of its switches env (read as setup.py reads them)."""
+    return {"debug": env.get("DPU_PIPE_DEBUG", "") not in ("", "0"),
+            "march": env.get("DPU_PIPE_MARCH", "") or "default",
+            "openmp": env.get("DPU_PIPE_OPENMP", "1") not in ("", "0")}
+
+
+def _pyx_sha256(name):
+    return hashlib.sha256((KERNELS / f"{name}.pyx").read_bytes()).hexdigest()
+
+
 def _key(name, env):
-    from dpu_pipe import _ops
+    import dpu_pipe
 
     h = hashlib.sha256()
-    ops_so = Path(_ops.__file__).resolve()
-    st = ops_so.stat()
+    kernels = []
+    for so in sorted(Path(dpu_pipe.__file__).resolve().parent.glob("_*.so")):
+        st = so.stat()
+        kernels.append([str(so), st.st_size, st.st_mtime_ns])
     compiler = {k: os.environ.get(k, "") for k in ("CC", "CFLAGS", "CPPFLAGS", "LDSHARED",
                                                     "LDFLAGS", "JPEG_INCLUDE_DIR",
                                                     "JPEG_LIB_DIR")}
     h.update(json.dumps([env, compiler, sys.version, sysconfig.get_config_var("EXT_SUFFIX"),
-                         str(ops_so), st.st_size, st.st_mtime_ns]).encode())
+                         kernels]).encode())
     for path in [KERNELS / f"{name}.pyx", REPO / "setup.py", Path(__file__),
                  *sorted((REPO / "src" / "dpu_pipe").glob("*.pxd"))]:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -108,10 +133,66 @@ def build(name):
     return target
 
 
+def prebuilt(name, directory):
+    """Path of the extension <name> that --prebuild left in directory, after checking it was
+    built from this checkout's tests/kernels/<name>.pyx for the imported dpu_pipe's flavour.
+    RuntimeError naming what is missing or differs."""
+    import dpu_pipe
+
+    directory = Path(directory)
+    target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    stamp = directory / f"{name}.json"
+    if not (target.is_file() and stamp.is_file()):
+        raise RuntimeError(
+            f"${PREBUILT} is {directory}, which holds no {target.name} with its {stamp.name}: "
+            f"scripts/build_wheels.sh builds the test extensions beside an aarch64 wheel "
+            f"(build/wheels/test-kernels/<wheel>/), `scripts/aarch64_env.sh install WHEEL DIR` "
+            f"puts them into the emulated userland")
+    made = json.loads(stamp.read_text())
+    info = dpu_pipe.build_info()
+    want = {"debug": bool(info["debug_build"]), "march": info["march"],
+            "openmp": bool(info["openmp"])}
+    if made["pyx_sha256"] != _pyx_sha256(name):
+        raise RuntimeError(f"{target} was built from another tests/kernels/{name}.pyx than "
+                           f"this checkout's: rebuild the wheel and its test extensions")
+    if made["flavour"] != want:
+        raise RuntimeError(f"{target} was built for {made['flavour']}, the imported dpu_pipe "
+                           f"({dpu_pipe.__file__}) is {want}")
+    return target
+
+
+def prebuild(directory, names):
+    """Build each tests/kernels/<name>.pyx into directory with the compiler and setup.py
+    switches of this process's environment (a cross-build's), each with <name>.json recording
+    its .pyx and flavour for ``prebuilt``. Does not import dpu_pipe. Returns the paths."""
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        tmp = directory / f"{name}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = subprocess.run([sys.executable, __file__, "--build-into", str(tmp), name],
+                              cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        built = sorted(tmp.glob(f"{name}.*so")) if proc.returncode == 0 else []
+        if len(built) != 1:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"could not build tests/kernels/{name}.pyx into {directory}, "
+                               f"exit code {proc.returncode}:\n{proc.stdout[-4000:]}\n"
+                               f"{proc.stderr[-6000:]}")
+        target = directory / built[0].name
+        os.replace(built[0], target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        (directory / f"{name}.json").write_text(json.dumps(
+            {"pyx_sha256": _pyx_sha256(name), "flavour": _flavour(os.environ)}))
+        paths.append(target)
+    return paths
+
+
 @functools.lru_cache(maxsize=None)
 def load(name):
     """The module compiled from tests/kernels/<name>.pyx (see the module docstring)."""
-    path = build(name)
+    directory = os.environ.get(PREBUILT)
+    path = prebuilt(name, directory) if directory else build(name)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -127,6 +208,11 @@ def _build_into(out, name):
 
     flags = runpy.run_path(str(REPO / "setup.py"), run_name="dpu_pipe_build_flags")
     ext = flags["kernel_extension"](name, os.path.relpath(KERNELS / f"{name}.pyx", REPO))
+    if sys.platform.startswith("linux"):
+        # Linked only to the libraries it calls (the kernels' flags name libjpeg and libgomp):
+        # where a wheel bundles them under other names, as in the emulated userland, a probe
+        # that calls neither still loads. LDFLAGS come before the objects and libraries.
+        os.environ["LDFLAGS"] = " ".join(["-Wl,--as-needed", os.environ.get("LDFLAGS", "")])
     exts = flags["cythonize_kernels"]([ext], build_dir=os.path.join(out, "cython"))
     dist = Distribution({"name": "dpu_pipe_test_kernels", "ext_modules": exts})
     cmd = dist.get_command_obj("build_ext")
@@ -137,8 +223,12 @@ def _build_into(out, name):
 
 
 if __name__ == "__main__":
+    every = sorted(p.stem for p in KERNELS.glob("*.pyx"))
     if sys.argv[1:2] == ["--build-into"]:
         _build_into(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == ["--prebuild"]:
+        for p in prebuild(sys.argv[2], sys.argv[3:] or every):
+            print(p)
     else:
-        for n in sys.argv[1:] or sorted(p.stem for p in KERNELS.glob("*.pyx")):
+        for n in sys.argv[1:] or every:
             print(build(n))

@@ -6,7 +6,8 @@
   normalize/convert) must contain ASIMD vector instructions; the counts are printed;
 * emulation: the kernel, decode and local-Loader tests run inside an isolated arm64 userland
   (scripts/aarch64_env.sh: Debian arm64 .debs in a chroot, ``qemu-aarch64-static -cpu
-  cortex-a72``) against the aarch64 wheel;
+  cortex-a72``) against the aarch64 wheel, and against the tests' own extensions
+  (tests/kernels/) cross-compiled with it, since no compiler runs there;
 * bit-identity: the same decodes, transforms, fused batches, epoch permutations and shards,
   and Loader batches (seed, epoch, samples) from the aarch64 wheel under emulation and from
   the x86-64 wheel are byte-identical.
@@ -62,7 +63,8 @@ def _version():
 
 def _sources_mtime():
     paths = [REPO / "setup.py", REPO / "pyproject.toml", *REPO.glob("src/dpu_pipe/*.p*"),
-             *REPO.glob("dpu_pipe/*.py")]
+             *REPO.glob("dpu_pipe/*.py"), *REPO.glob("tests/kernels/*.pyx"),
+             REPO / "tests" / "kernel_probes.py"]
     return max(p.stat().st_mtime for p in paths if p.exists())
 
 
@@ -104,14 +106,28 @@ def wheels(tmp_path_factory):
     return got
 
 
+def _beside_wheel(whl, kind):
+    """build/wheels/<kind>/<wheel name>/ that scripts/build_wheels.sh wrote with whl (debug
+    info, test extensions): beside the dist/ directory holding it, else in this checkout."""
+    found = Path(whl).parent.parent / "build" / "wheels" / kind / Path(whl).name
+    return found if found.is_dir() else REPO / "build" / "wheels" / kind / Path(whl).name
+
+
 @pytest.fixture(scope="module")
 def userland(wheels):
-    """The arm64 userland's root, with the aarch64 wheel installed."""
+    """The arm64 userland's root, with the aarch64 wheel and its test extensions installed."""
     ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     proc = _run(["bash", ENV_SH, "setup", "--python", ver], timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:]
     root = Path(proc.stdout.strip().splitlines()[-1])
-    proc = _run(["bash", ENV_SH, "install", "--python", ver, wheels["aarch64"]], timeout=600)
+    kernels = _beside_wheel(wheels["aarch64"], "test-kernels")
+    built = sorted(p.name for p in kernels.glob("*.so"))
+    wanted = sorted(p.stem for p in (REPO / "tests" / "kernels").glob("*.pyx"))
+    assert [n.split(".")[0] for n in built] == wanted, (
+        f"{kernels} holds {built}, not the test extensions {wanted}: scripts/build_wheels.sh "
+        f"cross-compiles them with the aarch64 wheel")
+    proc = _run(["bash", ENV_SH, "install", "--python", ver, wheels["aarch64"], kernels],
+                timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return root
 
@@ -237,10 +253,7 @@ def test_neon_in_hot_kernels(wheels, tmp_path):
         z.extractall(tmp_path)
     shipped = next((tmp_path / "dpu_pipe").glob("_ops.*.so"))
     # Debug info is split off by build_wheels.sh; its copy must hold the shipped code exactly.
-    debug = whl.parent.parent / "build" / "wheels" / "debug" / whl.name
-    debug = Path(os.environ.get("DPU_PIPE_DEBUG_DIR", debug))
-    if not debug.is_dir():
-        debug = REPO / "build" / "wheels" / "debug" / whl.name
+    debug = Path(os.environ.get("DPU_PIPE_DEBUG_DIR", _beside_wheel(whl, "debug")))
     dbg_so = debug / shipped.name
     assert dbg_so.exists(), (f"{dbg_so} missing: the wheel's debug info is written by "
                              f"scripts/build_wheels.sh beside its build")

@@ -10,8 +10,18 @@ import pytest
 
 from dpu_pipe import ConfigError, rng
 
-_rng = pytest.importorskip("dpu_pipe._rng", reason="Cython kernels not built")
+import kernel_probes
+
 stats = pytest.importorskip("scipy.stats")
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """tests/kernels/_rng_probe.pyx, built for this dpu_pipe: each kernel of _rng.pxd over
+    arrays (Philox, block words and uniforms, portable exp/log, crop boxes, flips), which the
+    package does not expose."""
+    return kernel_probes.load("_rng_probe")
+
 
 # Random123 tests/kat_vectors, "philox4x32 10" lines: counter[4], key[2] -> output[4].
 KAT = [
@@ -64,11 +74,11 @@ def test_philox_known_answers_numpy(ctr, key, expected):
 
 
 @pytest.mark.parametrize("ctr,key,expected", KAT, ids=KAT_IDS)
-def test_philox_known_answers_cython(ctr, key, expected):
-    assert _rng.philox(ctr, key) == expected
+def test_philox_known_answers_cython(probe, ctr, key, expected):
+    assert probe.philox(ctr, key) == expected
 
 
-def test_philox_vectorised_matches_scalar():
+def test_philox_vectorised_matches_scalar(probe):
     counters = np.array([k[0] for k in KAT] * 3, dtype=np.uint32)
     keys = np.array([k[1] for k in KAT] * 3, dtype=np.uint32)
     out = rng.philox4x32_10(counters, keys)
@@ -79,17 +89,17 @@ def test_philox_vectorised_matches_scalar():
     ctr = g.integers(0, 2**32, size=(300, 4), dtype=np.uint64)
     key = (0xDEADBEEF, 0x12345678)
     got = rng.philox4x32_10(ctr, key)
-    want = [_rng.philox(tuple(int(v) for v in c), key) for c in ctr]
+    want = [probe.philox(tuple(int(v) for v in c), key) for c in ctr]
     assert [tuple(r) for r in got.tolist()] == want
 
 
-def test_key_counter_mapping():
+def test_key_counter_mapping(probe):
     """The scheme of rng's docstring: key = (seed lo, seed hi), counter = (index lo,
     index hi, epoch, stream << 16 | block)."""
     seed, epoch, index, stream, block = 0x0123456789ABCDEF, 5, 2**40 + 3, 1, 7
     want = rng.philox4x32_10([3, 256, 5, (1 << 16) | 7], [0x89ABCDEF, 0x01234567])
     assert np.array_equal(rng.random_words(seed, epoch, index, stream, block), want)
-    assert np.array_equal(_rng.block_words(seed, epoch, index, stream, block), want)
+    assert np.array_equal(probe.block_words(seed, epoch, index, stream, block), want)
     x0, x1, x2, x3 = (int(v) for v in want)
     w0, w1 = x1 << 32 | x0, x3 << 32 | x2
     assert rng.random_u64(seed, epoch, index, stream, block).tolist() == [w0, w1]
@@ -107,15 +117,15 @@ def test_streams_blocks_epochs_are_distinct():
         assert not np.array_equal(base, other)
 
 
-def test_block_words_and_uniforms_twins_agree():
+def test_block_words_and_uniforms_twins_agree(probe):
     seed, epoch, index = _sample_grid(20000)
     for stream, block in [(0, 0), (1, 10), (2, 0), (rng.STREAM_USER, 65535)]:
         a = rng.random_words(seed, epoch, index, stream, block)
-        b = _rng.block_words(seed, epoch, index, stream, block)
+        b = probe.block_words(seed, epoch, index, stream, block)
         assert a.dtype == b.dtype == np.uint32
         assert np.array_equal(a, b)
         u = rng.uniforms(seed, epoch, index, stream, block)
-        v = _rng.block_uniforms(seed, epoch, index, stream, block)
+        v = probe.block_uniforms(seed, epoch, index, stream, block)
         assert np.array_equal(u.view(np.uint64), v.view(np.uint64))
         assert u.min() >= 0.0 and u.max() < 1.0
         # 53-bit grid
@@ -137,14 +147,14 @@ def _ulps(a, b):
     return np.abs(a - b) / np.spacing(np.abs(b))
 
 
-def test_portable_exp_twins_and_accuracy():
+def test_portable_exp_twins_and_accuracy(probe):
     g = np.random.default_rng(11)
     x = np.concatenate([g.uniform(-0.5, 0.5, 50000), g.uniform(-30, 30, 50000),
                         g.uniform(-744, 709.7, 20000),
                         [0.0, -0.0, 1e-300, -1e-300, 709.78, 709.8, -745.0, -746.0, 1000.0,
                          -1000.0, np.inf, -np.inf, np.nan, math.log(0.75), math.log(4 / 3)]])
     a = rng.portable_exp(x)
-    b = _rng.exp_array(x)
+    b = probe.exp_array(x)
     assert np.array_equal(a.view(np.uint64), b.view(np.uint64))
     normal = (x > -700) & (x < 709)
     assert _ulps(a[normal], np.exp(x[normal])).max() <= 2
@@ -154,13 +164,13 @@ def test_portable_exp_twins_and_accuracy():
     assert a[x == 0.0].tolist() == [1.0, 1.0]
 
 
-def test_portable_log_twins_and_accuracy():
+def test_portable_log_twins_and_accuracy(probe):
     g = np.random.default_rng(12)
     x = np.concatenate([np.exp(g.uniform(-700, 700, 50000)), g.uniform(0.5, 2.0, 50000),
                         [5e-324, 2.2250738585072014e-308, 1.0, 0.75, 4 / 3, 0.08,
                          1.7976931348623157e308, 0.0, -1.0, np.inf, np.nan]])
     a = rng.portable_log(x)
-    b = _rng.log_array(x)
+    b = probe.log_array(x)
     assert np.array_equal(a.view(np.uint64), b.view(np.uint64))
     ok = np.isfinite(x) & (x > 0) & (x != 1.0)
     assert _ulps(a[ok], np.log(x[ok])).max() <= 2
@@ -179,13 +189,13 @@ CONFIGS = [((0.08, 1.0), (3 / 4, 4 / 3)),       # torchvision's defaults
 
 
 @pytest.mark.parametrize("scale,ratio", CONFIGS, ids=[str(c) for c in CONFIGS])
-def test_crop_twins_agree(scale, ratio):
+def test_crop_twins_agree(probe, scale, ratio):
     n = 120_000 if scale == (0.08, 1.0) else 30_000
     seed, epoch, index = _sample_grid(n)
     H, W = _sizes(n)
     top, left, h, w, att = rng.random_resized_crop(seed, epoch, index, H, W, scale, ratio,
                                                    return_attempt=True)
-    c = _rng.crop_boxes(seed, epoch, index, H, W, scale, ratio)
+    c = probe.crop_boxes(seed, epoch, index, H, W, scale, ratio)
     assert c.dtype == np.int64 and c.shape == (n, 5)
     for col, arr in enumerate((top, left, h, w, att)):
         assert np.array_equal(c[:, col], arr), f"column {col}"
@@ -197,11 +207,11 @@ def test_crop_twins_agree(scale, ratio):
     assert np.array_equal(left[fb], (W[fb] - w[fb]) // 2)
 
 
-def test_flip_twins_agree():
+def test_flip_twins_agree(probe):
     seed, epoch, index = _sample_grid(100_000)
     for p in (0.5, 0.0, 1.0, 0.1):
         a = rng.random_flip(seed, epoch, index, p)
-        b = _rng.flips(seed, epoch, index, p)
+        b = probe.flips(seed, epoch, index, p)
         assert a.dtype == b.dtype == np.bool_
         assert np.array_equal(a, b)
     assert not rng.random_flip(seed, epoch, index, 0.0).any()
@@ -247,16 +257,16 @@ def _golden_digest(crop_fn, flip_fn):
 
 
 @pytest.mark.parametrize("key", list(GOLDEN_CROPS), ids=[str(k) for k in GOLDEN_CROPS])
-def test_golden_values(key):
+def test_golden_values(probe, key):
     *box, flip = GOLDEN_CROPS[key]
     assert rng.random_resized_crop(*key, return_attempt=True) == tuple(box)
-    assert _rng.crop_boxes(*key).tolist() == box
+    assert probe.crop_boxes(*key).tolist() == box
     assert rng.random_flip(*key[:3]) is flip
-    assert bool(_rng.flips(*key[:3])) is flip
+    assert bool(probe.flips(*key[:3])) is flip
 
 
-def test_golden_digest():
-    assert _golden_digest(_rng.crop_boxes, _rng.flips) == GOLDEN_SHA256
+def test_golden_digest(probe):
+    assert _golden_digest(probe.crop_boxes, probe.flips) == GOLDEN_SHA256
     assert _golden_digest(lambda *a: np.stack(rng.random_resized_crop(*a, return_attempt=True), -1),
                           rng.random_flip) == GOLDEN_SHA256
 
@@ -282,7 +292,7 @@ def _torchvision_fallback(H, W, ratio):
                                        (3, 4000, (3 / 4, 4 / 3)), (4000, 3, (0.5, 2.0)),
                                        (50, 50, (5.0, 6.0)), (50, 50, (0.1, 0.2)),
                                        (13, 17, (0.7, 1.5))])
-def test_fallback_is_torchvision_central_crop(H, W, ratio):
+def test_fallback_is_torchvision_central_crop(probe, H, W, ratio):
     # scale far above 1 makes every attempt too large, so the fallback is always taken
     n = 2000
     top, left, h, w, att = rng.random_resized_crop(7, 3, np.arange(n), H, W, (50.0, 60.0), ratio,
@@ -290,15 +300,15 @@ def test_fallback_is_torchvision_central_crop(H, W, ratio):
     assert np.all(att == -1)
     want = _torchvision_fallback(H, W, ratio)
     assert set(zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())) == {want}
-    c = _rng.crop_boxes(7, 3, np.arange(n), H, W, (50.0, 60.0), ratio)
+    c = probe.crop_boxes(7, 3, np.arange(n), H, W, (50.0, 60.0), ratio)
     assert set(map(tuple, c[:, :4].tolist())) == {want}
 
 
-def test_fallback_never_empty_where_torchvision_would_be():
+def test_fallback_never_empty_where_torchvision_would_be(probe):
     # torchvision: w = 1, h = round(1 / 5) = 0 -> an empty crop; here one pixel
     assert _torchvision_fallback(1, 1, (5.0, 6.0))[2] == 0
     assert rng.random_resized_crop(0, 0, 0, 1, 1, (50.0, 60.0), (5.0, 6.0)) == (0, 0, 1, 1)
-    assert _rng.crop_boxes(0, 0, 0, 1, 1, (50.0, 60.0), (5.0, 6.0)).tolist() == [0, 0, 1, 1, -1]
+    assert probe.crop_boxes(0, 0, 0, 1, 1, (50.0, 60.0), (5.0, 6.0)).tolist() == [0, 0, 1, 1, -1]
 
 
 def test_tiny_images():
@@ -449,8 +459,8 @@ def test_flip_frequency():
     (dict(ratio=(1.0, float("inf"))), "finite"),
     (dict(ratio=1.0), "pairs"),
 ])
-def test_bad_crop_config(kwargs, match):
-    for fn in (rng.random_resized_crop, _rng.crop_boxes):
+def test_bad_crop_config(probe, kwargs, match):
+    for fn in (rng.random_resized_crop, probe.crop_boxes):
         with pytest.raises(ConfigError, match=match):
             fn(0, 0, 0, 10, 10, **kwargs)
 
@@ -466,20 +476,20 @@ def test_bad_crop_config(kwargs, match):
     ((0, 0, 0, 10, -5), "width|size"),
     ((0, 0, 0, 2**31, 10), "height|size"),
 ])
-def test_bad_sample_arguments(args, match):
-    for fn in (rng.random_resized_crop, _rng.crop_boxes):
+def test_bad_sample_arguments(probe, args, match):
+    for fn in (rng.random_resized_crop, probe.crop_boxes):
         with pytest.raises(ConfigError, match=match):
             fn(*args)
 
 
-def test_bad_flip_and_stream_arguments():
-    for fn in (rng.random_flip, _rng.flips):
+def test_bad_flip_and_stream_arguments(probe):
+    for fn in (rng.random_flip, probe.flips):
         with pytest.raises(ConfigError, match="probability"):
             fn(0, 0, 0, 1.5)
     with pytest.raises(ConfigError, match="stream"):
         rng.random_words(0, 0, 0, 1 << 16)
     with pytest.raises(ConfigError, match="stream"):
-        _rng.block_words(0, 0, 0, 0, 1 << 16)
+        probe.block_words(0, 0, 0, 0, 1 << 16)
     with pytest.raises(ConfigError, match="shape"):
         rng.philox4x32_10([0, 0, 0], [0, 0])
     assert rng.check_seed(2**64 - 1) == 2**64 - 1
