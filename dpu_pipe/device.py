@@ -40,7 +40,8 @@ import time
 import warnings
 
 from . import _validate as _v
-from .errors import ConfigError, PipeTimeout
+from .deadline import poll_until
+from .errors import ConfigError
 
 __all__ = ["OutputSpec", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
            "wait_event"]
@@ -203,13 +204,8 @@ def wait_event(event, deadline, what):
     """Poll the device event ``event`` until it has completed, sleeping between polls (up to
     1 ms), or raise :class:`PipeTimeout` saying ``what`` when ``deadline``
     (``time.monotonic()`` seconds) passes. A device copy of a batch takes well under that."""
-    delay = 0.0
-    while not event.query():
-        if time.monotonic() > deadline:
-            raise PipeTimeout(f"{what}: the device copy did not complete before the deadline")
-        if delay:
-            time.sleep(delay)
-        delay = min(1e-3, max(2e-5, delay * 2))
+    poll_until(event.query, deadline,
+               f"{what}: the device copy did not complete before the deadline", 1e-3)
 
 
 def _cudart(torch):

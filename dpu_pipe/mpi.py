@@ -6,9 +6,9 @@ without MPI; the first function that needs MPI imports it and says how to instal
 import os
 import shutil
 import sys
-import time
 
-from .errors import ConfigError, PipeTimeout
+from .deadline import poll_until
+from .errors import ConfigError
 
 __all__ = ["load_mpi", "wait_request", "mpiexec_path", "mpiexec_argv"]
 
@@ -33,13 +33,7 @@ def wait_request(req, deadline, what):
     """Test the MPI request ``req`` until it completes, sleeping between tests (up to 5 ms:
     a blocking MPI wait would spin a core), or raise :class:`PipeTimeout` saying ``what``
     when ``deadline`` (``time.monotonic()`` seconds) passes."""
-    delay = 0.0
-    while not req.Test():
-        if time.monotonic() > deadline:
-            raise PipeTimeout(f"{what}: no answer before the deadline")
-        if delay:
-            time.sleep(delay)
-        delay = min(0.005, max(2e-5, delay * 2))
+    poll_until(req.Test, deadline, f"{what}: no answer before the deadline", 0.005)
 
 
 def mpiexec_path():
