@@ -463,25 +463,31 @@ def run_interleave(args, src, warnings):
     return {"train_steps": j, "val_steps": len(ref_val), "validations": vals}
 
 
-def job_workers():
-    """pids of the ``dpu_pipe.worker`` ranks of this job: processes with that command line
-    whose parent is this rank's parent (the MPI process manager of this job on this node)."""
-    me = os.getppid()
+def sibling_pids(match):
+    """Sorted pids of the other processes started by this rank's parent (the MPI process
+    manager of this job on this node) whose argv (a list of bytes) satisfies ``match``."""
+    me, parent = os.getpid(), os.getppid()
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == me:
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
+                argv = f.read().split(b"\0")
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        wrapped = any(c.endswith(b"offload_host.py") for c in cmd) and b"worker" in cmd
-        if ppid == me and (b"dpu_pipe.worker" in cmd or wrapped):
+        if ppid == parent and match(argv):
             pids.append(int(entry))
     return sorted(pids)
+
+
+def job_workers():
+    """pids of the ``dpu_pipe.worker`` ranks of this job (plain, or this file's delaying
+    ``worker`` wrapper)."""
+    return sibling_pids(lambda argv: b"dpu_pipe.worker" in argv or (
+        any(c.endswith(b"offload_host.py") for c in argv) and b"worker" in argv))
 
 
 def run_kill(args, src, warnings):

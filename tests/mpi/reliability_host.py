@@ -23,7 +23,6 @@
 producer-side fault (``--fault slow|raise|unreachable``).
 """
 import argparse
-import json
 import logging
 import os
 import signal
@@ -34,33 +33,14 @@ import traceback
 
 import numpy as np
 
-
-def write_json(path, data):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
+from offload_host import sibling_pids, write_json
 
 
 def job_pids():
     """(host pid, [producer pids]) of this job on this node: the producers are the
-    ``dpu_pipe.worker`` processes (or the fault wrapper) whose parent is this rank's parent
-    (the MPI process manager)."""
-    me, parent = os.getpid(), os.getppid()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and (b"dpu_pipe.worker" in cmd or b"reliability_host" in cmd):
-            pids.append(int(entry))
-    return me, sorted(pids)
+    ``dpu_pipe.worker`` processes (or the fault wrapper) started by this rank's parent."""
+    return os.getpid(), sibling_pids(lambda argv: b"dpu_pipe.worker" in argv or any(
+        b"reliability_host" in c for c in argv))
 
 
 def _status(pid):

@@ -33,6 +33,8 @@ import traceback
 
 import numpy as np
 
+from offload_host import sibling_pids
+
 CLASSES = 5
 KW = {"classes": CLASSES, "width": 8, "seed": 1}
 MODEL = "dpu_pipe.models:resnet_tiny"
@@ -72,22 +74,8 @@ def host_metrics(model, src, batch_size):
 
 
 def producer_pids():
-    """PIDs of this job's dpu_pipe.worker ranks (children of our process manager)."""
-    ppid = os.getppid()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if parent == ppid and b"dpu_pipe.worker" in cmd:
-            pids.append(int(d))
-    return sorted(pids)
+    """PIDs of this job's dpu_pipe.worker ranks."""
+    return sibling_pids(lambda argv: b"dpu_pipe.worker" in argv)
 
 
 def scenario_equal(args, src):
