@@ -330,7 +330,8 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
 
         table = np.array(table, dtype=fmt.SHARD_ENTRY)
         spec = source.spec()
-        spec.pop("rows", None)  # a row-based file list's spec holds every path again
+        if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
+            del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
         meta = {
             "classes": source.classes,
             "created_by": f"dpu_pipe {__version__}",
