@@ -22,6 +22,7 @@ import re
 import tarfile
 import threading
 import uuid
+import zipfile
 
 import numpy as np
 
@@ -206,10 +207,19 @@ def scan_shard(path, image_keys, label_key):
                     m = tf.next()
                 except (tarfile.TarError, EOFError, ValueError, OverflowError,
                         UnicodeError) as e:
+                    if at > size:   # the last member runs past the end: flagged TRUNCATED
+                        break
                     raise ConfigError(f"WebDataset shard {path}: bad tar header at byte {at}"
                                       f" ({e}); members from there on cannot be located") \
                         from None
                 if m is None:
+                    # tarfile ends quietly at a header it cannot parse: only zero blocks (the
+                    # end-of-archive marker) or the end of the file may follow the last member.
+                    f.seek(tf.offset)
+                    if f.read(tarfile.BLOCKSIZE).strip(b"\0"):
+                        raise ConfigError(f"WebDataset shard {path}: bad tar header at byte "
+                                          f"{tf.offset}; members from there on cannot be "
+                                          f"located")
                     break
                 tf.members.clear()  # the index keeps arrays, not a TarInfo per member
                 if not m.isreg():
@@ -237,7 +247,8 @@ def _load_index(path, want, size):
                 return None
             samples, keys = z["samples"], z["keys"]
             problems = {int(k): str(v) for k, v in info.get("problems", {}).items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, MemoryError,
+            SyntaxError, zipfile.BadZipFile):
         return None
     ok = (samples.dtype == SAMPLE and samples.ndim == 1 and keys.dtype == np.uint8
           and keys.ndim == 1)
