@@ -24,7 +24,7 @@ from .parquet import ARROW_EXTENSIONS, PARQUET_EXTENSIONS, ParquetSource, from_h
 from .webdataset import WebDataset, expand_shards
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "WebDataset", "ParquetSource",
-           "open_source", "open_path", "as_source", "check_spec", "from_hf_dataset",
+           "open_source", "open_path", "as_source", "check_spec", "path_kind", "from_hf_dataset",
            "expand_shards", "fingerprint_of", "frozen_labels", "JPEG_EXTENSIONS",
            "IMG_EXTENSIONS", "LIST_EXTENSIONS", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
 
@@ -144,8 +144,9 @@ def check_spec(source):
     return spec
 
 
-def _kind_of_path(path):
-    """``"webdataset"``, ``"parquet"`` or None for a path string by its name."""
+def path_kind(path):
+    """``"webdataset"`` (``*.tar``), ``"parquet"`` (``*.parquet``, ``*.arrow``...) or None
+    for a path, by its name."""
     low = path.lower()
     if low.endswith(TAR_EXTENSIONS):
         return "webdataset"
@@ -161,7 +162,7 @@ def open_path(path, *, root=None):
     :class:`ParquetSource`, any other file a :class:`FileList` (``root`` applies to file
     lists only)."""
     path = os.fspath(path)
-    kind = _kind_of_path(path)
+    kind = path_kind(path)
     if kind is not None and not is_packed(path):
         if root is not None:
             raise ConfigError(f"root= applies to file lists, not to {path}")
@@ -184,7 +185,7 @@ def as_source(obj):
     paths opens them together. Anything else raises :class:`ConfigError`."""
     if isinstance(obj, (str, bytes, os.PathLike)):
         path = os.fsdecode(obj)
-        if (os.path.isfile(path) and not is_packed(path) and _kind_of_path(path) is None
+        if (os.path.isfile(path) and not is_packed(path) and path_kind(path) is None
                 and not path.lower().endswith(LIST_EXTENSIONS)):
             raise ConfigError(f"{path} is not a dataset: expected a directory (ImageFolder), "
                               f"a packed dataset, tar shards, Parquet/Arrow files, or a file "
@@ -192,7 +193,7 @@ def as_source(obj):
         return open_path(path)
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(p, (str, os.PathLike))
                                                       for p in obj):
-        kinds = {_kind_of_path(os.fsdecode(p)) for p in obj}
+        kinds = {path_kind(os.fsdecode(p)) for p in obj}
         if kinds == {"webdataset"}:
             return WebDataset(list(obj))
         if kinds == {"parquet"}:
