@@ -197,7 +197,7 @@ class ParquetSource(Source):
                 raise ConfigError(f"Parquet/Arrow file does not exist: {p}")
             try:
                 files.append(_File(p, image_column, label_column))
-            except (pa.ArrowException, OSError) as e:
+            except (pa.ArrowException, OSError, ValueError) as e:
                 raise ConfigError(f"{p} is neither a readable Parquet file nor an Arrow IPC "
                                   f"file: {e}") from None
         self._paths, self._files = paths, files
@@ -213,8 +213,11 @@ class ParquetSource(Source):
         else:
             try:
                 labels = np.concatenate([f.labels(label_column) for f in files])
-            except pa.ArrowException as e:
+            except (pa.ArrowException, OSError, ValueError) as e:
                 raise ConfigError(f"cannot read label column {label_column!r}: {e}") from None
+        if len(labels) != self._starts[-1]:
+            raise ConfigError(f"the label column has {len(labels)} rows, the files' row groups "
+                              f"{int(self._starts[-1])}")
         self._labels = frozen_labels(labels)
         self.classes = list(classes) if classes is not None else _hf_classes(
             files[0].schema, label_column)
@@ -238,8 +241,15 @@ class ParquetSource(Source):
                 return got
         f, rg = self._groups[g]
         pa = _pyarrow()
+        want = self._files[f].group_rows[rg]
         try:
-            got = _Group(self._files[f].group(rg, self._image_column))
+            arr = self._files[f].group(rg, self._image_column)
+            # The file is untrusted: Arrow checks offsets and lengths against the buffers
+            # once per group, and the row count must be the one the index was built from.
+            arr.validate(full=True)
+            if len(arr) != want:
+                raise ValueError(f"it holds {len(arr)} rows, the file's metadata says {want}")
+            got = _Group(arr)
         except (pa.ArrowException, OSError, ValueError) as e:
             got = DecodeError(f"cannot read row group {rg}: {e}", path=self._paths[f])
         with self._lock:
