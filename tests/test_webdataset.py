@@ -219,3 +219,41 @@ def test_unreadable_shards_are_config_errors(folder, tmp_path, damage):
         match = "do not exist"
     with pytest.raises(ConfigError, match=match):
         WebDataset(path)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
+                         ids=["ustar", "gnu", "pax"])
+def test_header_scan_lists_what_tarfile_lists(tmp_path, fmt):
+    """Long names (GNU 'L' records, pax path, ustar prefix), non-ASCII names, directories,
+    symlinks and empty members: the scan finds the regular members tarfile finds, at the
+    same offsets."""
+    path = str(tmp_path / "x.tar")
+    deep = "d" * 60 + "/" + "e" * 60
+    names = ["a/short.jpg", f"{deep}/long_{'x' * 90}.jpg", "ü/naïve.png", "empty.jpg"]
+    with tarfile.open(path, "w", format=fmt) as tf:
+        info = tarfile.TarInfo("somedir")
+        info.type = tarfile.DIRTYPE
+        tf.addfile(info)
+        link = tarfile.TarInfo("link.jpg")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "a/short.jpg"
+        tf.addfile(link)
+        for k, name in enumerate(names):
+            if fmt == tarfile.USTAR_FORMAT and len(name.rsplit("/", 1)[-1]) > 100:
+                name = f"{deep}/short{k}.jpg"      # ustar: prefix + name only
+            dfm._add(tf, name, b"" if name == "empty.jpg" else dfm.image_bytes(k))
+    with tarfile.open(path) as tf:
+        want = [(m.name, m.offset_data, m.size) for m in tf.getmembers() if m.isreg()]
+    data = open(path, "rb").read()
+    assert list(wds._tar_members(data, len(data), path)) == want
+    src = WebDataset(path, label_key=None)
+    assert len(src) == len(want)
+
+
+def test_base256_size_and_pax_size_fields():
+    assert wds._octal(b"0000017\0") == 15
+    assert wds._octal(bytes([0x80]) + (2**40).to_bytes(11, "big")) == 2**40
+    assert wds._octal(b"\xff" * 12) is None and wds._octal(b"12x\0") is None
+    assert wds._pax(b"16 path=abc.jpg\n", "w") == {"path": b"abc.jpg"}
+    with pytest.raises(ConfigError, match="malformed pax record"):
+        wds._pax(b"99 path=abc.jpg\n", "w")

@@ -19,7 +19,6 @@ import json
 import mmap
 import os
 import re
-import tarfile
 import threading
 import uuid
 import zipfile
@@ -46,6 +45,8 @@ NO_LABEL = 2      # no label member, or it holds no integer (the reason is in ``
 NO_IMAGE = 4      # the sample has no member with one of ``image_keys``
 _FLAG_TEXT = {TRUNCATED: "truncated tar member: its data runs past the end of the shard",
               NO_IMAGE: "sample has no image member"}
+
+BLOCK = 512   # tar's block size
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 
@@ -156,82 +157,158 @@ def _label_of(members, label_key, read, key):
     return _parse_label(str(value), f"{key}.{ext}[{field!r}]")
 
 
+def _octal(field):
+    """The number in a tar header's numeric field: octal text, or base-256 (high bit set)
+    as GNU tar writes large sizes; None when it is neither."""
+    if field[:1] and field[0] & 0x80:
+        if field[0] == 0xFF:     # a negative base-256 number
+            return None
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        return None
+
+
+def _pax(data, where):
+    """``{key: value}`` of a pax extended header's ``"<len> <key>=<value>\n"`` records."""
+    out, i = {}, 0
+    while i < len(data):
+        sp = data.find(b" ", i, i + 24)
+        try:
+            length = int(data[i:sp]) if sp > i else 0
+        except ValueError:
+            length = 0
+        rec = data[i:i + length]
+        if length <= sp - i or len(rec) != length or not rec.endswith(b"\n") \
+                or b"=" not in rec[sp - i:]:
+            if not data[i:].strip(b"\0"):
+                break     # padding after the last record
+            raise ConfigError(f"{where}: malformed pax record at byte {i} of the header")
+        key, _, value = rec[sp - i + 1:-1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value
+        i += length
+    return out
+
+
+def _tar_members(buf, size, path):
+    """``(name, data offset, data size)`` of every regular member of the tar bytes ``buf``
+    (``size`` bytes), in order. GNU long names and pax ``path``/``size`` records apply to
+    the member that follows them; a member whose data runs past the end ends the listing
+    (the caller flags it truncated). :class:`ConfigError` names the offset of a header that
+    is not a tar header: where the next member starts cannot be known past it."""
+    pos, longname, pax = 0, None, {}
+    while pos + BLOCK <= size:
+        h = buf[pos:pos + BLOCK]
+        if not h.strip(b"\0"):
+            return    # the end-of-archive marker: zero blocks
+        where = f"WebDataset shard {path}: bad tar header at byte {pos}"
+        want = _octal(h[148:156])
+        rest = h[:148] + h[156:]
+        unsigned = sum(rest) + 256         # the checksum field counts as eight spaces
+        if want != unsigned and (want is None or want != unsigned - 256 * sum(
+                1 for b in rest if b > 127)):  # some old tars sum signed bytes
+            raise ConfigError(f"{where} (checksum); members from there on cannot be located")
+        n = _octal(h[124:136])
+        if n is None:
+            raise ConfigError(f"{where} (size field {h[124:136]!r})")
+        typ = h[156:157]
+        name = h[0:100].split(b"\0", 1)[0]
+        if h[257:263] == b"ustar\0":
+            prefix = h[345:500].split(b"\0", 1)[0]
+            if prefix:
+                name = prefix + b"/" + name
+        data = pos + BLOCK
+        if typ in (b"L", b"x", b"g"):
+            if data + n > size:
+                raise ConfigError(f"{where}: its extended header runs past the end of the "
+                                  f"file")
+            ext = buf[data:data + n]
+            if typ == b"L":
+                longname = ext.split(b"\0", 1)[0]
+            elif typ == b"x":
+                pax = _pax(ext, where)
+        else:
+            if "size" in pax:
+                try:
+                    n = int(pax["size"])
+                except ValueError:
+                    n = -1
+                if n < 0:
+                    raise ConfigError(f"{where}: pax size {pax['size'][:30]!r}")
+            if "path" in pax:
+                name = pax["path"]
+            elif longname is not None:
+                name = longname
+            if typ in (b"0", b"\0", b"7"):
+                yield name.decode("utf-8", "surrogateescape"), data, n
+                if data + n > size:
+                    return
+            longname, pax = None, {}
+        pos = data + (n + BLOCK - 1) // BLOCK * BLOCK
+    if pos < size and buf[pos:size].strip(b"\0"):
+        raise ConfigError(f"WebDataset shard {path}: bad tar header at byte {pos} (a partial "
+                          f"block at the end of the file)")
+
+
 def scan_shard(path, image_keys, label_key):
     """Build the index of one shard by reading its tar headers in order (and its label
     members). Raises :class:`ConfigError` naming the shard (and the byte offset) when the tar
     structure itself is unreadable: the members after a bad header cannot be located."""
-    size = os.path.getsize(path)
     rows, keys, problems = [], bytearray(), {}
-    with open(path, "rb") as f:
-        def read(offset, length):
-            if offset + length > size:
-                return None
-            f.seek(offset)
-            return f.read(length)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read WebDataset shard {path}: {e}") from None
+    if size < BLOCK or not buf[:BLOCK].strip(b"\0"):
+        raise ConfigError(f"WebDataset shard {path} is not an uncompressed tar file "
+                          f"({size} bytes{', no first header' if size >= BLOCK else ''})")
+    if buf[:2] == b"\x1f\x8b" or buf[:3] == b"BZh" or buf[:6] == b"\xfd7zXZ\0":
+        raise ConfigError(f"WebDataset shard {path} is not an uncompressed tar file: it is "
+                          f"compressed; decompress it (random access needs a plain tar)")
 
-        def flush(key, members):
-            if key is None:
-                return
-            rec = np.zeros((), SAMPLE)
-            kb = key.encode("utf-8", "surrogateescape")
-            rec["key_off"], rec["key_len"] = len(keys), len(kb)
-            keys.extend(kb)
-            flags = 0
-            hit = [k for k, ext in enumerate(image_keys) if ext in members]
-            if hit:
-                rec["ext"] = hit[0]
-                rec["offset"], rec["size"] = members[image_keys[hit[0]]]
-                if rec["offset"] + rec["size"] > size:
+    def read(offset, length):
+        return None if offset + length > size else buf[offset:offset + length]
+
+    def flush(key, members):
+        kb = key.encode("utf-8", "surrogateescape")
+        flags, offset, length, ext = 0, 0, 0, -1
+        for k, name in enumerate(image_keys):
+            if name in members:
+                ext = k
+                offset, length = members[name]
+                if offset + length > size:
                     flags |= TRUNCATED
-            else:
-                rec["ext"] = -1
-                flags |= NO_IMAGE
-            label, why = _label_of(members, label_key, read, key)
-            if why is not None:
-                flags |= NO_LABEL
-                problems[len(rows)] = why
-                label = -1
-            rec["label"], rec["flags"] = label, flags
-            rows.append(rec)
+                break
+        else:
+            flags |= NO_IMAGE
+        label, why = _label_of(members, label_key, read, key)
+        if why is not None:
+            flags |= NO_LABEL
+            problems[len(rows)] = why
+            label = -1
+        rows.append((offset, length, label, len(keys), len(kb), ext, flags))
+        keys.extend(kb)
 
-        try:
-            tf = tarfile.open(fileobj=f, mode="r:")
-        except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
-            raise ConfigError(f"WebDataset shard {path} is not an uncompressed tar file: "
-                              f"{e}") from None
-        key, members = None, {}
-        try:
-            while True:
-                at = tf.offset
-                try:
-                    m = tf.next()
-                except (tarfile.TarError, EOFError, ValueError, OverflowError,
-                        UnicodeError) as e:
-                    if at > size:   # the last member runs past the end: flagged TRUNCATED
-                        break
-                    raise ConfigError(f"WebDataset shard {path}: bad tar header at byte {at}"
-                                      f" ({e}); members from there on cannot be located") \
-                        from None
-                if m is None:
-                    # tarfile ends quietly at a header it cannot parse: only zero blocks (the
-                    # end-of-archive marker) or the end of the file may follow the last member.
-                    f.seek(tf.offset)
-                    if f.read(tarfile.BLOCKSIZE).strip(b"\0"):
-                        raise ConfigError(f"WebDataset shard {path}: bad tar header at byte "
-                                          f"{tf.offset}; members from there on cannot be "
-                                          f"located")
-                    break
-                tf.members.clear()  # the index keeps arrays, not a TarInfo per member
-                if not m.isreg():
-                    continue
-                k, ext = _split_key(m.name)
-                if k != key:
+    key, members = None, {}
+    try:
+        for name, offset, length in _tar_members(buf, size, path):
+            k, ext = _split_key(name)
+            if k != key:
+                if key is not None:
                     flush(key, members)
-                    key, members = k, {}
-                members.setdefault(ext.lower(), (m.offset_data, m.size))
+                key, members = k, {}
+            members.setdefault(ext.lower(), (offset, length))
+        if key is not None:
             flush(key, members)
-        finally:
-            f.seek(0)
+    finally:
+        if size:
+            buf.close()
     samples = np.array(rows, dtype=SAMPLE) if rows else np.zeros(0, SAMPLE)
     return _ShardIndex(samples, np.frombuffer(bytes(keys), np.uint8), problems)
 
