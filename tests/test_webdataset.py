@@ -257,3 +257,14 @@ def test_base256_size_and_pax_size_fields():
     assert wds._pax(b"16 path=abc.jpg\n", "w") == {"path": b"abc.jpg"}
     with pytest.raises(ConfigError, match="malformed pax record"):
         wds._pax(b"99 path=abc.jpg\n", "w")
+
+
+def test_loader_meta_names_key_and_shard(folder, shards):
+    pattern, paths = shards
+    ld = Loader(pattern, 8, train=False, size=16, return_meta=True)
+    keys, shard_of = [], []
+    for _, _, meta in ld:
+        keys.extend(meta["__key__"])
+        shard_of.extend(meta["shard"])
+    assert keys == [os.path.splitext(folder.relpath(i))[0] for i in range(len(folder))]
+    assert shard_of == [paths[i // 8] for i in range(len(folder))]
