@@ -441,7 +441,7 @@ def run_loader(job, train_src, val_src):
 def run_offload(job, train_src, val_src, config):
     """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
     core 1."""
-    from .. import DPULoader
+    from ..offload import DPULoader
 
     run = Run(job, config)
     kw = dict(size=job["size"], seed=job["seed"], output="torch")
@@ -455,7 +455,7 @@ def run_offload(job, train_src, val_src, config):
         val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
                         drop_last=False, **kw)
     else:
-        from .. import RemoteValidation
+        from ..offload.validation import RemoteValidation
         rv = RemoteValidation(val_src, job["batch_size"], model=MODEL,
                               model_kwargs=job["model_kwargs"], size=job["size"],
                               topk=(1, 5))
