@@ -48,6 +48,8 @@ def _missing_tools():
 
 _MISSING = _missing_tools()
 pytestmark = [
+    # Minutes of wheel builds and emulation: the slow tier.
+    pytest.mark.slow,
     pytest.mark.skipif(bool(_MISSING), reason=f"cross toolchain/emulator absent ({', '.join(_MISSING)})"
                        f": scripts/build_wheels.sh installs them"),
     pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",

@@ -22,6 +22,9 @@ from PIL import Image
 
 import dpu_pipe
 
+# Minutes of wheel builds, emulation or fresh venvs: the slow tier.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(dpu_pipe.__file__)))
 # What a checkout holds that is not source: build products, tests, local data. Of the tests,
 # the extensions that are compiled like the kernels stay in the copy: the sdist must not take
