@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from . import pinning
 from .progress import bar
 
 CONFIGS = {
@@ -108,13 +109,7 @@ def add_args(p):
 
 def pin(core):
     """Pin this process to ``core`` when the machine has it (a 1-core machine shares)."""
-    if hasattr(os, "sched_setaffinity"):
-        cores = os.sched_getaffinity(0)
-        if core in cores or core < os.cpu_count():
-            try:
-                os.sched_setaffinity(0, {core})
-            except OSError:
-                pass
+    pinning.pin(core, strict=False)
 
 
 def _torch():
