@@ -351,11 +351,15 @@ def _info_run(args):
         result["dataset"] = _summary(path, args.root, args.verify)
     if args.json:
         write_json(args.json, result)
+    build = result["build"]
     if args.json != "-":
-        _print_kv("dpu_pipe build", result["build"])
+        _print_kv("dpu_pipe build", {k: v for k, v in build.items()
+                                     if k not in ("cpu_ok", "cpu_check")})
+        verdict = {True: "ok", False: "FAILS", None: "unknown"}[build["cpu_ok"]]
+        print(f"cpu check: {verdict}: {build['cpu_check']}")
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
-    if result.get("dataset", {}).get("bad_shards"):
+    if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False:
         return 1
     return 0
 
