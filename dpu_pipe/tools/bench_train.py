@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from . import pinning
 from .progress import bar
 
 CONFIGS = {
@@ -108,13 +109,7 @@ def add_args(p):
 
 def pin(core):
     """Pin this process to ``core`` when the machine has it (a 1-core machine shares)."""
-    if hasattr(os, "sched_setaffinity"):
-        cores = os.sched_getaffinity(0)
-        if core in cores or core < os.cpu_count():
-            try:
-                os.sched_setaffinity(0, {core})
-            except OSError:
-                pass
+    pinning.pin(core, strict=False)
 
 
 def _torch():
@@ -441,7 +436,7 @@ def run_loader(job, train_src, val_src):
 def run_offload(job, train_src, val_src, config):
     """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
     core 1."""
-    from .. import DPULoader
+    from ..offload import DPULoader
 
     run = Run(job, config)
     kw = dict(size=job["size"], seed=job["seed"], output="torch")
@@ -455,7 +450,7 @@ def run_offload(job, train_src, val_src, config):
         val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
                         drop_last=False, **kw)
     else:
-        from .. import RemoteValidation
+        from ..offload.validation import RemoteValidation
         rv = RemoteValidation(val_src, job["batch_size"], model=MODEL,
                               model_kwargs=job["model_kwargs"], size=job["size"],
                               topk=(1, 5))

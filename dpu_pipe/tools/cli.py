@@ -4,7 +4,7 @@ Each subcommand is one entry of :data:`COMMANDS`: ``name -> (help, add_args, run
 ``add_args(parser)`` declares its arguments on an ``argparse`` sub-parser and
 ``run(args) -> int`` does the work and returns the exit status. Adding a subcommand is
 adding one entry; ``add_args`` and ``run`` may also be ``"module:function"`` strings
-(relative to ``dpu_pipe.tools``, e.g. ``".bench:run"``), imported only when
+(relative to ``dpu_pipe.tools``, e.g. ``".bench_decode:run"``), imported only when
 needed, so a subcommand can live in its own module.
 
 Exit status: 0 on success, 1 when the work failed, 2 for invalid arguments or configuration
@@ -351,11 +351,15 @@ def _info_run(args):
         result["dataset"] = _summary(path, args.root, args.verify)
     if args.json:
         write_json(args.json, result)
+    build = result["build"]
     if args.json != "-":
-        _print_kv("dpu_pipe build", result["build"])
+        _print_kv("dpu_pipe build", {k: v for k, v in build.items()
+                                     if k not in ("cpu_ok", "cpu_check")})
+        verdict = {True: "ok", False: "FAILS", None: "unknown"}[build["cpu_ok"]]
+        print(f"cpu check: {verdict}: {build['cpu_check']}")
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
-    if result.get("dataset", {}).get("bad_shards"):
+    if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False:
         return 1
     return 0
 
@@ -375,7 +379,7 @@ COMMANDS = {
                     "and offloaded validation, side by side (table, JSON, plots)",
                     ".bench_train:add_args", ".bench_train:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
-                     ".bench:add_args", ".bench:run"),
+                     ".bench_decode:add_args", ".bench_decode:run"),
     "bench-transcode": ("what restart-interval transcoding buys: size against region-decode and "
                         "end-to-end img/s, with Pillow and a C region decode as anchors",
                         ".bench_transcode:add_args", ".bench_transcode:run"),
