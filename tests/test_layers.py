@@ -29,7 +29,8 @@ LAYERS = [
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
                         "offload.validation", "offload.worker", "worker"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
-             "tools.sample_data", "tools.pinning", "tools.baselines", "tools.bench_decode",
+             "tools.sample_data", "tools.pinning", "tools.harness", "tools.baselines",
+             "tools.bench_decode",
              "tools.bench_loader", "tools.bench_augment",
              "tools.bench_transcode", "tools.bench_train", "tools.demo", "tools.plan"]),
 ]
