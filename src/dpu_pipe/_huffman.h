@@ -453,10 +453,11 @@ static inline void hp_decode_block(hp_bits* b, const hp_table* dc, const hp_tabl
  * including MCU `last` (an absolute MCU index inside the interval), storing the MCUs that fall
  * in the rectangle rows [r0, r1) x columns [c0, c1) of MCUs. out[c] holds component c's blocks
  * of the rectangle, row-major, (r1 - r0) * v rows of (c1 - c0) * h blocks (one block per MCU
- * for a single component), zeroed by the caller. */
+ * for a single component), zeroed by the caller. `to_end`: `last` is the interval's own last
+ * MCU, so its data must end there too. */
 static int hp_decode_interval(const hp_header* h, const uint8_t* start, const uint8_t* end,
-                              int64_t first, int64_t last, int r0, int r1, int c0, int c1,
-                              int16_t* const* out) {
+                              int64_t first, int64_t last, int to_end, int r0, int r1, int c0,
+                              int c1, int16_t* const* out) {
     hp_bits b;
     int32_t pred[HP_MAX_COMPS] = {0, 0, 0, 0};
     int16_t scratch[64];
@@ -492,6 +493,9 @@ static int hp_decode_interval(const hp_header* h, const uint8_t* start, const ui
     }
     /* Bits taken from the zero padding past the interval's data: it was truncated. */
     if (b.pad_bits > b.nbits) return HP_EDATA;
+    /* Whole bytes left over after the interval's last MCU: damaged data that libjpeg-turbo
+     * reports ("extraneous bytes before marker"); its path decides what that means. */
+    if (to_end && ((b.nbits - b.pad_bits) >= 8 || b.p < b.end)) return HP_EDATA;
     return HP_OK;
 }
 
@@ -508,20 +512,23 @@ static int hp_decode_rect(const hp_header* h, const uint8_t* data, const size_t*
     int r, status;
     if (r0 < 0 || c0 < 0 || r1 > h->mcuy || c1 > h->mcux || r0 >= r1 || c0 >= c1)
         return HP_ESIZE;
-    if (!R)
-        return hp_decode_interval(h, data + starts[0], data + ends[0], 0,
-                                  (int64_t)(r1 - 1) * mcux + c1 - 1, r0, r1, c0, c1, out);
+    if (!R) {
+        int64_t last = (int64_t)(r1 - 1) * mcux + c1 - 1;
+        return hp_decode_interval(h, data + starts[0], data + ends[0], 0, last,
+                                  last == h->n_mcu - 1, r0, r1, c0, c1, out);
+    }
     for (r = r0; r < r1; r++) {
         int64_t a = (r * mcux + c0) / R, z = (r * mcux + c1 - 1) / R, k;
         for (k = a > prev ? a : prev + 1; k <= z; k++) {
-            int64_t first = k * R, last = first + R - 1, row_last;
+            int64_t first = k * R, last = first + R - 1, own_last, row_last;
             if (last >= h->n_mcu) last = h->n_mcu - 1;
+            own_last = last;
             /* Stop inside the interval at the rectangle's last MCU it holds. */
             row_last = (last / mcux) * mcux + c1 - 1;
             if (last / mcux >= r1) row_last = (int64_t)(r1 - 1) * mcux + c1 - 1;
             if (row_last < last && row_last >= first) last = row_last;
             status = hp_decode_interval(h, data + starts[k], data + ends[k], first, last,
-                                        r0, r1, c0, c1, out);
+                                        last == own_last, r0, r1, c0, c1, out);
             if (status != HP_OK) return status;
             prev = k;
         }

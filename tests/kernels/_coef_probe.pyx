@@ -13,7 +13,8 @@ cdef extern from *:
     #include <string.h>
     #include <jpeglib.h>
 
-    typedef struct { struct jpeg_error_mgr pub; jmp_buf jump; char msg[JMSG_LENGTH_MAX]; } probe_err;
+    typedef struct { struct jpeg_error_mgr pub; jmp_buf jump; char msg[JMSG_LENGTH_MAX];
+                     char warning[JMSG_LENGTH_MAX]; } probe_err;
 
     static void probe_error_exit(j_common_ptr c) {
         probe_err* e = (probe_err*)c->err;
@@ -21,6 +22,12 @@ cdef extern from *:
         longjmp(e->jump, 1);
     }
     static void probe_silent(j_common_ptr c) { (void)c; }
+    static void probe_emit(j_common_ptr c, int level) {
+        probe_err* e = (probe_err*)c->err;
+        if (level < 0) {       /* a corrupt-data warning: count it, keep the first */
+            if (e->pub.num_warnings++ == 0) e->pub.format_message(c, e->warning);
+        }
+    }
 
     /* dims: per component rows, cols of the coefficient array (padded as libjpeg pads it),
      * then rows, cols of the blocks the component really has. With out == NULL only dims. */
@@ -33,6 +40,8 @@ cdef extern from *:
         cinfo.err = jpeg_std_error(&err.pub);
         err.pub.error_exit = probe_error_exit;
         err.pub.output_message = probe_silent;
+        err.pub.emit_message = probe_emit;
+        err.warning[0] = 0;
         if (setjmp(err.jump)) {
             strcpy(msg, err.msg);
             jpeg_destroy_decompress(&cinfo);
@@ -60,7 +69,7 @@ cdef extern from *:
                 }
             }
         }
-        sprintf(msg, "%ld", cinfo.err->num_warnings);
+        snprintf(msg, 200, "%ld %s", err.pub.num_warnings, err.warning);
         jpeg_destroy_decompress(&cinfo);
         return 0;
     }
@@ -72,7 +81,7 @@ cdef extern from *:
 def coefficients(const uint8_t[::1] data):
     """(list of int16 arrays (rows, cols, 64) per component — libjpeg's coefficient arrays,
     padded to whole MCUs as it allocates them —, list of (rows, cols) of the component's own
-    blocks, number of corrupt-data warnings). ValueError with libjpeg's message when it fails."""
+    blocks, number of corrupt-data warnings, the first warning's message). ValueError with libjpeg's message when it fails."""
     cdef int ncomp = 0, i
     cdef int dims[16]
     cdef char msg[200]
@@ -87,4 +96,5 @@ def coefficients(const uint8_t[::1] data):
         outs[i] = &v[0, 0, 0]
     if probe_coefficients(&data[0], data.shape[0], &ncomp, dims, outs, msg) != 0:
         raise ValueError(msg.decode())
-    return arrays, [(dims[4 * i + 2], dims[4 * i + 3]) for i in range(len(arrays))], int(msg)
+    count, last = msg.decode("utf-8", "replace").split(" ", 1)
+    return arrays, [(dims[4 * i + 2], dims[4 * i + 3]) for i in range(len(arrays))], int(count), last
