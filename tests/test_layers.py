@@ -29,7 +29,7 @@ LAYERS = [
     ("batch", ["batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
-                        "offload.validation", "offload.worker", "worker"]),
+                        "offload.validation", "offload.worker", "worker", "distributed"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
              "tools.sample_data", "tools.pinning", "tools.harness", "tools.baselines",
              "tools.bench_decode",
