@@ -106,13 +106,20 @@ class _BaseLoader:
         return self._epoch
 
     def set_epoch(self, epoch):
-        """Start epoch ``epoch`` at its first batch on the next iteration.
+        """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
+        is the loader's current epoch: then its position is kept.
 
         Iterating continues where the loader stands: after a complete epoch it moves to the
         next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
-        continues with its next batch. ``set_epoch`` is needed only to jump elsewhere.
+        continues with its next batch. So the torch habit
+        ``loader.load_state_dict(ckpt); for ep in range(start, E): loader.set_epoch(ep); ...``
+        resumes the restored epoch where it stopped, not at step 0 (which would train twice
+        on the samples before the checkpoint). To restart the current epoch from its first
+        batch, ``load_state_dict`` a state with ``step`` 0.
         """
         epoch = check_epoch(epoch)
+        if epoch == self._epoch:
+            return
         self._close_run()
         self._epoch = epoch
         self._step = 0

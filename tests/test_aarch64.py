@@ -336,6 +336,8 @@ def test_emulated_userland_is_isolated_and_aarch64(userland):
     assert info["abi"] == PY.split("-")[1] and info["installed_from"] == "manylinux wheel"
     assert info["wheel"].startswith(PY + "-manylinux") and info["wheel"].endswith("_aarch64")
     assert info["libjpeg_bundled"] and "/opt/dpu_pipe/dpu_pipe.libs/libjpeg" in info["libjpeg_library"]
+    # From AT_HWCAP, as qemu reports cortex-a72's (its /proc/cpuinfo is the x86-64 host's).
+    assert info["cpu_ok"] is True, info["cpu_check"]
 
 
 def test_emulated_kernel_decode_loader_tests(userland):

@@ -29,9 +29,10 @@ LAYERS = [
     ("batch", ["batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
-                        "offload.validation", "offload.worker", "worker"]),
+                        "offload.validation", "offload.worker", "worker", "distributed"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
-             "tools.sample_data", "tools.pinning", "tools.baselines", "tools.bench_decode",
+             "tools.sample_data", "tools.pinning", "tools.harness", "tools.baselines",
+             "tools.bench_decode",
              "tools.bench_loader", "tools.bench_augment",
              "tools.bench_transcode", "tools.bench_train", "tools.demo", "tools.plan"]),
 ]

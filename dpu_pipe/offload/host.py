@@ -189,6 +189,9 @@ class HostGroup:
                 self.transport
             if self._transport is not None:
                 self._transport.close()
+                if self._transport._abort_at_exit:
+                    return          # a producer never signed off: the job ends with an abort
+            self.validation.close(self.setup_timeout)
 
 
 class DPULoader(Loader):
@@ -272,6 +275,15 @@ class DPULoader(Loader):
         self.host_threads = int(host_threads)
         if self._group is not None:
             self._group.reserve(self.slots, self.payload_bytes)
+            if mode == "offload" and not self._group.roles.producers:
+                # torchrun, or a plain python: each process is an MPI job of its own.
+                raise ConfigError(
+                    f"DPULoader(mode='offload'): this MPI job has no producer rank "
+                    f"({self._group.num_hosts} host rank(s) and nothing else; a process "
+                    f"started by torchrun or plain python is an MPI job of one). Launch hosts "
+                    f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
+                    f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
+                    f"mode='hybrid' or 'local' to produce on this host")
             if mode != "local" and self._group.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"

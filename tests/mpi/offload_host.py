@@ -625,7 +625,9 @@ def run_misc(args, src, warnings):
         result["batches_meanwhile"] = made
         for s_ in sends:
             s_.Wait()
-        dl.set_epoch(0)     # back to the start for the checks below
+        # Back to the start of epoch 0 for the checks below (set_epoch(0) would keep the
+        # position: epoch 0 is the current one).
+        dl.load_state_dict(dict(dl.state_dict(), step=0))
     try:
         t.request("no-such-kind", None, to=1).result(timeout=10)
         result["unknown"] = None
