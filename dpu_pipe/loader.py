@@ -63,7 +63,7 @@ class _BaseLoader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, return_meta=False, **transform_options):
+                 timeout=300.0, return_meta=False, max_bad=None, **transform_options):
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -91,6 +91,11 @@ class _BaseLoader:
                                      num_threads=num_threads, on_error=on_error)
         self.batch_size = self.producer.batch_size
         self.num_threads = num_threads
+        self.max_bad = max_bad
+        self._bad_limit = _v.bad_budget(max_bad, len(self.producer.sampler))
+        if self._bad_limit is not None and self.producer.on_error != "skip":
+            raise ConfigError("max_bad applies with on_error='skip' (with on_error='raise' "
+                              "the first bad sample raises)")
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
         self._wait_s = 0.0
@@ -168,6 +173,18 @@ class _BaseLoader:
     def bad_samples(self):
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
         return dict(self.producer.bad_samples)
+
+    def _check_bad(self):
+        """A :class:`DecodeError` summarizing the first failures once more samples are bad
+        than ``max_bad`` allows."""
+        if self._bad_limit is None:
+            return
+        bad = self.bad_samples
+        if len(bad) > self._bad_limit:
+            first = "; ".join(list(bad.values())[:5])
+            raise DecodeError(f"{len(bad)} bad samples, more than max_bad={self.max_bad} "
+                              f"allows ({self._bad_limit} of this rank's "
+                              f"{len(self.producer.sampler)}); the first: {first}")
 
     def stats(self):
         """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
@@ -284,6 +301,13 @@ class Loader(_BaseLoader):
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
         See :class:`dpu_pipe.steps.StepProducer`.
+    max_bad : int, float or None
+        With ``on_error="skip"``, the failure budget: at most this many bad samples (an
+        int), or this fraction of the rank's shard (a float in [0, 1], rounded down), are
+        skipped; with one more, iterating raises a :class:`DecodeError` that names the first
+        failures (files and messages) instead of skipping on. Counted over every bad sample
+        the loader has met (host threads and producers alike), checked as each batch is
+        delivered. None: no limit.
     copy : bool
         Yield images the caller owns.
     return_meta : bool
@@ -404,6 +428,7 @@ class _Run:
         t0 = time.perf_counter()
         images, labels, indices = self._next_data()
         loader._wait_s += time.perf_counter() - t0
+        loader._check_bad()
         self.next_step += 1
         loader._advance()
         if loader.return_meta:

@@ -42,6 +42,7 @@ from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Loader, _Run
 from ..mpi import load_mpi
+from ..sources import as_source, check_spec
 from ..steps import StepProducer
 from . import wire
 from .roles import discover_roles, host_comm
@@ -255,6 +256,10 @@ class DPULoader(Loader):
                               f"{host_threads!r}")
         self._group = None
         self._stream = None
+        # Producers rebuild the source from its spec: one that would not rebuild is refused
+        # here, on the host, before any producer tries.
+        source = as_source(source)
+        self._source_spec = check_spec(source) if mode != "local" else None
         if mode != "local" or comm is not None or _mpi_running():
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
@@ -296,7 +301,8 @@ class DPULoader(Loader):
     def spec(self):
         """What producers need to make this loader's stream (JSON-serialisable)."""
         p = self.producer
-        return {"version": wire.SPEC_VERSION, "source": self.source.spec(),
+        source = self._source_spec if self._source_spec is not None else self.source.spec()
+        return {"version": wire.SPEC_VERSION, "source": source,
                 "batch_size": self.batch_size, "transform": self.transform.to_dict(),
                 "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
                 "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
