@@ -106,13 +106,20 @@ class _BaseLoader:
         return self._epoch
 
     def set_epoch(self, epoch):
-        """Start epoch ``epoch`` at its first batch on the next iteration.
+        """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
+        is the loader's current epoch: then its position is kept.
 
         Iterating continues where the loader stands: after a complete epoch it moves to the
         next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
-        continues with its next batch. ``set_epoch`` is needed only to jump elsewhere.
+        continues with its next batch. So the torch habit
+        ``loader.load_state_dict(ckpt); for ep in range(start, E): loader.set_epoch(ep); ...``
+        resumes the restored epoch where it stopped, not at step 0 (which would train twice
+        on the samples before the checkpoint). To restart the current epoch from its first
+        batch, ``load_state_dict`` a state with ``step`` 0.
         """
         epoch = check_epoch(epoch)
+        if epoch == self._epoch:
+            return
         self._close_run()
         self._epoch = epoch
         self._step = 0
@@ -456,7 +463,8 @@ class _LocalRun(_Run):
             if isinstance(exc, DecodeError):
                 raise exc  # keeps the producer thread's traceback
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback="".join(traceback.format_exception(exc))) \
+                                remote_traceback="".join(traceback.format_exception(
+                                    type(exc), exc, exc.__traceback__))) \
                 from exc
         self.held = slot
         return loader._images[slot][:n], loader._labels[slot][:n], loader._indices[slot][:n]

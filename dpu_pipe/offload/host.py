@@ -37,6 +37,7 @@ from collections import deque
 
 import numpy as np
 
+from .. import _validate as _v
 from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Loader, _Run
@@ -188,6 +189,9 @@ class HostGroup:
                 self.transport
             if self._transport is not None:
                 self._transport.close()
+                if self._transport._abort_at_exit:
+                    return          # a producer never signed off: the job ends with an abort
+            self.validation.close(self.setup_timeout)
 
 
 class DPULoader(Loader):
@@ -266,11 +270,20 @@ class DPULoader(Loader):
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
                                          self.transform.np_dtype, labels.dtype,
                                          labels.shape[1:])
-        self.producer_threads = int(producer_threads)
-        self.liveness_timeout = float(liveness_timeout)
+        self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
+        self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
         self.host_threads = int(host_threads)
         if self._group is not None:
             self._group.reserve(self.slots, self.payload_bytes)
+            if mode == "offload" and not self._group.roles.producers:
+                # torchrun, or a plain python: each process is an MPI job of its own.
+                raise ConfigError(
+                    f"DPULoader(mode='offload'): this MPI job has no producer rank "
+                    f"({self._group.num_hosts} host rank(s) and nothing else; a process "
+                    f"started by torchrun or plain python is an MPI job of one). Launch hosts "
+                    f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
+                    f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
+                    f"mode='hybrid' or 'local' to produce on this host")
             if mode != "local" and self._group.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
