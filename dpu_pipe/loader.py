@@ -169,6 +169,14 @@ class _BaseLoader:
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
         return dict(self.producer.bad_samples)
 
+    def describe(self, epoch, index):
+        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
+        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        for every mode, thread count and producer count (they all run this kernel)."""
+        index = _v.integer(index, "index", 0, len(self.source) - 1)
+        return self.producer.kernel.describe(self.source.read(index), index,
+                                             epoch=check_epoch(epoch), seed=self.producer.seed)
+
     def stats(self):
         """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
         batches in the consumer; batches and samples produced; with a device, how batches

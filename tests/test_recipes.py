@@ -371,3 +371,38 @@ def test_recipe_round_trips_through_to_dict():
     assert TransformConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.color_jitter == (0.4, 0.4, 0.4, 0.0) and cfg.fill == (128, 128, 128)
     assert math.isclose(cfg.erase_scale[1], 0.33)
+
+
+@needs_tv
+def test_loader_describe_gives_the_parameters_of_its_batches(tmp_path):
+    """describe(epoch, index) of a Loader: the crop and flip of the plain recipe (its kernel
+    info), and ops that turn the plain Loader's sample into the augmented Loader's."""
+    from PIL import Image
+
+    from dpu_pipe.loader import Loader
+
+    for k in range(6):
+        d = tmp_path / f"c{k % 2}"
+        d.mkdir(exist_ok=True)
+        Image.fromarray(jc.photo_sized(["astronaut", "coffee", "chelsea"][k % 3], 90 + 7 * k,
+                                       120 - 5 * k)).save(d / f"{k}.jpg", quality=90)
+    kw = dict(size=SIZE, dtype="uint8", layout="HWC", seed=SEED, shuffle=False)
+    recipe = dict(auto_augment="ta_wide", color_jitter=0.3, random_erase=0.5)
+    with Loader(str(tmp_path), 6, **kw) as plain, \
+            Loader(str(tmp_path), 6, **kw, **recipe) as aug:
+        plain.set_epoch(EPOCH)
+        aug.set_epoch(EPOCH)
+        (xp, _), = list(plain)
+        (xa, _), = list(aug)
+        for index in range(6):
+            p = aug.describe(EPOCH, index)
+            assert p["crop"] == plain.describe(EPOCH, index)["crop"]
+            assert p["flip"] == plain.describe(EPOCH, index)["flip"]
+            ref = _tv_apply(np.asarray(xp[index]), p)
+            if p["erase"] is not None:
+                i, j, h, w = p["erase"]
+                ref[i:i + h, j:j + w] = 0
+            diff = np.abs(ref.astype(int) - np.asarray(xa[index]).astype(int))
+            assert (diff > 1).mean() < 0.01, (index, p)
+        with pytest.raises(ConfigError, match="index"):
+            aug.describe(EPOCH, 6)
