@@ -463,6 +463,14 @@ class Loader:
     def _makers(self):
         return self._engine.makers if self._engine is not None else (self.maker,)
 
+    def describe(self, epoch, index):
+        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
+        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        for every mode, thread count and producer count (they all run this kernel)."""
+        index = _v.integer(index, "index", 0, len(self.source) - 1)
+        return self.maker.kernel.describe(self.source.read(index), index,
+                                          epoch=check_epoch(epoch), seed=self.maker.seed)
+
     @property
     def bad_samples(self):
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
