@@ -28,6 +28,9 @@ __all__ = ["Loader"]
 STATE_VERSION = 2
 
 
+#: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
+DEFAULT_TIMEOUT = 300.0
+
 #: Environment variables launchers set to the number of processes in the job.
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
                     "SLURM_NTASKS")
@@ -63,7 +66,8 @@ class _BaseLoader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, return_meta=False, **transform_options):
+                 timeout=DEFAULT_TIMEOUT, return_meta=False, **transform_options):
+        _v.torch_loader_args(transform_options, type(self).__name__)
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -83,7 +87,7 @@ class _BaseLoader:
         self.copy = self.out.copy
         self.return_meta = _v.boolean(return_meta, "return_meta")
         self.prefetch = prefetch
-        self.timeout = _v.seconds(timeout, "timeout")
+        self.timeout = _v.deadline(timeout, "timeout", DEFAULT_TIMEOUT)
         self.out.timeout = self.timeout
         self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
                                      shuffle=shuffle, rank=rank, world_size=world_size,
@@ -134,13 +138,32 @@ class _BaseLoader:
                 "rank": p.sampler.rank, "world_size": p.sampler.world_size,
                 "drop_last": p.drop_last, "shard_tail": p.sampler.shard_tail,
                 "shuffle": p.sampler.shuffle,
-                "transform": self.transform.to_dict()}
+                "transform": self.transform.to_dict(), "source": self._source_identity()}
+
+    def _source_identity(self):
+        """What names the dataset in a state: kind, location, sample count and index
+        fingerprint (paths and labels; None for a source without one)."""
+        spec = self.source.spec() if hasattr(self.source, "spec") else {}
+        fp = getattr(self.source, "fingerprint", None)
+        return {"kind": spec.get("kind", type(self.source).__name__),
+                "location": spec.get("path", spec.get("root")),
+                "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
     def load_state_dict(self, state):
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
         mine = self.state_dict()
+        theirs, ours = state.get("source"), mine["source"]
+        # A state saved before the dataset was recorded carries no "source": not checked.
+        if theirs is not None and theirs.get("fingerprint") != ours["fingerprint"]:
+            raise ConfigError(
+                f"state was saved for another dataset: {theirs.get('kind')} "
+                f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
+                f"fingerprint {theirs.get('fingerprint')}); this loader reads "
+                f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
+                f"fingerprint {ours['fingerprint']}). Resume with the dataset the state was "
+                f"saved with")
         for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
                     "shard_tail", "shuffle", "transform"):
             if state.get(key) != mine[key]:

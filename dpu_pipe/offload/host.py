@@ -258,8 +258,11 @@ class DPULoader(Loader):
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
             self._group = host_group(comm, hostmap=hostmap)
-            rank = self._group.host_index if rank is None else rank
-            world_size = self._group.num_hosts if world_size is None else world_size
+            if self._group.roles.producers or self._group.num_hosts > 1:
+                rank = self._group.host_index if rank is None else rank
+                world_size = self._group.num_hosts if world_size is None else world_size
+            # else an MPI job of this process alone (torchrun, plain python): the shard
+            # comes from torch.distributed, as for Loader.
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
