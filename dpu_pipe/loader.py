@@ -486,7 +486,8 @@ class _LocalRun(_Run):
             if isinstance(exc, DecodeError):
                 raise exc  # keeps the producer thread's traceback
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback="".join(traceback.format_exception(exc))) \
+                                remote_traceback="".join(traceback.format_exception(
+                                    type(exc), exc, exc.__traceback__))) \
                 from exc
         self.held = slot
         return loader._images[slot][:n], loader._labels[slot][:n], loader._indices[slot][:n]

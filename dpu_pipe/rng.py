@@ -134,6 +134,9 @@ _EXP_MIN = -745.2               # below half the smallest subnormal
 def _as_uint(value, name, bits):
     """value as a uint64 array after checking 0 <= value < 2**bits (ConfigError otherwise)."""
     arr = np.asarray(value)
+    # Bools are not integers here, as everywhere in dpu_pipe._validate: seed=True is a mistake.
+    if arr.dtype.kind == "b":
+        raise ConfigError(f"{name} must be an integer (or integer array), got {value!r}")
     if arr.dtype.kind not in "iu":
         try:
             ints = [operator.index(v) for v in arr.reshape(-1)]

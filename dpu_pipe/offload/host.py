@@ -37,6 +37,7 @@ from collections import deque
 
 import numpy as np
 
+from .. import _validate as _v
 from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Loader, _Run
@@ -272,8 +273,8 @@ class DPULoader(Loader):
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
                                          self.transform.np_dtype, labels.dtype,
                                          labels.shape[1:])
-        self.producer_threads = int(producer_threads)
-        self.liveness_timeout = float(liveness_timeout)
+        self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
+        self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
         self.host_threads = int(host_threads)
         if self._group is not None:
             self._group.reserve(self.slots, self.payload_bytes)

@@ -752,7 +752,7 @@ SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill":
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=[*SCENARIOS, "worker"])
-    ap.add_argument("--data", help="dataset: an ImageFolder root or a packed dataset")
+    ap.add_argument("--data", help="dataset: a path open_path takes, or a source spec (JSON)")
     ap.add_argument("--out", help="directory for results")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--size", type=int, default=32)
@@ -786,11 +786,13 @@ def main():
         return run_worker(args)
 
     from mpi4py import MPI
-    from dpu_pipe.sources import open_path
+    from dpu_pipe.sources import open_path, open_source
 
     warnings = Warnings()
     logging.getLogger("dpu_pipe").addHandler(warnings)
-    src = open_path(args.data)
+    # A JSON object is a source spec ({"factory": ..., "args": ...}), anything else a path.
+    src = open_source(json.loads(args.data)) if args.data.startswith("{") else \
+        open_path(args.data)
     me = MPI.COMM_WORLD.Get_rank()
     t0 = time.monotonic()
     result = SCENARIOS[args.scenario](args, src, warnings)
