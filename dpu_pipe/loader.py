@@ -3,6 +3,7 @@
 It is also the fallback of the offloaded modes, and the reference stream they reproduce.
 """
 
+import contextlib
 import os
 import queue
 import sys
@@ -97,7 +98,10 @@ class _BaseLoader:
         self.num_threads = num_threads
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
+        self._created = time.perf_counter()
         self._wait_s = 0.0
+        self._yielded = 0         # samples handed to the caller, all epochs
+        self._mark = None         # (time, counters) of the last stats(interval=True)
 
     # --- position in the stream ---------------------------------------------------------
 
@@ -192,14 +196,38 @@ class _BaseLoader:
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
         return dict(self.producer.bad_samples)
 
-    def stats(self):
+    def stats(self, interval=False):
         """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
         batches in the consumer; batches and samples produced; with a device, how batches
-        reach it (see :mod:`dpu_pipe.device`)."""
+        reach it (see :mod:`dpu_pipe.device`).
+
+        ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
+        the loader was made) instead, what a training log prints every N steps:
+        ``seconds`` (wall time of the interval), ``samples`` (yielded to the caller),
+        ``img_per_s``, ``data_wait_share`` (share of the interval the caller spent waiting
+        for batches), ``producer_busy_share`` (seconds the batch makers — this host's threads,
+        or the producer ranks — spent reading and decoding, over the interval times their
+        number) and ``bad_samples`` (samples skipped as undecodable in the interval)."""
         d = dict(self.producer.timings)
         d["wait_s"] = self._wait_s
         d.update(self.out.stats())
-        return d
+        if not interval:
+            return d
+        busy, makers = self._busy(d)
+        now = time.perf_counter()
+        counts = (self._yielded, self._wait_s, busy, len(self.bad_samples))
+        then, last = self._mark if self._mark is not None else (self._created, (0, 0.0, 0.0, 0))
+        self._mark = (now, counts)
+        dt = max(now - then, 1e-9)
+        return {"seconds": dt, "samples": counts[0] - last[0],
+                "img_per_s": (counts[0] - last[0]) / dt,
+                "data_wait_share": (counts[1] - last[1]) / dt,
+                "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
+                "bad_samples": counts[3] - last[3]}
+
+    def _busy(self, stats):
+        """(seconds the batch makers spent reading and decoding, how many makers)."""
+        return stats["read_s"] + stats["process_s"], self.num_threads
 
     def _emit(self, images, labels):
         return self.out.emit(images, labels)
@@ -381,6 +409,16 @@ def _produce(producer, images, labels, indices, epoch, start, end, free, ready, 
         ready.put((step, None, 0, exc))
 
 
+def _wait_range():
+    """``torch.profiler.record_function("dpu_pipe.wait")`` when torch is imported (the wait
+    for a batch shows in profiler traces, as torch DataLoader's does), else nothing."""
+    torch = sys.modules.get("torch")
+    profiler = getattr(torch, "profiler", None) if torch is not None else None
+    if profiler is None:
+        return contextlib.nullcontext()
+    return profiler.record_function("dpu_pipe.wait")
+
+
 class _Run:
     """One pass over the rest of an epoch: the iterator contract every engine shares.
 
@@ -425,8 +463,10 @@ class _Run:
             raise StopIteration
         self._release_held()
         t0 = time.perf_counter()
-        images, labels, indices = self._next_data()
+        with _wait_range():
+            images, labels, indices = self._next_data()
         loader._wait_s += time.perf_counter() - t0
+        loader._yielded += len(labels)
         self.next_step += 1
         loader._advance()
         if loader.return_meta:

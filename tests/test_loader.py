@@ -984,3 +984,28 @@ def test_timeout_zero_is_the_default_deadline(folder):
     for bad in (-1, float("inf"), "1", True):
         with pytest.raises(ConfigError, match="timeout"):
             Loader(folder, 4, timeout=bad)
+
+
+def test_interval_stats_count_since_the_last_call(folder):
+    with make(folder, batch_size=4) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        a = loader.stats(interval=True)
+        next(it)
+        b = loader.stats(interval=True)
+        c = loader.stats(interval=True)
+    assert (a["samples"], b["samples"], c["samples"]) == (12, 4, 0)
+    for s in (a, b):
+        assert s["img_per_s"] == pytest.approx(s["samples"] / s["seconds"])
+        assert 0 <= s["data_wait_share"] <= 1 and 0 <= s["producer_busy_share"] <= 1.05
+        assert s["bad_samples"] == 0
+    assert loader.stats()["samples"] >= 16          # cumulative counters unchanged
+
+
+def test_waits_show_in_the_torch_profiler(folder):
+    torch = pytest.importorskip("torch")
+    with make(folder) as loader, torch.profiler.profile() as prof:
+        n = sum(1 for _ in loader)
+    waits = [e for e in prof.events() if e.name == "dpu_pipe.wait"]
+    assert len(waits) == n == len(loader)

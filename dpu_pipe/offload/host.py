@@ -337,15 +337,21 @@ class DPULoader(Loader):
         bad.update(self._remote_bad)
         return bad
 
-    def stats(self):
+    def _busy(self, stats):
+        if self.mode == "local":
+            return super()._busy(stats)
+        r = self._remote
+        return r["read_s"] + r["process_s"], max(1, self._group.producers)
+
+    def stats(self, interval=False):
         """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
         read/decode+augment/publish seconds, batches per producer rank (0: host threads),
         and samples made by each side (``producer_samples``, ``host_samples``), and the
         window polls made while waiting for batches (``host_polls``; each costs the host
         ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
         time instead of polling)."""
-        d = super().stats()
-        if self.mode != "local":
+        d = super().stats(interval)
+        if self.mode != "local" and not interval:
             r = self._remote
             d.update(bytes_received=r["bytes"], batches=r["batches"],
                      producer_read_s=r["read_s"], producer_process_s=r["process_s"],
