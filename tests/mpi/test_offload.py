@@ -430,6 +430,20 @@ def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
     assert f"pid {res['stopped']}" in res["takeover_warnings"][0], res
 
 
+def test_hybrid_stats_count_every_host_thread(data, tmp_path):
+    """Hybrid mode, three host threads, producers at 0.3 s per batch: every host thread makes
+    batches, and stats()["samples"] is the producers' samples plus every host thread's (not
+    only the first thread's)."""
+    out = str(tmp_path)
+    job = launch(1, 2, "hybrid-stats", out, "--data", data, "--slots", "3",
+                 worker_args=("--fixed-delay", "0.3"), limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert res["threads_that_made"] == 3, res
+    assert res["samples"] == res["producer_samples"] + res["made_here"], res
+    assert res["host_samples"] <= res["made_here"] and res["read_s"] > 0, res
+
+
 def test_host_that_closes_early_ends_the_job(data, tmp_path):
     out = str(tmp_path)
     job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
