@@ -198,6 +198,9 @@ def as_source(obj):
             return WebDataset(list(obj))
         if kinds == {"parquet"}:
             return ParquetSource(list(obj))
+        raise ConfigError(f"a list of paths must all be tar shards or all Parquet/Arrow "
+                          f"files, got {[os.fsdecode(p) for p in obj[:3]]}"
+                          f"{'...' if len(obj) > 3 else ''}")
     if _is_hf_dataset(obj):
         return from_hf_dataset(obj)
     if _looks_like_source(obj):
