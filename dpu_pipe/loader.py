@@ -263,6 +263,7 @@ class _EpochIter:
         with _wait_range():
             images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
         loader._wait_s += time.monotonic() - t0
+        loader._check_bad()
         loader._yielded += len(labels)
         self.next_step += 1
         loader._step += 1
@@ -331,6 +332,13 @@ class Loader:
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
         See :class:`dpu_pipe.steps.BatchMaker`.
+    max_bad : int, float or None
+        With ``on_error="skip"``, the failure budget: at most this many bad samples (an
+        int), or this fraction of the rank's shard (a float in [0, 1], rounded down), are
+        skipped; with one more, iterating raises a :class:`DecodeError` that names the first
+        failures (files and messages) instead of skipping on. Counted over every bad sample
+        the loader has met (host threads and producers alike), checked as each batch is
+        delivered. None: no limit.
     copy : bool
         Yield images the caller owns.
     return_meta : bool
@@ -364,7 +372,8 @@ class Loader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=DEFAULT_TIMEOUT, return_meta=False, **transform_options):
+                 timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None,
+                 **transform_options):
         _v.torch_loader_args(transform_options, type(self).__name__)
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
@@ -393,6 +402,11 @@ class Loader:
         #: 0's in hybrid mode); it also gives the stream's geometry.
         self.maker = BatchMaker(self.stream_spec, self.num_threads)
         self.batch_size = self.maker.batch_size
+        self.max_bad = max_bad
+        self._bad_limit = _v.bad_budget(max_bad, len(self.maker.sampler))
+        if self._bad_limit is not None and self.maker.on_error != "skip":
+            raise ConfigError("max_bad applies with on_error='skip' (with on_error='raise' "
+                              "the first bad sample raises)")
         self._engine = None       # made on first iteration, chosen by mode
         self._iter = None         # the current _EpochIter
         self._epoch = 0
@@ -503,6 +517,26 @@ class Loader:
 
     def _makers(self):
         return self._engine.makers if self._engine is not None else (self.maker,)
+
+    def describe(self, epoch, index):
+        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
+        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        for every mode, thread count and producer count (they all run this kernel)."""
+        index = _v.integer(index, "index", 0, len(self.source) - 1)
+        return self.maker.kernel.describe(self.source.read(index), index,
+                                          epoch=check_epoch(epoch), seed=self.maker.seed)
+
+    def _check_bad(self):
+        """A :class:`DecodeError` summarizing the first failures once more samples are bad
+        than ``max_bad`` allows."""
+        if self._bad_limit is None:
+            return
+        bad = self.bad_samples
+        if len(bad) > self._bad_limit:
+            first = "; ".join(list(bad.values())[:5])
+            raise DecodeError(f"{len(bad)} bad samples, more than max_bad={self.max_bad} "
+                              f"allows ({self._bad_limit} of this rank's "
+                              f"{len(self.maker.sampler)}); the first: {first}")
 
     @property
     def bad_samples(self):

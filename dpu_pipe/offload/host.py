@@ -49,6 +49,7 @@ from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Engine, Loader
 from ..mpi import load_mpi
+from ..sources import check_spec
 from ..steps import BatchMaker
 from . import wire
 from .roles import discover_roles, host_comm
@@ -274,6 +275,10 @@ class DPULoader(Loader):
             # else an MPI job of this process alone (torchrun, plain python): the shard
             # comes from torch.distributed, as for Loader.
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
+        if mode != "local":
+            # Producers rebuild the source from its spec: one that would not rebuild is
+            # refused here, on the host, before any producer tries.
+            check_spec(self.source)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")

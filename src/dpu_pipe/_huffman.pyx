@@ -40,14 +40,16 @@ def header(const uint8_t[::1] data):
         free(h)
 
 
-def read_coefficients(const uint8_t[::1] data, rect=None):
+def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28):
     """DCT coefficients of a baseline Huffman JPEG, as libjpeg-turbo's jpeg_read_coefficients
     gives them: one int16 array per component of shape (block rows, block columns, 64),
     natural order, quantized. With ``rect = (r0, r1, c0, c1)`` (MCU rows [r0, r1) and columns
     [c0, c1)) only that rectangle's blocks, reading only the restart intervals that cover it
     and stopping after its last MCU. Returns None for streams this decoder does not take
     (libjpeg-turbo's path applies); raises DecodeError for damaged data and ConfigError for a
-    rectangle outside the image."""
+    rectangle outside the image. Memory: 2 bytes per coefficient of the rectangle (about
+    2 x 64 x blocks), bounded by ``max_pixels`` (width x height, checked from the header;
+    DecodeError beyond it)."""
     cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
     cdef size_t* starts = NULL
     cdef size_t* ends = NULL
@@ -66,6 +68,9 @@ def read_coefficients(const uint8_t[::1] data, rect=None):
             return None
         if rc != HP_OK:
             raise DecodeError("cannot parse the JPEG markers")
+        if <int64_t>h.width * h.height > max_pixels:
+            raise DecodeError(f"image of {h.width} x {h.height} pixels exceeds the pixel "
+                              f"budget (max_pixels={max_pixels})")
         if rect is None:
             r0, r1, c0, c1 = 0, h.mcuy, 0, h.mcux
         else:

@@ -124,7 +124,7 @@ def check_meta(meta, ref, src, labels, where):
 # --- helpers ----------------------------------------------------------------------------------
 
 def loader_kwargs(args):
-    return dict(size=args.size, dtype=args.dtype, seed=args.seed)
+    return dict(size=args.size, dtype=args.dtype, seed=args.seed, **json.loads(args.recipe))
 
 
 def as_numpy(x):
@@ -793,6 +793,7 @@ def main():
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--dtype", default="uint8")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--recipe", default="{}", help="transform options (JSON), e.g. auto_augment")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--slots", default="3", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--sleep", type=float, default=0.0, help="host sleep per batch, s")

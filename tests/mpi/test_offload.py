@@ -469,6 +469,22 @@ def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
             assert r["host_samples"] == 0, r
 
 
+RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.5, "interpolation": "bicubic",
+          "color_jitter": [0.4, 0.4, 0.4, 0.1], "grayscale_p": 0.2}
+
+
+@pytest.mark.parametrize("producers", [1, 3])
+@pytest.mark.slow
+def test_recipe_stream_equals_loader(data, tmp_path, producers):
+    """The matrix scenario (offload and hybrid, slots 1 and 3, set_epoch jumps, a resume) with
+    an augmented recipe: the producers' ops give the local Loader's stream bit for bit."""
+    out = str(tmp_path)
+    job = launch(1, producers, "matrix", out, "--data", data, "--recipe", json.dumps(RECIPE),
+                 limit=150)
+    assert job.returncode == 0, job.explain()
+    assert len(read(out, "host0.json")["runs"]) == 4
+
+
 def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):
     """DPU_PIPE_HOSTMAP wins over hostnames; one that names a host no rank runs on is a
     ConfigError on every rank, and the job ends promptly."""
