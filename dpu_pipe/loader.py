@@ -472,9 +472,10 @@ class Loader:
         """What names the dataset in a state: kind, location, sample count and index
         fingerprint (paths and labels; None for a source without one)."""
         spec = self.source.spec() if hasattr(self.source, "spec") else {}
+        args = spec.get("args") or {}
         fp = getattr(self.source, "fingerprint", None)
-        return {"kind": spec.get("kind", type(self.source).__name__),
-                "location": spec.get("path", spec.get("root")),
+        return {"kind": type(self.source).__name__,
+                "location": args.get("path", args.get("root")),
                 "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
     def load_state_dict(self, state):
@@ -489,8 +490,8 @@ class Loader:
                 f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
                 f"fingerprint {theirs.get('fingerprint')}); this loader reads "
                 f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
-                f"fingerprint {ours['fingerprint']}). Resume with the dataset the state was "
-                f"saved with")
+                f"fingerprint {ours['fingerprint']}); build the loader with the same dataset "
+                f"and arguments to resume")
         for key, mine in self.stream_spec.state().items():
             if state.get(key) != mine:
                 raise ConfigError(
