@@ -20,14 +20,15 @@ PACKAGE = "dpu_pipe"
 #: anything, nothing inside may import it.
 LAYERS = [
     ("jpeg", ["errors", "_validate", "deadline", "_jpeg", "_ops", "_rng", "_pipeline",
-              "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "transforms", "weights"]),
+              "_augment", "_huffman", "jpeg", "build_info"]),
+    ("ops", ["ops", "rng", "augment", "transforms", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
                          "packed.writer"]),
-    ("batch", ["batch", "steps", "evaluate", "models"]),
-    ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles"]),
+    ("batch", ["spec", "batch", "steps", "evaluate", "models"]),
+    ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles",
+                   "offload.scheduler"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
                         "offload.validation", "offload.worker", "worker", "distributed"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
@@ -48,7 +49,7 @@ PENDING = {
 }
 
 #: Compiled kernels: imported like modules, no source to parse.
-COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline"}
+COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment", "_huffman"}
 
 
 def module_files(root, package):

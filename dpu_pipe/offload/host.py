@@ -25,7 +25,13 @@ one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` obj
 producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
 
 The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
-run the same :class:`~dpu_pipe.steps.StepProducer`, and batches are yielded strictly in order.
+run the same :class:`~dpu_pipe.steps.BatchMaker` built from the loader's
+:class:`~dpu_pipe.spec.StreamSpec`, and batches are yielded strictly in order.
+
+The engine of the offloaded modes is :class:`OffloadEngine` (the
+:class:`~dpu_pipe.loader.Engine` contract): the host group knows engines, not loaders — it
+activates one, suspends the previous one and asks the active one to give back its held batch
+before it remakes the window.
 """
 
 import atexit
@@ -34,15 +40,17 @@ import queue
 import threading
 import traceback
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import _validate as _v
 from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
-from ..loader import Loader, _Run
+from ..loader import Engine, Loader
 from ..mpi import load_mpi
-from ..steps import StepProducer
+from ..sources import check_spec
+from ..steps import BatchMaker
 from . import wire
 from .roles import discover_roles, host_comm
 from .transport import FAILED, OK, HostTransport, _pack_error
@@ -108,7 +116,7 @@ class HostGroup:
         self._transport = None
         self._setup_failed = None
         self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
-        self.active = None          # the loader whose tickets are in flight
+        self.active = None          # the engine whose tickets are in flight
         self._pinned = None         # the window as pinned memory, once a loader has a device
         self.next_stream = 1
         self.open = True
@@ -139,34 +147,37 @@ class HostGroup:
                 raise
         return self._transport
 
-    def activate(self, loader):
-        """Make ``loader`` the stream in flight; the previous one's work is cancelled. Its
-        mode and liveness timeout become the transport's."""
-        if self.active is not None and self.active is not loader:
-            self.active._suspend()
-        self.active = loader
+    def activate(self, engine):
+        """Make ``engine`` (an :class:`OffloadEngine`) the stream in flight; the previous
+        one's work is cancelled. Its takeover and liveness timeout become the transport's."""
+        if self.active is not None and self.active is not engine:
+            self.active.suspend()
+        self.active = engine
         t = self.transport
-        t.takeover = loader.mode == "hybrid"
-        t.liveness_timeout = loader.liveness_timeout
+        t.takeover = engine.takeover
+        t.liveness_timeout = engine.liveness_timeout
+
+    def deactivate(self, engine):
+        """``engine`` has nothing in flight any more."""
+        if self.active is engine:
+            self.active = None
 
     def grow(self, buffers, slot_bytes):
         """Make the window again for a loader larger than the window (collective with the
         producers, after the stream in flight is cancelled and its held batch released)."""
-        active = self.active        # suspending it leaves no loader active
+        active = self.active        # suspending it leaves no engine active
         if active is not None:
-            active._suspend()
-            if active._stream is not None:
-                active._stream._release_held()
+            active.suspend()
         self.reserve(buffers, slot_bytes)
         log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
         self._transport.resize(*self._want)
 
-    def pinned_window(self, loader):
-        """The window registered as pinned memory with the device runtime of ``loader``'s
-        output (made on first use, registered again when the window is made anew), for
-        device copies straight from the window."""
+    def pinned_window(self, out, timeout):
+        """The window registered as pinned memory with the device runtime of ``out`` (a
+        loader's :class:`~dpu_pipe.device.OutputSpec`; made on first use, registered again
+        when the window is made anew), for device copies straight from the window."""
         if self._pinned is None:
-            self._pinned = PinnedRegion(loader.out.device_backend(), timeout=loader.timeout)
+            self._pinned = PinnedRegion(out.device_backend(), timeout=timeout)
             self.transport.add_window_user(self._pinned)
         return self._pinned
 
@@ -181,7 +192,7 @@ class HostGroup:
         if self.open:
             self.open = False
             if self.active is not None:
-                self.active._suspend()
+                self.active.suspend()
             if self._transport is None and self.producers and self._setup_failed is None:
                 # The producers wait for the window from their start: make a minimal one
                 # so that they are released the same way.
@@ -254,18 +265,24 @@ class DPULoader(Loader):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
                               f"{host_threads!r}")
         self._group = None
-        self._stream = None
         if mode != "local" or comm is not None or _mpi_running():
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
             self._group = host_group(comm, hostmap=hostmap)
-            rank = self._group.host_index if rank is None else rank
-            world_size = self._group.num_hosts if world_size is None else world_size
+            if self._group.roles.producers or self._group.num_hosts > 1:
+                rank = self._group.host_index if rank is None else rank
+                world_size = self._group.num_hosts if world_size is None else world_size
+            # else an MPI job of this process alone (torchrun, plain python): the shard
+            # comes from torch.distributed, as for Loader.
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
+        if mode != "local":
+            # Producers rebuild the source from its spec: one that would not rebuild is
+            # refused here, on the host, before any producer tries.
+            check_spec(self.source)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
-        labels = self.producer.labels
+        labels = self.maker.labels
         #: Byte layout of this loader's batches in the window (and in hybrid host threads).
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
                                          self.transform.np_dtype, labels.dtype,
@@ -288,20 +305,20 @@ class DPULoader(Loader):
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
         self.mode = mode
-        self._remote = {"bytes": 0, "batches": 0, "read_s": 0.0, "process_s": 0.0,
-                        "publish_s": 0.0, "per_producer": {}, "host_samples": 0, "polls": 0,
-                        "producer_samples": 0}
-        self._remote_bad = {}
+
+    def _new_engine(self):
+        if self.mode == "local":
+            return super()._new_engine()
+        return OffloadEngine(self)
 
     def spec(self):
-        """What producers need to make this loader's stream (JSON-serialisable)."""
-        p = self.producer
-        return {"version": wire.SPEC_VERSION, "source": self.source.spec(),
-                "batch_size": self.batch_size, "transform": self.transform.to_dict(),
-                "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
-                "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
-                "drop_last": p.drop_last, "labels": self.layout.labels(),
-                "on_error": p.on_error, "num_threads": self.producer_threads}
+        """What producers need to make this loader's stream (JSON-serialisable): the
+        :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout and the threads of
+        each producer's kernel."""
+        d = {"version": wire.SPEC_VERSION}
+        d.update(self.stream_spec.to_wire())
+        d.update(labels=self.layout.labels(), num_threads=self.producer_threads)
+        return d
 
     @property
     def payload_bytes(self):
@@ -309,57 +326,55 @@ class DPULoader(Loader):
         (see :class:`~dpu_pipe.offload.wire.PayloadLayout`)."""
         return self.layout.nbytes
 
-    def _make_run(self, epoch, start):
+    def _busy(self, stats):
         if self.mode == "local":
-            return super()._make_run(epoch, start)
-        if self._stream is None:
-            self._stream = _Stream(self)
-        return _RemoteRun(self, epoch, start)
+            return super()._busy(stats)
+        return (stats["producer_read_s"] + stats["producer_process_s"],
+                max(1, self._group.producers))
 
-    def _suspend(self):
-        if self._stream is not None:
-            self._stream.suspend()
-
-    def close(self):
-        """Stop this loader's work and release its buffers (the producers keep serving the
-        process's other loaders until it exits, or :func:`shutdown`). Idempotent."""
-        super().close()
-        if getattr(self, "_stream", None) is not None:
-            self._stream.close()
-            self._stream = None
-
-    @property
-    def bad_samples(self):
-        bad = dict(self.producer.bad_samples)
-        bad.update(self._remote_bad)
-        return bad
-
-    def stats(self):
+    def stats(self, interval=False):
         """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
         read/decode+augment/publish seconds, batches per producer rank (0: host threads),
         and samples made by each side (``producer_samples``, ``host_samples``), and the
         window polls made while waiting for batches (``host_polls``; each costs the host
         ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
         time instead of polling)."""
-        d = super().stats()
-        if self.mode != "local":
-            r = self._remote
-            d.update(bytes_received=r["bytes"], batches=r["batches"],
-                     producer_read_s=r["read_s"], producer_process_s=r["process_s"],
-                     producer_publish_s=r["publish_s"],
-                     steps_per_producer={str(k): v for k, v in r["per_producer"].items()},
-                     producer_samples=r["producer_samples"], host_samples=r["host_samples"],
-                     host_polls=r["polls"])
-        return d
+        return super().stats(interval)
 
 
-class _LocalMaker(threading.Thread):
-    """A host thread of hybrid mode: makes tickets into its own payload-shaped buffers."""
+@dataclass
+class RemoteStats:
+    """What an :class:`OffloadEngine` received: payload bytes and batches, the producers'
+    reported seconds, batches per producer rank (0: host threads), samples by side, and the
+    window polls made while waiting."""
 
-    def __init__(self, loader, producer, free, done):
+    bytes: int = 0
+    batches: int = 0
+    read_s: float = 0.0
+    process_s: float = 0.0
+    publish_s: float = 0.0
+    per_producer: dict = field(default_factory=dict)
+    host_samples: int = 0
+    producer_samples: int = 0
+    polls: int = 0
+
+    def as_dict(self):
+        return {"bytes_received": self.bytes, "batches": self.batches,
+                "producer_read_s": self.read_s, "producer_process_s": self.process_s,
+                "producer_publish_s": self.publish_s,
+                "steps_per_producer": {str(k): v for k, v in self.per_producer.items()},
+                "producer_samples": self.producer_samples, "host_samples": self.host_samples,
+                "host_polls": self.polls}
+
+
+class _HostThread(threading.Thread):
+    """A host thread of hybrid mode: makes tickets with its own BatchMaker into its own
+    payload-shaped buffers."""
+
+    def __init__(self, maker, layout, free, done):
         super().__init__(name="dpu_pipe-hybrid", daemon=True)
-        self.producer = producer
-        self.layout = loader.layout
+        self.maker = maker
+        self.layout = layout
         self.todo = queue.Queue()
         self.free, self.done = free, done
         self.busy = False
@@ -372,11 +387,11 @@ class _LocalMaker(threading.Thread):
             ticket, epoch, step, buf = item
             try:
                 images, labels, indices = self.layout.views(buf, self.layout.batch_size)
-                tm = self.producer.timings
-                r0, p0 = tm["read_s"], tm["process_s"]
-                n = self.producer.produce(epoch, step, images, labels, indices)
-                self.layout.write_header(buf, n=n, read_ns=round((tm["read_s"] - r0) * 1e9),
-                                         process_ns=round((tm["process_s"] - p0) * 1e9))
+                st = self.maker.stats
+                r0, p0 = st.read_s, st.process_s
+                n = self.maker.make(epoch, step, images, labels, indices)
+                self.layout.write_header(buf, n=n, read_ns=round((st.read_s - r0) * 1e9),
+                                         process_ns=round((st.process_s - p0) * 1e9))
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -386,20 +401,44 @@ class _LocalMaker(threading.Thread):
                 self.busy = False
 
 
-class _Stream:
-    """A loader's place in its host group: its stream id, the tickets it has in flight (in
-    order), the batch the caller holds, and in hybrid mode the host threads."""
+class OffloadEngine(Engine):
+    """The engine of the offloaded modes: a loader's stream in its host group — its stream
+    id, the tickets it has in flight (in order), the batch the caller holds, what it
+    received, and in hybrid mode the host threads.
+
+    Tickets run ahead of the caller, across epoch ends: :meth:`pause` keeps them, and
+    :meth:`start` keeps them when the iteration continues where they stand (else cancels
+    them). Memory: the window's slots (shared by the process's loaders) and, in hybrid
+    mode, ``host_threads + 2`` payload buffers.
+    """
 
     def __init__(self, loader):
-        self.loader = loader
         self.hostgroup = loader._group
         self.transport = self.hostgroup.transport
+        self.out = loader.out
+        self.timeout = loader.timeout
+        self.takeover = loader.mode == "hybrid"
+        self.liveness_timeout = loader.liveness_timeout
+        self.slots = loader.slots
+        self.layout = loader.layout
+        self.payload_bytes = loader.payload_bytes
+        self.wire_spec = loader.spec()
+        self.stream_spec = loader.stream_spec
+        self.num_batches = len(loader)
+        self.host_threads = loader.host_threads if self.takeover else 0
+        self.num_threads = loader.num_threads
+        self.first_maker = loader.maker
+        self.makers = ()
+        #: {sample index: message} of bad samples the producers reported.
+        self.remote_bad = {}
+        self.received = RemoteStats()
         self.id = None
         self.spec_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
         self.feed = None            # (epoch, step) to submit next
         self.held = None            # ticket (or local buffer) the caller holds
-        self.makers = []
+        self.failed = None          # why the current iteration ended, if it failed
+        self.threads = []
         self.local_free = []
         self.local_done = queue.Queue()
         self.local = {}             # ticket -> local buffer, made or being made
@@ -407,31 +446,28 @@ class _Stream:
 
     # -- set-up -----------------------------------------------------------------------------
     def _ensure(self):
-        loader = self.loader
         if self.transport is not None and self.id is None:
             t = self.transport
-            if loader.slots > t.layout.buffers or loader.payload_bytes > t.layout.slot_bytes:
-                self.hostgroup.grow(loader.slots, loader.payload_bytes)
-            self.id, self.spec_replies = self.hostgroup.register(loader.spec())
-            if loader.out.device is not None:
-                loader.out.window = self.hostgroup.pinned_window(loader)
-        if loader.mode == "hybrid" and not self.makers:
-            p = loader.producer
-            for k in range(loader.host_threads):
-                prod = p if k == 0 else StepProducer(
-                    p.source, p.batch_size, p.transform, seed=p.seed,
-                    shuffle=p.sampler.shuffle, rank=p.sampler.rank,
-                    world_size=p.sampler.world_size, shard_tail=p.sampler.shard_tail,
-                    drop_last=p.drop_last,
-                    num_threads=loader.num_threads, on_error=p.on_error)
-                # One record of bad samples for every host thread: the loader reports the
-                # first producer's (dict updates are atomic under the GIL).
-                prod.bad_samples = p.bad_samples
-                m = _LocalMaker(loader, prod, self.local_free, self.local_done)
-                m.start()
-                self.makers.append(m)
-            self.local_free.extend(np.zeros(loader.payload_bytes, np.uint8)
-                                   for _ in range(loader.host_threads + 2))
+            if self.slots > t.layout.buffers or self.payload_bytes > t.layout.slot_bytes:
+                self.hostgroup.grow(self.slots, self.payload_bytes)
+            self.id, self.spec_replies = self.hostgroup.register(self.wire_spec)
+            if self.out.device is not None:
+                self.out.window = self.hostgroup.pinned_window(self.out, self.timeout)
+        if self.host_threads and not self.threads:
+            if not self.makers:     # kept across close(): their stats are the loader's
+                makers = [self.first_maker] + [BatchMaker(self.stream_spec, self.num_threads)
+                                               for _ in range(self.host_threads - 1)]
+                for m in makers[1:]:
+                    # One record of bad samples for every host thread (dict updates are
+                    # atomic under the GIL).
+                    m.bad_samples = self.first_maker.bad_samples
+                self.makers = tuple(makers)
+            for m in self.makers:
+                th = _HostThread(m, self.layout, self.local_free, self.local_done)
+                th.start()
+                self.threads.append(th)
+            self.local_free.extend(np.zeros(self.payload_bytes, np.uint8)
+                                   for _ in range(self.host_threads + 2))
 
     def _check_specs(self):
         for r in self.spec_replies:
@@ -439,27 +475,31 @@ class _Stream:
                 r.result(0)  # raises the producer's error opening the pipeline
 
     # -- flow -------------------------------------------------------------------------------
-    def start(self, epoch, step):
+    def start(self, epoch, step, end):
         """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
         continue from there, else cancel them."""
+        self.failed = None
         self._ensure()
-        self.hostgroup.activate(self.loader)
+        self.hostgroup.activate(self)
         if self.pending and self.pending[0][1:] == (epoch, step):
             return
-        self.suspend(keep_held=True)
+        self.suspend(release=False)
         # suspend() leaves no stream active; this one is, or another loader starting later
         # would not cancel the tickets submitted from here on.
-        self.hostgroup.activate(self.loader)
+        self.hostgroup.activate(self)
         self.feed = (epoch, step)
 
+    def pause(self):
+        pass    # the tickets ahead stay in flight: the next epoch usually continues there
+
     def _top_up(self):
-        t, loader = self.transport, self.loader
+        t = self.transport
         # Enough for every producer's queue and the host threads; more would only be
         # cancelled work when the stream jumps.
-        ahead = loader.slots + QUEUE * (t.size - 1 if t else 0) + loader.host_threads
+        ahead = self.slots + QUEUE * (t.size - 1 if t else 0) + self.host_threads
         while len(self.pending) < ahead:
             epoch, step = self.feed
-            if step >= len(loader):
+            if step >= self.num_batches:
                 epoch, step = epoch + 1, 0
             ticket = t.submit(self.id, epoch, step) if t else None
             self.pending.append((ticket, epoch, step))
@@ -467,7 +507,7 @@ class _Stream:
 
     def _run_local(self):
         """Hybrid: hand tickets to idle host threads when the producers fall behind."""
-        t, loader = self.transport, self.loader
+        t = self.transport
         while True:
             try:
                 ticket, buf, status, blob = self.local_done.get_nowait()
@@ -480,13 +520,13 @@ class _Stream:
                     t.deliver(ticket, buf[:len(blob)], FAILED)
                 else:
                     head = wire.unpack(buf, wire.PAYLOAD_HEADER)
-                    t.deliver(ticket, buf[:loader.layout.end(head["n"])], OK)
+                    t.deliver(ticket, buf[:self.layout.end(head["n"])], OK)
             else:
                 self.local_free.append(buf)
         ready = sum(1 for tk, _, _ in self.pending if t.state(tk) == "ready")
-        low = ready < loader.slots // 2 + 1
-        for m in self.makers:
-            if m.busy or not self.local_free:
+        low = ready < self.slots // 2 + 1
+        for th in self.threads:
+            if th.busy or not self.local_free:
                 continue
             if not (low or t.pool_size(local_only=True)):
                 return
@@ -496,17 +536,25 @@ class _Stream:
             ticket, stream, epoch, step = taken[0]
             buf = self.local_free.pop()
             self.local[ticket] = buf
-            m.busy = True
-            m.todo.put((ticket, epoch, step, buf))
+            th.busy = True
+            th.todo.put((ticket, epoch, step, buf))
 
-    def next(self, epoch, step):
-        """The batch for ``(epoch, step)`` as (images, labels, indices), waiting with the
-        loader's deadline."""
-        loader, t = self.loader, self.transport
-        self._release_held()
-        if self.hostgroup.active is not self.loader:
+    def _next_data(self, epoch, step):
+        if self.failed is not None:
+            raise DpuPipeError(f"this iteration ended with an error at epoch {epoch} "
+                               f"step {step}: {self.failed}; start a new one")
+        try:
+            return self._next(epoch, step)
+        except BaseException as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.suspend()
+            raise
+
+    def _next(self, epoch, step):
+        t = self.transport
+        if self.hostgroup.active is not self:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
-            self.start(epoch, step)
+            self.start(epoch, step, self.num_batches)
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):
@@ -515,13 +563,13 @@ class _Stream:
 
         def between():
             self._check_specs()
-            if self.makers:
+            if self.threads:
                 self._run_local()
 
         # Hybrid: the host's threads get their turn on every poll, so no naps.
         polls = t.polls
-        d = t.wait(ticket, timeout=loader.timeout, between=between, nap=not self.makers)
-        loader._remote["polls"] += t.polls - polls
+        d = t.wait(ticket, timeout=self.timeout, between=between, nap=not self.threads)
+        self.received.polls += t.polls - polls
         self.pending.popleft()
         self.held = ticket
         # Grant the buffer just given back before the caller's training step, so producers
@@ -530,34 +578,32 @@ class _Stream:
         return self._unpack(d)
 
     def _unpack(self, d):
-        loader = self.loader
         payload = d.payload
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
-        images, labels, indices = loader.layout.views(payload, n)
-        for index, message in loader.layout.report(payload, n, head["bad_bytes"]).items():
-            if index not in loader._remote_bad:
-                loader._remote_bad[index] = message
+        images, labels, indices = self.layout.views(payload, n)
+        for index, message in self.layout.report(payload, n, head["bad_bytes"]).items():
+            if index not in self.remote_bad:
+                self.remote_bad[index] = message
                 log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
-        r = loader._remote
-        r["bytes"] += payload.nbytes
-        r["batches"] += 1
-        r["per_producer"][d.producer] = r["per_producer"].get(d.producer, 0) + 1
+        r = self.received
+        r.bytes += payload.nbytes
+        r.batches += 1
+        r.per_producer[d.producer] = r.per_producer.get(d.producer, 0) + 1
         if d.producer:
-            r["read_s"] += head["read_ns"] * 1e-9
-            r["process_s"] += head["process_ns"] * 1e-9
-            r["publish_s"] += head["publish_ns"] * 1e-9
-            r["producer_samples"] += n
-            loader.producer.timings["samples"] += n
+            r.read_s += head["read_ns"] * 1e-9
+            r.process_s += head["process_ns"] * 1e-9
+            r.publish_s += head["publish_ns"] * 1e-9
+            r.producer_samples += n
         else:
-            r["host_samples"] += n
+            r.host_samples += n
         return images, labels, indices
 
-    def _release_held(self):
+    def release_held(self):
         if self.held is not None:
             # A device copy may still read the batch from its window slot: the producers
             # get the slot back only once it is done.
-            self.loader.out.fence()
+            self.out.fence()
             ticket, self.held = self.held, None
             self.transport.release(ticket)
             buf = self.local.pop(ticket, None)
@@ -565,15 +611,15 @@ class _Stream:
                 self.local_made.discard(ticket)
                 self.local_free.append(buf)
 
-    def suspend(self, keep_held=False):
-        """Cancel the tickets in flight (and, unless ``keep_held``, give back the held
-        batch): the stream continues later from its loader's position."""
+    def suspend(self, release=True):
+        """Cancel the tickets in flight (and, with ``release``, give back the held batch):
+        the stream continues later from its loader's position."""
         t = self.transport
         if t is None or t.closed:
             self.pending.clear()
             return
-        if not keep_held:
-            self._release_held()
+        if release:
+            self.release_held()
         tickets = [tk for tk, _, _ in self.pending]
         t.cancel(tickets)
         # Buffers of host threads still making a cancelled ticket come back when they finish.
@@ -583,40 +629,16 @@ class _Stream:
                 self.local_made.discard(tk)
                 self.local_free.append(buf)
         self.pending.clear()
-        if self.hostgroup.active is self.loader:
-            self.hostgroup.active = None
+        self.hostgroup.deactivate(self)
 
     def close(self):
         self.suspend()
-        for m in self.makers:
-            m.todo.put(None)
-        self.makers = []
+        for th in self.threads:
+            th.todo.put(None)
+        self.threads = []
 
-
-class _RemoteRun(_Run):
-    """The remote engine: batches from the host group's producers (and hybrid host threads)."""
-
-    def __init__(self, loader, epoch, start):
-        super().__init__(loader, epoch, start)
-        self.stream = loader._stream
-        self.failed = None
-        self.stream.start(epoch, start)
-
-    def _next_data(self):
-        if self.failed is not None:
-            raise DpuPipeError(f"this iteration ended with an error at epoch {self.epoch} "
-                               f"step {self.next_step}: {self.failed}; start a new one")
-        try:
-            return self.stream.next(self.epoch, self.next_step)
-        except BaseException as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            self.stream.suspend()
-            raise
-
-    def _release_held(self):
-        # The stream gives the held batch back when the next one is requested (in next()),
-        # also across runs: the last batch of an epoch outlives its loop.
-        pass
-
-    def close(self):
-        pass
+    def stats(self, made):
+        d = made.as_dict()
+        d["samples"] += self.received.producer_samples
+        d.update(self.received.as_dict())
+        return d

@@ -205,7 +205,8 @@ def packed(data):
     the bit set the target recomputes every CRC first, so a mutated index gets past the CRC
     checks and meets the reader's other checks. No record may lie outside its shard."""
     from dpu_pipe.packed import format as fmt
-    from dpu_pipe.steps import StepProducer
+    from dpu_pipe.spec import StreamSpec
+    from dpu_pipe.steps import BatchMaker
     from dpu_pipe.transforms import TransformConfig
 
     if len(data) < 4:
@@ -255,11 +256,12 @@ def packed(data):
         bufs, errors = src.buffers(idx)
         assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
         try:
-            prod = StepProducer(src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
-                                shuffle=False, drop_last=False, on_error="skip")
-            images = np.empty(prod.batch_shape, np.float32)
-            labels = np.empty(prod.batch_size, np.int64)
-            prod.produce(0, 0, images, labels)
+            maker = BatchMaker(StreamSpec(
+                src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
+                shuffle=False, drop_last=False, on_error="skip"))
+            images = np.empty(maker.batch_shape, np.float32)
+            labels = np.empty(maker.batch_size, np.int64)
+            maker.make(0, 0, images, labels)
         except DecodeError:
             pass  # no decodable record left to replace a bad one with
     src.close()
