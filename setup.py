@@ -6,6 +6,9 @@ Environment switches (read once, here):
                        unset gives the compiler's portable baseline, as wheels need.
   DPU_PIPE_MTUNE=...   value for -mtune (e.g. "cortex-a72").
   DPU_PIPE_OPENMP=0    build without OpenMP (batches then run on one thread; build_info says so).
+  DPU_PIPE_LIMITED_API=0|1  the stable ABI (one cp311-abi3 wheel for CPython 3.11 and later);
+                       unset: on when the building interpreter is 3.11 or later. Cross-builds set
+                       it for their target version (scripts/build_wheels.sh).
   JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
 """
 import glob
@@ -25,6 +28,13 @@ DEBUG = os.environ.get("DPU_PIPE_DEBUG", "") not in ("", "0")
 MARCH = os.environ.get("DPU_PIPE_MARCH", "")
 MTUNE = os.environ.get("DPU_PIPE_MTUNE", "")
 OPENMP = os.environ.get("DPU_PIPE_OPENMP", "1") not in ("", "0")
+# Typed memoryviews need the buffer protocol, which entered the Limited API in 3.11: below
+# that, one build per CPython version.
+LIMITED_API_MIN = (3, 11)
+LIMITED_API = os.environ.get("DPU_PIPE_LIMITED_API",
+                             "1" if sys.version_info >= LIMITED_API_MIN else "0") not in ("", "0")
+if LIMITED_API and sys.version_info < LIMITED_API_MIN:
+    sys.exit("dpu_pipe: DPU_PIPE_LIMITED_API=1 needs CPython >= 3.11 to build")
 
 
 def _pkg_config(*args):
@@ -80,13 +90,17 @@ DIRECTIVES = {
 
 inc, libdirs, libs = libjpeg_flags()
 common = dict(
-    include_dirs=inc,
+    # src/dpu_pipe holds the C headers (_huffman.h) beside the .pxd files that include them.
+    include_dirs=inc + [os.path.join(os.path.dirname(os.path.abspath(__file__)), "src",
+                                     "dpu_pipe")],
     library_dirs=libdirs,
     extra_compile_args=compile_args(),
     extra_link_args=["-fopenmp"] if OPENMP else [],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-                   ("DPU_PIPE_MARCH", '"%s"' % (MARCH or "default")),
-                   ("DPU_PIPE_DEBUG", str(int(DEBUG)))],
+    define_macros=[("DPU_PIPE_MARCH", '"%s"' % (MARCH or "default")),
+                   ("DPU_PIPE_DEBUG", str(int(DEBUG)))]
+                  + ([("Py_LIMITED_API", "0x%02X%02X0000" % LIMITED_API_MIN),
+                      ("CYTHON_LIMITED_API", "1")] if LIMITED_API else []),
+    py_limited_api=LIMITED_API,
 )
 
 def kernel_extension(name, pyx):
@@ -117,6 +131,13 @@ if __name__ == "__main__":  # as setuptools runs it; tests/kernel_probes.py only
         sys.exit("dpu_pipe: no Cython sources (src/dpu_pipe/*.pyx) next to setup.py; the "
                  "source distribution is incomplete. Build from a git checkout or a complete "
                  "sdist.")
+    # An in-place build (pip install -e .) of one ABI leaves the other's extension files
+    # beside it, and the interpreter would import a stale cp3X one before a new abi3 one.
+    for stale in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "dpu_pipe",
+                                        "_*.cpython-*.so" if LIMITED_API else "_*.abi3.so")):
+        os.remove(stale)
     setup(ext_modules=cythonize_kernels(
         [kernel_extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", os.path.relpath(p))
-         for p in sources]))
+         for p in sources]),
+        # The wheel's tag: cp311-abi3 (installs on 3.11 and later) rather than cp3X-cp3X.
+        options={"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_MIN}} if LIMITED_API else {})

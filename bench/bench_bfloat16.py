@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dpu_pipe.batch import BatchProcessor
-from dpu_pipe.tools.bench import load_buffers
+from dpu_pipe.tools.bench_decode import load_buffers
 from dpu_pipe.tools.sample_data import sample_dataset
 from dpu_pipe.transforms import TransformConfig
 

@@ -3,7 +3,7 @@
 The ImageNet-like sample dataset is made once from real photographs under
 ``$XDG_CACHE_HOME/dpu_pipe`` (``~/.cache/dpu_pipe``, the same place ``dpu-pipe bench`` uses) and
 reused by later runs. File bytes and RandomResizedCrop boxes are prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
-``dpu_pipe.tools.bench.decode_benchmark`` does.
+``dpu_pipe.tools.bench_decode.decode_benchmark`` does.
 
 ``DPU_PIPE_BENCH_N`` sets the number of images (default 200: each benchmark round decodes all of
 them, keeping a full run well under a minute per method).
@@ -31,10 +31,9 @@ def _bench_n():
 @pytest.fixture(scope="session", autouse=True)
 def one_core():
     """Pin the session to one core and OpenCV to one thread; restored afterwards."""
-    previous = None
-    if hasattr(os, "sched_setaffinity"):
-        previous = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {max(previous)})
+    from dpu_pipe.tools import pinning
+
+    previous = pinning.pin(True)
     try:
         import cv2
     except ImportError:
@@ -45,8 +44,7 @@ def one_core():
     yield
     if cv2 is not None:
         cv2.setNumThreads(threads)
-    if previous is not None:
-        os.sched_setaffinity(0, previous)
+    pinning.restore(previous)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +65,7 @@ def decode_inputs(imagenet_like):
     RandomResizedCrop boxes (N, 4) drawn with seed 0."""
     from PIL import Image
 
-    from dpu_pipe.tools.bench import load_buffers, random_resized_crop_boxes
+    from dpu_pipe.tools.bench_decode import load_buffers, random_resized_crop_boxes
 
     _, buffers = load_buffers(imagenet_like[0], _bench_n())
     sizes = []

@@ -2,7 +2,7 @@
 done by hand without torch (Pillow decode + RandomResizedCrop with the same boxes + flip +
 numpy normalize, in a thread pool and in a process pool of 1 and 2 workers), and the Loader's
 overhead over the raw batch kernel — one interleaved run, see
-``dpu_pipe.tools.bench.loader_benchmark``. The table is printed; timings are never asserted.
+``dpu_pipe.tools.bench_loader.loader_benchmark``. The table is printed; timings are never asserted.
 
 The session is pinned to one core (conftest.py); the benchmark widens the affinity to every
 core for its own run and restores it afterwards. ``DPU_PIPE_BENCH_N`` sets the images per
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import rng
-from dpu_pipe.tools import bench
+from dpu_pipe.tools import baselines, bench_loader
 from dpu_pipe.batch import BatchProcessor
 from dpu_pipe.tools.sample_data import dataset_files
 from dpu_pipe.transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
@@ -45,19 +45,19 @@ def test_pillow_baseline_makes_the_loaders_images(imagenet_like):
         flip = rng.random_flip(seed, epoch, i)
         flips += flip
         theirs = np.empty((3, 224, 224), np.float32)
-        bench._pillow_sample(Image, p, box, flip, (224, 224), mean, std, theirs)
+        baselines.pillow_sample(Image, p, box, flip, (224, 224), mean, std, theirs)
         assert np.abs(theirs - ours[i]).mean() < 0.05, (i, box, flip)
     assert 0 < flips < len(paths)
 
 
 def test_loader_throughput(imagenet_like, capsys):
     n = _bench_n()
-    result = bench.loader_benchmark(imagenet_like[0], n=n, batch_size=min(BATCH, n),
+    result = bench_loader.loader_benchmark(imagenet_like[0], n=n, batch_size=min(BATCH, n),
                                     size=224, threads=(1, 2), repeat=3)
-    table = bench.format_loader_table(result)
+    table = bench_loader.format_loader_table(result)
     with capsys.disabled():
         print("\n\nLoader throughput (ImageNet-like sample dataset)\n" + table + "\n")
     methods = {(r["method"], r["workers"]) for r in result["rows"]}
-    assert methods == {(m, k) for m in bench.LOADER_METHODS for k in (1, 2)}
+    assert methods == {(m, k) for m in bench_loader.LOADER_METHODS for k in (1, 2)}
     assert all(r["img_per_s"] > 0 for r in result["rows"])
     assert [o["workers"] for o in result["overhead"]] == [1, 2]

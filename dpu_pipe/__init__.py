@@ -23,7 +23,7 @@ from .offload import DPULoader
 from .packed.writer import pack
 from .transforms import TransformConfig
 from .offload.validation import RemoteValidation
-from .sources import FileList, ImageFolder, PackedSource, open_source
+from .sources import FileList, ImageFolder, PackedSource, ParquetSource, WebDataset, open_source
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,7 @@ __all__ = [
     "open_source",
     "pack",
     "PackedSource",
+    "ParquetSource",
     "ConfigError",
     "DecodeError",
     "DPULoader",
@@ -43,4 +44,5 @@ __all__ = [
     "ProducerError",
     "RemoteValidation",
     "TransformConfig",
+    "WebDataset",
 ]

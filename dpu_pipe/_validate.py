@@ -13,7 +13,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
-           "seconds", "names", "dtype", "OUTPUT_DTYPES"]
+           "seconds", "names", "dtype", "bad_budget", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -54,6 +54,19 @@ def number(value, name, low=None, high=None, *, low_open=False):
         raise ConfigError(f"{name} must be {' and '.join(x for x in (lo, hi) if x)}, "
                           f"got {value}")
     return value
+
+
+def bad_budget(value, count, name="max_bad"):
+    """The number of bad samples tolerated among ``count``: ``None`` (no limit) stays None,
+    an integer >= 0 is a count, a float in [0, 1] a fraction of ``count`` (rounded down)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return integer(value, name, low=0)
+    if isinstance(value, (float, np.floating)):
+        return int(number(value, name, 0.0, 1.0) * count)
+    raise ConfigError(f"{name} must be None, an integer >= 0 or a fraction in [0, 1], "
+                      f"got {value!r}")
 
 
 def _numbers(value, name, count, what):

@@ -1,18 +1,136 @@
-"""What this installation of dpu_pipe was built with."""
+"""What this installation of dpu_pipe was built with, and whether this machine can run it."""
 
+import json
+import os
 import platform
 import sys
+import sysconfig
+
+#: CPU flags (as /proc/cpuinfo names them) that a build's SIMD level needs; the level comes from
+#: the compiler's predefined macros when the kernels were compiled (``build_flags()["simd"]``).
+CPU_FLAGS = {"NEON": ("asimd",), "SSE2": ("sse2",), "SSE4.2": ("sse4_2",), "AVX": ("avx",),
+             "AVX2": ("avx2",), "AVX-512": ("avx512f",), "none": ()}
+
+
+def _abi(ext_path):
+    """"abi3" for a stable-ABI build (one build for CPython 3.11 and later), else "cp3X"."""
+    if os.path.basename(ext_path).endswith(".abi3.so"):
+        return "abi3"
+    return "cp%d%d" % sys.version_info[:2]
+
+
+def _distribution(package_file):
+    """(wheel tags, how it was installed) of the installed distribution that holds
+    ``package_file``; ``(None, "source tree")`` when dpu_pipe is imported from a checkout or an
+    editable install."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("dpu_pipe")
+    except metadata.PackageNotFoundError:
+        return None, "source tree"
+    where = os.path.realpath(str(dist.locate_file("dpu_pipe/__init__.py")))
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if where != os.path.realpath(package_file) or direct.get("dir_info", {}).get("editable"):
+        return None, "source tree"
+    tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
+            if line.startswith("Tag:")]
+    # A wheel built by pip from the sdist on this machine carries the plain linux_<arch> tag;
+    # a published wheel, a manylinux one.
+    origin = ("manylinux wheel" if any("manylinux" in t for t in tags)
+              else "built here from the source distribution")
+    return tags or None, origin
+
+
+def _library_of(ext_path, symbol):
+    """Path of the shared library that provides ``symbol`` to the extension ``ext_path`` as the
+    dynamic linker resolved it (another copy of that library, Pillow's say, may be loaded too):
+    dlsym through the extension's handle, then the mapping holding that address in
+    /proc/self/maps. None where that cannot be read."""
+    import ctypes
+
+    try:
+        addr = ctypes.cast(getattr(ctypes.CDLL(ext_path), symbol), ctypes.c_void_p).value
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if low <= addr < high and len(fields) == 6:
+                    return fields[5].strip()
+    except (OSError, AttributeError, ValueError):
+        pass
+    return None
+
+
+#: Bits of the aarch64 Linux AT_HWCAP word (asm/hwcap.h), named as /proc/cpuinfo names them.
+AARCH64_HWCAP = ("fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics",
+                 "fphp", "asimdhp", "cpuid", "asimdrdm", "jscvt", "fcma", "lrcpc", "dcpop",
+                 "sha3", "sm3", "sm4", "asimddp", "sha512", "sve")
+AT_HWCAP = 16
+
+
+def cpu_flags():
+    """The instruction-set flags of this CPU: on aarch64 from the kernel's AT_HWCAP (what a
+    user-mode emulator reports for the CPU it emulates, where /proc/cpuinfo would describe the
+    host's), elsewhere the "flags" of /proc/cpuinfo. None where neither can be read."""
+    if platform.machine() in ("aarch64", "arm64"):
+        import ctypes
+
+        try:
+            getauxval = ctypes.CDLL(None).getauxval
+        except (OSError, AttributeError):
+            return None
+        getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+        hwcap = getauxval(AT_HWCAP)
+        return {name for bit, name in enumerate(AARCH64_HWCAP) if hwcap >> bit & 1}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_check(simd, march, flags=None):
+    """(ok, one line) telling whether this CPU has the instructions the kernels were compiled
+    for: ``simd`` and ``march`` as ``build_info()`` reports them; ``flags`` defaults to
+    :func:`cpu_flags`. ok is None when the CPU's flags cannot be read."""
+    need = CPU_FLAGS.get(simd)
+    flags = cpu_flags() if flags is None else flags
+    what = f"{simd} build, -march={march}"
+    if need is None:
+        return None, f"unknown SIMD level {simd!r} ({what})"
+    if flags is None:
+        return None, f"cannot read this CPU's flags (/proc/cpuinfo) to check for {what}"
+    missing = [f for f in need if f not in flags]
+    if missing:
+        return False, (f"this {platform.machine()} CPU lacks {', '.join(missing)}, which the "
+                       f"{what} needs: install a wheel for a baseline CPU or build from source")
+    return True, (f"this {platform.machine()} CPU has {', '.join(need) or 'what it needs'} "
+                  f"({what})")
 
 
 def build_info():
-    """A dict describing the build: dpu_pipe, libjpeg-turbo, SIMD target, compiler, Cython,
-    numpy and Python versions, machine. ``dpu-pipe info`` prints it."""
+    """A dict describing the installation: dpu_pipe, its ABI (``abi3`` or ``cp3X``) and wheel
+    tags, libjpeg-turbo (headers it was compiled against, library file in use), SIMD target,
+    compiler, Cython, numpy and Python versions, machine, and a CPU check. ``dpu-pipe info``
+    prints it."""
     import numpy
 
     from . import __version__, _jpeg
 
     info = {"dpu_pipe": __version__}
     info.update(_jpeg.build_flags())
+    info["abi"] = _abi(_jpeg.__file__)
+    tags, origin = _distribution(os.path.join(os.path.dirname(_jpeg.__file__), "__init__.py"))
+    info["wheel"] = ", ".join(tags) if tags else None
+    info["installed_from"] = origin
+    lib = _library_of(_jpeg.__file__, "jpeg_std_error")
+    info["libjpeg_library"] = lib
+    info["libjpeg_bundled"] = bool(lib) and os.path.basename(os.path.dirname(lib)) == "dpu_pipe.libs"
     try:
         import Cython
         info["cython"] = Cython.__version__
@@ -20,5 +138,9 @@ def build_info():
         info["cython"] = None
     info["numpy"] = numpy.__version__
     info["python"] = sys.version.split()[0]
+    info["platform"] = sysconfig.get_platform()
     info["machine"] = platform.machine()
+    ok, line = cpu_check(info["simd"], info["march"])
+    info["cpu_ok"] = ok
+    info["cpu_check"] = line
     return info

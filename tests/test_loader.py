@@ -170,11 +170,20 @@ def test_set_epoch(folder, reference_stream):
         assert loader.epoch == 2
         assert same(one_epoch(loader), reference_stream[2])
         assert loader.epoch == 3
-        # Mid-epoch: set_epoch restarts at the first batch of the epoch asked for.
+        # Mid-epoch: set_epoch of another epoch starts it at its first batch; of the current
+        # epoch it keeps the position (the torch habit after load_state_dict).
         loader.set_epoch(1)
         for k, _ in enumerate(loader):
             if k == 2:
                 break
+        loader.set_epoch(1)
+        assert loader.state_dict()["step"] == 3
+        assert same(one_epoch(loader), reference_stream[1][3:])
+        loader.set_epoch(1)
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+        loader.set_epoch(2)
         loader.set_epoch(1)
         assert same(one_epoch(loader), reference_stream[1])
         loader.set_epoch(0)
@@ -919,3 +928,22 @@ def test_an_abandoned_loader_does_not_keep_its_thread(folder):
             stop = t._args[-1] if getattr(t, "_args", None) else None
             if isinstance(stop, threading.Event):
                 stop.set()
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_restored_position(folder, reference_stream):
+    """The torch habit: restore, then set_epoch(e) for every epoch from the restored one on.
+    Nothing of the restored epoch is seen twice, nothing is missed."""
+    with make(folder) as first:
+        for k, _ in enumerate(first):
+            if k == 1:
+                break
+        state = first.state_dict()
+    assert (state["epoch"], state["step"]) == (0, 2)
+    with make(folder) as loader:
+        loader.load_state_dict(state)
+        got = []
+        for epoch in range(state["epoch"], 2):
+            loader.set_epoch(epoch)
+            got.append(one_epoch(loader))
+    assert same(got[0], reference_stream[0][2:])
+    assert same(got[1], reference_stream[1])

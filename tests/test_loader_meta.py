@@ -140,3 +140,21 @@ def test_dpu_loader_yields_float_and_multi_labels(listed, labels, dtype, shape):
         assert np.array_equal(x, u) and np.array_equal(y, v)
         assert np.array_equal(m["index"], w["index"])
         assert np.array_equal(y, np.asarray(labels, dtype)[m["index"]])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"liveness_timeout": 0}, "liveness_timeout must be > 0"),
+    ({"liveness_timeout": -1.0}, "liveness_timeout must be > 0"),
+    ({"liveness_timeout": float("nan")}, "liveness_timeout must be finite"),
+    ({"liveness_timeout": "60"}, "liveness_timeout must be a number"),
+    ({"liveness_timeout": True}, "liveness_timeout must be a number"),
+    ({"producer_threads": 0}, "producer_threads must be an integer >= 1"),
+    ({"producer_threads": 1.5}, "producer_threads must be an integer"),
+    ({"producer_threads": True}, "producer_threads must be an integer"),
+    ({"producer_threads": "2"}, "producer_threads must be an integer"),
+])
+def test_dpuloader_checks_its_own_arguments(listed, kw, match):
+    """liveness_timeout and producer_threads go through dpu_pipe._validate like every other
+    argument (a zero liveness timeout used to pass and time out every producer at once)."""
+    with pytest.raises(ConfigError, match=match):
+        DPULoader(listed, 4, mode="local", **kw)

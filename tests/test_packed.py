@@ -792,7 +792,7 @@ def test_packed_and_sources_import_one_way():
     for name in ("format.py", "reader.py", "__init__.py"):
         got = _imports(os.path.join(PKG, "packed", name))
         assert not got & above, (name, got & above)
-    src_imports = _imports(os.path.join(PKG, "sources.py"))
+    src_imports = _imports(os.path.join(PKG, "sources", "packed.py"))
     assert "dpu_pipe.packed.reader" in src_imports
     assert not {m for m in src_imports if m.startswith("dpu_pipe.packed.writer")}
     # And each side imports first in a fresh interpreter.

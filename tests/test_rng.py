@@ -493,4 +493,13 @@ def test_bad_flip_and_stream_arguments(probe):
     with pytest.raises(ConfigError, match="shape"):
         rng.philox4x32_10([0, 0, 0], [0, 0])
     assert rng.check_seed(2**64 - 1) == 2**64 - 1
+    # A bool is not a seed (True would silently be seed 1), in any form.
+    for bad in (True, False, np.bool_(True), np.array([1, 0], dtype=bool)):
+        with pytest.raises(ConfigError, match="seed must be an integer"):
+            rng._as_uint(bad, "seed", 64)
+    for bad in (True, np.bool_(False)):
+        with pytest.raises(ConfigError, match="seed must be an integer"):
+            rng.check_seed(bad)
+        with pytest.raises(ConfigError, match="epoch must be an integer"):
+            rng.check_epoch(bad)
     assert rng.check_epoch(np.int64(3)) == 3

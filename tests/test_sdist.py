@@ -1,14 +1,28 @@
 """The source distribution round trip: build the sdist, install it into a fresh venv, import
 dpu_pipe from there and decode an image — what `pip install dpu_pipe-X.tar.gz` does for a user.
+``python -m build`` and ``pip install`` of it print no deprecation warning.
 
 To stay offline and quick, the fresh venv borrows the build tools and numpy of the running
 interpreter's environment (a path in a .pth file, so nothing of that environment's own .pth
 files — an editable dpu_pipe, say — comes along) and pip builds without isolation. The build
 uses DPU_PIPE_DEBUG=1 (-O1), which compiles about three times faster than -O3.
+
+The install matrix (marked slow) is the path a DPU user without a matching wheel takes: for
+every CPython 3.9-3.13 of this machine (pyenv's), a fresh venv, numpy (and mpi4py + mpich)
+from the package index, ``pip install dpu_pipe-X.tar.gz`` with build isolation, then one
+Loader epoch, which must equal this process's bit for bit, a loader whose source fails (the
+error must reach the user), and, on Ubuntu 24.04's 3.12, one offloaded epoch under mpiexec
+(DPULoader, one producer). The short form builds with DPU_PIPE_DEBUG=1; the long one,
+``DPU_PIPE_INSTALL_MATRIX=full``, builds as users do (-O3) and offloads on every version:
+
+    DPU_PIPE_INSTALL_MATRIX=full .venv/bin/python -m pytest -v tests/test_sdist.py -k matrix
 """
 
+import glob
 import io
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +35,9 @@ import pytest
 from PIL import Image
 
 import dpu_pipe
+
+# Minutes of wheel builds, emulation or fresh venvs: the slow tier.
+pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(dpu_pipe.__file__)))
 # What a checkout holds that is not source: build products, tests, local data. Of the tests,
@@ -38,21 +55,51 @@ def _NOT_SOURCE(directory, names):
     return ignored
 
 
-def _run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+def _run(cmd, timeout=600, **kw):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                       **kw)
     assert r.returncode == 0, f"{cmd}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
 
 
+# A deprecation warning of setuptools, pip or the compiler, in any spelling
+# (SetuptoolsDeprecationWarning, "is deprecated", -Wdeprecated-declarations).
+_DEPRECATION = re.compile(r"deprecat", re.I)
+
+
+def _deprecations(r):
+    return [line for line in (r.stdout + r.stderr).splitlines() if _DEPRECATION.search(line)]
+
+
 @pytest.fixture(scope="module")
-def sdist(tmp_path_factory):
+def sdist_build(tmp_path_factory):
+    """(path of the sdist, the output of ``python -m build --sdist``)."""
     tmp = tmp_path_factory.mktemp("sdist")
     tree = tmp / "tree"
     shutil.copytree(REPO, tree, ignore=_NOT_SOURCE)
-    _run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp / "dist")],
-         cwd=tree)
+    r = _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
+              tmp / "dist", tree], cwd=tree)
     (path,) = (tmp / "dist").glob("dpu_pipe-*.tar.gz")
-    return path
+    return path, r
+
+
+@pytest.fixture(scope="module")
+def sdist(sdist_build):
+    return sdist_build[0]
+
+
+def test_build_prints_no_deprecation_warning(sdist_build):
+    assert _deprecations(sdist_build[1]) == []
+
+
+def test_pyproject_asks_for_the_setuptools_that_reads_its_license():
+    # `license = "BSD-3-Clause"` (an SPDX expression) needs setuptools >= 77; an older one
+    # fails to make the metadata ("project.license must be valid exactly by one definition").
+    text = open(os.path.join(REPO, "pyproject.toml")).read()
+    assert re.search(r'^license = "BSD-3-Clause"$', text, re.M)
+    assert re.search(r'requires = \["setuptools>=(\d+)"', text).group(1) == "77"
+    reqs = open(os.path.join(REPO, "requirements-dev.txt")).read().splitlines()
+    assert "setuptools>=77" in reqs
 
 
 def test_sdist_ships_the_kernel_sources(sdist):
@@ -83,9 +130,10 @@ def test_sdist_installs_into_a_fresh_venv_and_decodes(sdist, tmp_path):
     env_dir = tmp_path / "venv"
     py, env = _fresh_venv(env_dir)
     env["DPU_PIPE_DEBUG"] = "1"
-    _run([str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-          "--no-build-isolation", "--disable-pip-version-check", str(sdist)],
-         cwd=tmp_path, env=env)
+    r = _run([str(py), "-m", "pip", "install", "-v", "--no-index", "--no-deps",
+              "--no-build-isolation", "--disable-pip-version-check", str(sdist)],
+             cwd=tmp_path, env=env)
+    assert _deprecations(r) == []
 
     buf = io.BytesIO()
     img = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
@@ -120,3 +168,117 @@ def test_import_without_kernels_says_they_are_not_built(tmp_path):
     assert r.returncode != 0
     assert "the compiled kernels are not built" in r.stderr
     assert "circular import" not in r.stderr.splitlines()[-1]
+
+
+# --- the install matrix: the sdist on every CPython of this machine -----------------------------
+
+# 3.12 (Ubuntu 24.04's, the current BlueField images') before 3.11 and 3.13: in the short form
+# those two install the stable-ABI wheel that 3.12 built from the sdist instead of compiling
+# the same extensions again.
+MATRIX = ["3.9", "3.10", "3.12", "3.11", "3.13"]
+FULL = os.environ.get("DPU_PIPE_INSTALL_MATRIX", "") == "full"
+OFFLOAD = MATRIX if FULL else ["3.12"]
+_ABI3_WHEEL = []   # the cp311-abi3 wheel an earlier version of the matrix built from the sdist
+EPOCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "install_epoch.py")
+
+
+def _interpreter(ver):
+    """An x86-64 CPython ``ver`` of this machine: pyenv's, else pythonX.Y on PATH."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("pyenv") else os.path.expanduser("~/.pyenv")
+    found = sorted(glob.glob(os.path.join(root or "", "versions", f"{ver}.*", "bin",
+                                          f"python{ver}")))
+    return found[-1] if found else shutil.which(f"python{ver}")
+
+
+@pytest.fixture(scope="module")
+def matrix_data(tmp_path_factory):
+    """An ImageFolder of 14 JPEGs in 3 classes (sizes, subsamplings, a progressive and a grey
+    one) and the Loader epoch of tests/install_epoch.py made from it by this checkout."""
+    import install_epoch
+
+    root = tmp_path_factory.mktemp("matrix") / "data"
+    rng = np.random.default_rng(7)
+    for i in range(14):
+        h, w = 40 + 9 * i, 64 + 7 * (13 - i)
+        img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        if i == 5:
+            img = img.convert("L")
+        d = root / f"class{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        img.save(d / f"{i:02d}.jpg", quality=70 + 2 * i, progressive=i == 8,
+                 **({} if i == 5 else {"subsampling": ("4:2:0", "4:2:2", "4:4:4")[i % 3]}))
+    images, labels = install_epoch.epoch(
+        dpu_pipe.Loader(str(root), install_epoch.BATCH, **install_epoch.KW))
+    return root, images, labels
+
+
+def _same_epoch(npz, images, labels):
+    with np.load(npz) as z:
+        assert z["images"].shape == images.shape and z["images"].tobytes() == images.tobytes()
+        assert np.array_equal(z["labels"], labels)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("ver", MATRIX)
+def test_install_matrix_sdist_on_each_python(ver, sdist, matrix_data, tmp_path):
+    py = _interpreter(ver)
+    if py is None:
+        pytest.skip(f"no CPython {ver} on this machine (pyenv install {ver})")
+    data, ref_images, ref_labels = matrix_data
+    env_dir = tmp_path / f"venv{ver}"
+    _run([py, "-m", "venv", env_dir])
+    vpy = env_dir / "bin" / "python"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    if not FULL:
+        env["DPU_PIPE_DEBUG"] = "1"
+    pip = [vpy, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", "numpy", *(["mpi4py", "mpich"] if ver in OFFLOAD else [])],
+         env=env, cwd=tmp_path, timeout=900)
+    abi3 = ver not in ("3.9", "3.10")
+    if abi3 and _ABI3_WHEEL and not FULL:
+        wheel = _ABI3_WHEEL[0]
+    else:
+        # With build isolation: pip fetches setuptools and Cython as pyproject.toml asks.
+        r = _run([*pip, "wheel", "-v", "--no-deps", "-w", tmp_path / "wheels", sdist], env=env,
+                 cwd=tmp_path, timeout=1500)
+        assert _deprecations(r) == []
+        (wheel,) = (tmp_path / "wheels").glob("dpu_pipe-*.whl")
+        if abi3:
+            _ABI3_WHEEL[:] = [wheel]
+    print(f"\nCPython {ver}: installs {wheel.name}")
+    _run([*pip, "install", "-q", "--no-deps", wheel], env=env, cwd=tmp_path)
+
+    # Out of the checkout: only the installed dpu_pipe is importable.
+    shutil.copy(EPOCH, tmp_path / "install_epoch.py")
+    r = _run([vpy, "install_epoch.py", "loader", data, "epoch.npz"], env=env, cwd=tmp_path)
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"\nCPython {info['python']}: abi {info['abi']}, {info['installed_from']}, "
+          f"libjpeg {info['libjpeg_library']}, cpu check: {info['cpu_check']}")
+    assert info["python"].startswith(ver + ".")
+    assert info["abi"] == ("abi3" if ver not in ("3.9", "3.10") else "cp" + ver.replace(".", ""))
+    assert info["installed_from"] == "built here from the source distribution"
+    assert info["wheel"].endswith("-linux_x86_64")
+    assert ("-abi3-" in info["wheel"]) == (info["abi"] == "abi3")
+    assert os.path.exists(info["libjpeg_library"]) and not info["libjpeg_bundled"]
+    assert info["cpu_ok"] is True and info["debug_build"] is not FULL
+    _same_epoch(tmp_path / "epoch.npz", ref_images, ref_labels)
+
+    # The error of a producer thread reaches the user as itself (on 3.9 the one-argument
+    # traceback.format_exception raised a TypeError in its place).
+    r = _run([vpy, "install_epoch.py", "failing", data], env=env, cwd=tmp_path)
+    err = json.loads(r.stdout.strip().splitlines()[-1])
+    assert err["type"] == "ProducerError", err
+    assert "RuntimeError: storage went away reading sample 2" in err["message"]
+    assert "storage went away" in err["traceback"] and "Traceback" in err["traceback"]
+
+    if ver in OFFLOAD:
+        mpiexec = env_dir / "bin" / "mpiexec"
+        assert mpiexec.exists(), "the mpich wheel brings mpiexec"
+        r = _run(["timeout", "-k", "5", "240", mpiexec, "-n", "1", vpy, "-m", "mpi4py",
+                  "install_epoch.py", "offload", data, "offload.npz", ":", "-n", "1", vpy,
+                  "-m", "mpi4py", "-m", "dpu_pipe.worker"], env=env, cwd=tmp_path, timeout=300)
+        assert f"OK offload {len(ref_labels)}" in r.stdout, r.stdout + r.stderr[-3000:]
+        _same_epoch(tmp_path / "offload.npz", ref_images, ref_labels)

@@ -342,8 +342,14 @@ def test_open_source_bad_specs():
         open_source({"kind": "zip"})
     with pytest.raises(ConfigError, match="not a source spec"):
         open_source("/some/path")
-    with pytest.raises(ConfigError, match="lacks field 'root'"):
+    with pytest.raises(ConfigError, match="does not take args.*'root'"):
         open_source({"kind": "image_folder"})
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+        open_source({"factory": "no_such_module:Src", "args": {}})
+    with pytest.raises(ConfigError, match="has no 'Nope'"):
+        open_source({"factory": "dpu_pipe.sources:Nope", "args": {}})
+    with pytest.raises(ConfigError, match="not a source"):
+        open_source({"factory": "builtins:dict", "args": {}})
 
 
 def test_pickle(folder, listed, tmp_path):

@@ -161,6 +161,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_rank_defaults_from_a_gloo_process_group_of_two(root, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)

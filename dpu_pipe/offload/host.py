@@ -44,10 +44,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _validate as _v
 from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Engine, Loader
 from ..mpi import load_mpi
+from ..sources import check_spec
 from ..steps import BatchMaker
 from . import wire
 from .roles import discover_roles, host_comm
@@ -198,6 +200,9 @@ class HostGroup:
                 self.transport
             if self._transport is not None:
                 self._transport.close()
+                if self._transport._abort_at_exit:
+                    return          # a producer never signed off: the job ends with an abort
+            self.validation.close(self.setup_timeout)
 
 
 class DPULoader(Loader):
@@ -267,6 +272,10 @@ class DPULoader(Loader):
             rank = self._group.host_index if rank is None else rank
             world_size = self._group.num_hosts if world_size is None else world_size
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
+        if mode != "local":
+            # Producers rebuild the source from its spec: one that would not rebuild is
+            # refused here, on the host, before any producer tries.
+            check_spec(self.source)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
@@ -275,11 +284,20 @@ class DPULoader(Loader):
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
                                          self.transform.np_dtype, labels.dtype,
                                          labels.shape[1:])
-        self.producer_threads = int(producer_threads)
-        self.liveness_timeout = float(liveness_timeout)
+        self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
+        self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
         self.host_threads = int(host_threads)
         if self._group is not None:
             self._group.reserve(self.slots, self.payload_bytes)
+            if mode == "offload" and not self._group.roles.producers:
+                # torchrun, or a plain python: each process is an MPI job of its own.
+                raise ConfigError(
+                    f"DPULoader(mode='offload'): this MPI job has no producer rank "
+                    f"({self._group.num_hosts} host rank(s) and nothing else; a process "
+                    f"started by torchrun or plain python is an MPI job of one). Launch hosts "
+                    f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
+                    f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
+                    f"mode='hybrid' or 'local' to produce on this host")
             if mode != "local" and self._group.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"

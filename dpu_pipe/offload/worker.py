@@ -380,6 +380,9 @@ def serve(comm=None, *, hostmap=None):
     loop.pool.shutdown(wait=True)
     validation.stop()
     transport.close()
+    if not validation.is_alive():
+        # A validation thread still evaluating keeps the window (and MPI_Finalize may wait).
+        validation.channel.close(transport.setup_timeout)
     group.Free()
     return transport.made
 

@@ -218,8 +218,12 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
          block_records=fmt.DEFAULT_BLOCK_RECORDS):
     """Write every record of ``source`` into the packed dataset directory ``out``.
 
-    ``source`` is a dpu_pipe source or a path that :func:`dpu_pipe.sources.open_path` accepts.
-    Records keep the source's order, labels, relative paths and class names. Shards hold
+    ``source`` is any source (built in or following the protocol of
+    :mod:`dpu_pipe.sources.base`: ``len``, ``read``, integer ``labels``; ``relpath``,
+    ``classes`` and ``spec`` when it has them) or a path that
+    :func:`dpu_pipe.sources.open_path` accepts (ImageFolder, file list, tar shards, Parquet or
+    Arrow files). Records keep the source's order, labels, relative paths (the index for a
+    source without them) and class names. Shards hold
     consecutive records and grow to about ``shard_size`` bytes (an int, or a string such as
     ``"1GiB"``; a record larger than that gets a shard of its own).
 
@@ -248,9 +252,16 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
 
     if isinstance(source, (str, os.PathLike)):
         source = open_path(source)
-    if not all(hasattr(source, a) for a in ("read", "labels", "relpath", "spec")):
+    if not all(hasattr(source, a) for a in ("read", "labels", "__len__")):
         raise ConfigError(f"pack() needs a dpu_pipe source or a dataset path, "
                           f"got {type(source).__name__}")
+    labels = np.asarray(source.labels)
+    if labels.ndim != 1 or labels.dtype.kind not in "iub":
+        raise ConfigError(f"a packed dataset holds one integer label per sample; this source's "
+                          f"labels are {labels.dtype} of shape {labels.shape}")
+    # A source without names of its own (the protocol makes relpath optional) gets its index.
+    relpath = getattr(source, "relpath", str)
+    classes = getattr(source, "classes", None)
     shard_size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
     if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)) \
             or shard_size < 1:
@@ -271,7 +282,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     transform = _transcoder(restart_interval) if transcode else None
     count = len(source)
     if count == 0:
-        raise ConfigError(f"nothing to pack: the source has no records ({source.spec()})")
+        raise ConfigError(f"nothing to pack: the source has no records ({source!r})")
     out = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
@@ -308,7 +319,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
 
         for idx, results in chunks():
             for i, (orig_length, data, flags, code) in zip(idx, results):
-                rel = source.relpath(i).encode("utf-8", "surrogateescape")
+                rel = relpath(i).encode("utf-8", "surrogateescape")
                 if writer is not None and writer.count and \
                         writer.size_with(len(data), len(rel)) > shard_size:
                     close_shard()
@@ -319,7 +330,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                 writer.add(data, labels[i], orig_length, flags, code, rel)
                 formats[code] += 1
                 if flags & fmt.UNREADABLE:
-                    unreadable.append(source.relpath(i))
+                    unreadable.append(relpath(i))
                 if bar is not None:
                     bar.update(1)
         close_shard()
@@ -329,10 +340,11 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
             bar = None
 
         table = np.array(table, dtype=fmt.SHARD_ENTRY)
-        spec = source.spec()
-        spec.pop("rows", None)  # a row-based file list's spec holds every path again
+        spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
+        if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
+            del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
         meta = {
-            "classes": source.classes,
+            "classes": classes,
             "created_by": f"dpu_pipe {__version__}",
             "source": spec,
             "shard_size": int(shard_size),

@@ -19,7 +19,8 @@ import numpy as np
 from .. import rng
 from ..batch import BatchProcessor
 from ..errors import ConfigError, DpuPipeError
-from .bench import _pin, load_buffers
+from . import pinning
+from .bench_decode import load_buffers
 from ..jpeg import decode_batch, read_header
 from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 
@@ -96,7 +97,7 @@ def _time_methods(methods, n, chunk, repeat, progress=None):
 def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoch=0,
                       threads=2, progress=None):
     """Run the benchmark on up to ``n`` images of ``root_or_files`` (see
-    :func:`dpu_pipe.tools.bench.load_buffers`); returns a JSON-serialisable dict: ``rows``
+    :func:`dpu_pipe.tools.bench_decode.load_buffers`); returns a JSON-serialisable dict: ``rows``
     (method, median img/s, min and max over rounds, ratio to Pillow), ``split_ms`` (decode,
     augment and total milliseconds per image of the accurate kernel), thread scaling.
     ``progress`` is called after each timing round."""
@@ -161,12 +162,8 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
     for fn in methods.values():   # warm-up pass: code paths, caches, allocations
         fn(0, min(chunk, n))
 
-    previous, _ = _pin(True)
-    try:
+    with pinning.pinned(True):
         times = _time_methods(methods, n, chunk, repeat, progress)
-    finally:
-        if previous:
-            os.sched_setaffinity(0, previous)
     ref_rate = n / statistics.median(times["Pillow + numpy"])
     rows = []
     for name, ts in times.items():

@@ -22,7 +22,6 @@ reports the median round:
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -39,7 +38,8 @@ import numpy as np
 from .. import _jpeg, jpeg, rng
 from ..batch import BatchProcessor
 from ..transforms import TransformConfig
-from .bench import _pin, load_buffers
+from . import pinning
+from .bench_decode import load_buffers
 from .bench_augment import _baselines
 
 MIN_SIZE = (224, 224)
@@ -428,7 +428,7 @@ def run(args):
     from .sample_data import sample_dataset
 
     if not args.no_pin:
-        _pin(True)
+        pinning.pin(True)
     root = args.data or sample_dataset(args.images, args.seed)
     result = run_benchmark(root, n=args.images, repeat=args.repeat, seed=args.seed)
     if args.json:

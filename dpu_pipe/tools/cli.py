@@ -4,7 +4,7 @@ Each subcommand is one entry of :data:`COMMANDS`: ``name -> (help, add_args, run
 ``add_args(parser)`` declares its arguments on an ``argparse`` sub-parser and
 ``run(args) -> int`` does the work and returns the exit status. Adding a subcommand is
 adding one entry; ``add_args`` and ``run`` may also be ``"module:function"`` strings
-(relative to ``dpu_pipe.tools``, e.g. ``".bench:run"``), imported only when
+(relative to ``dpu_pipe.tools``, e.g. ``".bench_decode:run"``), imported only when
 needed, so a subcommand can live in its own module.
 
 Exit status: 0 on success, 1 when the work failed, 2 for invalid arguments or configuration
@@ -97,11 +97,28 @@ def _jsonable(obj):
 # -- pack -------------------------------------------------------------------------------
 
 def _pack_args(p):
-    p.add_argument("src", help="dataset: an ImageFolder directory (root/<class>/*.jpg), "
-                               "a file list ('path,label' or 'path label' per line), "
-                               "or a packed dataset")
-    p.add_argument("out", help="packed dataset directory to write (an existing packed "
-                               "dataset there is replaced once the new one is complete)")
+    p.add_argument("paths", nargs="+", metavar="SRC OUT",
+                   help="SRC: the dataset, an ImageFolder directory (root/<class>/*.jpg), a "
+                        "file list ('path,label' or 'path label' per line), WebDataset tar "
+                        "shards ('train-{0000..0146}.tar'), Parquet or Arrow files, or a "
+                        "packed dataset (left out with --factory); OUT: the packed dataset "
+                        "directory to write (an existing packed dataset there is replaced "
+                        "once the new one is complete)")
+    p.add_argument("--factory", metavar="MODULE:CALLABLE",
+                   help="build the source by calling this importable callable (a source "
+                        "following dpu_pipe.sources.base's protocol) with --args")
+    p.add_argument("--args", dest="factory_args", default="{}", metavar="JSON",
+                   help="keyword arguments of --factory, a JSON object (default: {})")
+    p.add_argument("--image-key", action="append", metavar="EXT",
+                   help="tar shards: extension of the image member, repeatable, in order of "
+                        "preference (default: jpg jpeg png webp)")
+    p.add_argument("--label-key", default="cls",
+                   help="tar shards: 'cls' (a <key>.cls member), 'json:FIELD', or 'none' "
+                        "(default: cls)")
+    p.add_argument("--image-column", default="image",
+                   help="Parquet/Arrow: the image column (default: image)")
+    p.add_argument("--label-column", default="label",
+                   help="Parquet/Arrow: the label column, or 'none' (default: label)")
     p.add_argument("--shard-size", type=_size, default="1GiB", metavar="SIZE",
                    help="target bytes per shard, e.g. 1GiB, 256MiB, 500MB (default: 1GiB)")
     p.add_argument("--no-transcode", dest="transcode", action="store_false",
@@ -137,12 +154,38 @@ def _size(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _pack_source(args):
+    """``(source, out)`` of the pack command's arguments."""
+    from ..sources import ParquetSource, WebDataset, open_path, open_source, path_kind
+
+    want = 1 if args.factory else 2
+    if len(args.paths) != want:
+        raise ConfigError("pack takes SRC OUT, or OUT alone with --factory")
+    if args.factory:
+        try:
+            kwargs = json.loads(args.factory_args)
+        except ValueError as e:
+            raise ConfigError(f"--args is not JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ConfigError("--args must be a JSON object of keyword arguments")
+        return open_source({"factory": args.factory, "args": kwargs}), args.paths[0]
+    src, out = args.paths
+    kind = path_kind(src)
+    if kind == "webdataset":
+        label_key = None if args.label_key.lower() == "none" else args.label_key
+        return WebDataset(src, image_keys=args.image_key or ("jpg", "jpeg", "png", "webp"),
+                          label_key=label_key), out
+    if kind == "parquet":
+        label = None if args.label_column.lower() == "none" else args.label_column
+        return ParquetSource(src, image_column=args.image_column, label_column=label), out
+    return open_path(src, root=args.root), out
+
+
 def _pack_run(args):
     from ..packed.writer import pack
-    from ..sources import open_path
 
-    src = open_path(args.src, root=args.root)
-    packed = pack(src, args.out, shard_size=args.shard_size,
+    src, out = _pack_source(args)
+    packed = pack(src, out, shard_size=args.shard_size,
                   transcode=args.transcode, restart_interval=args.restart_interval,
                   threads=args.threads, progress=False if args.quiet else None,
                   verify=args.verify, alignment=args.alignment)
@@ -308,11 +351,15 @@ def _info_run(args):
         result["dataset"] = _summary(path, args.root, args.verify)
     if args.json:
         write_json(args.json, result)
+    build = result["build"]
     if args.json != "-":
-        _print_kv("dpu_pipe build", result["build"])
+        _print_kv("dpu_pipe build", {k: v for k, v in build.items()
+                                     if k not in ("cpu_ok", "cpu_check")})
+        verdict = {True: "ok", False: "FAILS", None: "unknown"}[build["cpu_ok"]]
+        print(f"cpu check: {verdict}: {build['cpu_check']}")
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
-    if result.get("dataset", {}).get("bad_shards"):
+    if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False:
         return 1
     return 0
 
@@ -332,7 +379,7 @@ COMMANDS = {
                     "and offloaded validation, side by side (table, JSON, plots)",
                     ".bench_train:add_args", ".bench_train:run"),
     "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
-                     ".bench:add_args", ".bench:run"),
+                     ".bench_decode:add_args", ".bench_decode:run"),
     "bench-transcode": ("what restart-interval transcoding buys: size against region-decode and "
                         "end-to-end img/s, with Pillow and a C region decode as anchors",
                         ".bench_transcode:add_args", ".bench_transcode:run"),

@@ -251,7 +251,9 @@ def run(args):
                           "the core --producer-rate/--measure timed (1 if measured on the DPU)")
     if args.measure and not args.data:
         raise ConfigError("--measure needs --data: the dataset whose images are timed")
-    import dpu_pipe  # noqa: F401 - the process as a producer has it: counted below
+    # What a producer process has imported (the worker brings in the whole package): counted
+    # below as its baseline memory.
+    from ..offload import worker  # noqa: F401
 
     measured = None
     process = _rss_bytes()

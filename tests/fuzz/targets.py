@@ -13,6 +13,7 @@ input (see :func:`packed`).
 """
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
@@ -319,5 +320,138 @@ def bufferlist(data):
                           max_pixels=64 * 64)
 
 
+ENTROPY_TRAILER_FMT = "<BBBB"          # MCU rectangle: r0, r1, c0, c1 as fractions of 255
+ENTROPY_TRAILER = struct.pack(ENTROPY_TRAILER_FMT, 0, 255, 0, 255)
+
+
+def entropy(data):
+    """The baseline Huffman entropy decoder's own entry point (dpu_pipe._huffman) on a JPEG
+    followed by an MCU rectangle: the whole image's coefficients have the shapes its header
+    implies, and the rectangle's (read from the covering restart intervals only) are the
+    slice of the whole when both decode."""
+    from dpu_pipe import _huffman
+
+    n = struct.calcsize(ENTROPY_TRAILER_FMT)
+    if len(data) < n:
+        return
+    a, b, c, d = struct.unpack(ENTROPY_TRAILER_FMT, data[-n:])
+    img = _exact(data[:-n])
+    try:
+        hdr = _huffman.header(img)
+    except EXPECTED:
+        return
+    if hdr is None:
+        return
+    if hdr["width"] * hdr["height"] > MAX_PIXELS:
+        with contextlib.suppress(*EXPECTED):
+            _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
+            raise AssertionError("pixel budget not applied")
+        return
+    try:
+        whole = _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
+    except EXPECTED:
+        whole = None
+    mcuy, mcux = hdr["mcus"]
+    single = len(hdr["components"]) == 1
+    factors = [(1, 1) if single else (h, v) for _, h, v, _ in hdr["components"]]
+    if whole is not None:
+        assert [w.shape for w in whole] == [(mcuy * v, mcux * h, 64) for h, v in factors]
+        assert all(w.dtype == np.int16 for w in whole)
+    r0 = min(a * mcuy // 256, mcuy - 1)
+    c0 = min(c * mcux // 256, mcux - 1)
+    r1 = max(r0 + 1, min(-(-b * mcuy // 255), mcuy))
+    c1 = max(c0 + 1, min(-(-d * mcux // 255), mcux))
+    try:
+        part = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS)
+    except EXPECTED:
+        return
+    if whole is not None:
+        for p_, w, (h, v) in zip(part, whole, factors):
+            assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
+
+
+def _check_source(src, path_size=None):
+    """What every dataset reader owes a fuzzed input: a length matching its labels, each
+    sample's bytes or a DecodeError (never another exception), a batch view of the right
+    length, and a batch produced (bad samples skipped)."""
+    from dpu_pipe.steps import StepProducer
+    from dpu_pipe.transforms import TransformConfig
+
+    n = len(src)
+    assert len(src.labels) == n
+    for i in range(min(n, 64)):
+        try:
+            data = src.read(i)
+        except DecodeError:
+            continue
+        assert isinstance(data, bytes)
+        if path_size is not None:
+            assert len(data) <= path_size, f"sample {i}: {len(data)} bytes from a " \
+                                           f"{path_size}-byte file"
+        src.describe(i)
+        src.metadata(i)
+        src.relpath(i)
+    if n:
+        idx = np.arange(min(n, 4), dtype=np.int64)
+        bufs, errors = src.buffers(idx)
+        assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
+        try:
+            prod = StepProducer(src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
+                                shuffle=False, drop_last=False, on_error="skip")
+            images = np.empty(prod.batch_shape, np.float32)
+            labels = np.empty(prod.batch_size, np.int64)
+            prod.produce(0, 0, images, labels)
+        except DecodeError:
+            pass  # no decodable sample left to replace a bad one with
+
+
+def tar(data):
+    """WebDataset on a fuzzed tar shard: the header scan, the member index (written to its
+    cache, then read back from it), every sample's bytes, the batch path. A record must lie
+    inside the file; the cached index must give the same source as the scan."""
+    from dpu_pipe.sources import WebDataset
+    from dpu_pipe.sources import webdataset as wds
+
+    path = os.path.join(_TMP, "shard.tar")
+    for p in wds._index_paths(path):
+        if os.path.exists(p):
+            os.unlink(p)
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        src = WebDataset(path, label_key="cls" if not data[:1] == b"j" else "json:label")
+    except ConfigError:
+        return
+    ix = src._index[0]
+    ok = ix.samples["flags"] & (wds.TRUNCATED | wds.NO_IMAGE) == 0
+    ends = ix.samples["offset"] + ix.samples["size"]
+    assert (ends[ok] <= len(data)).all() and (ix.samples["offset"] >= 0).all()
+    for i in range(min(len(src), 64)):
+        try:
+            got = src.read(i)
+        except DecodeError:
+            continue
+        o = int(ix.samples["offset"][i])
+        assert got == data[o:o + len(got)]
+    again = WebDataset(path, label_key=src._label_key)   # from the cache just written
+    assert again.fingerprint() == src.fingerprint()
+    _check_source(src, len(data))
+
+
+def parquet(data):
+    """ParquetSource on a fuzzed Parquet or Arrow IPC file (told apart by its magic)."""
+    from dpu_pipe.sources import ParquetSource
+
+    path = os.path.join(_TMP, "rows.parquet")
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        src = ParquetSource(path, max_cached_groups=2)
+    except ConfigError:
+        return
+    _check_source(src)
+
+
 TARGETS = {"header": header, "decode": decode, "batch": batch, "packed": packed,
-           "filelist": filelist, "bufferlist": bufferlist}
+           "filelist": filelist, "bufferlist": bufferlist, "tar": tar, "parquet": parquet,
+           "entropy": entropy}

@@ -124,7 +124,7 @@ def check_meta(meta, ref, src, labels, where):
 # --- helpers ----------------------------------------------------------------------------------
 
 def loader_kwargs(args):
-    return dict(size=args.size, dtype=args.dtype, seed=args.seed)
+    return dict(size=args.size, dtype=args.dtype, seed=args.seed, **json.loads(args.recipe))
 
 
 def as_numpy(x):
@@ -625,7 +625,9 @@ def run_misc(args, src, warnings):
         result["batches_meanwhile"] = made
         for s_ in sends:
             s_.Wait()
-        dl.set_epoch(0)     # back to the start for the checks below
+        # Back to the start of epoch 0 for the checks below (set_epoch(0) would keep the
+        # position: epoch 0 is the current one).
+        dl.load_state_dict(dict(dl.state_dict(), step=0))
     try:
         t.request("no-such-kind", None, to=1).result(timeout=10)
         result["unknown"] = None
@@ -785,12 +787,13 @@ SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill":
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=[*SCENARIOS, "worker"])
-    ap.add_argument("--data", help="dataset: an ImageFolder root or a packed dataset")
+    ap.add_argument("--data", help="dataset: a path open_path takes, or a source spec (JSON)")
     ap.add_argument("--out", help="directory for results")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--dtype", default="uint8")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--recipe", default="{}", help="transform options (JSON), e.g. auto_augment")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--slots", default="3", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--sleep", type=float, default=0.0, help="host sleep per batch, s")
@@ -819,11 +822,13 @@ def main():
         return run_worker(args)
 
     from mpi4py import MPI
-    from dpu_pipe.sources import open_path
+    from dpu_pipe.sources import open_path, open_source
 
     warnings = Warnings()
     logging.getLogger("dpu_pipe").addHandler(warnings)
-    src = open_path(args.data)
+    # A JSON object is a source spec ({"factory": ..., "args": ...}), anything else a path.
+    src = open_source(json.loads(args.data)) if args.data.startswith("{") else \
+        open_path(args.data)
     me = MPI.COMM_WORLD.Get_rank()
     t0 = time.monotonic()
     result = SCENARIOS[args.scenario](args, src, warnings)

@@ -36,6 +36,7 @@ def launch(data, out, *args):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_batches_go_to_the_device_straight_from_the_registered_window(data, tmp_path):
     res = launch(data, str(tmp_path), "--copy-delay", "0.03")
     # 2 epochs of 12 batches, 8 of batch 6 after the resize, 12 more: all from the window.
@@ -54,6 +55,7 @@ def test_batches_go_to_the_device_straight_from_the_registered_window(data, tmp_
     assert res["alive"] == [True, True] and res["registered"] == 0
 
 
+@pytest.mark.slow
 def test_refused_registration_stages_every_batch(data, tmp_path):
     res = launch(data, str(tmp_path), "--refuse", REFUSAL, "--copy-delay", "0.005")
     s = res["stats"]

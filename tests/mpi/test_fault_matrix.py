@@ -26,6 +26,7 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode, fault", list(CELLS), ids=[f"{m}-{f}" for m, f in CELLS])
+@pytest.mark.slow
 def test_fault_cell(data, mode, fault):
     outcome, names = CELLS[mode, fault]
     r = run_cell(fault, mode, data, limit=60)

@@ -109,6 +109,7 @@ def stream_runs(data, tmp_path_factory):
 
 @pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
 @pytest.mark.parametrize("name", STREAMS, ids=list(STREAMS))
+@pytest.mark.slow
 def test_stream_equals_loader_exactly_once(stream_runs, name, env):
     hosts, nworkers, extra = STREAMS[name]
     job, results = stream_runs(name, env)
@@ -258,6 +259,7 @@ def test_next_after_decode_error_is_a_dpu_pipe_error(bad_runs):
     assert err["again_is_dpu_pipe_error"], err["again_type"]
 
 
+@pytest.mark.slow
 def test_many_bad_samples_in_one_batch_all_reach_the_host(tmp_path_factory):
     """150 of 160 files bad, batch 128, long paths: one batch finds ~130 bad files. The
     host's bad_samples must end up as the Loader's (over 3 epochs, however it is split)."""
@@ -287,6 +289,7 @@ LIVENESS = 3.0
     ("STOP", "nolocal", "default", "between-epochs"),
 ], ids=["kill-shm", "kill-nolocal-no-auto-cleanup", "stop-shm", "stop-nolocal",
         "stop-between-epochs-nolocal"])
+@pytest.mark.slow
 def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher, when):
     """After 3 batches (or between epochs 0 and 1) the host SIGKILLs (or SIGSTOPs) one of its
     2 workers and keeps consuming. The job must end non-zero in bounded time: MPI ends it
@@ -332,6 +335,7 @@ def test_two_loaders_take_turns_on_the_producers(data, tmp_path):
 # --- every producer busy, request channel, GIL, takeover, early close ---------------------------
 
 @pytest.mark.parametrize("producers,slots", [(8, 3), (16, 2)], ids=["8x3slots", "16x2slots"])
+@pytest.mark.slow
 def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots):
     """Producers that take 0.2 s per batch (test-only wrapper): the host receives at least
     0.85 x producers / 0.2 batches/s with fewer slots than producers."""
@@ -347,6 +351,7 @@ def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots
 
 
 @pytest.mark.parametrize("env", ["shm", "nolocal"])
+@pytest.mark.slow
 def test_a_host_waiting_for_a_slow_producer_sleeps_instead_of_polling(data, tmp_path, env):
     """One producer at 0.3 s per batch (test-only wrapper): the host, always waiting, naps
     through most of each batch. Polling alone would take ~70 polls per batch (pacing up to
@@ -449,6 +454,7 @@ def test_host_that_closes_early_ends_the_job(data, tmp_path):
 
 @pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
 @pytest.mark.parametrize("producers", [1, 3, 8])
+@pytest.mark.slow
 def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
     """Producers {1, 3, 8} x NOLOCAL {0, 1}, each launch running slots {1, 3} x modes
     {offload, hybrid} with set_epoch jumps and a mid-epoch resume: the Loader's stream."""
@@ -461,6 +467,22 @@ def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
     for r in runs:
         if r["mode"] == "offload":
             assert r["host_samples"] == 0, r
+
+
+RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.5, "interpolation": "bicubic",
+          "color_jitter": [0.4, 0.4, 0.4, 0.1], "grayscale_p": 0.2}
+
+
+@pytest.mark.parametrize("producers", [1, 3])
+@pytest.mark.slow
+def test_recipe_stream_equals_loader(data, tmp_path, producers):
+    """The matrix scenario (offload and hybrid, slots 1 and 3, set_epoch jumps, a resume) with
+    an augmented recipe: the producers' ops give the local Loader's stream bit for bit."""
+    out = str(tmp_path)
+    job = launch(1, producers, "matrix", out, "--data", data, "--recipe", json.dumps(RECIPE),
+                 limit=150)
+    assert job.returncode == 0, job.explain()
+    assert len(read(out, "host0.json")["runs"]) == 4
 
 
 def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):

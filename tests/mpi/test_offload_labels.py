@@ -34,5 +34,6 @@ def test_labels_indices_and_metadata_equal_the_loader(data, tmp_path, env):
         assert r["producer_samples"] + r["host_samples"] == 4 * r["batches"], r
         if r["mode"] == "offload":
             assert r["host_samples"] == 0, r
-    # Hybrid: the host's threads made batches too (how many depends on the machine's load).
-    assert sum(r["host_samples"] for r in runs if r["mode"] == "hybrid") > 0, runs
+    # How many batches hybrid host threads make depends on the machine's load, so it is not
+    # asserted here; that they make them, with labels equal to the Loader's, is forced in
+    # tests/mpi/test_offload.py::test_hybrid_takes_over_a_stopped_producer (a stopped producer).

@@ -24,7 +24,8 @@ N = 100                 # samples; 2 of them bad (2 %)
 BAD = {13: "corrupt", 71: "not-jpeg"}
 RSS_GROWTH = 0.05       # RSS after the last epoch within 5 % of after the first
 
-pytestmark = pytest.mark.timeout(max(300, 30 * EPOCHS))
+# Epochs under mpiexec with resource sampling: the slow tier.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(300, 30 * EPOCHS))]
 
 
 @pytest.fixture(scope="module")

@@ -99,24 +99,34 @@ def scenario_equal(args, src):
 def scenario_overlap(args, src):
     from dpu_pipe import DPULoader, RemoteValidation
 
-    rv = RemoteValidation(src, args.batch_size, model="valmodels:slow", model_kwargs=KW,
-                          size=SIZE)
+    # The producer's evaluation waits for this file, which the host creates once two training
+    # batches have arrived after submit() (or training ended): batches during an unfinished
+    # evaluation are then guaranteed, whatever the machine's load.
+    gate = os.path.join(args.out, "gate")
+    rv = RemoteValidation(src, args.batch_size, model="valmodels:gated",
+                          model_kwargs=dict(KW, gate=gate), size=SIZE)
     train = DPULoader(src, 4, train=True, size=SIZE, seed=3, slots=2)
     state = snapshot(1).state_dict()
     events = []
     t0 = time.monotonic()
     fut = None
+    after = 0
     with train:
         for epoch in range(2):
             train.set_epoch(epoch)
             for step, (images, labels) in enumerate(train):
                 events.append(["batch", epoch, step, fut is not None and fut.done(),
                                time.monotonic() - t0])
+                if fut is not None:
+                    after += 1
+                    if after == 2:
+                        open(gate, "w").close()
                 if fut is None and len(events) == 2:
                     t = time.monotonic()
                     fut = rv.submit(state, tag="overlap")
                     events.append(["submitted", fut.done(), time.monotonic() - t0,
                                    time.monotonic() - t])
+    open(gate, "a").close()
     res = fut.result(timeout=120)
     events.append(["result", res["count"], time.monotonic() - t0])
     return {"events": events, "seconds": res["seconds"]}

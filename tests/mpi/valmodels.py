@@ -1,6 +1,7 @@
 """Model factories for the RemoteValidation tests, imported by producer ranks by name
 (``"valmodels:..."``, with this directory on PYTHONPATH)."""
 
+import os
 import time
 
 from dpu_pipe.models import resnet_tiny
@@ -21,13 +22,21 @@ def bad_forward(**kwargs):
     return model
 
 
-class _Slow(type(resnet_tiny(classes=2, width=4))):
+class _Gated(type(resnet_tiny(classes=2, width=4))):
+    """Evaluates only once the host has created the file ``self.gate``: the host decides
+    when the evaluation may finish, so a test of what happens meanwhile needs no timing."""
+
     def forward(self, x):
-        time.sleep(0.15)   # long enough that the host sees training go on meanwhile
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the host never opened the gate {self.gate}")
+            time.sleep(0.01)
         return super().forward(x)
 
 
-def slow(**kwargs):
+def gated(gate, **kwargs):
     model = resnet_tiny(**kwargs)
-    model.__class__ = _Slow
+    model.__class__ = _Gated
+    model.gate = gate
     return model

@@ -1,0 +1,140 @@
+"""The source protocol: what a loader needs from a dataset, and the base class of the built-in
+sources.
+
+The protocol
+------------
+A source is an indexed collection of encoded images (JPEG; PNG, WebP and the other formats
+OpenCV reads) with labels. A loader uses:
+
+``len(src)``
+    Number of samples ``N``. Sample indices are ``0 .. N-1``; anything else raises
+    ``IndexError``.
+``src.read(i) -> bytes``
+    The encoded bytes of sample ``i``, read on demand. If they cannot be read (missing file,
+    I/O error, a damaged container) it raises :class:`dpu_pipe.DecodeError`
+    ``("cannot read: ...", index=i, path=...)``, so a loader's ``on_error`` policy treats an
+    unreadable sample exactly like an undecodable one.
+``src.buffers(indices) -> (BufferList, {batch position: DecodeError})`` (optional)
+    A whole batch at once (``indices`` int64 of shape ``(n,)``), without a Python object per
+    record where the storage allows it; a loader falls back to ``read`` without it.
+``src.labels -> np.ndarray`` of shape ``(N,)`` (int64), and ``src.label(i)``
+    Labels, from the in-memory index (no I/O). ``labels`` is read-only. A
+    :class:`~dpu_pipe.sources.FileList` may also hold float labels (float32) or several per
+    sample (shape ``(N, K)``).
+``src.classes -> list[str] | None``
+    Class names (label ``k`` is ``classes[k]``) when the source has them.
+``src.describe(i) -> str``
+    Where sample ``i`` lives, for error messages: a file path, ``"shard S, member M"``, ...
+``src.metadata(i) -> dict``
+    Per-sample metadata from the in-memory index, the same keys for every sample (a loader
+    built with ``return_meta=True`` yields them).
+``src.relpath(i) -> str`` (optional)
+    A name of sample ``i`` unique within the dataset: what a packed dataset stores.
+``src.fingerprint() -> str``
+    A digest of the index (names and labels, in order): equal on two nodes only if both see
+    the same dataset.
+``src.spec() -> dict``
+    ``{"factory": "module:callable", "args": {...}, "count": N, "fingerprint": ...}``: an
+    importable callable and JSON-serialisable keyword arguments from which
+    :func:`~dpu_pipe.sources.open_source` rebuilds an equivalent source in another process —
+    a DPU producer rank reading the same data from a shared file system. Paths in ``args``
+    are absolute, so the data must be mounted at the same path. ``open_source`` refuses a
+    rebuilt source whose count or fingerprint differs, because a different listing on one
+    node would silently break determinism and exactly-once delivery.
+
+A user's source subclasses :class:`Source` (or provides the same methods): it sets
+``_labels`` and implements ``read`` and ``_spec`` (its constructor's keyword arguments);
+:class:`Source` supplies the rest. ``dpu_pipe.DPULoader`` checks on the host, when it is
+built, that the spec round-trips (JSON, import, rebuild, same count and fingerprint), so a
+source producers cannot rebuild is a :class:`~dpu_pipe.ConfigError` there and then.
+
+Sources are picklable and safe to read from several threads at once.
+"""
+
+import hashlib
+
+import numpy as np
+
+__all__ = ["Source", "fingerprint_of", "frozen_labels"]
+
+
+def fingerprint_of(names, labels):
+    """Short hex digest of an index: ``names`` (str per sample) and ``labels``, in order."""
+    h = hashlib.sha256()
+    for p, lab in zip(names, np.asarray(labels).tolist()):
+        h.update(f"{p}\0{lab}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def frozen_labels(labels):
+    """Labels as a read-only int64 array."""
+    arr = np.asarray(labels, dtype=np.int64)
+    arr.flags.writeable = False
+    return arr
+
+
+class Source:
+    """Base class of sources: index checks, ``label``, ``describe``, ``metadata``,
+    ``fingerprint`` and ``spec``. Subclasses set ``_labels`` (an array of shape ``(N,)``),
+    optionally ``classes``, and implement ``read(i)`` and ``_spec()`` (the keyword arguments
+    that rebuild them, JSON-serialisable); ``relpath(i)`` names samples (default: the index)."""
+
+    #: A short name of the kind of source, for summaries (None for a user's source).
+    kind = None
+    classes = None
+
+    def __len__(self):
+        return len(self._labels)
+
+    def _check_index(self, i):
+        n = len(self._labels)
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {i} out of range for a source of {n} samples")
+
+    @property
+    def labels(self):
+        """Labels of all samples: read-only array of shape ``(len(self),)``."""
+        return self._labels
+
+    def label(self, i):
+        """Label of sample ``i``: a Python int (a float, or a list for several labels)."""
+        self._check_index(i)
+        return self._labels[i].tolist()
+
+    def read(self, i):  # pragma: no cover - every subclass overrides it
+        """Encoded bytes of sample ``i``; :class:`DecodeError` if they cannot be read."""
+        raise NotImplementedError
+
+    def relpath(self, i):
+        """A name of sample ``i`` unique in the dataset (default: its index)."""
+        self._check_index(i)
+        return str(i)
+
+    def describe(self, i):
+        """Where sample ``i`` lives, for error messages."""
+        return self.relpath(i)
+
+    def metadata(self, i):
+        """Sample ``i``'s metadata: ``{"path": relpath(i)}``."""
+        return {"path": self.relpath(i)}
+
+    def _all_relpaths(self):
+        return (self.relpath(i) for i in range(len(self)))
+
+    def fingerprint(self):
+        """Hex digest of this source's sample names and labels, in order."""
+        if getattr(self, "_fp", None) is None:
+            self._fp = fingerprint_of(self._all_relpaths(), self._labels)
+        return self._fp
+
+    def _spec(self):  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def spec(self):
+        """``{"factory": "module:Class", "args": ..., "count": N, "fingerprint": ...}``."""
+        cls = type(self)
+        return {"factory": f"{cls.__module__}:{cls.__qualname__}", "args": self._spec(),
+                "count": len(self), "fingerprint": self.fingerprint()}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._spec()!r}, count={len(self)})"

@@ -1,0 +1,263 @@
+"""A list of ``(path, label)`` samples: :class:`FileList`, from a list file or from rows."""
+
+import csv
+import os
+
+import numpy as np
+
+from .. import _validate as _v
+from ..errors import ConfigError
+from .folder import FileSource
+
+__all__ = ["FileList", "LIST_EXTENSIONS"]
+
+#: File names a path given to a loader may end with to be read as a :class:`FileList`.
+LIST_EXTENSIONS = (".txt", ".csv", ".lst", ".tsv")
+
+
+def _check_label_range(value, where):
+    if not -2**63 <= value < 2**63:
+        raise ConfigError(f"{where}: label {value} does not fit in int64")
+    return value
+
+
+def _parse_label(text, where):
+    """An int, or a finite float, from one label field."""
+    text = text.strip()
+    try:
+        value = int(text, 10)
+    except ValueError:
+        pass
+    else:
+        return _check_label_range(value, where)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: label {text!r} is not an integer (or a number)") from None
+    if not np.isfinite(value):
+        raise ConfigError(f"{where}: label {text!r} is not finite")
+    return value
+
+
+def _as_label(value, where):
+    """A label from an int, a float, a numpy number, a decimal string, or a sequence of those
+    (several labels per sample); returned as a tuple of numbers."""
+    if isinstance(value, (str, int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_)):
+        items = [value]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise ConfigError(f"{where}: label {value!r} is not a number") from None
+        if not items:
+            raise ConfigError(f"{where}: empty label list")
+    out = []
+    for v in items:
+        if isinstance(v, str):
+            out.append(_parse_label(v, where))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            out.append(_check_label_range(int(v), where))
+        elif isinstance(v, (float, np.floating)) and np.isfinite(v):
+            out.append(float(v))
+        else:
+            raise ConfigError(f"{where}: label {v!r} is not a finite number")
+    return tuple(out)
+
+
+def _label_array(rows, wheres):
+    """The labels array of a list: int64 when every label is an integer, else float32;
+    shape (N,) with one label per sample, (N, K) with K. ``wheres[i]`` names row i."""
+    for lab, where in zip(rows, wheres):
+        if len(lab) != len(rows[0]):
+            raise ConfigError(f"{where}: {len(lab)} labels where the first sample has "
+                              f"{len(rows[0])}; every sample needs the same number")
+    if all(isinstance(v, int) for lab in rows for v in lab):
+        arr = np.array(rows, dtype=np.int64)
+    else:
+        arr = np.array(rows, dtype=np.float32)
+    if arr.shape[1] == 1:
+        arr = arr[:, 0]
+    arr.flags.writeable = False
+    return arr
+
+
+def _parse_line(line, where):
+    """``path,label[,label...]`` (CSV quoting allowed) or ``path label`` (the path may
+    contain spaces: the label is the last field)."""
+    if "," in line:
+        fields = next(csv.reader([line]))
+        if len(fields) < 2:
+            raise ConfigError(f"{where}: expected 'path,label', got {line!r}")
+        path, labels = fields[0], fields[1:]
+    else:
+        fields = line.rsplit(None, 1)
+        if len(fields) != 2:
+            raise ConfigError(f"{where}: expected 'path label' or 'path,label', got {line!r}")
+        path, labels = fields[0], fields[1:]
+    path = path.strip()
+    if not path:
+        raise ConfigError(f"{where}: empty path")
+    return path, tuple(_parse_label(v, where) for v in labels)
+
+
+class FileList(FileSource):
+    """Samples listed as ``(path, label)`` pairs, from a list file or from rows.
+
+    ``path_or_rows`` is either the path of a UTF-8 text file, one sample per line as
+    ``path,label`` (a line with a comma is read as CSV, so quote a path that contains one) or
+    ``path label`` (whitespace; the label is the last field, so paths may contain spaces), or
+    an iterable of ``(path, label)`` pairs. Blank lines and
+    lines starting with ``#`` are skipped, as is a first line ``path,label`` style header
+    whose label field is not a number but a word like ``label``.
+
+    Labels: one integer per sample gives ``labels`` int64 of shape (N,), as for the other
+    sources. A label that is a float (``path,0.75``) makes the array float32; several label
+    columns (``path,1,0,1`` — CSV only — or rows with a sequence of numbers) give shape
+    (N, K), for multi-label or regression targets; every sample must have the same K. Both
+    loaders yield labels of the same dtype and shape (packed files hold one integer per
+    sample).
+
+    Metadata: ``meta_columns=["caption", ...]`` names CSV columns that are per-sample
+    metadata rather than labels. The list must then start with a header naming every column
+    (``path,label,caption``; the first column is the path, whatever its name, and every
+    column not in ``meta_columns`` is a label); each line has as many fields as the header.
+    Their text (stripped) is in :meth:`metadata` beside the ``"path"``. Rows take them after
+    the label: ``(path, label, caption, ...)``. Relative paths are resolved
+    against ``root``, by default the list file's directory (or the working directory, for
+    rows). Order and labels are kept as listed. Files are not checked at construction; a
+    missing one raises :class:`DecodeError` when read.
+
+    Raises :class:`ConfigError` naming the line for a malformed line or a label that is not a
+    finite number, and when the list is empty.
+    """
+
+    kind = "file_list"
+
+    def __init__(self, path_or_rows, root=None, *, meta_columns=None):
+        meta_columns = _v.names(meta_columns, "meta_columns", reserved=("path", "index"))
+        self.meta_columns = meta_columns
+        if isinstance(path_or_rows, (str, bytes, os.PathLike)):
+            list_path = os.path.abspath(os.fsdecode(path_or_rows))
+            rows = self._read_list(list_path, meta_columns)
+            base = os.path.dirname(list_path)
+            self._list_path = list_path
+        else:
+            rows = []
+            shape = "a (path, label) pair" if not meta_columns else \
+                "(path, label" + "".join(f", {c}" for c in meta_columns) + ")"
+            for n, row in enumerate(path_or_rows):
+                try:
+                    path, label, *meta = row
+                    path = os.fsdecode(path)
+                    if len(meta) != len(meta_columns):
+                        raise ValueError
+                except (TypeError, ValueError):
+                    raise ConfigError(f"FileList row {n}: expected {shape}, got {row!r}") \
+                        from None
+                for v in meta:
+                    if not isinstance(v, str):
+                        raise ConfigError(f"FileList row {n}: metadata {v!r} is not a string")
+                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}",
+                             tuple(meta)))
+            base = os.getcwd()
+            self._list_path = None
+        if not rows:
+            where = self._list_path or "the given rows"
+            raise ConfigError(f"FileList is empty: no samples in {where}")
+        # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
+        self._root = os.path.abspath(os.fspath(root)) if root is not None else base
+        self._relpaths = [r[0] for r in rows]
+        self._labels = _label_array([r[1] for r in rows], [r[2] for r in rows])
+        self._meta = [r[3] for r in rows]
+
+    def metadata(self, i):
+        """``{"path": relative path as listed, <each meta column>: its text}``."""
+        meta = {"path": self.relpath(i)}
+        meta.update(zip(self.meta_columns, self._meta[i]))
+        return meta
+
+    @staticmethod
+    def _read_list(list_path, meta_columns=()):
+        try:
+            with open(list_path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise ConfigError(f"cannot read file list: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"file list {list_path} is not UTF-8 text: {e}") from e
+        rows, columns = [], None
+        for lineno, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            where = f"{list_path}, line {lineno}"
+            if meta_columns:
+                if columns is None:
+                    columns = _header_columns(text, meta_columns, where)
+                    continue
+                rows.append(_parse_row(text, columns, where))
+                continue
+            if not rows and _is_header(text):
+                continue
+            rows.append(_parse_line(text, where) + (where, ()))
+        return rows
+
+    @property
+    def root(self):
+        return self._root
+
+    def _spec(self):
+        extra = {"meta_columns": list(self.meta_columns)} if self.meta_columns else {}
+        if self._list_path is not None:
+            return {"path_or_rows": self._list_path, "root": self._root, **extra}
+        return {"path_or_rows": [[p, lab, *m] for p, lab, m in
+                                 zip(self._relpaths, self._labels.tolist(), self._meta)],
+                "root": self._root, **extra}
+
+
+def _header_columns(text, meta_columns, where):
+    """Positions ``(labels, meta)`` of the columns of a ``path,...`` header line: those named
+    in ``meta_columns`` are metadata (in that order), every other one after the path a label."""
+    names = [f.strip() for f in next(csv.reader([text]))]
+    missing = [c for c in meta_columns if c not in names[1:]]
+    if missing:
+        raise ConfigError(f"{where}: meta_columns {missing} are not in the header {names} "
+                          f"(a list with meta_columns starts with a 'path,label,...' header)")
+    meta = [names.index(c, 1) for c in meta_columns]
+    labels = [k for k in range(1, len(names)) if k not in meta]
+    if not labels:
+        raise ConfigError(f"{where}: no label column left in the header {names}")
+    return len(names), labels, meta
+
+
+def _parse_row(text, columns, where):
+    """One CSV line of a list with a header: ``(path, labels, where, meta texts)``."""
+    count, labels, meta = columns
+    fields = next(csv.reader([text]))
+    if len(fields) != count:
+        raise ConfigError(f"{where}: {len(fields)} fields where the header has {count}")
+    path = fields[0].strip()
+    if not path:
+        raise ConfigError(f"{where}: empty path")
+    return (path, tuple(_parse_label(fields[k], where) for k in labels), where,
+            tuple(fields[k].strip() for k in meta))
+
+
+def _is_header(text):
+    """A first line like ``path,label`` or ``filename label``: its label field is a word."""
+    fields = next(csv.reader([text])) if "," in text else text.rsplit(None, 1)
+    if len(fields) < 2:
+        return False
+    if len(fields) > 2:   # several label columns: all named
+        return not any(_is_number(f) for f in fields[1:])
+    label = fields[1].strip().lower()
+    return label in ("label", "labels", "class", "class_id", "target", "y")
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

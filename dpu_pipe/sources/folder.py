@@ -1,0 +1,128 @@
+"""Sources of individual image files: :class:`ImageFolder` (class sub-folders) and the file
+reading that :class:`~dpu_pipe.sources.filelist.FileList` shares."""
+
+import os
+import stat
+
+from .. import _validate as _v
+from ..errors import ConfigError, DecodeError
+from .base import Source, frozen_labels
+
+__all__ = ["ImageFolder", "JPEG_EXTENSIONS", "IMG_EXTENSIONS"]
+
+JPEG_EXTENSIONS = (".jpg", ".jpeg")
+#: The file extensions ImageFolder takes: torchvision's ``IMG_EXTENSIONS``. JPEGs take the fast
+#: path; other formats (and non-JPEG data behind any name) are decoded by OpenCV.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class FileSource(Source):
+    """A source whose samples are individual files: ``_root`` plus relative paths."""
+
+    def _path(self, i):
+        self._check_index(i)
+        return os.path.join(self._root, self._relpaths[i])
+
+    def relpath(self, i):
+        self._check_index(i)
+        return self._relpaths[i]
+
+    def _all_relpaths(self):
+        return self._relpaths
+
+    def describe(self, i):
+        return self._path(i)
+
+    def read(self, i):
+        path = self._path(i)
+        if "\0" in path:  # the OS cannot name it: open() would raise ValueError
+            raise DecodeError("cannot read: the path contains a NUL byte", index=i, path=path)
+        try:
+            # Non-blocking open: a FIFO listed as a sample would otherwise block until a
+            # writer appears. Only regular files are samples: a device such as /dev/zero
+            # never ends, and a FIFO's contents are whatever some writer sends.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                f = open(fd, "rb") if regular else None
+            finally:
+                if not regular:
+                    os.close(fd)
+            if f is None:
+                raise DecodeError("cannot read: not a regular file", index=i, path=path)
+            with f:
+                return f.read()
+        except OSError as e:
+            raise DecodeError(f"cannot read: {e}", index=i, path=path) from e
+
+
+class ImageFolder(FileSource):
+    """Image files in class sub-folders: ``root/<class>/**/<file>.jpg`` (or .png, ...).
+
+    Classes are the sub-directories of ``root`` in sorted (code point) order and get labels
+    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them. Files with an extension of
+    :data:`IMG_EXTENSIONS` (torchvision's) in any letter case are taken from each class folder
+    and its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
+    entries (names starting with ``.``, e.g. ``.ipynb_checkpoints``) are ignored. Samples are
+    ordered by class, then by directory, then by file name, so every node that lists the same
+    tree gets the same indices.
+
+    Like torchvision, a class folder without a usable file raises :class:`ConfigError` naming
+    it; with ``allow_empty=True`` it keeps its label (numbering does not depend on which
+    folders happen to be empty). Also raises :class:`ConfigError` when ``root`` is not a
+    directory or holds no image at all.
+    """
+
+    kind = "image_folder"
+
+    def __init__(self, root, *, allow_empty=False):
+        self._allow_empty = _v.boolean(allow_empty, "allow_empty")
+        root = os.path.abspath(os.fspath(root))
+        if not os.path.isdir(root):
+            raise ConfigError(f"ImageFolder root is not a directory: {root}")
+        try:
+            classes = sorted(e.name for e in os.scandir(root)
+                             if e.is_dir() and not e.name.startswith("."))
+        except OSError as e:
+            raise ConfigError(f"cannot list ImageFolder root: {e}") from e
+        def walk_error(err):
+            # A sub-folder skipped on one node but not on another would give the nodes
+            # different listings, so an unreadable one stops the scan.
+            raise ConfigError(f"cannot list ImageFolder sub-folder: {err}") from err
+
+        relpaths, labels, empty = [], [], []
+        for label, cls in enumerate(classes):
+            found = []
+            for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls),
+                                                        onerror=walk_error, followlinks=True):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
+                for name in filenames:
+                    if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
+                        found.append((rel, name))
+            found.sort()  # os.walk's order depends on the file system; this does not
+            relpaths.extend(f"{d}/{n}" for d, n in found)
+            labels.extend([label] * len(found))
+            if not found:
+                empty.append(cls)
+        if not relpaths:
+            what = (f"class folders {classes[:5]}{'...' if len(classes) > 5 else ''}"
+                    if classes else "no class sub-folders")
+            raise ConfigError(f"no image files found under ImageFolder root {root} ({what}); "
+                              f"expected root/<class>/<image>.jpg, with extensions "
+                              f"{', '.join(IMG_EXTENSIONS)}")
+        if empty and not self._allow_empty:
+            raise ConfigError(f"Found no valid file for the classes {', '.join(empty)} under "
+                              f"{root}. Supported extensions are: {', '.join(IMG_EXTENSIONS)} "
+                              f"(allow_empty=True keeps empty classes)")
+        self._root = root
+        self._relpaths = relpaths
+        self._labels = frozen_labels(labels)
+        self.classes = classes
+
+    @property
+    def root(self):
+        return self._root
+
+    def _spec(self):
+        return {"root": self._root, "allow_empty": self._allow_empty}

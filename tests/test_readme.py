@@ -1,0 +1,65 @@
+"""The README's two quickstarts run as written: the `Loader` block as a script, and the
+`DPULoader` block as `train.py` under the README's own `mpiexec` line."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _python_blocks():
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                       .split(os.pathsep) if p])
+    return env
+
+
+def _run(argv, cwd, limit):
+    proc = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=limit)
+    assert proc.returncode == 0, f"{argv}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_readme_has_the_two_quickstarts():
+    blocks = _python_blocks()
+    assert len(blocks) == 2, "the README's front page has exactly two Python quickstarts"
+    assert "dpu_pipe.Loader(" in blocks[0] and "dpu_pipe.DPULoader(" in blocks[1]
+
+
+def test_loader_quickstart_runs(tmp_path):
+    (tmp_path / "quickstart.py").write_text(_python_blocks()[0])
+    out = _run([sys.executable, "quickstart.py"], tmp_path, 240)
+    # The block prints loader.stats(): 2 epochs of 64 samples.
+    assert "'samples': 128" in out, out
+
+
+@pytest.mark.slow
+def test_dpuloader_quickstart_runs_under_its_launch_line(tmp_path):
+    pytest.importorskip("mpi4py", reason="the offloaded quickstart needs mpi4py")
+    from dpu_pipe.mpi import mpiexec_path
+
+    make_data = [line for line in _python_blocks()[0].splitlines()
+                 if line.startswith(("from dpu_pipe.tools.sample_data", "make_imagenet_like("))]
+    assert len(make_data) == 2, "the first quickstart makes the dataset the second reads"
+    _run([sys.executable, "-c", "\n".join(make_data)], tmp_path, 240)
+    (tmp_path / "train.py").write_text(_python_blocks()[1])
+    launch = [line for line in README.splitlines()
+              if line.startswith("mpiexec -n 1 python -m mpi4py train.py")]
+    assert len(launch) == 1, "the README shows one launch line for train.py"
+    argv = [mpiexec_path() if a == "mpiexec" else sys.executable if a == "python" else a
+            for a in shlex.split(launch[0])]
+    out = _run(["timeout", "-k", "5", "180", *argv], tmp_path, 200)
+    # The block prints stats()["producer_samples"]: every sample of both epochs came from
+    # the producer ranks.
+    assert out.strip().splitlines()[-1] == "128", out
