@@ -40,6 +40,7 @@ import time
 import warnings
 
 from . import _validate as _v
+from ._torch import require_torch as torch_module
 from .deadline import poll_until
 from .errors import ConfigError
 
@@ -51,15 +52,6 @@ log = logging.getLogger("dpu_pipe")
 #: ``cudaHostRegisterPortable``: pinned for every CUDA context of the process, not only the
 #: current one.
 HOST_REGISTER_PORTABLE = 1
-
-
-def torch_module(why):
-    """``torch``, or a ConfigError saying which option needs it."""
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError(f"{why} needs PyTorch: pip install torch") from None
-    return torch
 
 
 def _memory_format(value, torch):

@@ -285,7 +285,6 @@ class HostTransport(_Endpoint):
         self._host_beat = 0
         self._last_beat = 0.0
         self.polls = 0              # polls made (each costs the host ~30-60 us of CPU)
-        self._abort_at_exit = False
         atexit.register(self._exit)
 
     # The scheduler's state, as the transport's (one scheduler per window).
@@ -294,6 +293,16 @@ class HostTransport(_Endpoint):
     free = property(lambda self: self.sched.free)
     quarantined = property(lambda self: self.sched.quarantined)
     failure = property(lambda self: self.sched.failure)
+
+    @property
+    def _abort_at_exit(self):
+        """End the job with MPI_Abort at exit (a producer may never sign off): the
+        scheduler's verdict, which close() overrides with what it saw."""
+        return self.sched is not None and self.sched.abort_at_exit
+
+    @_abort_at_exit.setter
+    def _abort_at_exit(self, value):
+        self.sched.abort_at_exit = bool(value)
 
     @property
     def takeover(self):
@@ -580,8 +589,7 @@ class HostTransport(_Endpoint):
                 self.close(timeout=min(self.setup_timeout, 10.0))
             except Exception:  # noqa: BLE001 - at exit, end the job rather than hang it
                 self._abort_at_exit = True
-        if (self._abort_at_exit or self.sched.abort_at_exit) \
-                and not self._MPI.Is_finalized():
+        if self._abort_at_exit and not self._MPI.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
             self._MPI.COMM_WORLD.Abort(1)
