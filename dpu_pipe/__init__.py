@@ -25,7 +25,7 @@ from .transforms import TransformConfig
 from .offload.validation import RemoteValidation
 from .sources import FileList, ImageFolder, PackedSource, ParquetSource, WebDataset, open_source
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "build_info",

@@ -102,7 +102,8 @@ def build_info():
     prints it."""
     import numpy
 
-    from . import __version__, _jpeg
+    from . import _jpeg
+    from ._version import __version__
 
     info = {"dpu_pipe": __version__}
     info.update(_jpeg.build_flags())

@@ -36,11 +36,11 @@ stages: None when it does not), and ``device_batches_from_window`` / ``device_ba
 import ctypes
 import logging
 import os
-import time
 import warnings
 
 from . import _validate as _v
-from .deadline import poll_until
+from ._torch import torch_module
+from .deadline import deadline_in, poll_until
 from .errors import ConfigError
 
 __all__ = ["OutputSpec", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
@@ -51,15 +51,6 @@ log = logging.getLogger("dpu_pipe")
 #: ``cudaHostRegisterPortable``: pinned for every CUDA context of the process, not only the
 #: current one.
 HOST_REGISTER_PORTABLE = 1
-
-
-def torch_module(why):
-    """``torch``, or a ConfigError saying which option needs it."""
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError(f"{why} needs PyTorch: pip install torch") from None
-    return torch
 
 
 def _memory_format(value, torch):
@@ -335,7 +326,7 @@ class PinnedRegion:
         """Wait for the copies still reading the memory, then unregister it. Idempotent."""
         if not self.nbytes:
             return
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         for event in self._reading:
             wait_event(event, deadline, "unpinning the RMA window")
         self._reading = []
@@ -397,7 +388,7 @@ class DeviceStage:
         k = self._next
         self._next = (k + 1) % self.SLOTS
         if self._done[k] is not None:
-            wait_event(self._done[k], time.monotonic() + self.timeout,
+            wait_event(self._done[k], deadline_in(self.timeout),
                        "reusing a pinned staging buffer")
         staged = self._pinned[k]
         if staged is None or staged[0].shape[1:] != images.shape[1:] \
@@ -419,7 +410,7 @@ class DeviceStage:
 
     def fence(self):
         """Wait until every copy from the window started by :meth:`send` has completed."""
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         while self._direct:
             wait_event(self._direct[0], deadline,
                        "giving a batch's window slot back to the producers")

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from ._torch import torch_module
 from .errors import ConfigError
 from .sources import open_source
 from .steps import StepProducer
@@ -32,12 +33,7 @@ __all__ = ["Metrics", "require_torch", "load_factory", "build_model", "evaluate_
 
 def require_torch():
     """``torch``, or :class:`ConfigError` saying how to install it."""
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError("evaluating a model needs PyTorch: pip install dpu_pipe[torch] "
-                          "(or pip install torch)") from None
-    return torch
+    return torch_module("evaluating a model")
 
 
 def check_topk(topk):

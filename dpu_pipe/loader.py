@@ -8,15 +8,16 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import warnings
 
 import numpy as np
 
 from . import _validate as _v
+from .deadline import deadline_in
 from .device import OutputSpec, torch_module
 from .rng import check_epoch
-from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
+from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
+                     format_traceback)
 from .sources import as_source
 from .steps import StepProducer
 from .transforms import TransformConfig
@@ -166,10 +167,14 @@ class _BaseLoader:
         """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
         batches in the consumer; batches and samples produced; with a device, how batches
         reach it (see :mod:`dpu_pipe.device`)."""
-        d = dict(self.producer.timings)
+        d = self._step_stats().as_dict()
         d["wait_s"] = self._wait_s
         d.update(self.out.stats())
         return d
+
+    def _step_stats(self):
+        """The :class:`~dpu_pipe.steps.StepStats` of every producer of this loader, added."""
+        return self.producer.stats
 
     def _emit(self, images, labels):
         return self.out.emit(images, labels)
@@ -439,7 +444,7 @@ class _LocalRun(_Run):
 
     def _next_data(self):
         loader = self.loader
-        deadline = time.perf_counter() + loader.timeout
+        deadline = deadline_in(loader.timeout)
         while True:
             try:
                 step, slot, n, exc = self.ready.get(timeout=0.2)
@@ -448,7 +453,7 @@ class _LocalRun(_Run):
                 if not self.thread.is_alive() and self.ready.empty():
                     raise ProducerError("the loader's producer thread ended without a batch",
                                         producer="loader thread") from None
-                if time.perf_counter() > deadline:
+                if time.monotonic() > deadline:
                     raise PipeTimeout(f"no batch within {loader.timeout:.0f} s (epoch "
                                       f"{self.epoch}, step {self.next_step})") from None
         if exc is not None:
@@ -456,8 +461,7 @@ class _LocalRun(_Run):
             if isinstance(exc, DecodeError):
                 raise exc  # keeps the producer thread's traceback
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback="".join(traceback.format_exception(
-                                    type(exc), exc, exc.__traceback__))) \
+                                remote_traceback=format_traceback(exc)) \
                 from exc
         self.held = slot
         return loader._images[slot][:n], loader._labels[slot][:n], loader._indices[slot][:n]

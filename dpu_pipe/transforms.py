@@ -17,11 +17,10 @@ import numpy as np
 from . import _validate as _v
 from .errors import ConfigError
 from .jpeg import DEFAULT_MAX_PIXELS
+from .ops import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["TransformConfig", "IMAGENET_MEAN", "IMAGENET_STD"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 DTYPES = ("float32", "float16", "bfloat16", "uint8")
 LAYOUTS = ("CHW", "HWC")

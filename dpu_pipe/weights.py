@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from ._torch import torch_module
 from .errors import ConfigError
 
 __all__ = ["WEIGHTS_HEADER", "TENSOR_ENTRY", "FORMAT_VERSION", "MAX_NDIM", "pack_state",
@@ -59,12 +60,7 @@ def _align(n):
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError("model weights are torch tensors: pip install dpu_pipe[torch] "
-                          "(or pip install torch)") from None
-    return torch
+    return torch_module("model weights (torch tensors)")
 
 
 def _dtype_name(torch, dtype):

@@ -28,167 +28,29 @@ The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and 
 run the same :class:`~dpu_pipe.steps.StepProducer`, and batches are yielded strictly in order.
 """
 
-import atexit
+import dataclasses
 import logging
 import queue
 import threading
-import traceback
 from collections import deque
 
 import numpy as np
 
 from .. import _validate as _v
-from ..device import PinnedRegion
 from ..errors import ConfigError, DpuPipeError
 from ..loader import Loader, _Run
-from ..mpi import load_mpi
-from ..steps import StepProducer
+from ..steps import StepProducer, StepStats
 from . import wire
-from .roles import discover_roles, host_comm
-from .transport import FAILED, OK, HostTransport, _pack_error
-from .validation import open_channel
+from .group import HostGroup, _mpi_running, host_group, shutdown
+from .transport import FAILED, OK, _pack_error
 from .wire import QUEUE
 
+# HostGroup, host_group and shutdown live in .group; named here as before.
 __all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
 
 log = logging.getLogger("dpu_pipe")
 
 MODES = ("offload", "hybrid", "local")
-
-
-def _mpi_running():
-    """True when this process already initialized MPI (it was launched in an MPI job)."""
-    import sys
-
-    mod = sys.modules.get("mpi4py.MPI")
-    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
-
-
-def host_group(comm=None, *, hostmap=None):
-    """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
-    on first use — collectively with every rank of ``comm``, so every host must call it (or
-    build its first DPULoader) at the same point of its program."""
-    MPI = load_mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
-    key = comm.py2f()
-    s = HostGroup._groups.get(key)
-    if s is None:
-        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap)
-    return s
-
-
-def shutdown():
-    """Stop the producers of every host group of this process (also done at exit)."""
-    for s in list(HostGroup._groups.values()):
-        s.close()
-
-
-class HostGroup:
-    """This host's place in the job: its group (rank 0 = this host, then its producers),
-    its index among the hosts, and the transport (one window for the process lifetime).
-
-    ``transport`` is a :class:`~dpu_pipe.offload.transport.HostTransport`; use its
-    ``request()`` for work other than batches. ``producers`` is the number of producer
-    ranks serving this host (0: no transport, loaders produce locally).
-    """
-
-    _groups = {}
-
-    def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
-        # Hosts reach their first DPULoader at about the same point of their program.
-        roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
-        self.roles = roles
-        self.group = host_comm(comm, roles)
-        #: RemoteValidation's channel, set up with the group as the producers do.
-        self.validation = open_channel(self.group, "host")
-        self.host_index = roles.hosts.index(roles.rank)
-        self.num_hosts = len(roles.hosts)
-        self.producers = self.group.Get_size() - 1
-        self.setup_timeout = setup_timeout
-        self._transport = None
-        self._setup_failed = None
-        self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
-        self.active = None          # the loader whose tickets are in flight
-        self._pinned = None         # the window as pinned memory, once a loader has a device
-        self.next_stream = 1
-        self.open = True
-        atexit.register(self.close)
-
-    def reserve(self, buffers, slot_bytes):
-        """Size the window for a loader of ``buffers`` batches of ``slot_bytes`` bytes
-        (before the window exists; it is made when first needed)."""
-        self._want = (max(self._want[0], buffers), max(self._want[1], slot_bytes))
-
-    @property
-    def transport(self):
-        """The :class:`~dpu_pipe.offload.transport.HostTransport`, made on first use with
-        the largest buffer count and batch size reserved so far (collective with this
-        host's producers, which wait for it from their start)."""
-        if self._transport is None and self.producers:
-            if self._setup_failed is not None:
-                raise ConfigError(f"the host window could not be made: {self._setup_failed}")
-            buffers, slot_bytes = self._want
-            try:
-                self._transport = HostTransport(self.group, buffers=buffers,
-                                                slot_bytes=slot_bytes,
-                                                setup_timeout=self.setup_timeout)
-            except BaseException as exc:
-                # The producers are stuck in the same start-up: the job has to end, and
-                # close() must not try again (python -m mpi4py aborts on the exception).
-                self._setup_failed = exc
-                raise
-        return self._transport
-
-    def activate(self, loader):
-        """Make ``loader`` the stream in flight; the previous one's work is cancelled. Its
-        mode and liveness timeout become the transport's."""
-        if self.active is not None and self.active is not loader:
-            self.active._suspend()
-        self.active = loader
-        t = self.transport
-        t.takeover = loader.mode == "hybrid"
-        t.liveness_timeout = loader.liveness_timeout
-
-    def grow(self, buffers, slot_bytes):
-        """Make the window again for a loader larger than the window (collective with the
-        producers, after the stream in flight is cancelled and its held batch released)."""
-        active = self.active        # suspending it leaves no loader active
-        if active is not None:
-            active._suspend()
-            if active._stream is not None:
-                active._stream._release_held()
-        self.reserve(buffers, slot_bytes)
-        log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
-        self._transport.resize(*self._want)
-
-    def pinned_window(self, loader):
-        """The window registered as pinned memory with the device runtime of ``loader``'s
-        output (made on first use, registered again when the window is made anew), for
-        device copies straight from the window."""
-        if self._pinned is None:
-            self._pinned = PinnedRegion(loader.out.device_backend(), timeout=loader.timeout)
-            self.transport.add_window_user(self._pinned)
-        return self._pinned
-
-    def register(self, spec):
-        """Send a pipeline spec to every producer; returns (stream id, replies)."""
-        sid = self.next_stream
-        self.next_stream += 1
-        return sid, self.transport.request("spec", (sid, spec))
-
-    def close(self):
-        """Stop this host's producers (they leave their loop and exit). Idempotent."""
-        if self.open:
-            self.open = False
-            if self.active is not None:
-                self.active._suspend()
-            if self._transport is None and self.producers and self._setup_failed is None:
-                # The producers wait for the window from their start: make a minimal one
-                # so that they are released the same way.
-                self._want = (1, 0)
-                self.transport
-            if self._transport is not None:
-                self._transport.close()
 
 
 class DPULoader(Loader):
@@ -276,10 +138,36 @@ class DPULoader(Loader):
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
         self.mode = mode
-        self._remote = {"bytes": 0, "batches": 0, "read_s": 0.0, "process_s": 0.0,
-                        "publish_s": 0.0, "per_producer": {}, "host_samples": 0, "polls": 0,
-                        "producer_samples": 0}
-        self._remote_bad = {}
+        #: What arrived through the host group (:class:`RemoteStats`).
+        self.remote_stats = RemoteStats()
+        # The StepProducers of hybrid host threads 2..N (the first thread runs
+        # self.producer), kept across streams so that stats() counts their work.
+        self._thread_producers = []
+
+    def host_producer(self, k):
+        """The :class:`~dpu_pipe.steps.StepProducer` of hybrid host thread ``k`` (0-based):
+        the loader's own for the first, one more per further thread, sharing its record of
+        bad samples."""
+        if k == 0:
+            return self.producer
+        while len(self._thread_producers) < k:
+            p = self.producer
+            prod = StepProducer(
+                p.source, p.batch_size, p.transform, seed=p.seed, shuffle=p.sampler.shuffle,
+                rank=p.sampler.rank, world_size=p.sampler.world_size,
+                shard_tail=p.sampler.shard_tail, drop_last=p.drop_last,
+                num_threads=self.num_threads, on_error=p.on_error)
+            # One record of bad samples for every host thread: the loader reports the
+            # first producer's (dict updates are atomic under the GIL).
+            prod.bad_samples = p.bad_samples
+            self._thread_producers.append(prod)
+        return self._thread_producers[k - 1]
+
+    def _step_stats(self):
+        total = self.producer.stats
+        for prod in self._thread_producers:
+            total = total + prod.stats
+        return total + StepStats(samples=self.remote_stats.producer_samples)
 
     def spec(self):
         """What producers need to make this loader's stream (JSON-serialisable)."""
@@ -304,7 +192,9 @@ class DPULoader(Loader):
             self._stream = _Stream(self)
         return _RemoteRun(self, epoch, start)
 
-    def _suspend(self):
+    def suspend(self):
+        """Cancel this loader's work in flight and give back the batch its caller holds
+        (the host group does this when another loader becomes active)."""
         if self._stream is not None:
             self._stream.suspend()
 
@@ -319,7 +209,7 @@ class DPULoader(Loader):
     @property
     def bad_samples(self):
         bad = dict(self.producer.bad_samples)
-        bad.update(self._remote_bad)
+        bad.update(self.remote_stats.bad)
         return bad
 
     def stats(self):
@@ -331,14 +221,56 @@ class DPULoader(Loader):
         time instead of polling)."""
         d = super().stats()
         if self.mode != "local":
-            r = self._remote
-            d.update(bytes_received=r["bytes"], batches=r["batches"],
-                     producer_read_s=r["read_s"], producer_process_s=r["process_s"],
-                     producer_publish_s=r["publish_s"],
-                     steps_per_producer={str(k): v for k, v in r["per_producer"].items()},
-                     producer_samples=r["producer_samples"], host_samples=r["host_samples"],
-                     host_polls=r["polls"])
+            r = self.remote_stats
+            d.update(bytes_received=r.bytes, batches=r.batches,
+                     producer_read_s=r.read_s, producer_process_s=r.process_s,
+                     producer_publish_s=r.publish_s,
+                     steps_per_producer={str(k): v for k, v in r.per_producer.items()},
+                     producer_samples=r.producer_samples, host_samples=r.host_samples,
+                     host_polls=r.polls)
         return d
+
+
+@dataclasses.dataclass
+class RemoteStats:
+    """Counters of the batches a :class:`DPULoader` received through its host group: payload
+    bytes, batches, per group rank (0: host threads); the producers' read, decode+augment
+    and publish seconds and samples (``producer_*``), the host threads' samples; window
+    polls while waiting; and the bad samples producers reported ({index: message})."""
+
+    bytes: int = 0
+    batches: int = 0
+    read_s: float = 0.0
+    process_s: float = 0.0
+    publish_s: float = 0.0
+    producer_samples: int = 0
+    host_samples: int = 0
+    polls: int = 0
+    per_producer: dict = dataclasses.field(default_factory=dict)
+    bad: dict = dataclasses.field(default_factory=dict)
+
+    def record_batch(self, producer, nbytes, head):
+        """Count one delivered payload of ``nbytes`` from group rank ``producer`` whose
+        header is ``head`` (:data:`~dpu_pipe.offload.wire.PAYLOAD_HEADER`)."""
+        n = head["n"]
+        self.bytes += nbytes
+        self.batches += 1
+        self.per_producer[producer] = self.per_producer.get(producer, 0) + 1
+        if producer:
+            self.read_s += head["read_ns"] * 1e-9
+            self.process_s += head["process_ns"] * 1e-9
+            self.publish_s += head["publish_ns"] * 1e-9
+            self.producer_samples += n
+        else:
+            self.host_samples += n
+
+    def record_bad(self, producer, report):
+        """Note the bad samples of a producer's ``report`` ({index: message}) not seen
+        before, logging each once."""
+        for index, message in report.items():
+            if index not in self.bad:
+                self.bad[index] = message
+                log.warning("producer %d skipped undecodable sample: %s", producer, message)
 
 
 class _LocalMaker(threading.Thread):
@@ -360,15 +292,14 @@ class _LocalMaker(threading.Thread):
             ticket, epoch, step, buf = item
             try:
                 images, labels, indices = self.layout.views(buf, self.layout.batch_size)
-                tm = self.producer.timings
-                r0, p0 = tm["read_s"], tm["process_s"]
+                st = self.producer.stats
+                r0, p0 = st.read_s, st.process_s
                 n = self.producer.produce(epoch, step, images, labels, indices)
-                self.layout.write_header(buf, n=n, read_ns=round((tm["read_s"] - r0) * 1e9),
-                                         process_ns=round((tm["process_s"] - p0) * 1e9))
+                self.layout.write_header(buf, n=n, read_ns=round((st.read_s - r0) * 1e9),
+                                         process_ns=round((st.process_s - p0) * 1e9))
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
-                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-                self.done.put((ticket, buf, FAILED, _pack_error(exc, tb, 1 << 20,
+                self.done.put((ticket, buf, FAILED, _pack_error(exc, None, 1 << 20,
                                                                 "a host thread")))
             finally:
                 self.busy = False
@@ -404,18 +335,9 @@ class _Stream:
             if loader.out.device is not None:
                 loader.out.window = self.hostgroup.pinned_window(loader)
         if loader.mode == "hybrid" and not self.makers:
-            p = loader.producer
             for k in range(loader.host_threads):
-                prod = p if k == 0 else StepProducer(
-                    p.source, p.batch_size, p.transform, seed=p.seed,
-                    shuffle=p.sampler.shuffle, rank=p.sampler.rank,
-                    world_size=p.sampler.world_size, shard_tail=p.sampler.shard_tail,
-                    drop_last=p.drop_last,
-                    num_threads=loader.num_threads, on_error=p.on_error)
-                # One record of bad samples for every host thread: the loader reports the
-                # first producer's (dict updates are atomic under the GIL).
-                prod.bad_samples = p.bad_samples
-                m = _LocalMaker(loader, prod, self.local_free, self.local_done)
+                m = _LocalMaker(loader, loader.host_producer(k), self.local_free,
+                                self.local_done)
                 m.start()
                 self.makers.append(m)
             self.local_free.extend(np.zeros(loader.payload_bytes, np.uint8)
@@ -491,7 +413,6 @@ class _Stream:
         """The batch for ``(epoch, step)`` as (images, labels, indices), waiting with the
         loader's deadline."""
         loader, t = self.loader, self.transport
-        self._release_held()
         if self.hostgroup.active is not self.loader:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
             self.start(epoch, step)
@@ -509,7 +430,7 @@ class _Stream:
         # Hybrid: the host's threads get their turn on every poll, so no naps.
         polls = t.polls
         d = t.wait(ticket, timeout=loader.timeout, between=between, nap=not self.makers)
-        loader._remote["polls"] += t.polls - polls
+        loader.remote_stats.polls += t.polls - polls
         self.pending.popleft()
         self.held = ticket
         # Grant the buffer just given back before the caller's training step, so producers
@@ -523,25 +444,14 @@ class _Stream:
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
         images, labels, indices = loader.layout.views(payload, n)
-        for index, message in loader.layout.report(payload, n, head["bad_bytes"]).items():
-            if index not in loader._remote_bad:
-                loader._remote_bad[index] = message
-                log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
-        r = loader._remote
-        r["bytes"] += payload.nbytes
-        r["batches"] += 1
-        r["per_producer"][d.producer] = r["per_producer"].get(d.producer, 0) + 1
-        if d.producer:
-            r["read_s"] += head["read_ns"] * 1e-9
-            r["process_s"] += head["process_ns"] * 1e-9
-            r["publish_s"] += head["publish_ns"] * 1e-9
-            r["producer_samples"] += n
-            loader.producer.timings["samples"] += n
-        else:
-            r["host_samples"] += n
+        stats = loader.remote_stats
+        stats.record_bad(d.producer, loader.layout.report(payload, n, head["bad_bytes"]))
+        stats.record_batch(d.producer, payload.nbytes, head)
         return images, labels, indices
 
-    def _release_held(self):
+    def release_held(self):
+        """Give back the buffer of the batch the caller holds (the one release path: the
+        loader's iterator calls it when the next batch is requested)."""
         if self.held is not None:
             # A device copy may still read the batch from its window slot: the producers
             # get the slot back only once it is done.
@@ -561,7 +471,7 @@ class _Stream:
             self.pending.clear()
             return
         if not keep_held:
-            self._release_held()
+            self.release_held()
         tickets = [tk for tk, _, _ in self.pending]
         t.cancel(tickets)
         # Buffers of host threads still making a cancelled ticket come back when they finish.
@@ -602,9 +512,11 @@ class _RemoteRun(_Run):
             raise
 
     def _release_held(self):
-        # The stream gives the held batch back when the next one is requested (in next()),
-        # also across runs: the last batch of an epoch outlives its loop.
-        pass
+        # The held batch is the stream's, not this run's: the last batch of an epoch
+        # outlives its loop and is given back when the next run asks for a batch.
+        self.stream.release_held()
 
     def close(self):
+        # The tickets in flight are the stream's: the next run continues with them when it
+        # starts where this one stopped (the loader cancels them when it moves elsewhere).
         pass

@@ -66,15 +66,17 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..batch import load_other_formats
-from ..errors import ConfigError
+from ..deadline import deadline_in
+from ..errors import ConfigError, error_record
 from ..mpi import load_mpi
 from ..sources import open_source
 from ..steps import StepProducer
 from ..transforms import TransformConfig
 from . import wire
+from .channel import open_channel
 from .roles import discover_roles, host_comm
-from .transport import CANCELLED, ProducerTransport, error_record
-from .validation import ValidationService, open_channel
+from .transport import CANCELLED, ProducerTransport
+from .validation import ValidationService
 
 __all__ = ["serve", "main", "handler", "Context", "HANDLERS", "HANDLER_MODULES", "DEPTH"]
 
@@ -151,8 +153,8 @@ class Maker:
         """Fill a free buffer with ``work``'s batch: sets ``work.parts`` (the payload up to
         its report, then the report); the buffer comes back with :meth:`give_back`."""
         buf = self.free.pop()
-        tm = self.steps.timings
-        read0, proc0 = tm["read_s"], tm["process_s"]
+        st = self.steps.stats
+        read0, proc0 = st.read_s, st.process_s
         try:
             images, labels, indices = self.layout.views(buf, self.layout.batch_size)
             n = self.steps.produce(work.epoch, work.step, images, labels, indices)
@@ -162,8 +164,8 @@ class Maker:
         entries = self._bad_report(work.stream)
         report = json.dumps(entries).encode() if entries else b""
         self.layout.write_header(buf, n=n, bad_bytes=len(report),
-                                 read_ns=round((tm["read_s"] - read0) * 1e9),
-                                 process_ns=round((tm["process_s"] - proc0) * 1e9),
+                                 read_ns=round((st.read_s - read0) * 1e9),
+                                 process_ns=round((st.process_s - proc0) * 1e9),
                                  publish_ns=publish_ns)
         work.parts = [buf[:self.layout.end(n)], np.frombuffer(report, np.uint8)]
         work.buffers = (buf, [int(i) for i in entries])
@@ -332,7 +334,7 @@ class _Worker:
     def _maker(self, stream):
         """The stream's pipeline; its spec travels on the request channel and may be a
         moment behind the assignment that needs it."""
-        deadline = time.monotonic() + self.t.setup_timeout
+        deadline = deadline_in(self.t.setup_timeout)
         while stream not in self.ctx.streams:
             for rid, kind, payload in self.t.requests():
                 self._start(rid, kind, payload)

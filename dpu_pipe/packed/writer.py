@@ -248,7 +248,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     flight, and the source's label array. Returns the dataset as a
     :class:`~dpu_pipe.sources.PackedSource`.
     """
-    from .. import __version__
+    from .._version import __version__
 
     if isinstance(source, (str, os.PathLike)):
         source = open_path(source)

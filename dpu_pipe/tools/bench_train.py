@@ -44,6 +44,7 @@ import time
 
 import numpy as np
 
+from .._torch import torch_module
 from ..errors import ConfigError
 from . import pinning
 from .progress import bar
@@ -113,8 +114,7 @@ def pin(core):
 
 
 def _torch():
-    from ..evaluate import require_torch
-    torch = require_torch()
+    torch = torch_module("bench-train")
     torch.set_num_threads(1)
     return torch
 
