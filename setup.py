@@ -90,7 +90,9 @@ DIRECTIVES = {
 
 inc, libdirs, libs = libjpeg_flags()
 common = dict(
-    include_dirs=inc,
+    # src/dpu_pipe holds the C headers (_huffman.h) beside the .pxd files that include them.
+    include_dirs=inc + [os.path.join(os.path.dirname(os.path.abspath(__file__)), "src",
+                                     "dpu_pipe")],
     library_dirs=libdirs,
     extra_compile_args=compile_args(),
     extra_link_args=["-fopenmp"] if OPENMP else [],

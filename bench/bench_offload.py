@@ -173,13 +173,16 @@ def delayed_worker(args):
     delay), for the current and the earlier worker module alike."""
     from dpu_pipe import steps, worker
 
-    produce = steps.StepProducer.produce
+    # An earlier checkout names the class StepProducer and its method produce.
+    cls = getattr(steps, "BatchMaker", None) or steps.StepProducer
+    name = "make" if cls.__name__ == "BatchMaker" else "produce"
+    produce = getattr(cls, name)
 
     def slow(self, *a, **kw):
         time.sleep(args.delay)
         return produce(self, *a, **kw)
 
-    steps.StepProducer.produce = slow
+    setattr(cls, name, slow)
     worker.main([])
 
 

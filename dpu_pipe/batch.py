@@ -10,8 +10,9 @@ import warnings
 
 import numpy as np
 
-from . import _jpeg, _pipeline
+from . import _augment, _jpeg, _pipeline
 from . import _validate as _v
+from .augment import kernel_spec
 from .errors import ConfigError, DecodeError
 from .transforms import TransformConfig
 
@@ -55,6 +56,7 @@ class BatchProcessor:
         self.config = config
         self.num_threads = int(num_threads)
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
+        self._augmenter = _augment.Augmenter(kernel_spec(config)) if config.augmented else None
 
     @property
     def sample_shape(self):
@@ -116,6 +118,24 @@ class BatchProcessor:
                                  index=int(idx[i]))
                   for i, msg in messages.items()}
         return out, info, errors
+
+    def describe(self, data, index, *, epoch=0, seed=0):
+        """The parameters sample ``index`` of ``epoch`` gets from these bytes, in the order they
+        apply: ``"crop"`` [top, left, height, width] in source pixels (validation: the centre
+        box, floored), ``"flip"``, ``"ops"`` [[name, magnitude], ...] with torchvision's op
+        names and the signed magnitude its ``_apply_op`` receives, ``"jitter"`` {name: factor}
+        in the order applied, ``"grayscale"``, ``"erase"`` [i, j, h, w] in output pixels or
+        None. Raises the sample's DecodeError when the bytes do not decode."""
+        _, info, errors = self.run([data], [index], epoch=epoch, seed=seed)
+        if errors:
+            raise errors[0]
+        row = info[0]
+        out = {"crop": [int(row[1]), int(row[2]), int(row[3]), int(row[4])],
+               "flip": bool(row[5]), "ops": [], "jitter": {}, "grayscale": False,
+               "erase": None}
+        if self._augmenter is not None and self.config.train:
+            out.update(self._augmenter.params(int(seed), int(epoch), int(index)))
+        return out
 
     def _other_format(self, bufs, i, index, seed, epoch, out, info):
         """Decode ``bufs[i]`` with OpenCV and run the fused pass on it; None or a message."""

@@ -62,14 +62,32 @@ def _library_of(ext_path, symbol):
     return None
 
 
+#: Bits of the aarch64 Linux AT_HWCAP word (asm/hwcap.h), named as /proc/cpuinfo names them.
+AARCH64_HWCAP = ("fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics",
+                 "fphp", "asimdhp", "cpuid", "asimdrdm", "jscvt", "fcma", "lrcpc", "dcpop",
+                 "sha3", "sm3", "sm4", "asimddp", "sha512", "sve")
+AT_HWCAP = 16
+
+
 def cpu_flags():
-    """The instruction-set flags of this CPU, from /proc/cpuinfo ("flags" on x86-64,
-    "Features" on aarch64); None where that file does not exist."""
+    """The instruction-set flags of this CPU: on aarch64 from the kernel's AT_HWCAP (what a
+    user-mode emulator reports for the CPU it emulates, where /proc/cpuinfo would describe the
+    host's), elsewhere the "flags" of /proc/cpuinfo. None where neither can be read."""
+    if platform.machine() in ("aarch64", "arm64"):
+        import ctypes
+
+        try:
+            getauxval = ctypes.CDLL(None).getauxval
+        except (OSError, AttributeError):
+            return None
+        getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+        hwcap = getauxval(AT_HWCAP)
+        return {name for bit, name in enumerate(AARCH64_HWCAP) if hwcap >> bit & 1}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
+                if key.strip() == "flags":
                     return set(value.split())
     except OSError:
         pass

@@ -7,7 +7,7 @@ producers or hosts add up exactly (:meth:`Metrics.merge`), and :meth:`Metrics.re
 the total into ``{"count", "loss", "top1", "top5", ...}``.
 
 :func:`evaluate_steps` runs one shard's validation batches — made by the same
-:class:`~dpu_pipe.steps.StepProducer` as ``Loader(train=False)`` — through a model; it is what
+:class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)`` — through a model; it is what
 a producer rank does for :class:`~dpu_pipe.RemoteValidation`, and what the host does to check
 it. torch is optional for dpu_pipe as a whole: everything here that needs it raises
 :class:`ConfigError` naming the extra to install.
@@ -23,7 +23,8 @@ import numpy as np
 from ._torch import torch_module
 from .errors import ConfigError
 from .sources import open_source
-from .steps import StepProducer
+from .spec import StreamSpec
+from .steps import BatchMaker
 from .transforms import TransformConfig
 from .weights import load_state
 
@@ -171,27 +172,27 @@ def evaluate_batch(model, images, labels, metrics):
     return metrics
 
 
-def evaluate_steps(model, producer, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
+def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
                    progress=None):
-    """Evaluate batches ``steps`` (iterable of step numbers) of ``producer`` (a
-    :class:`~dpu_pipe.steps.StepProducer` built with the validation transform) with
+    """Evaluate batches ``steps`` (iterable of step numbers) of ``maker`` (a
+    :class:`~dpu_pipe.steps.BatchMaker` built with the validation transform) with
     ``model``; returns (:class:`Metrics`, seconds spent making batches, seconds in the
     model).
 
-    ``images``/``labels``: optional batch buffers (``producer.batch_shape`` of the
+    ``images``/``labels``: optional batch buffers (``maker.batch_shape`` of the
     transform's dtype, int64 (batch_size,)) reused across calls. ``progress(n)`` is called
     after each batch with its sample count.
     """
     torch = require_torch()
     if images is None:
-        images = np.empty(producer.batch_shape, producer.transform.np_dtype)
+        images = np.empty(maker.batch_shape, maker.transform.np_dtype)
     if labels is None:
-        labels = np.empty(producer.batch_size, np.int64)
+        labels = np.empty(maker.batch_size, np.int64)
     metrics = Metrics(topk)
     make_s = model_s = 0.0
     for step in steps:
         t0 = time.perf_counter()
-        n = producer.produce(epoch, step, images, labels)
+        n = maker.make(epoch, step, images, labels)
         t1 = time.perf_counter()
         evaluate_batch(model, torch.from_numpy(images[:n]), torch.from_numpy(labels[:n]),
                        metrics)
@@ -204,7 +205,7 @@ def evaluate_steps(model, producer, steps, *, topk=(1, 5), epoch=0, images=None,
 
 class ShardEvaluator:
     """What a producer keeps between validation requests: the model built once per factory
-    and arguments, and one :class:`~dpu_pipe.steps.StepProducer` per validation spec (sources
+    and arguments, and one :class:`~dpu_pipe.steps.BatchMaker` per validation spec (sources
     are not reopened per request).
 
     A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
@@ -215,7 +216,7 @@ class ShardEvaluator:
 
     def __init__(self):
         self._models = {}
-        self._producers = {}
+        self._makers = {}
 
     def model(self, spec, kwargs):
         key = (spec, json.dumps(kwargs or {}, sort_keys=True))
@@ -224,23 +225,23 @@ class ShardEvaluator:
             model = self._models[key] = build_model(spec, kwargs)
         return model
 
-    def producer(self, spec):
+    def maker(self, spec):
+        """The :class:`~dpu_pipe.steps.BatchMaker` of validation spec ``spec``."""
         key = json.dumps({k: spec[k] for k in ("source", "transform", "batch_size", "rank",
                                                "world_size", "num_threads")}, sort_keys=True)
-        prod = self._producers.get(key)
-        if prod is None:
+        maker = self._makers.get(key)
+        if maker is None:
             transform = TransformConfig.from_dict(spec["transform"])
             # Loader(train=False)'s sharding: in order, uneven shards, nothing padded or
             # dropped, so every sample counts once over the hosts.
-            prod = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
+            stream = StreamSpec(open_source(spec["source"]), spec["batch_size"], transform,
                                 shuffle=False, shard_tail="uneven", drop_last=False,
-                                rank=spec["rank"],
-                                world_size=spec["world_size"],
-                                num_threads=spec.get("num_threads", 1))
-            prod.buffers = (np.empty(prod.batch_shape, transform.np_dtype),
-                            np.empty(prod.batch_size, np.int64))
-            self._producers[key] = prod
-        return prod
+                                rank=spec["rank"], world_size=spec["world_size"])
+            maker = BatchMaker(stream, spec.get("num_threads", 1))
+            maker.buffers = (np.empty(maker.batch_shape, transform.np_dtype),
+                             np.empty(maker.batch_size, np.int64))
+            self._makers[key] = maker
+        return maker
 
     def run(self, spec, weights, part=0, parts=1):
         """Evaluate the steps ``part, part + parts, ...`` of the shard ``spec`` describes with
@@ -249,7 +250,7 @@ class ShardEvaluator:
         model = self.model(spec["model"], spec.get("model_kwargs"))
         load_state(model, weights)
         model.eval()
-        prod = self.producer(spec)
-        images, labels = prod.buffers
-        return evaluate_steps(model, prod, range(part, prod.num_batches, parts),
+        maker = self.maker(spec)
+        images, labels = maker.buffers
+        return evaluate_steps(model, maker, range(part, maker.num_batches, parts),
                               topk=spec["topk"], images=images, labels=labels)

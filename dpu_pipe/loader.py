@@ -1,8 +1,21 @@
-"""The local Loader: batches produced ahead by a background thread on this host.
+"""The Loader: one front end over engines that make batches.
 
-It is also the fallback of the offloaded modes, and the reference stream they reproduce.
+The :class:`Loader` owns what every engine shares — the position in the stream (epoch, step),
+the batch the caller holds, the output conversion, the state and the stats — and asks its
+engine for one thing, the next batch (torch's ``_BaseDataLoaderIter`` and its ``_next_data``
+have the same split). Engines, chosen by ``mode``:
+
+- ``"local"``: :class:`LocalEngine`, a maker thread on this host filling a ring of buffers
+  (also the fallback of the offloaded modes, and the reference stream they reproduce);
+- ``"offload"`` and ``"hybrid"``: :class:`dpu_pipe.offload.host.OffloadEngine`, batches of
+  the producer ranks (and of host threads in hybrid mode) from the host's window, built by
+  :class:`~dpu_pipe.offload.host.DPULoader`.
+
+Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec` with
+:class:`~dpu_pipe.steps.BatchMaker` objects, so the batches are the same whoever makes them.
 """
 
+import contextlib
 import os
 import queue
 import sys
@@ -19,14 +32,18 @@ from .rng import check_epoch
 from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
                      format_traceback)
 from .sources import as_source
-from .steps import StepProducer
+from .spec import StreamSpec
+from .steps import BatchMaker, MakerStats
 from .transforms import TransformConfig
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "Engine", "LocalEngine"]
 
 # 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
 # a state of version 1 would resume into a different stream.
 STATE_VERSION = 2
+
+#: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
+DEFAULT_TIMEOUT = 300.0
 
 
 #: Environment variables launchers set to the number of processes in the job.
@@ -57,173 +74,206 @@ def default_shard(rank, world_size):
     return (0 if rank is None else rank, 1 if world_size is None else world_size)
 
 
-class _BaseLoader:
-    """What every loader shares: arguments, position in the stream, state_dict, output."""
+class Engine:
+    """What makes a loader's batches. The contract (see :class:`LocalEngine` and
+    ``dpu_pipe.offload.host.OffloadEngine``):
 
-    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
-                 drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
-                 num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
-                 output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, return_meta=False, **transform_options):
-        self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
-                              pin_memory=pin_memory, memory_format=memory_format, copy=copy)
-        self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
-                                         dtype=self.out.kernel_dtype,
-                                         layout=self.out.kernel_layout, **transform_options)
-        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
-        shuffle = self.transform.train if shuffle is None else _v.boolean(shuffle, "shuffle")
-        drop_last = _v.boolean(drop_last, "drop_last")
-        if shard_tail is None:
-            shard_tail = "pad" if self.transform.train else "uneven"
-        prefetch = _v.positive_int(prefetch, "prefetch")
-        num_threads = _v.positive_int(num_threads, "num_threads")
-        source = as_source(source)
-        rank, world_size = default_shard(rank, world_size)
-        self.source = source
-        self.output = self.out.output
-        self.copy = self.out.copy
-        self.return_meta = _v.boolean(return_meta, "return_meta")
-        self.prefetch = prefetch
-        self.timeout = _v.seconds(timeout, "timeout")
-        self.out.timeout = self.timeout
-        self.producer = StepProducer(source, batch_size, self.transform, seed=seed,
-                                     shuffle=shuffle, rank=rank, world_size=world_size,
-                                     shard_tail=shard_tail, drop_last=drop_last,
-                                     num_threads=num_threads, on_error=on_error)
-        self.batch_size = self.producer.batch_size
-        self.num_threads = num_threads
-        self._epoch = 0
-        self._step = 0            # batches of self._epoch already yielded
-        self._wait_s = 0.0
+    - :meth:`start` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
+      ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
+    - :meth:`_next_data` ``(epoch, step)``: that batch as ``(images, labels, indices)``
+      arrays (``indices``: the dataset index of each row), waiting at most the loader's
+      ``timeout``; raises on failure. The arrays stay valid until :meth:`release_held`;
+    - :meth:`release_held`: give back the buffer of the batch the caller holds — the one
+      path by which a held buffer returns, called when the next batch is requested, by
+      :meth:`close` and when the engine's memory is remade;
+    - :meth:`pause`: the iteration ended or was superseded (work ahead may be kept);
+    - :meth:`close`: stop all work and give back every buffer;
+    - :attr:`makers`: the :class:`~dpu_pipe.steps.BatchMaker` s making batches on this
+      host (the loader adds up their stats and bad samples);
+    - :meth:`stats` and :attr:`remote_bad`: what the engine knows beyond its makers.
+    """
 
-    # --- position in the stream ---------------------------------------------------------
+    makers = ()
+    remote_bad = {}
 
-    def __len__(self):
-        """Batches per epoch on this rank."""
-        return self.producer.num_batches
+    def start(self, epoch, step, end):
+        raise NotImplementedError
 
-    @property
-    def epoch(self):
-        return self._epoch
+    def _next_data(self, epoch, step):
+        raise NotImplementedError
 
-    def set_epoch(self, epoch):
-        """Start epoch ``epoch`` at its first batch on the next iteration.
+    def release_held(self):
+        raise NotImplementedError
 
-        Iterating continues where the loader stands: after a complete epoch it moves to the
-        next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
-        continues with its next batch. ``set_epoch`` is needed only to jump elsewhere.
-        """
-        epoch = check_epoch(epoch)
-        self._close_run()
-        self._epoch = epoch
-        self._step = 0
-
-    def state_dict(self):
-        """Position in the stream: restoring it (in this or a new process, with the same
-        dataset and arguments) makes the remaining stream bit-identical to an uninterrupted
-        run."""
-        p = self.producer
-        return {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step,
-                "seed": p.seed, "num_samples": len(p.source), "batch_size": self.batch_size,
-                "rank": p.sampler.rank, "world_size": p.sampler.world_size,
-                "drop_last": p.drop_last, "shard_tail": p.sampler.shard_tail,
-                "shuffle": p.sampler.shuffle,
-                "transform": self.transform.to_dict()}
-
-    def load_state_dict(self, state):
-        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
-        mine = self.state_dict()
-        for key in ("seed", "num_samples", "batch_size", "rank", "world_size", "drop_last",
-                    "shard_tail", "shuffle", "transform"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"state was saved with {key}={state.get(key)!r} but this loader has "
-                    f"{key}={mine[key]!r}; build the loader with the same dataset and "
-                    f"arguments to resume")
-        epoch = check_epoch(state.get("epoch"))
-        step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not 0 <= step <= len(self):
-            raise ConfigError(f"state step {step!r} outside 0..{len(self)}")
-        self._close_run()
-        self._epoch = epoch
-        step = int(step)
-        self._step = step
-
-    def iterable_dataset(self):
-        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
-        :mod:`dpu_pipe.torch_dataset`): wrap it in ``DataLoader(ds, batch_size=None)``."""
-        from .torch_dataset import LoaderDataset
-        return LoaderDataset(self)
-
-    @property
-    def bad_samples(self):
-        """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
-        return dict(self.producer.bad_samples)
-
-    def stats(self):
-        """Per-stage counters: seconds reading bytes, in decode+augment, and waiting for
-        batches in the consumer; batches and samples produced; with a device, how batches
-        reach it (see :mod:`dpu_pipe.device`)."""
-        d = self._step_stats().as_dict()
-        d["wait_s"] = self._wait_s
-        d.update(self.out.stats())
-        return d
-
-    def _step_stats(self):
-        """The :class:`~dpu_pipe.steps.StepStats` of every producer of this loader, added."""
-        return self.producer.stats
-
-    def _emit(self, images, labels):
-        return self.out.emit(images, labels)
-
-    def _meta(self, indices):
-        """The ``meta`` of a batch whose rows are the samples ``indices``: a dict of columns,
-        ``"index"`` (int64, a fresh array or CPU tensor) and one list per key of the
-        source's ``metadata(i)``."""
-        index = np.array(indices, dtype=np.int64)    # a copy: ``indices`` is a ring buffer
-        lookup = getattr(self.source, "metadata", None)
-        rows = [lookup(i) for i in index.tolist()] if lookup is not None else []
-        meta = {"index": index}
-        for key in (rows[0] if rows else ()):
-            if key != "index":
-                meta[key] = [r[key] for r in rows]
-        if self.output == "torch":
-            meta["index"] = torch_module("output='torch'").from_numpy(index)
-        return meta
-
-    def _advance(self):
-        self._step += 1
-
-    def _epoch_done(self):
-        self._epoch += 1
-        self._step = 0
-
-    # --- lifecycle ----------------------------------------------------------------------
-
-    def _close_run(self):
-        pass
+    def pause(self):
+        raise NotImplementedError
 
     def close(self):
-        """Stop background work and release buffers. Idempotent."""
-        self._close_run()
+        raise NotImplementedError
 
-    def __enter__(self):
+    def stats(self, made):
+        """The loader's counters given ``made``, the :class:`~dpu_pipe.steps.MakerStats`
+        summed over :attr:`makers`."""
+        return made.as_dict()
+
+
+def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, stop):
+    """Maker thread body. It holds no reference to the Loader or its engine, so a loader
+    dropped without close() is collected, and its __del__ stops this thread."""
+    step = start
+    try:
+        for step in range(start, end):
+            while True:
+                if stop.is_set():
+                    return
+                try:
+                    slot = free.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    continue
+            n = maker.make(epoch, step, images[slot], labels[slot], indices[slot])
+            ready.put((step, slot, n, None))
+    except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
+        ready.put((step, None, 0, exc))
+
+
+class LocalEngine(Engine):
+    """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order.
+
+    Memory: ``(prefetch + 1) × batch bytes``, one buffer per batch in flight plus the one
+    the caller holds (kept from the thread until :meth:`release_held`).
+    """
+
+    def __init__(self, maker, prefetch, timeout):
+        self.maker = maker
+        self.makers = (maker,)
+        self.timeout = timeout
+        nslots = prefetch + 1
+        shape = maker.batch_shape
+        self.images = [np.empty(shape, dtype=maker.transform.np_dtype) for _ in range(nslots)]
+        labels = maker.labels
+        self.labels = [np.empty((maker.batch_size,) + labels.shape[1:], dtype=labels.dtype)
+                       for _ in range(nslots)]
+        self.indices = [np.empty(maker.batch_size, np.int64) for _ in range(nslots)]
+        self.held = None
+        self.thread = None
+        self.free = self.ready = self.stop_flag = None
+
+    def start(self, epoch, step, end):
+        self.pause()
+        self.free = queue.Queue()
+        self.ready = queue.Queue()
+        self.stop_flag = threading.Event()
+        for k in range(len(self.images)):
+            if k != self.held:
+                self.free.put(k)
+        self.thread = threading.Thread(
+            target=_make_loop, name="dpu_pipe-maker", daemon=True,
+            args=(self.maker, self.images, self.labels, self.indices, epoch, step, end,
+                  self.free, self.ready, self.stop_flag))
+        self.thread.start()
+
+    def release_held(self):
+        if self.held is not None:
+            if self.free is not None:
+                self.free.put(self.held)
+            self.held = None
+
+    def _next_data(self, epoch, step):
+        deadline = deadline_in(self.timeout)
+        while True:
+            try:
+                _, slot, n, exc = self.ready.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise ProducerError("the loader's maker thread ended without a batch",
+                                        producer="loader thread") from None
+                if time.monotonic() > deadline:
+                    raise PipeTimeout(f"no batch within {self.timeout:.0f} s (epoch "
+                                      f"{epoch}, step {step})") from None
+        if exc is not None:
+            self.pause()
+            if isinstance(exc, DecodeError):
+                raise exc  # keeps the maker thread's traceback
+            raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
+                                remote_traceback=format_traceback(exc)) from exc
+        self.held = slot
+        return self.images[slot][:n], self.labels[slot][:n], self.indices[slot][:n]
+
+    def pause(self):
+        thread = self.thread
+        if thread is None:
+            return
+        self.stop_flag.set()
+        if thread.is_alive() and thread is not threading.current_thread():
+            # The maker notices the stop flag once the batch it is making is done.
+            thread.join(timeout=self.timeout)
+
+    def close(self):
+        self.pause()
+        self.release_held()
+
+
+def _wait_range():
+    """``torch.profiler.record_function("dpu_pipe.wait")`` when torch is imported (the wait
+    for a batch shows in profiler traces, as torch DataLoader's does), else nothing."""
+    torch = sys.modules.get("torch")
+    profiler = getattr(torch, "profiler", None) if torch is not None else None
+    if profiler is None:
+        return contextlib.nullcontext()
+    return profiler.record_function("dpu_pipe.wait")
+
+
+class _EpochIter:
+    """One pass over the rest of an epoch: what ``iter(loader)`` returns.
+
+    A yielded batch stays valid until the next one is requested: its buffer is given back
+    at the start of the next ``next()`` — not at the ``StopIteration`` that ends the epoch,
+    so the last batch can still be read after the loop.
+
+    Only the loader's current iteration may yield: one superseded by a new ``iter()``,
+    ``set_epoch``, ``load_state_dict`` or ``close`` raises instead of handing out buffers
+    that the new one is overwriting.
+    """
+
+    def __init__(self, loader, engine, epoch, start):
+        self.loader = loader
+        self.engine = engine
+        self.epoch = epoch
+        self.next_step = start
+        self.end = len(loader)
+        engine.start(epoch, start, self.end)
+
+    def __iter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __next__(self):
+        loader = self.loader
+        if loader._iter is not self:
+            raise DpuPipeError("this iterator is no longer current: the loader started another "
+                               "iteration, or moved with set_epoch/load_state_dict/close")
+        if self.next_step >= self.end:
+            loader._end_iteration()
+            loader._epoch += 1
+            loader._step = 0
+            raise StopIteration
+        self.engine.release_held()
+        t0 = time.monotonic()
+        with _wait_range():
+            images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
+        loader._wait_s += time.monotonic() - t0
+        loader._check_bad()
+        loader._yielded += len(labels)
+        self.next_step += 1
+        loader._step += 1
+        x, y = loader.out.emit(images, labels)
+        if loader.return_meta:
+            return x, y, loader._meta(indices)
+        return x, y
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
-
-class Loader(_BaseLoader):
+class Loader:
     """Iterable of ``(images, labels)`` batches decoded and augmented on this host
     (``(images, labels, meta)`` with ``return_meta``).
 
@@ -281,7 +331,14 @@ class Loader(_BaseLoader):
         Batches produced ahead. Memory is bounded by ``(prefetch + 1) × batch bytes``: one
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
-        See :class:`dpu_pipe.steps.StepProducer`.
+        See :class:`dpu_pipe.steps.BatchMaker`.
+    max_bad : int, float or None
+        With ``on_error="skip"``, the failure budget: at most this many bad samples (an
+        int), or this fraction of the rank's shard (a float in [0, 1], rounded down), are
+        skipped; with one more, iterating raises a :class:`DecodeError` that names the first
+        failures (files and messages) instead of skipping on. Counted over every bad sample
+        the loader has met (host threads and producers alike), checked as each batch is
+        delivered. None: no limit.
     copy : bool
         Yield images the caller owns.
     return_meta : bool
@@ -308,166 +365,263 @@ class Loader(_BaseLoader):
         ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``.
     """
 
-    def __init__(self, source, batch_size, **kwargs):
-        super().__init__(source, batch_size, **kwargs)
-        shape = self.producer.batch_shape
-        nslots = self.prefetch + 1
-        self._images = [np.empty(shape, dtype=self.transform.np_dtype) for _ in range(nslots)]
-        labels = self.producer.labels
-        self._labels = [np.empty((self.batch_size,) + labels.shape[1:], dtype=labels.dtype)
-                        for _ in range(nslots)]
-        self._indices = [np.empty(self.batch_size, np.int64) for _ in range(nslots)]
-        self._run = None
+
+    mode = "local"
+
+    def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
+                 drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
+                 num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
+                 output=None, copy=False, device=None, pin_memory=False, memory_format=None,
+                 timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None,
+                 **transform_options):
+        _v.torch_loader_args(transform_options, type(self).__name__)
+        self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
+                              pin_memory=pin_memory, memory_format=memory_format, copy=copy)
+        self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
+                                         dtype=self.out.kernel_dtype,
+                                         layout=self.out.kernel_layout, **transform_options)
+        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        shuffle = self.transform.train if shuffle is None else shuffle
+        if shard_tail is None:
+            shard_tail = "pad" if self.transform.train else "uneven"
+        self.prefetch = _v.positive_int(prefetch, "prefetch")
+        self.num_threads = _v.positive_int(num_threads, "num_threads")
+        self.source = as_source(source)
+        rank, world_size = default_shard(rank, world_size)
+        #: What this loader's batches are made from (:class:`~dpu_pipe.spec.StreamSpec`).
+        self.stream_spec = StreamSpec(self.source, batch_size, self.transform, seed=seed,
+                                      shuffle=shuffle, rank=rank, world_size=world_size,
+                                      shard_tail=shard_tail, drop_last=drop_last,
+                                      on_error=on_error)
+        self.output = self.out.output
+        self.copy = self.out.copy
+        self.return_meta = _v.boolean(return_meta, "return_meta")
+        self.timeout = _v.deadline(timeout, "timeout", DEFAULT_TIMEOUT)
+        self.out.timeout = self.timeout
+        #: The :class:`~dpu_pipe.steps.BatchMaker` of this host (the local engine's; thread
+        #: 0's in hybrid mode); it also gives the stream's geometry.
+        self.maker = BatchMaker(self.stream_spec, self.num_threads)
+        self.batch_size = self.maker.batch_size
+        self.max_bad = max_bad
+        self._bad_limit = _v.bad_budget(max_bad, len(self.maker.sampler))
+        if self._bad_limit is not None and self.maker.on_error != "skip":
+            raise ConfigError("max_bad applies with on_error='skip' (with on_error='raise' "
+                              "the first bad sample raises)")
+        self._engine = None       # made on first iteration, chosen by mode
+        self._iter = None         # the current _EpochIter
+        self._epoch = 0
+        self._step = 0            # batches of self._epoch already yielded
+        self._wait_s = 0.0
+        self._yielded = 0         # samples handed to the caller, all epochs
+        self._created = time.monotonic()
+        self._mark = None         # (time, counters) of the last stats(interval=True)
+
+    def _new_engine(self):
+        """The engine of :attr:`mode` (``"local"`` here; see DPULoader for the others)."""
+        return LocalEngine(self.maker, self.prefetch, self.timeout)
+
+    # --- position in the stream ---------------------------------------------------------
+
+    def __len__(self):
+        """Batches per epoch on this rank."""
+        return self.maker.num_batches
+
+    @property
+    def epoch(self):
+        return self._epoch
 
     def __iter__(self):
-        self._close_run()
+        self._end_iteration()
         if self._step >= len(self) > 0:
-            self._epoch_done()
-        self._run = self._make_run(self._epoch, self._step)
-        return self._run
+            self._epoch += 1
+            self._step = 0
+        if self._engine is None:
+            self._engine = self._new_engine()
+        self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
+        return self._iter
 
-    def _make_run(self, epoch, start):
-        return _LocalRun(self, epoch, start)
+    def set_epoch(self, epoch):
+        """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
+        is the loader's current epoch: then its position is kept.
 
-    def _close_run(self):
-        run = getattr(self, "_run", None)
-        if run is not None:
-            run.close()
-            self._run = None
+        Iterating continues where the loader stands: after a complete epoch it moves to the
+        next epoch by itself; a partly consumed epoch (a ``break``, or a restored state)
+        continues with its next batch. So the torch habit
+        ``loader.load_state_dict(ckpt); for ep in range(start, E): loader.set_epoch(ep); ...``
+        resumes the restored epoch where it stopped, not at step 0 (which would train twice
+        on the samples before the checkpoint). To restart the current epoch from its first
+        batch, ``load_state_dict`` a state with ``step`` 0.
+        """
+        epoch = check_epoch(epoch)
+        if epoch == self._epoch:
+            return
+        self._end_iteration()
+        self._epoch = epoch
+        self._step = 0
 
+    def state_dict(self):
+        """Position in the stream: restoring it (in this or a new process, with the same
+        dataset and arguments) makes the remaining stream bit-identical to an uninterrupted
+        run."""
+        state = {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step}
+        state.update(self.stream_spec.state())
+        state["source"] = self._source_identity()
+        return state
 
-def _produce(producer, images, labels, indices, epoch, start, end, free, ready, stop):
-    """Producer thread body. It holds no reference to the Loader or its iterator, so a loader
-    dropped without close() is collected, and its __del__ stops this thread."""
-    step = start
-    try:
-        for step in range(start, end):
-            while True:
-                if stop.is_set():
-                    return
-                try:
-                    slot = free.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    continue
-            n = producer.produce(epoch, step, images[slot], labels[slot], indices[slot])
-            ready.put((step, slot, n, None))
-    except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
-        ready.put((step, None, 0, exc))
+    def _source_identity(self):
+        """What names the dataset in a state: kind, location, sample count and index
+        fingerprint (paths and labels; None for a source without one)."""
+        spec = self.source.spec() if hasattr(self.source, "spec") else {}
+        fp = getattr(self.source, "fingerprint", None)
+        return {"kind": spec.get("kind", type(self.source).__name__),
+                "location": spec.get("path", spec.get("root")),
+                "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
+    def load_state_dict(self, state):
+        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
+        theirs, ours = state.get("source"), self._source_identity()
+        # A state saved before the dataset was recorded carries no "source": not checked.
+        if theirs is not None and theirs.get("fingerprint") != ours["fingerprint"]:
+            raise ConfigError(
+                f"state was saved for another dataset: {theirs.get('kind')} "
+                f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
+                f"fingerprint {theirs.get('fingerprint')}); this loader reads "
+                f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
+                f"fingerprint {ours['fingerprint']}). Resume with the dataset the state was "
+                f"saved with")
+        for key, mine in self.stream_spec.state().items():
+            if state.get(key) != mine:
+                raise ConfigError(
+                    f"state was saved with {key}={state.get(key)!r} but this loader has "
+                    f"{key}={mine!r}; build the loader with the same dataset and "
+                    f"arguments to resume")
+        epoch = check_epoch(state.get("epoch"))
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not 0 <= step <= len(self):
+            raise ConfigError(f"state step {step!r} outside 0..{len(self)}")
+        self._end_iteration()
+        self._epoch = epoch
+        self._step = int(step)
 
-class _Run:
-    """One pass over the rest of an epoch: the iterator contract every engine shares.
+    def iterable_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
+        :mod:`dpu_pipe.torch_dataset`): wrap it in ``DataLoader(ds, batch_size=None)``."""
+        from .torch_dataset import LoaderDataset
+        return LoaderDataset(self)
 
-    It owns the position (epoch, next step, end), the check that it is still the loader's
-    current iteration, the wait accounting and the output conversion; an engine provides
-    ``_next_data()`` (the next batch as ``(images, labels, indices)`` arrays, ``indices``
-    the dataset index of each row; raising on failure),
-    ``_release_held()`` (give back the buffer of the batch the caller held) and ``close()``.
-    Engines: :class:`_LocalRun` (a host thread), ``dpu_pipe.offload.host._RemoteRun``
-    (producer ranks, and host threads in hybrid mode).
+    # --- what was made ------------------------------------------------------------------
 
-    A yielded batch stays valid until the next one is requested: its buffer is given back
-    at the start of the next ``next()`` — not at the ``StopIteration`` that ends the epoch,
-    so the last batch can still be read after the loop.
+    def _makers(self):
+        return self._engine.makers if self._engine is not None else (self.maker,)
 
-    Only the loader's current run may yield: a run superseded by a new ``iter()``,
-    ``set_epoch`` or ``load_state_dict`` raises instead of handing out buffers that the new
-    run is overwriting.
-    """
+    def describe(self, epoch, index):
+        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
+        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        for every mode, thread count and producer count (they all run this kernel)."""
+        index = _v.integer(index, "index", 0, len(self.source) - 1)
+        return self.maker.kernel.describe(self.source.read(index), index,
+                                          epoch=check_epoch(epoch), seed=self.maker.seed)
 
-    def __init__(self, loader, epoch, start):
-        self.loader = loader
-        self.epoch = epoch
-        self.next_step = start
-        self.end = len(loader)
+    def _check_bad(self):
+        """A :class:`DecodeError` summarizing the first failures once more samples are bad
+        than ``max_bad`` allows."""
+        if self._bad_limit is None:
+            return
+        bad = self.bad_samples
+        if len(bad) > self._bad_limit:
+            first = "; ".join(list(bad.values())[:5])
+            raise DecodeError(f"{len(bad)} bad samples, more than max_bad={self.max_bad} "
+                              f"allows ({self._bad_limit} of this rank's "
+                              f"{len(self.maker.sampler)}); the first: {first}")
 
-    def __iter__(self):
+    @property
+    def bad_samples(self):
+        """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
+        bad = {}
+        for m in self._makers():
+            bad.update(m.bad_samples)
+        if self._engine is not None:
+            bad.update(self._engine.remote_bad)
+        return bad
+
+    def stats(self, interval=False):
+        """Per-stage counters: seconds reading bytes (``read_s``), in decode+augment
+        (``process_s``), batches and samples made (summed over every maker of this host,
+        samples also counting the producers'), and seconds waiting for batches in the
+        consumer (``wait_s``); with a device, how batches reach it (see
+        :mod:`dpu_pipe.device`); with an offloaded mode, the engine's counters (see
+        :meth:`dpu_pipe.offload.host.DPULoader.stats`).
+
+        ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
+        the loader was made) instead, what a training log prints every N steps:
+        ``seconds`` (wall time of the interval), ``samples`` (yielded to the caller),
+        ``img_per_s``, ``data_wait_share`` (share of the interval the caller spent waiting
+        for batches), ``producer_busy_share`` (seconds the batch makers — this host's threads,
+        or the producer ranks — spent reading and decoding, over the interval times their
+        number) and ``bad_samples`` (samples skipped as undecodable in the interval)."""
+        made = MakerStats()
+        for m in self._makers():
+            made += m.stats
+        d = self._engine.stats(made) if self._engine is not None else made.as_dict()
+        d["wait_s"] = self._wait_s
+        d.update(self.out.stats())
+        if not interval:
+            return d
+        busy, makers = self._busy(d)
+        now = time.monotonic()
+        counts = (self._yielded, self._wait_s, busy, len(self.bad_samples))
+        then, last = self._mark if self._mark is not None else (self._created, (0, 0.0, 0.0, 0))
+        self._mark = (now, counts)
+        dt = max(now - then, 1e-9)
+        return {"seconds": dt, "samples": counts[0] - last[0],
+                "img_per_s": (counts[0] - last[0]) / dt,
+                "data_wait_share": (counts[1] - last[1]) / dt,
+                "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
+                "bad_samples": counts[3] - last[3]}
+
+    def _busy(self, stats):
+        """(seconds the batch makers spent reading and decoding, how many makers)."""
+        return stats["read_s"] + stats["process_s"], self.num_threads
+
+    def _meta(self, indices):
+        """The ``meta`` of a batch whose rows are the samples ``indices``: a dict of columns,
+        ``"index"`` (int64, a fresh array or CPU tensor) and one list per key of the
+        source's ``metadata(i)``."""
+        index = np.array(indices, dtype=np.int64)    # a copy: ``indices`` is a ring buffer
+        lookup = getattr(self.source, "metadata", None)
+        rows = [lookup(i) for i in index.tolist()] if lookup is not None else []
+        meta = {"index": index}
+        for key in (rows[0] if rows else ()):
+            if key != "index":
+                meta[key] = [r[key] for r in rows]
+        if self.output == "torch":
+            meta["index"] = torch_module("output='torch'").from_numpy(index)
+        return meta
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def _end_iteration(self):
+        if getattr(self, "_iter", None) is not None:
+            self._iter = None
+            self._engine.pause()
+
+    def close(self):
+        """Stop background work and release buffers. Idempotent."""
+        self._end_iteration()
+        if getattr(self, "_engine", None) is not None:
+            self._engine.close()
+
+    def __enter__(self):
         return self
 
-    def _check_current(self):
-        if self.loader._run is not self:
-            raise DpuPipeError("this iterator is no longer current: the loader started another "
-                               "iteration, or moved with set_epoch/load_state_dict/close")
+    def __exit__(self, *exc):
+        self.close()
 
-    def __next__(self):
-        loader = self.loader
-        self._check_current()
-        if self.next_step >= self.end:
+    def __del__(self):
+        try:
             self.close()
-            loader._run = None
-            loader._epoch_done()
-            raise StopIteration
-        self._release_held()
-        t0 = time.perf_counter()
-        images, labels, indices = self._next_data()
-        loader._wait_s += time.perf_counter() - t0
-        self.next_step += 1
-        loader._advance()
-        if loader.return_meta:
-            x, y = loader._emit(images, labels)
-            return x, y, loader._meta(indices)
-        return loader._emit(images, labels)
-
-    def _next_data(self):
-        raise NotImplementedError
-
-    def _release_held(self):
-        raise NotImplementedError
-
-    def close(self):
-        raise NotImplementedError
-
-
-class _LocalRun(_Run):
-    """The local engine: a producer thread filling the loader's free buffers in order."""
-
-    def __init__(self, loader, epoch, start):
-        super().__init__(loader, epoch, start)
-        self.free = queue.Queue()
-        self.ready = queue.Queue()
-        self.stop = threading.Event()
-        self.held = None
-        for k in range(len(loader._images)):
-            self.free.put(k)
-        self.thread = threading.Thread(
-            target=_produce, name="dpu_pipe-loader", daemon=True,
-            args=(loader.producer, loader._images, loader._labels, loader._indices, epoch,
-                  start, self.end,
-                  self.free, self.ready, self.stop))
-        self.thread.start()
-
-    def _release_held(self):
-        if self.held is not None:
-            self.free.put(self.held)
-            self.held = None
-
-    def _next_data(self):
-        loader = self.loader
-        deadline = deadline_in(loader.timeout)
-        while True:
-            try:
-                step, slot, n, exc = self.ready.get(timeout=0.2)
-                break
-            except queue.Empty:
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise ProducerError("the loader's producer thread ended without a batch",
-                                        producer="loader thread") from None
-                if time.monotonic() > deadline:
-                    raise PipeTimeout(f"no batch within {loader.timeout:.0f} s (epoch "
-                                      f"{self.epoch}, step {self.next_step})") from None
-        if exc is not None:
-            self.close()
-            if isinstance(exc, DecodeError):
-                raise exc  # keeps the producer thread's traceback
-            raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback=format_traceback(exc)) \
-                from exc
-        self.held = slot
-        return loader._images[slot][:n], loader._labels[slot][:n], loader._indices[slot][:n]
-
-    def close(self):
-        self.stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            # The producer notices the stop flag once the batch it is making is done.
-            self.thread.join(timeout=self.loader.timeout)
+        except Exception:
+            pass

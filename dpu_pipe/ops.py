@@ -73,7 +73,7 @@ def output_shape(size, layout="CHW"):
 
 
 def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
-                mean=IMAGENET_MEAN, std=IMAGENET_STD, out=None):
+                mean=IMAGENET_MEAN, std=IMAGENET_STD, out=None, interpolation="bilinear"):
     """Resample a box of an RGB image to ``size``, mirror it, convert and normalize it.
 
     Parameters
@@ -103,6 +103,10 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     out : ndarray, optional
         Writable C-contiguous array of the output shape and dtype to fill (e.g. one sample of
         a batch); allocated when None.
+    interpolation : "bilinear" or "bicubic"
+        Pillow's antialiased filter (torchvision's ``antialias=True``): the triangle, or the
+        Keys cubic with a = -0.5, support scaled by the downscale factor. Bicubic overshoots:
+        uint8 output is clamped to 0..255, float outputs are not.
 
     Returns
     -------
@@ -153,7 +157,9 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     try:
         _ops.resize_crop_into(img, y0, x0, h, w, out.reshape(-1).view(np.uint8), oh, ow,
                               _v.boolean(flip, "flip"), _ops.DTYPE_CODES[name], _ops.LAYOUT_CODES[layout],
-                              mean, std, ws)
+                              mean, std, ws,
+                              _ops.FILTER_CODES[_v.choice(interpolation, "interpolation",
+                                                          tuple(_ops.FILTER_CODES))])
     finally:
         ws.busy = False
     return out

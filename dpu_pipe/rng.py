@@ -35,7 +35,20 @@ Streams (one per purpose, so purposes never share random numbers)
                                    (u0 -> scale, u1 -> log aspect ratio); block 10: the
                                    position of the accepted crop (u0 -> top, u1 -> left)
     2       ``STREAM_FLIP``        block 0: u0 < p flips the sample horizontally
-    256...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    256     ``STREAM_AUGMENT``     auto-augment (src/dpu_pipe/_augment.pyx, aug_sample):
+                                   TrivialAugmentWide block 0 (u0 -> op, u1 -> bin), 1
+                                   (u0 <= 0.5 negates); RandAugment op k blocks 2k (u0 -> op,
+                                   u1 <= 0.5 negates), 2k+1 (u0 -> level noise, mstd);
+                                   AutoAugment block 0 (u0 -> sub-policy), 1 + s (u0 <= p
+                                   applies step s, u1 <= 0.5 negates)
+    257     ``STREAM_JITTER``      colour jitter: blocks 0-1 (u0, u1, u0: the order), block 1
+                                   u1 brightness, block 2 (contrast, saturation), block 3
+                                   u0 hue
+    258     ``STREAM_GRAYSCALE``   block 0: u0 < p makes the sample grayscale
+    259     ``STREAM_ERASE``       block 0: u0 < p erases; attempt a: block 1 + a (u0 ->
+                                   scale, u1 -> log ratio), block 11 + a (u0 -> top, u1 ->
+                                   left)
+    260...  ``STREAM_USER``        first id free for new purposes; add them to this table
     ======  =====================  =========================================================
 
 From words to numbers
@@ -83,7 +96,8 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = [
-    "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_USER", "CROP_ATTEMPTS",
+    "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
+    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_USER", "CROP_ATTEMPTS",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -94,7 +108,11 @@ __all__ = [
 STREAM_SHUFFLE = 0
 STREAM_CROP = 1
 STREAM_FLIP = 2
-STREAM_USER = 256
+STREAM_AUGMENT = 256
+STREAM_JITTER = 257
+STREAM_GRAYSCALE = 258
+STREAM_ERASE = 259
+STREAM_USER = 260
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8
 PERM_MIN_BITS = 8

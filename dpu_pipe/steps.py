@@ -1,11 +1,12 @@
-"""Producing step ``s`` of epoch ``e``: which samples, their bytes, the batch kernel, and what
-happens to samples that cannot be decoded. Local loader threads and DPU producer ranks run
-the same code, so the stream is the same whoever makes it.
+"""Making step ``s`` of epoch ``e``: which samples, their bytes, the batch kernel, and what
+happens to samples that cannot be decoded. Local loader threads, hybrid host threads and DPU
+producer ranks run the same code, built from the same :class:`~dpu_pipe.spec.StreamSpec`, so
+the stream is the same whoever makes it.
 """
 
-import dataclasses
 import logging
 import time
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -14,23 +15,17 @@ from . import _validate as _v
 from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .sampler import EpochSampler
+from .spec import ON_ERROR, StreamSpec
 
-__all__ = ["StepProducer", "StepStats", "ON_ERROR"]
+__all__ = ["BatchMaker", "MakerStats", "ON_ERROR"]
 
 log = logging.getLogger("dpu_pipe")
 
-ON_ERROR = ("raise", "skip")
 
-
-@dataclasses.dataclass
-class StepStats:
-    """What one :class:`StepProducer` has made: seconds reading bytes (``read_s``) and in
-    the batch kernel (``process_s``), batches and samples made, and samples that were not
-    JPEGs (decoded by OpenCV, ``other_formats``).
-
-    Each producer thread owns one (updated without a lock); whoever reports a total adds
-    them with ``+``, so no producer's work is left out of it.
-    """
+@dataclass
+class MakerStats:
+    """What one :class:`BatchMaker` did: seconds reading bytes and in the batch kernel,
+    batches and samples made, and samples that were not JPEGs (decoded by OpenCV)."""
 
     read_s: float = 0.0
     process_s: float = 0.0
@@ -38,29 +33,28 @@ class StepStats:
     samples: int = 0
     other_formats: int = 0
 
-    def __add__(self, other):
-        return StepStats(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                            for f in dataclasses.fields(self)})
+    def __iadd__(self, other):
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
+        return self
 
     def as_dict(self):
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
-class StepProducer:
-    """Makes the batches of one rank's shard.
+class BatchMaker:
+    """Makes the batches of one rank's shard, as its :class:`~dpu_pipe.spec.StreamSpec` says.
 
     Parameters
     ----------
-    source : a dpu_pipe source (``ImageFolder``, ``FileList``, ``PackedSource``)
-    batch_size : int
-    transform : TransformConfig
-    seed, shuffle, rank, world_size, shard_tail : as :class:`~dpu_pipe.sampler.EpochSampler`
-        (``shard_tail="uneven"``: every sample once across ranks, for exact evaluation).
-    drop_last : bool
-        Drop this rank's last partial batch (as ``DataLoader``); False keeps it, shorter.
+    spec : StreamSpec
+        Source, batch size, transform, seed, shard, ``drop_last`` and ``on_error``
+        (``shard_tail="uneven"``: every sample once across ranks, for exact evaluation;
+        ``drop_last=False`` keeps the rank's last partial batch, shorter).
     num_threads : int
-        Threads of the batch kernel.
-    on_error : "raise" or "skip"
+        Threads of the batch kernel (where it runs, not what it makes: not in the spec).
+
+    ``spec.on_error``:
         ``"raise"``: the first undecodable sample of a batch raises :class:`DecodeError` naming
         its index and file. ``"skip"``: it is replaced by the next sample of the shard's
         reading order that decodes (wrapping around; the replacement keeps its own index,
@@ -68,18 +62,19 @@ class StepProducer:
         the bad sample is recorded in :attr:`bad_samples` and logged once.
     """
 
-    def __init__(self, source, batch_size, transform, *, seed=0, shuffle=True, rank=0,
-                 world_size=1, shard_tail="pad", drop_last=False, num_threads=1,
-                 on_error="raise"):
-        on_error = _v.choice(on_error, "on_error", ON_ERROR)
-        self.source = source
-        self.batch_size = _v.positive_int(batch_size, "batch_size")
-        self.on_error = on_error
-        self.sampler = EpochSampler(len(source), seed=seed, shuffle=shuffle, rank=rank,
-                                    world_size=world_size, shard_tail=shard_tail)
-        self.num_batches = self.sampler.num_batches(self.batch_size, drop_last)
-        self.drop_last = bool(drop_last)
-        self.seed = self.sampler.seed
+    def __init__(self, spec, num_threads=1):
+        if not isinstance(spec, StreamSpec):
+            raise TypeError(f"spec must be a StreamSpec, got {spec!r}")
+        self.spec = spec
+        source = self.source = spec.source
+        self.batch_size = spec.batch_size
+        self.on_error = spec.on_error
+        self.sampler = EpochSampler(len(source), seed=spec.seed, shuffle=spec.shuffle,
+                                    rank=spec.rank, world_size=spec.world_size,
+                                    shard_tail=spec.shard_tail)
+        self.num_batches = self.sampler.num_batches(self.batch_size, spec.drop_last)
+        self.drop_last = spec.drop_last
+        self.seed = spec.seed
         # With uneven shards a rank may legitimately have nothing to read (n < world_size);
         # otherwise every rank has the same count, and none means a useless configuration.
         if self.num_batches == 0 and self.sampler.shard_tail != "uneven":
@@ -87,7 +82,8 @@ class StepProducer:
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
-        self.kernel = BatchProcessor(transform, num_threads)
+        self.kernel = BatchProcessor(spec.transform, _v.positive_int(num_threads,
+                                                                     "num_threads"))
         self.transform = self.kernel.config
         labels = np.asarray(source.labels)
         #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
@@ -97,8 +93,8 @@ class StepProducer:
         self._gather = getattr(source, "buffers", None)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
-        #: What this producer has made (:class:`StepStats`).
-        self.stats = StepStats()
+        #: What this maker did (:class:`MakerStats`); the loader adds up its makers'.
+        self.stats = MakerStats()
 
     @property
     def batch_shape(self):
@@ -121,7 +117,7 @@ class StepProducer:
                 datas.append(b"")
         return _jpeg.BufferList.from_buffers(datas), errors
 
-    def produce(self, epoch, step, images, labels, out_indices=None):
+    def make(self, epoch, step, images, labels, out_indices=None):
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``, and
         ``out_indices[:n]`` (when given) with the dataset index of each row.
 

@@ -2,8 +2,11 @@
 remote producers all read. It is plain data — validated once, hashable, and shipped to DPU
 producers as a dict (``to_dict`` / ``from_dict``).
 
-Train: RandomResizedCrop(size, scale, ratio) → horizontal flip with probability ``flip_p``.
-Val:   resize the shorter side to ``resize`` → center crop ``size``.
+Train: RandomResizedCrop(size, scale, ratio, interpolation) → horizontal flip with probability
+``flip_p`` → auto-augment (``auto_augment``: TrivialAugmentWide, RandAugment or AutoAugment's
+ImageNet policy) → colour jitter (random order of its four, as torchvision draws it) →
+grayscale → output conversion → random erasing (``random_erase``), in torchvision's order.
+Val:   resize the shorter side to ``resize`` (``interpolation``) → center crop ``size``.
 Both end in the output conversion: float32/float16/bfloat16 normalized by ``mean``/``std``
 (given in [0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
 bfloat16 is the float32 value rounded to nearest even, as torch rounds it; numpy has no
@@ -24,6 +27,8 @@ __all__ = ["TransformConfig", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 DTYPES = ("float32", "float16", "bfloat16", "uint8")
 LAYOUTS = ("CHW", "HWC")
+INTERPOLATIONS = ("bilinear", "bicubic")
+AUTO_AUGMENT = ("ta_wide", "ra", "imagenet")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,20 @@ class TransformConfig:
     layout: str = "CHW"
     fast: bool = False                  # decode with the fast IDCT and plain upsampling
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # Recipes (train only, except interpolation), in torchvision's vocabulary:
+    interpolation: str = "bilinear"     # crop and validation resize, antialiased (Pillow)
+    auto_augment: object = None         # None, "ta_wide", "ra" or "imagenet"
+    ra_num_ops: int = 2                 # RandAugment: ops per sample
+    ra_magnitude: int = 9               # RandAugment: magnitude bin (0 .. ra_num_bins - 1)
+    ra_num_bins: int = 31               # RandAugment: num_magnitude_bins
+    ra_mstd: float = 0.0                # RandAugment: std of the level (timm's mstd), in bins
+    fill: tuple = (0, 0, 0)             # auto-augment affine ops: value outside the image
+    color_jitter: object = None         # None or (brightness, contrast, saturation, hue)
+    grayscale_p: float = 0.0            # RandomGrayscale probability
+    random_erase: float = 0.0           # RandomErasing probability
+    erase_scale: tuple = (0.02, 0.33)
+    erase_ratio: tuple = (0.3, 3.3)
+    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel
 
     def __post_init__(self):
         size = self.size
@@ -79,6 +98,51 @@ class TransformConfig:
         object.__setattr__(self, "train", _v.boolean(self.train, "train"))
         object.__setattr__(self, "fast", _v.boolean(self.fast, "fast"))
         object.__setattr__(self, "max_pixels", _v.positive_int(self.max_pixels, "max_pixels"))
+        self._check_recipe()
+
+    def _check_recipe(self):
+        """Validate and normalize the recipe fields (augmentation beyond crop and flip)."""
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        set_("interpolation", _v.choice(self.interpolation, "interpolation", INTERPOLATIONS))
+        if self.auto_augment is not None:
+            _v.choice(self.auto_augment, "auto_augment", AUTO_AUGMENT)
+        set_("ra_num_ops", _v.integer(self.ra_num_ops, "ra_num_ops", 0, 16))
+        set_("ra_num_bins", _v.integer(self.ra_num_bins, "ra_num_bins", 2, 64))
+        set_("ra_magnitude", _v.integer(self.ra_magnitude, "ra_magnitude", 0,
+                                        self.ra_num_bins - 1))
+        set_("ra_mstd", _v.number(self.ra_mstd, "ra_mstd", 0.0, 100.0))
+        fill = _v.triple(self.fill if not isinstance(self.fill, (int, float)) else
+                         (self.fill,) * 3, "fill")
+        if not all(0 <= v <= 255 and v == int(v) for v in fill):
+            raise ConfigError(f"fill must be integers 0..255, got {self.fill!r}")
+        set_("fill", tuple(int(v) for v in fill))
+        if self.color_jitter is not None:
+            cj = self.color_jitter
+            cj = (cj, cj, cj, 0.0) if isinstance(cj, (int, float)) else cj
+            try:
+                cj = tuple(float(v) for v in cj)
+            except (TypeError, ValueError):
+                raise ConfigError("color_jitter must be None, a number or (brightness, "
+                                  f"contrast, saturation, hue), got {self.color_jitter!r}") \
+                    from None
+            if len(cj) == 3:
+                cj = cj + (0.0,)
+            if len(cj) != 4 or not all(0.0 <= v < 1e6 for v in cj) or cj[3] > 0.5:
+                raise ConfigError("color_jitter must be (brightness, contrast, saturation, "
+                                  f"hue) with each >= 0 and hue <= 0.5, got {self.color_jitter!r}")
+            set_("color_jitter", cj if any(cj) else None)
+        set_("grayscale_p", _v.number(self.grayscale_p, "grayscale_p", 0.0, 1.0))
+        set_("random_erase", _v.number(self.random_erase, "random_erase", 0.0, 1.0))
+        es = _v.pair(self.erase_scale, "erase_scale")
+        er = _v.pair(self.erase_ratio, "erase_ratio")
+        if not (0 < es[0] and es[1] <= 1.0 and 0 < er[0]):
+            raise ConfigError(f"erase_scale must lie in (0, 1] and erase_ratio be positive, "
+                              f"got {self.erase_scale!r}, {self.erase_ratio!r}")
+        set_("erase_scale", es)
+        set_("erase_ratio", er)
+        ev = self.erase_value
+        set_("erase_value", _v.triple((ev,) * 3 if isinstance(ev, (int, float)) else ev,
+                                      "erase_value"))
 
     @property
     def sample_shape(self):
@@ -99,6 +163,20 @@ class TransformConfig:
         """JSON-serialisable form, for shipping to producers."""
         d = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @property
+    def uint8_pass(self):
+        """Whether samples are resized to uint8 first and augmented there, then converted
+        (bicubic, auto-augment, colour jitter, grayscale), as torchvision's PIL pipeline holds
+        them; the plain recipe converts inside the resampling pass."""
+        return self.interpolation != "bilinear" or (self.train and (
+            self.auto_augment is not None or self.color_jitter is not None
+            or self.grayscale_p > 0))
+
+    @property
+    def augmented(self):
+        """Whether anything beyond the fused crop, flip and conversion runs."""
+        return self.uint8_pass or (self.train and self.random_erase > 0)
 
     @classmethod
     def from_dict(cls, d):

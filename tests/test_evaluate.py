@@ -275,7 +275,7 @@ def test_exact_counts_on_uneven_shards(val_folder, tmp_path):
         loader = Loader(seven, 3, train=False, size=32, rank=rank, world_size=2)
         sizes = [len(labels) for _, labels in loader]
         assert sizes == ([3, 1] if rank == 0 else [3])
-        seen += loader.producer.sampler.indices(0).tolist()
+        seen += loader.maker.sampler.indices(0).tolist()
         m, _, _ = ev.run(dict(spec, rank=rank), weights)
         assert m.count == (4 if rank == 0 else 3)
         ref = host_reference(snapshot, None, 3, rank=rank, world_size=2, src=seven)

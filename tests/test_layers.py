@@ -20,19 +20,20 @@ PACKAGE = "dpu_pipe"
 #: anything, nothing inside may import it.
 LAYERS = [
     ("jpeg", ["errors", "_validate", "_version", "_torch", "deadline", "_jpeg", "_ops",
-              "_rng", "_pipeline", "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "transforms", "weights"]),
+              "_rng", "_pipeline", "_augment", "jpeg", "build_info"]),
+    ("ops", ["ops", "rng", "augment", "transforms", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
                          "packed.writer"]),
-    ("batch", ["batch", "steps", "evaluate", "models"]),
+    ("batch", ["spec", "batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles",
-                   "offload.channel", "offload.group"]),
+                   "offload.scheduler", "offload.channel", "offload.group"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
-                        "offload.validation", "offload.worker", "worker"]),
+                        "offload.validation", "offload.worker", "worker", "distributed"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
-             "tools.sample_data", "tools.pinning", "tools.baselines", "tools.bench_decode",
+             "tools.sample_data", "tools.pinning", "tools.harness", "tools.baselines",
+             "tools.bench_decode",
              "tools.bench_loader", "tools.bench_augment",
              "tools.bench_transcode", "tools.bench_train", "tools.demo", "tools.plan"]),
 ]
@@ -44,7 +45,7 @@ PENDING = {
 }
 
 #: Compiled kernels: imported like modules, no source to parse.
-COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline"}
+COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment"}
 
 
 def module_files(root, package):

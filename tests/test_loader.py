@@ -170,11 +170,20 @@ def test_set_epoch(folder, reference_stream):
         assert loader.epoch == 2
         assert same(one_epoch(loader), reference_stream[2])
         assert loader.epoch == 3
-        # Mid-epoch: set_epoch restarts at the first batch of the epoch asked for.
+        # Mid-epoch: set_epoch of another epoch starts it at its first batch; of the current
+        # epoch it keeps the position (the torch habit after load_state_dict).
         loader.set_epoch(1)
         for k, _ in enumerate(loader):
             if k == 2:
                 break
+        loader.set_epoch(1)
+        assert loader.state_dict()["step"] == 3
+        assert same(one_epoch(loader), reference_stream[1][3:])
+        loader.set_epoch(1)
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+        loader.set_epoch(2)
         loader.set_epoch(1)
         assert same(one_epoch(loader), reference_stream[1])
         loader.set_epoch(0)
@@ -919,3 +928,84 @@ def test_an_abandoned_loader_does_not_keep_its_thread(folder):
             stop = t._args[-1] if getattr(t, "_args", None) else None
             if isinstance(stop, threading.Event):
                 stop.set()
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_restored_position(folder, reference_stream):
+    """The torch habit: restore, then set_epoch(e) for every epoch from the restored one on.
+    Nothing of the restored epoch is seen twice, nothing is missed."""
+    with make(folder) as first:
+        for k, _ in enumerate(first):
+            if k == 1:
+                break
+        state = first.state_dict()
+    assert (state["epoch"], state["step"]) == (0, 2)
+    with make(folder) as loader:
+        loader.load_state_dict(state)
+        got = []
+        for epoch in range(state["epoch"], 2):
+            loader.set_epoch(epoch)
+            got.append(one_epoch(loader))
+    assert same(got[0], reference_stream[0][2:])
+    assert same(got[1], reference_stream[1])
+
+
+def test_state_names_its_dataset_and_another_is_refused(folder, tmp_path):
+    from PIL import Image
+
+    other = tmp_path / "other"
+    for i in range(N):
+        d = other / f"k{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((20, 24, 3), 9 * i, np.uint8)).save(d / f"{i}.jpg")
+    with make(folder) as a:
+        state = a.state_dict()
+        assert state["source"]["fingerprint"] == a.source.fingerprint()
+        assert state["source"]["num_samples"] == N
+    with make(other) as b:     # same size, other files: num_samples alone would accept it
+        with pytest.raises(ConfigError, match=r"another dataset.*other"):
+            b.load_state_dict(state)
+        b.load_state_dict({k: v for k, v in state.items() if k != "source"})
+
+
+@pytest.mark.parametrize("key, says", [
+    ("num_workers", "use num_threads"), ("persistent_workers", "there is no equivalent"),
+    ("prefetch_factor", "use prefetch"), ("pin_memory_device", "use device"),
+    ("worker_init_fn", "there is no equivalent"), ("collate_fn", "use batch_hook")])
+def test_torch_dataloader_keywords_name_the_equivalent(folder, key, says):
+    with pytest.raises(ConfigError, match=rf"{key}= is a torch DataLoader argument; {says}"):
+        Loader(folder, 4, **{key: 2})
+
+
+def test_timeout_zero_is_the_default_deadline(folder):
+    from dpu_pipe.loader import DEFAULT_TIMEOUT
+
+    with make(folder, timeout=0) as loader:
+        assert loader.timeout == DEFAULT_TIMEOUT
+    for bad in (-1, float("inf"), "1", True):
+        with pytest.raises(ConfigError, match="timeout"):
+            Loader(folder, 4, timeout=bad)
+
+
+def test_interval_stats_count_since_the_last_call(folder):
+    with make(folder, batch_size=4) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        a = loader.stats(interval=True)
+        next(it)
+        b = loader.stats(interval=True)
+        c = loader.stats(interval=True)
+    assert (a["samples"], b["samples"], c["samples"]) == (12, 4, 0)
+    for s in (a, b):
+        assert s["img_per_s"] == pytest.approx(s["samples"] / s["seconds"])
+        assert 0 <= s["data_wait_share"] <= 1 and 0 <= s["producer_busy_share"] <= 1.05
+        assert s["bad_samples"] == 0
+    assert loader.stats()["samples"] >= 16          # cumulative counters unchanged
+
+
+def test_waits_show_in_the_torch_profiler(folder):
+    torch = pytest.importorskip("torch")
+    with make(folder) as loader, torch.profiler.profile() as prof:
+        n = sum(1 for _ in loader)
+    waits = [e for e in prof.events() if e.name == "dpu_pipe.wait"]
+    assert len(waits) == n == len(loader)

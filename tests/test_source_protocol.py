@@ -120,3 +120,12 @@ def test_pack_refuses_labels_it_cannot_hold(tmp_path):
     src = FileList([(str(img), 0.5)])
     with pytest.raises(ConfigError, match="one integer label per sample"):
         pack(src, str(tmp_path / "out"), progress=False)
+
+
+def test_dpu_loader_refuses_a_spec_that_does_not_round_trip_on_the_host(root):
+    """Before any MPI: the producers would rebuild another dataset, so the host refuses."""
+    from dpu_pipe import DPULoader
+    with pytest.raises(ConfigError, match="differs from the one the spec describes"):
+        DPULoader(us.ForgetsStart(root, 3, 1), 4, mode="offload")
+    with pytest.raises(ConfigError, match="changes in JSON"):
+        DPULoader(us.NotJson(root, 3, 1), 4, mode="hybrid")

@@ -2,7 +2,8 @@
 messages never match the batch stream's) and a dynamic RMA window on it, made collectively
 when the group is set up. :mod:`dpu_pipe.offload.validation` speaks over it."""
 
-from ..mpi import load_mpi
+from ..deadline import deadline_in
+from ..mpi import load_mpi, wait_request
 
 __all__ = ["Channel", "open_channel", "REQUEST_TAG", "RESULT_TAG", "MERGE_TAG"]
 
@@ -32,6 +33,21 @@ class Channel:
             # One passive-target epoch for the job's lifetime: each read is an Rget waited
             # on with a deadline, never a blocking lock or unlock.
             self.win.Lock_all()
+
+    def close(self, timeout=10.0):
+        """Free the window and the communicator (collective over the group, after every
+        rank stopped using them; Open MPI's UCX one-sided component hangs in MPI_Finalize
+        while a window is still allocated). Idempotent."""
+        if self.win is None:
+            return
+        win, self.win = self.win, None
+        if self.role == "producer":
+            win.Unlock_all()
+        # Win.Free is collective: enter it only once every rank of the group is there.
+        wait_request(self.comm.Ibarrier(), deadline_in(timeout),
+                     f"{self.role} rank {self.rank} freeing the validation window")
+        win.Free()
+        self.comm.Free()
 
     def next_job(self):
         """Job ids count submissions on this host: hosts that submit the same sequence of

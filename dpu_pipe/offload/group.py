@@ -70,7 +70,7 @@ class HostGroup:
         self._transport = None
         self._setup_failed = None
         self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
-        self.active = None          # the loader whose tickets are in flight
+        self.active = None          # the engine whose tickets are in flight
         self._pinned = None         # the window as pinned memory, once a loader has a device
         self.next_stream = 1
         self.open = True
@@ -101,32 +101,37 @@ class HostGroup:
                 raise
         return self._transport
 
-    def activate(self, loader):
-        """Make ``loader`` the stream in flight; the previous one's work is cancelled. Its
-        mode and liveness timeout become the transport's."""
-        if self.active is not None and self.active is not loader:
+    def activate(self, engine):
+        """Make ``engine`` (an :class:`OffloadEngine`) the stream in flight; the previous
+        one's work is cancelled. Its takeover and liveness timeout become the transport's."""
+        if self.active is not None and self.active is not engine:
             self.active.suspend()
-        self.active = loader
+        self.active = engine
         t = self.transport
-        t.takeover = loader.mode == "hybrid"
-        t.liveness_timeout = loader.liveness_timeout
+        t.takeover = engine.takeover
+        t.liveness_timeout = engine.liveness_timeout
+
+    def deactivate(self, engine):
+        """``engine`` has nothing in flight any more."""
+        if self.active is engine:
+            self.active = None
 
     def grow(self, buffers, slot_bytes):
         """Make the window again for a loader larger than the window (collective with the
         producers, after the stream in flight is cancelled and its held batch released)."""
-        active = self.active        # suspending it leaves no loader active
+        active = self.active        # suspending it leaves no engine active
         if active is not None:
-            active.suspend()        # also gives back the batch its caller held
+            active.suspend()
         self.reserve(buffers, slot_bytes)
         log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
         self._transport.resize(*self._want)
 
-    def pinned_window(self, loader):
-        """The window registered as pinned memory with the device runtime of ``loader``'s
-        output (made on first use, registered again when the window is made anew), for
-        device copies straight from the window."""
+    def pinned_window(self, out, timeout):
+        """The window registered as pinned memory with the device runtime of ``out`` (a
+        loader's :class:`~dpu_pipe.device.OutputSpec`; made on first use, registered again
+        when the window is made anew), for device copies straight from the window."""
         if self._pinned is None:
-            self._pinned = PinnedRegion(loader.out.device_backend(), timeout=loader.timeout)
+            self._pinned = PinnedRegion(out.device_backend(), timeout=timeout)
             self.transport.add_window_user(self._pinned)
         return self._pinned
 
@@ -149,3 +154,6 @@ class HostGroup:
                 self.transport
             if self._transport is not None:
                 self._transport.close()
+                if self._transport._abort_at_exit:
+                    return          # a producer never signed off: the job ends with an abort
+            self.validation.close(self.setup_timeout)

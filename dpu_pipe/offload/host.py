@@ -25,21 +25,28 @@ one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` obj
 producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
 
 The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
-run the same :class:`~dpu_pipe.steps.StepProducer`, and batches are yielded strictly in order.
+run the same :class:`~dpu_pipe.steps.BatchMaker` built from the loader's
+:class:`~dpu_pipe.spec.StreamSpec`, and batches are yielded strictly in order.
+
+The engine of the offloaded modes is :class:`OffloadEngine` (the
+:class:`~dpu_pipe.loader.Engine` contract): the host group knows engines, not loaders — it
+activates one, suspends the previous one and asks the active one to give back its held batch
+before it remakes the window.
 """
 
-import dataclasses
 import logging
 import queue
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import _validate as _v
 from ..errors import ConfigError, DpuPipeError
-from ..loader import Loader, _Run
-from ..steps import StepProducer, StepStats
+from ..loader import Engine, Loader
+from ..sources import check_spec
+from ..steps import BatchMaker
 from . import wire
 from .group import HostGroup, _mpi_running, host_group, shutdown
 from .transport import FAILED, OK, _pack_error
@@ -113,18 +120,24 @@ class DPULoader(Loader):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
                               f"{host_threads!r}")
         self._group = None
-        self._stream = None
         if mode != "local" or comm is not None or _mpi_running():
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
             self._group = host_group(comm, hostmap=hostmap)
-            rank = self._group.host_index if rank is None else rank
-            world_size = self._group.num_hosts if world_size is None else world_size
+            if self._group.roles.producers or self._group.num_hosts > 1:
+                rank = self._group.host_index if rank is None else rank
+                world_size = self._group.num_hosts if world_size is None else world_size
+            # else an MPI job of this process alone (torchrun, plain python): the shard
+            # comes from torch.distributed, as for Loader.
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
+        if mode != "local":
+            # Producers rebuild the source from its spec: one that would not rebuild is
+            # refused here, on the host, before any producer tries.
+            check_spec(self.source)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
-        labels = self.producer.labels
+        labels = self.maker.labels
         #: Byte layout of this loader's batches in the window (and in hybrid host threads).
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
                                          self.transform.np_dtype, labels.dtype,
@@ -134,50 +147,33 @@ class DPULoader(Loader):
         self.host_threads = int(host_threads)
         if self._group is not None:
             self._group.reserve(self.slots, self.payload_bytes)
+            if mode == "offload" and not self._group.roles.producers:
+                # torchrun, or a plain python: each process is an MPI job of its own.
+                raise ConfigError(
+                    f"DPULoader(mode='offload'): this MPI job has no producer rank "
+                    f"({self._group.num_hosts} host rank(s) and nothing else; a process "
+                    f"started by torchrun or plain python is an MPI job of one). Launch hosts "
+                    f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
+                    f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
+                    f"mode='hybrid' or 'local' to produce on this host")
             if mode != "local" and self._group.producers == 0:
                 log.warning("DPULoader: no producer rank serves this host; producing locally")
                 mode = "local"
         self.mode = mode
-        #: What arrived through the host group (:class:`RemoteStats`).
-        self.remote_stats = RemoteStats()
-        # The StepProducers of hybrid host threads 2..N (the first thread runs
-        # self.producer), kept across streams so that stats() counts their work.
-        self._thread_producers = []
 
-    def host_producer(self, k):
-        """The :class:`~dpu_pipe.steps.StepProducer` of hybrid host thread ``k`` (0-based):
-        the loader's own for the first, one more per further thread, sharing its record of
-        bad samples."""
-        if k == 0:
-            return self.producer
-        while len(self._thread_producers) < k:
-            p = self.producer
-            prod = StepProducer(
-                p.source, p.batch_size, p.transform, seed=p.seed, shuffle=p.sampler.shuffle,
-                rank=p.sampler.rank, world_size=p.sampler.world_size,
-                shard_tail=p.sampler.shard_tail, drop_last=p.drop_last,
-                num_threads=self.num_threads, on_error=p.on_error)
-            # One record of bad samples for every host thread: the loader reports the
-            # first producer's (dict updates are atomic under the GIL).
-            prod.bad_samples = p.bad_samples
-            self._thread_producers.append(prod)
-        return self._thread_producers[k - 1]
-
-    def _step_stats(self):
-        total = self.producer.stats
-        for prod in self._thread_producers:
-            total = total + prod.stats
-        return total + StepStats(samples=self.remote_stats.producer_samples)
+    def _new_engine(self):
+        if self.mode == "local":
+            return super()._new_engine()
+        return OffloadEngine(self)
 
     def spec(self):
-        """What producers need to make this loader's stream (JSON-serialisable)."""
-        p = self.producer
-        return {"version": wire.SPEC_VERSION, "source": self.source.spec(),
-                "batch_size": self.batch_size, "transform": self.transform.to_dict(),
-                "seed": p.seed, "shuffle": p.sampler.shuffle, "rank": p.sampler.rank,
-                "world_size": p.sampler.world_size, "shard_tail": p.sampler.shard_tail,
-                "drop_last": p.drop_last, "labels": self.layout.labels(),
-                "on_error": p.on_error, "num_threads": self.producer_threads}
+        """What producers need to make this loader's stream (JSON-serialisable): the
+        :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout and the threads of
+        each producer's kernel."""
+        d = {"version": wire.SPEC_VERSION}
+        d.update(self.stream_spec.to_wire())
+        d.update(labels=self.layout.labels(), num_threads=self.producer_threads)
+        return d
 
     @property
     def payload_bytes(self):
@@ -185,101 +181,55 @@ class DPULoader(Loader):
         (see :class:`~dpu_pipe.offload.wire.PayloadLayout`)."""
         return self.layout.nbytes
 
-    def _make_run(self, epoch, start):
+    def _busy(self, stats):
         if self.mode == "local":
-            return super()._make_run(epoch, start)
-        if self._stream is None:
-            self._stream = _Stream(self)
-        return _RemoteRun(self, epoch, start)
+            return super()._busy(stats)
+        return (stats["producer_read_s"] + stats["producer_process_s"],
+                max(1, self._group.producers))
 
-    def suspend(self):
-        """Cancel this loader's work in flight and give back the batch its caller holds
-        (the host group does this when another loader becomes active)."""
-        if self._stream is not None:
-            self._stream.suspend()
-
-    def close(self):
-        """Stop this loader's work and release its buffers (the producers keep serving the
-        process's other loaders until it exits, or :func:`shutdown`). Idempotent."""
-        super().close()
-        if getattr(self, "_stream", None) is not None:
-            self._stream.close()
-            self._stream = None
-
-    @property
-    def bad_samples(self):
-        bad = dict(self.producer.bad_samples)
-        bad.update(self.remote_stats.bad)
-        return bad
-
-    def stats(self):
+    def stats(self, interval=False):
         """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
         read/decode+augment/publish seconds, batches per producer rank (0: host threads),
         and samples made by each side (``producer_samples``, ``host_samples``), and the
         window polls made while waiting for batches (``host_polls``; each costs the host
         ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
         time instead of polling)."""
-        d = super().stats()
-        if self.mode != "local":
-            r = self.remote_stats
-            d.update(bytes_received=r.bytes, batches=r.batches,
-                     producer_read_s=r.read_s, producer_process_s=r.process_s,
-                     producer_publish_s=r.publish_s,
-                     steps_per_producer={str(k): v for k, v in r.per_producer.items()},
-                     producer_samples=r.producer_samples, host_samples=r.host_samples,
-                     host_polls=r.polls)
-        return d
+        return super().stats(interval)
 
 
-@dataclasses.dataclass
+@dataclass
 class RemoteStats:
-    """Counters of the batches a :class:`DPULoader` received through its host group: payload
-    bytes, batches, per group rank (0: host threads); the producers' read, decode+augment
-    and publish seconds and samples (``producer_*``), the host threads' samples; window
-    polls while waiting; and the bad samples producers reported ({index: message})."""
+    """What an :class:`OffloadEngine` received: payload bytes and batches, the producers'
+    reported seconds, batches per producer rank (0: host threads), samples by side, and the
+    window polls made while waiting."""
 
     bytes: int = 0
     batches: int = 0
     read_s: float = 0.0
     process_s: float = 0.0
     publish_s: float = 0.0
-    producer_samples: int = 0
+    per_producer: dict = field(default_factory=dict)
     host_samples: int = 0
+    producer_samples: int = 0
     polls: int = 0
-    per_producer: dict = dataclasses.field(default_factory=dict)
-    bad: dict = dataclasses.field(default_factory=dict)
 
-    def record_batch(self, producer, nbytes, head):
-        """Count one delivered payload of ``nbytes`` from group rank ``producer`` whose
-        header is ``head`` (:data:`~dpu_pipe.offload.wire.PAYLOAD_HEADER`)."""
-        n = head["n"]
-        self.bytes += nbytes
-        self.batches += 1
-        self.per_producer[producer] = self.per_producer.get(producer, 0) + 1
-        if producer:
-            self.read_s += head["read_ns"] * 1e-9
-            self.process_s += head["process_ns"] * 1e-9
-            self.publish_s += head["publish_ns"] * 1e-9
-            self.producer_samples += n
-        else:
-            self.host_samples += n
-
-    def record_bad(self, producer, report):
-        """Note the bad samples of a producer's ``report`` ({index: message}) not seen
-        before, logging each once."""
-        for index, message in report.items():
-            if index not in self.bad:
-                self.bad[index] = message
-                log.warning("producer %d skipped undecodable sample: %s", producer, message)
+    def as_dict(self):
+        return {"bytes_received": self.bytes, "batches": self.batches,
+                "producer_read_s": self.read_s, "producer_process_s": self.process_s,
+                "producer_publish_s": self.publish_s,
+                "steps_per_producer": {str(k): v for k, v in self.per_producer.items()},
+                "producer_samples": self.producer_samples, "host_samples": self.host_samples,
+                "host_polls": self.polls}
 
 
-class _LocalMaker(threading.Thread):
-    """A host thread of hybrid mode: makes tickets into its own payload-shaped buffers."""
+class _HostThread(threading.Thread):
+    """A host thread of hybrid mode: makes tickets with its own BatchMaker into its own
+    payload-shaped buffers."""
 
-    def __init__(self, loader, producer, free, done):
+    def __init__(self, maker, layout, free, done):
         super().__init__(name="dpu_pipe-hybrid", daemon=True)
-        self.producer = producer
-        self.layout = loader.layout
+        self.maker = maker
+        self.layout = layout
         self.todo = queue.Queue()
         self.free, self.done = free, done
         self.busy = False
@@ -292,9 +242,9 @@ class _LocalMaker(threading.Thread):
             ticket, epoch, step, buf = item
             try:
                 images, labels, indices = self.layout.views(buf, self.layout.batch_size)
-                st = self.producer.stats
+                st = self.maker.stats
                 r0, p0 = st.read_s, st.process_s
-                n = self.producer.produce(epoch, step, images, labels, indices)
+                n = self.maker.make(epoch, step, images, labels, indices)
                 self.layout.write_header(buf, n=n, read_ns=round((st.read_s - r0) * 1e9),
                                          process_ns=round((st.process_s - p0) * 1e9))
                 self.done.put((ticket, buf, OK, None))
@@ -305,20 +255,44 @@ class _LocalMaker(threading.Thread):
                 self.busy = False
 
 
-class _Stream:
-    """A loader's place in its host group: its stream id, the tickets it has in flight (in
-    order), the batch the caller holds, and in hybrid mode the host threads."""
+class OffloadEngine(Engine):
+    """The engine of the offloaded modes: a loader's stream in its host group — its stream
+    id, the tickets it has in flight (in order), the batch the caller holds, what it
+    received, and in hybrid mode the host threads.
+
+    Tickets run ahead of the caller, across epoch ends: :meth:`pause` keeps them, and
+    :meth:`start` keeps them when the iteration continues where they stand (else cancels
+    them). Memory: the window's slots (shared by the process's loaders) and, in hybrid
+    mode, ``host_threads + 2`` payload buffers.
+    """
 
     def __init__(self, loader):
-        self.loader = loader
         self.hostgroup = loader._group
         self.transport = self.hostgroup.transport
+        self.out = loader.out
+        self.timeout = loader.timeout
+        self.takeover = loader.mode == "hybrid"
+        self.liveness_timeout = loader.liveness_timeout
+        self.slots = loader.slots
+        self.layout = loader.layout
+        self.payload_bytes = loader.payload_bytes
+        self.wire_spec = loader.spec()
+        self.stream_spec = loader.stream_spec
+        self.num_batches = len(loader)
+        self.host_threads = loader.host_threads if self.takeover else 0
+        self.num_threads = loader.num_threads
+        self.first_maker = loader.maker
+        self.makers = ()
+        #: {sample index: message} of bad samples the producers reported.
+        self.remote_bad = {}
+        self.received = RemoteStats()
         self.id = None
         self.spec_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
         self.feed = None            # (epoch, step) to submit next
         self.held = None            # ticket (or local buffer) the caller holds
-        self.makers = []
+        self.failed = None          # why the current iteration ended, if it failed
+        self.threads = []
         self.local_free = []
         self.local_done = queue.Queue()
         self.local = {}             # ticket -> local buffer, made or being made
@@ -326,22 +300,28 @@ class _Stream:
 
     # -- set-up -----------------------------------------------------------------------------
     def _ensure(self):
-        loader = self.loader
         if self.transport is not None and self.id is None:
             t = self.transport
-            if loader.slots > t.layout.buffers or loader.payload_bytes > t.layout.slot_bytes:
-                self.hostgroup.grow(loader.slots, loader.payload_bytes)
-            self.id, self.spec_replies = self.hostgroup.register(loader.spec())
-            if loader.out.device is not None:
-                loader.out.window = self.hostgroup.pinned_window(loader)
-        if loader.mode == "hybrid" and not self.makers:
-            for k in range(loader.host_threads):
-                m = _LocalMaker(loader, loader.host_producer(k), self.local_free,
-                                self.local_done)
-                m.start()
-                self.makers.append(m)
-            self.local_free.extend(np.zeros(loader.payload_bytes, np.uint8)
-                                   for _ in range(loader.host_threads + 2))
+            if self.slots > t.layout.buffers or self.payload_bytes > t.layout.slot_bytes:
+                self.hostgroup.grow(self.slots, self.payload_bytes)
+            self.id, self.spec_replies = self.hostgroup.register(self.wire_spec)
+            if self.out.device is not None:
+                self.out.window = self.hostgroup.pinned_window(self.out, self.timeout)
+        if self.host_threads and not self.threads:
+            if not self.makers:     # kept across close(): their stats are the loader's
+                makers = [self.first_maker] + [BatchMaker(self.stream_spec, self.num_threads)
+                                               for _ in range(self.host_threads - 1)]
+                for m in makers[1:]:
+                    # One record of bad samples for every host thread (dict updates are
+                    # atomic under the GIL).
+                    m.bad_samples = self.first_maker.bad_samples
+                self.makers = tuple(makers)
+            for m in self.makers:
+                th = _HostThread(m, self.layout, self.local_free, self.local_done)
+                th.start()
+                self.threads.append(th)
+            self.local_free.extend(np.zeros(self.payload_bytes, np.uint8)
+                                   for _ in range(self.host_threads + 2))
 
     def _check_specs(self):
         for r in self.spec_replies:
@@ -349,27 +329,31 @@ class _Stream:
                 r.result(0)  # raises the producer's error opening the pipeline
 
     # -- flow -------------------------------------------------------------------------------
-    def start(self, epoch, step):
+    def start(self, epoch, step, end):
         """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
         continue from there, else cancel them."""
+        self.failed = None
         self._ensure()
-        self.hostgroup.activate(self.loader)
+        self.hostgroup.activate(self)
         if self.pending and self.pending[0][1:] == (epoch, step):
             return
-        self.suspend(keep_held=True)
+        self.suspend(release=False)
         # suspend() leaves no stream active; this one is, or another loader starting later
         # would not cancel the tickets submitted from here on.
-        self.hostgroup.activate(self.loader)
+        self.hostgroup.activate(self)
         self.feed = (epoch, step)
 
+    def pause(self):
+        pass    # the tickets ahead stay in flight: the next epoch usually continues there
+
     def _top_up(self):
-        t, loader = self.transport, self.loader
+        t = self.transport
         # Enough for every producer's queue and the host threads; more would only be
         # cancelled work when the stream jumps.
-        ahead = loader.slots + QUEUE * (t.size - 1 if t else 0) + loader.host_threads
+        ahead = self.slots + QUEUE * (t.size - 1 if t else 0) + self.host_threads
         while len(self.pending) < ahead:
             epoch, step = self.feed
-            if step >= len(loader):
+            if step >= self.num_batches:
                 epoch, step = epoch + 1, 0
             ticket = t.submit(self.id, epoch, step) if t else None
             self.pending.append((ticket, epoch, step))
@@ -377,7 +361,7 @@ class _Stream:
 
     def _run_local(self):
         """Hybrid: hand tickets to idle host threads when the producers fall behind."""
-        t, loader = self.transport, self.loader
+        t = self.transport
         while True:
             try:
                 ticket, buf, status, blob = self.local_done.get_nowait()
@@ -390,13 +374,13 @@ class _Stream:
                     t.deliver(ticket, buf[:len(blob)], FAILED)
                 else:
                     head = wire.unpack(buf, wire.PAYLOAD_HEADER)
-                    t.deliver(ticket, buf[:loader.layout.end(head["n"])], OK)
+                    t.deliver(ticket, buf[:self.layout.end(head["n"])], OK)
             else:
                 self.local_free.append(buf)
         ready = sum(1 for tk, _, _ in self.pending if t.state(tk) == "ready")
-        low = ready < loader.slots // 2 + 1
-        for m in self.makers:
-            if m.busy or not self.local_free:
+        low = ready < self.slots // 2 + 1
+        for th in self.threads:
+            if th.busy or not self.local_free:
                 continue
             if not (low or t.pool_size(local_only=True)):
                 return
@@ -406,16 +390,25 @@ class _Stream:
             ticket, stream, epoch, step = taken[0]
             buf = self.local_free.pop()
             self.local[ticket] = buf
-            m.busy = True
-            m.todo.put((ticket, epoch, step, buf))
+            th.busy = True
+            th.todo.put((ticket, epoch, step, buf))
 
-    def next(self, epoch, step):
-        """The batch for ``(epoch, step)`` as (images, labels, indices), waiting with the
-        loader's deadline."""
-        loader, t = self.loader, self.transport
-        if self.hostgroup.active is not self.loader:
+    def _next_data(self, epoch, step):
+        if self.failed is not None:
+            raise DpuPipeError(f"this iteration ended with an error at epoch {epoch} "
+                               f"step {step}: {self.failed}; start a new one")
+        try:
+            return self._next(epoch, step)
+        except BaseException as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.suspend()
+            raise
+
+    def _next(self, epoch, step):
+        t = self.transport
+        if self.hostgroup.active is not self:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
-            self.start(epoch, step)
+            self.start(epoch, step, self.num_batches)
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):
@@ -424,13 +417,13 @@ class _Stream:
 
         def between():
             self._check_specs()
-            if self.makers:
+            if self.threads:
                 self._run_local()
 
         # Hybrid: the host's threads get their turn on every poll, so no naps.
         polls = t.polls
-        d = t.wait(ticket, timeout=loader.timeout, between=between, nap=not self.makers)
-        loader.remote_stats.polls += t.polls - polls
+        d = t.wait(ticket, timeout=self.timeout, between=between, nap=not self.threads)
+        self.received.polls += t.polls - polls
         self.pending.popleft()
         self.held = ticket
         # Grant the buffer just given back before the caller's training step, so producers
@@ -439,23 +432,32 @@ class _Stream:
         return self._unpack(d)
 
     def _unpack(self, d):
-        loader = self.loader
         payload = d.payload
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
-        images, labels, indices = loader.layout.views(payload, n)
-        stats = loader.remote_stats
-        stats.record_bad(d.producer, loader.layout.report(payload, n, head["bad_bytes"]))
-        stats.record_batch(d.producer, payload.nbytes, head)
+        images, labels, indices = self.layout.views(payload, n)
+        for index, message in self.layout.report(payload, n, head["bad_bytes"]).items():
+            if index not in self.remote_bad:
+                self.remote_bad[index] = message
+                log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
+        r = self.received
+        r.bytes += payload.nbytes
+        r.batches += 1
+        r.per_producer[d.producer] = r.per_producer.get(d.producer, 0) + 1
+        if d.producer:
+            r.read_s += head["read_ns"] * 1e-9
+            r.process_s += head["process_ns"] * 1e-9
+            r.publish_s += head["publish_ns"] * 1e-9
+            r.producer_samples += n
+        else:
+            r.host_samples += n
         return images, labels, indices
 
     def release_held(self):
-        """Give back the buffer of the batch the caller holds (the one release path: the
-        loader's iterator calls it when the next batch is requested)."""
         if self.held is not None:
             # A device copy may still read the batch from its window slot: the producers
             # get the slot back only once it is done.
-            self.loader.out.fence()
+            self.out.fence()
             ticket, self.held = self.held, None
             self.transport.release(ticket)
             buf = self.local.pop(ticket, None)
@@ -463,14 +465,14 @@ class _Stream:
                 self.local_made.discard(ticket)
                 self.local_free.append(buf)
 
-    def suspend(self, keep_held=False):
-        """Cancel the tickets in flight (and, unless ``keep_held``, give back the held
-        batch): the stream continues later from its loader's position."""
+    def suspend(self, release=True):
+        """Cancel the tickets in flight (and, with ``release``, give back the held batch):
+        the stream continues later from its loader's position."""
         t = self.transport
         if t is None or t.closed:
             self.pending.clear()
             return
-        if not keep_held:
+        if release:
             self.release_held()
         tickets = [tk for tk, _, _ in self.pending]
         t.cancel(tickets)
@@ -481,42 +483,16 @@ class _Stream:
                 self.local_made.discard(tk)
                 self.local_free.append(buf)
         self.pending.clear()
-        if self.hostgroup.active is self.loader:
-            self.hostgroup.active = None
+        self.hostgroup.deactivate(self)
 
     def close(self):
         self.suspend()
-        for m in self.makers:
-            m.todo.put(None)
-        self.makers = []
+        for th in self.threads:
+            th.todo.put(None)
+        self.threads = []
 
-
-class _RemoteRun(_Run):
-    """The remote engine: batches from the host group's producers (and hybrid host threads)."""
-
-    def __init__(self, loader, epoch, start):
-        super().__init__(loader, epoch, start)
-        self.stream = loader._stream
-        self.failed = None
-        self.stream.start(epoch, start)
-
-    def _next_data(self):
-        if self.failed is not None:
-            raise DpuPipeError(f"this iteration ended with an error at epoch {self.epoch} "
-                               f"step {self.next_step}: {self.failed}; start a new one")
-        try:
-            return self.stream.next(self.epoch, self.next_step)
-        except BaseException as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            self.stream.suspend()
-            raise
-
-    def _release_held(self):
-        # The held batch is the stream's, not this run's: the last batch of an epoch
-        # outlives its loop and is given back when the next run asks for a batch.
-        self.stream.release_held()
-
-    def close(self):
-        # The tickets in flight are the stream's: the next run continues with them when it
-        # starts where this one stopped (the loader cancels them when it moves elsewhere).
-        pass
+    def stats(self, made):
+        d = made.as_dict()
+        d["samples"] += self.received.producer_samples
+        d.update(self.received.as_dict())
+        return d

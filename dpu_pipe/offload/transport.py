@@ -61,8 +61,9 @@ from ..deadline import Backoff, deadline_in, poll_until
 from ..errors import ConfigError, DecodeError, PipeTimeout, ProducerError, error_record
 from ..mpi import load_mpi, wait_request
 from . import wire
-from .wire import (ASSIGN, BUFFER_HEADER, CANCELLED, CONTROL, FAILED, OK, QUEUE, STATUS,
-                   WAITING, HostLayout, ProducerLayout)
+from .scheduler import LOCAL, Scheduler
+from .wire import (ASSIGN, BUFFER_HEADER, CANCELLED, CONTROL, FAILED, OK, STATUS,
+                   HostLayout, ProducerLayout)
 
 __all__ = ["HostTransport", "ProducerTransport", "Delivery", "Reply", "RemoteError", "Work",
            "TAG_REQUEST", "TAG_REPLY", "LOCAL"]
@@ -71,19 +72,9 @@ log = logging.getLogger("dpu_pipe")
 
 #: MPI tags of the request channel (host → producer) and its replies.
 TAG_REQUEST, TAG_REPLY = 0x4451, 0x4452
-#: Owner of a ticket made by the host's own threads (hybrid mode).
-LOCAL = 0
 # Heartbeat period, seconds: often enough that silence is seen quickly, rare enough to cost
 # nothing next to a batch.
 BEAT_EVERY = 0.05
-#: Hybrid takeover of a slow producer: its batch took this many times the usual batch time,
-#: and at least SLOW_FLOOR seconds.
-SLOW_FACTOR, SLOW_FLOOR = 10, 1.0
-
-
-#: A host waiting for a batch its producer is making sleeps through the expected rest of it,
-#: waking this share of the producer's usual batch time early, at most NAP_MAX seconds at once.
-NAP_MARGIN, NAP_MAX = 0.1, 0.5
 
 
 class _Endpoint:
@@ -215,39 +206,6 @@ class Reply:
         return self._value
 
 
-class _Ticket:
-    __slots__ = ("ticket", "stream", "epoch", "step", "owner", "seq", "buffer", "grant",
-                 "ready", "local_only", "header")
-
-    def __init__(self, ticket, stream, epoch, step):
-        self.ticket, self.stream, self.epoch, self.step = ticket, stream, epoch, step
-        self.owner = None       # producer rank, LOCAL, or None while in the pool
-        self.seq = -1           # assignment seq at its producer
-        self.buffer = -1        # granted window buffer
-        self.grant = -1
-        self.ready = None       # Delivery once made
-        self.local_only = False  # taken over from a silent producer: the host makes it
-
-
-class _Peer:
-    """The host's view of one producer."""
-
-    def __init__(self, rank, now):
-        self.rank = rank
-        self.next_seq = 0
-        self.done = 0
-        self.beat = -1
-        self.seen = now
-        self.retired = False
-        self.stopped = False
-        self.made = 0
-        self.entries = {}       # seq -> _Ticket, not yet passed by the producer
-        self.working = -1       # ticket it reports making, since when, and its usual
-        self.working_since = now    # batch time (moving average, seconds)
-        self.batch_s = None
-        self.since_error = 0.0  # working_since is late by up to this (the poll gap)
-
-
 class HostTransport(_Endpoint):
     """Host end (group rank 0). Collective at construction with a :class:`ProducerTransport`
     on every other rank of ``comm``; afterwards nothing it does waits for a collective.
@@ -283,19 +241,15 @@ class HostTransport(_Endpoint):
                               f"{slot_bytes}")
         if min(liveness_timeout, timeout, setup_timeout, poll_interval) <= 0:
             raise ConfigError("timeouts and intervals must be positive seconds")
-        self.liveness_timeout = float(liveness_timeout)
+        self._liveness_timeout = float(liveness_timeout)
+        self._takeover = bool(takeover)
         self.timeout = float(timeout)
         self.setup_timeout = float(setup_timeout)
         self.poll_interval = float(poll_interval)
-        self.takeover = bool(takeover)
         self.window_users = []
+        self.sched = None
         self._setup(comm, self.setup_timeout)
         self._window(buffers, slot_bytes)
-        self.tickets = {}           # ticket -> _Ticket, submitted and not released/cancelled
-        self.pool = []              # tickets waiting for an owner, ascending
-        self.next_ticket = 0
-        self.next_grant = 1
-        self.failure = None         # message of a silent producer (offload)
         self.closed = False
         self._replies = {}
         self._sends = []
@@ -305,6 +259,29 @@ class HostTransport(_Endpoint):
         self.polls = 0              # polls made (each costs the host ~30-60 us of CPU)
         self._abort_at_exit = False
         atexit.register(self._exit)
+
+    # The scheduler's state, as the transport's (one scheduler per window).
+    tickets = property(lambda self: self.sched.tickets)
+    peers = property(lambda self: self.sched.peers)
+    free = property(lambda self: self.sched.free)
+    quarantined = property(lambda self: self.sched.quarantined)
+    failure = property(lambda self: self.sched.failure)
+
+    @property
+    def takeover(self):
+        return self._takeover
+
+    @takeover.setter
+    def takeover(self, value):
+        self._takeover = self.sched.takeover = bool(value)
+
+    @property
+    def liveness_timeout(self):
+        return self._liveness_timeout
+
+    @liveness_timeout.setter
+    def liveness_timeout(self, value):
+        self._liveness_timeout = self.sched.liveness_timeout = float(value)
 
     def _window(self, buffers, slot_bytes):
         """Make the window (collective with every producer's ``_window``)."""
@@ -316,9 +293,13 @@ class HostTransport(_Endpoint):
                          "host_timeout": max(3600.0, 10 * self.liveness_timeout)}, root=0)
         self._ready(self.setup_timeout)
         now = time.monotonic()
-        self.peers = {r: _Peer(r, now) for r in range(1, self.size)}
-        self.free = list(range(self.layout.buffers))
-        self.quarantined = set()
+        old = self.sched
+        self.sched = Scheduler(self.layout.buffers, range(1, self.size), now,
+                               liveness_timeout=self._liveness_timeout,
+                               takeover=self._takeover, describe=self.describe)
+        if old is not None:     # numbering goes on across windows: grants stay unique
+            self.sched.next_ticket, self.sched.next_grant = old.next_ticket, old.next_grant
+            self.sched.abort_at_exit, self.sched.failure = old.abort_at_exit, old.failure
         self._seen = {}
         self._polled = self._prev_poll = time.monotonic()
 
@@ -348,66 +329,39 @@ class HostTransport(_Endpoint):
         self.window_users.append(user)
         user.attach(self.mem)
 
-    # -- work -----------------------------------------------------------------------------
+    # -- work (the scheduler decides; see dpu_pipe.offload.scheduler) -----------------------
     def submit(self, stream, epoch, step):
         """Queue ``(stream, epoch, step)``; returns its ticket. Tickets are assigned to
         producers (and granted buffers) lowest first."""
         self._check_open()
-        t = _Ticket(self.next_ticket, int(stream), int(epoch), int(step))
-        self.next_ticket += 1
-        self.tickets[t.ticket] = t
-        self.pool.append(t.ticket)
-        return t.ticket
+        return self.sched.submit(stream, epoch, step)
 
     def cancel(self, tickets):
         """Drop submitted tickets that are not released yet (made or not). Their producers
         drop the work; a granted buffer returns once its producer has passed the entry."""
-        dirty = set()
-        for tk in list(tickets):
-            t = self.tickets.pop(tk, None)
-            if t is None:
-                continue
-            if t.owner is None:
-                self.pool.remove(tk)
-            elif t.owner != LOCAL:
-                peer = self.peers[t.owner]
-                if not peer.retired:
-                    self._write_entry(peer, t, CANCELLED)
-                    dirty.add(peer.rank)
-                if t.ready is not None and t.buffer >= 0 and not peer.retired:
-                    # Made and delivered: the producer is done with the buffer.
-                    self._free_buffer(t.buffer)
-                    peer.entries.pop(t.seq, None)
-                # else: freed when the producer passes the entry (see _read_status)
-            t.ready = None
-        self._flush(dirty)
+        self.sched.cancel(tickets)
+        self._write_outbox()
 
     def take(self, limit):
         """Up to ``limit`` tickets from the pool for the host's own threads (lowest first),
         as ``[(ticket, stream, epoch, step)]``; they are delivered with :meth:`deliver`."""
-        out = []
-        while self.pool and len(out) < limit:
-            t = self.tickets[self.pool.pop(0)]
-            t.owner = LOCAL
-            out.append((t.ticket, t.stream, t.epoch, t.step))
-        return out
+        return self.sched.take(limit)
 
     def pool_size(self, local_only=False):
-        return sum(1 for tk in self.pool if self.tickets[tk].local_only or not local_only)
+        return self.sched.pool_size(local_only)
 
     def deliver(self, ticket, payload, status=OK):
         """A host thread made ``ticket``: ``payload`` (uint8 view) is its batch; with
         ``status=FAILED`` it is a pickled error record."""
-        t = self.tickets.get(ticket)
+        t = self.sched.tickets.get(ticket)
         if t is None:  # cancelled meanwhile
             return
-        t.ready = Delivery(t.ticket, t.stream, t.epoch, t.step, LOCAL, payload, -1)
-        t.header = {"status": status}
+        self.sched.deliver(ticket, Delivery(t.ticket, t.stream, t.epoch, t.step, LOCAL,
+                                            payload, -1), {"status": status})
 
     def state(self, ticket):
         """"ready", "waiting" or None (unknown: cancelled or released)."""
-        t = self.tickets.get(ticket)
-        return None if t is None else ("ready" if t.ready is not None else "waiting")
+        return self.sched.state(ticket)
 
     def wait(self, ticket, timeout=None, between=None, nap=True):
         """The :class:`Delivery` of ``ticket``, polling until it is made. Raises the
@@ -417,7 +371,8 @@ class HostTransport(_Endpoint):
         ``between()``, when given, runs after every poll (the host's own threads' turn).
         ``nap``: while the producer making ``ticket`` is expected to take a while longer,
         sleep through it instead of polling (False when ``between`` must run often)."""
-        t = self.tickets.get(ticket)
+        sched = self.sched
+        t = sched.tickets.get(ticket)
         if t is None:
             raise ConfigError(f"ticket {ticket} is not pending (cancelled or released)")
         wait = self.timeout if timeout is None else float(timeout)
@@ -425,9 +380,9 @@ class HostTransport(_Endpoint):
         backoff = Backoff(self.poll_interval)
         while t.ready is None:
             self.poll()
-            if t.ready is None and self.quarantined and not self.free \
-                    and t.owner not in (None, LOCAL) and t.buffer < 0:
-                self._reclaim(t)
+            if sched.needs_reclaim(t):
+                sched.reclaim(t)
+                self._write_outbox()
             if between is not None:
                 between()
             if t.ready is not None:
@@ -436,8 +391,8 @@ class HostTransport(_Endpoint):
             now = time.monotonic()
             if now - start > wait:
                 raise PipeTimeout(f"step {t.step} of epoch {t.epoch} (ticket {ticket}) not "
-                                  f"made within {wait:g} s; {self._holder(t)}")
-            backoff(min(self._nap(t, now), start + wait - now) if nap else 0.0)
+                                  f"made within {wait:g} s; {sched.holder(t)}")
+            backoff(min(sched.nap(t, now), start + wait - now) if nap else 0.0)
         d = t.ready
         if t.header.get("status") == FAILED:
             blob = bytes(d.payload)
@@ -446,49 +401,15 @@ class HostTransport(_Endpoint):
             _raise_remote(blob, who, t.epoch, t.step)
         return d
 
-    def _nap(self, t, now):
-        """Seconds the host can sleep before ``t`` may be ready, 0 when it cannot tell.
-
-        Polling costs the host CPU (a poll and a wake-up, ~40 us) and a long wait means many
-        polls; a producer's batch time is regular enough to sleep through most of it. Every
-        producer at work bounds the nap, since the host grants and assigns when it finishes.
-        Waking late costs latency, not throughput: the producer goes on with its next batch.
-        """
-        if t.owner in (None, LOCAL) or t.buffer < 0 or self.peers[t.owner].working != t.ticket:
-            return 0.0
-        nap = min(NAP_MAX, self.liveness_timeout / 4)
-        for p in self.peers.values():
-            if p.retired or p.stopped or p.working < 0:
-                continue
-            if p.batch_s is None:
-                return 0.0
-            due = p.working_since + p.batch_s - now
-            nap = min(nap, due - NAP_MARGIN * p.batch_s - p.since_error)
-        return max(0.0, nap)
-
     def release(self, ticket):
         """Give ``ticket``'s buffer back (the batch view becomes invalid)."""
-        t = self.tickets.pop(ticket, None)
-        if t is None:
-            return
-        if t.owner not in (None, LOCAL):
-            peer = self.peers[t.owner]
-            peer.entries.pop(t.seq, None)
-            if t.buffer >= 0 and not peer.retired:
-                self._free_buffer(t.buffer)
-
-    def _holder(self, t):
-        if t.owner is None:
-            return "no producer has it yet (all queues full or no producer left)"
-        if t.owner == LOCAL:
-            return "a host thread is making it"
-        return f"it is held by {self.describe(t.owner)}"
+        self.sched.release(ticket)
 
     def _raise_failure(self):
-        if self.failure is not None:
-            raise PipeTimeout(self.failure)
+        if self.sched.failure is not None:
+            raise PipeTimeout(self.sched.failure)
 
-    # -- the poll -------------------------------------------------------------------------
+    # -- the poll: window I/O around the scheduler -------------------------------------------
     def poll(self):
         """Look at producers' statuses and the granted buffers, detect silence, refill
         queues, grant free buffers, deliver replies. Cheap; never blocks."""
@@ -499,20 +420,18 @@ class HostTransport(_Endpoint):
         self.win.Sync()
         dirty = set()
         self._prev_poll, self._polled = self._polled, now
-        for peer in self.peers.values():
+        for peer in self.sched.peers.values():
             if not peer.retired:
                 self._read_status(peer, now)
-        for t in self.tickets.values():
-            if t.ready is None and t.buffer >= 0:
-                self._read_header(t)
-        self._check_silence(now)
-        self._assign(dirty)
-        self._grant(dirty)
+        for t in self.sched.granted_tickets():
+            self._read_header(t)
+        self.sched.schedule(now)
+        self._write_outbox(dirty)
         if now - self._last_beat > BEAT_EVERY:
             self._last_beat = now
             self._host_beat += 1
             ctl = wire.pack(CONTROL, stop=0, host_beat=self._host_beat)
-            for peer in self.peers.values():
+            for peer in self.sched.peers.values():
                 if not peer.retired:
                     self._put(ctl, peer.rank, 0)
                     dirty.add(peer.rank)
@@ -532,155 +451,34 @@ class HostTransport(_Endpoint):
 
     def _read_status(self, peer, now):
         st = self._record(self.layout.status(peer.rank), STATUS)
-        if st is None:
-            return
-        if st["beat"] != peer.beat:
-            peer.beat, peer.seen = st["beat"], now
-        peer.made = st["made"]
-        peer.stopped = bool(st["stopped"])
-        if st["working"] != peer.working:
-            if peer.working >= 0:
-                took = now - peer.working_since
-                peer.batch_s = took if peer.batch_s is None else 0.8 * peer.batch_s + 0.2 * took
-            peer.working, peer.working_since = st["working"], now
-            peer.since_error = now - self._prev_poll
-        if st["done"] > peer.done:
-            peer.done = st["done"]
-            for seq in [s for s in peer.entries if s < peer.done]:
-                t = peer.entries[seq]
-                if t.ticket not in self.tickets:   # cancelled: its buffer can be reused
-                    del peer.entries[seq]
-                    if t.buffer >= 0:
-                        self._free_buffer(t.buffer)
+        if st is not None:
+            self.sched.on_status(peer.rank, st, now, self._prev_poll)
 
     def _read_header(self, t):
         L = self.layout
         h = self._record(L.header(t.buffer), BUFFER_HEADER)
-        if h is None or h["grant"] != t.grant:
-            return
-        if (h["ticket"], h["epoch"], h["step"], h["producer"]) != \
-                (t.ticket, t.epoch, t.step, t.owner) or h["payload_bytes"] > L.slot_bytes:
+        try:
+            if not self.sched.header_matches(t, h):
+                return
+        except ValueError as exc:
+            raise ProducerError(str(exc), producer=self.describe(t.owner)) from None
+        if h["payload_bytes"] > L.slot_bytes:
             raise ProducerError(f"buffer {t.buffer} holds a header that does not match its "
                                 f"grant: {h}", producer=self.describe(t.owner))
         t.header = h
         payload = self.mem[L.payload(t.buffer):][:h["payload_bytes"]]
         t.ready = Delivery(t.ticket, t.stream, t.epoch, t.step, t.owner, payload, t.buffer)
 
-    def _check_silence(self, now):
-        silent = [p for p in self.peers.values()
-                  if not p.retired and not p.stopped and now - p.seen > self.liveness_timeout]
-        if not silent:
-            if self.takeover:
-                self._check_slow(now)
-            return
-        silent.sort(key=lambda p: p.seen)
-        if not self.takeover:
-            if self.failure is None:
-                names = "; ".join(
-                    f"{self.describe(p.rank)}: no heartbeat for {now - p.seen:.1f} s"
-                    + self._held_by(p) for p in silent)
-                self.failure = (f"producer stopped answering (liveness_timeout "
-                                f"{self.liveness_timeout:g} s): {names}")
-                self._abort_at_exit = True
-            return
-        for p in silent:
-            self._retire(p, f"no heartbeat for {now - p.seen:.1f} s")
-
-    def _check_slow(self, now):
-        """Takeover: a producer whose current batch has taken ``SLOW_FACTOR`` times the
-        producers' usual batch time (and at least ``SLOW_FLOOR`` s) — hung in a read, say,
-        while its heartbeat goes on — is retired like a silent one."""
-        live = [p for p in self.peers.values() if not p.retired and not p.stopped]
-        usual = sorted(p.batch_s for p in live if p.batch_s is not None)
-        if len(usual) < 2:
-            return
-        limit = max(SLOW_FLOOR, SLOW_FACTOR * usual[len(usual) // 2])
-        for p in live:
-            if p.working in self.tickets and now - p.working_since > limit:
-                self._retire(p, f"its batch has taken {now - p.working_since:.1f} s, over "
-                                f"{SLOW_FACTOR}x the usual {usual[len(usual) // 2]:.3f} s")
-
-    def _held_by(self, peer):
-        held = sorted((t.epoch, t.step) for t in peer.entries.values()
-                      if t.ticket in self.tickets)
-        return f" (it held epoch/step {held})" if held else ""
-
-    def _retire(self, peer, why):
-        """Takeover: ``peer``'s tickets return to the pool for the host's threads, and every
-        buffer it was granted and may still write stays quarantined."""
-        peer.retired = True
-        self._abort_at_exit = True
-        back = []
-        for t in peer.entries.values():
-            if t.buffer >= 0:
-                self.quarantined.add(t.buffer)
-            if t.ticket in self.tickets and t.ready is None:
-                t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
-                t.local_only = True
-                back.append(t.ticket)
-        peer.entries.clear()
-        self.pool = sorted(self.pool + back)
-        log.warning("%s is silent (%s): the host takes over its %d batch(es)%s",
-                    self.describe(peer.rank), why, len(back),
-                    f"; {len(self.quarantined)} window buffer(s) quarantined"
-                    if self.quarantined else "")
-
-    def _reclaim(self, t):
-        """Takeover: the batch awaited next is assigned to a live producer, but no buffer
-        is free and none will be (the others are quarantined or hold later batches, which
-        are consumed after this one): the host's threads make it instead."""
-        peer = self.peers[t.owner]
-        self._write_entry(peer, t, CANCELLED)
-        self._flush({peer.rank})
-        peer.entries.pop(t.seq, None)
-        t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
-        t.local_only = True
-        self.pool = sorted(self.pool + [t.ticket])
-        log.info("%s: no window buffer left for epoch %d step %d; the host makes it",
-                 self.describe(peer.rank), t.epoch, t.step)
-
-    def _free_buffer(self, b):
-        if b not in self.quarantined and b not in self.free:
-            self.free.append(b)
-
-    def _write_entry(self, peer, t, buffer):
-        rec = wire.pack(ASSIGN, seq=t.seq, ticket=t.ticket, stream=t.stream, epoch=t.epoch,
-                        step=t.step, buffer=buffer, grant=t.grant)
-        self._put(rec, peer.rank, ProducerLayout.entry(t.seq))
-
-    def _assign(self, dirty):
-        if not self.pool:
-            return
-        live = [p for p in self.peers.values() if not p.retired and not p.stopped]
-        while self.pool and live:
-            # The producer with the most room gets the lowest ticket: work spreads evenly.
-            peer = min(live, key=lambda p: (p.next_seq - p.done, p.rank))
-            if peer.next_seq - peer.done >= QUEUE:
-                return
-            i = next((i for i, tk in enumerate(self.pool)
-                      if not self.tickets[tk].local_only), None)
-            if i is None:
-                return
-            t = self.tickets[self.pool.pop(i)]
-            t.owner, t.seq = peer.rank, peer.next_seq
-            peer.next_seq += 1
-            peer.entries[t.seq] = t
-            self._write_entry(peer, t, WAITING)
-            dirty.add(peer.rank)
-
-    def _grant(self, dirty):
-        if not self.free:
-            return
-        waiting = sorted(tk for tk, t in self.tickets.items()
-                         if t.owner not in (None, LOCAL) and t.buffer < 0 and t.ready is None)
-        for tk in waiting:
-            if not self.free:
-                return
-            t = self.tickets[tk]
-            t.buffer, t.grant = self.free.pop(0), self.next_grant
-            self.next_grant += 1
-            self._write_entry(self.peers[t.owner], t, t.buffer)
-            dirty.add(t.owner)
+    def _write_outbox(self, dirty=None):
+        """Write the scheduler's ``ASSIGN`` entries into the producers' windows: flushed
+        here, or added to ``dirty`` for the caller to flush."""
+        ranks = set() if dirty is None else dirty
+        for rank, entry in self.sched.outbox:
+            self._put(wire.pack(ASSIGN, **entry), rank, ProducerLayout.entry(entry["seq"]))
+            ranks.add(rank)
+        self.sched.outbox.clear()
+        if dirty is None:
+            self._flush(ranks)
 
     # -- request channel ------------------------------------------------------------------
     def request(self, kind, payload=None, to=None):
@@ -754,7 +552,8 @@ class HostTransport(_Endpoint):
                 self.close(timeout=min(self.setup_timeout, 10.0))
             except Exception:  # noqa: BLE001 - at exit, end the job rather than hang it
                 self._abort_at_exit = True
-        if self._abort_at_exit and not self._MPI.Is_finalized():
+        if (self._abort_at_exit or self.sched.abort_at_exit) \
+                and not self._MPI.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
             self._MPI.COMM_WORLD.Abort(1)

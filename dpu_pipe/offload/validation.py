@@ -15,7 +15,7 @@ Channel (one per host group, set up with the group, alive for the job):
   one-sided ``Rget`` (deadline: ``rma_timeout``), loads them into the model it built from the
   ``"module:factory"`` spec (built once, names/shapes/dtypes checked), evaluates its part of
   the host's validation shard (steps ``part, part + parts, ...``) with the same
-  :class:`~dpu_pipe.steps.StepProducer` as ``Loader(train=False)``, and sends back the sums
+  :class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)``, and sends back the sums
   of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback.
 * with several hosts, each host evaluates its own shard (``rank`` = host index,
   ``world_size`` = hosts) and sends its sums to the other hosts point to point, so every

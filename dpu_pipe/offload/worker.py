@@ -69,9 +69,8 @@ from ..batch import load_other_formats
 from ..deadline import deadline_in
 from ..errors import ConfigError, error_record
 from ..mpi import load_mpi
-from ..sources import open_source
-from ..steps import StepProducer
-from ..transforms import TransformConfig
+from ..spec import StreamSpec
+from ..steps import BatchMaker
 from . import wire
 from .channel import open_channel
 from .roles import discover_roles, host_comm
@@ -97,24 +96,20 @@ def handler(kind):
     return register
 
 
-class Maker:
-    """A pipeline opened from a host's spec: a StepProducer and ``DEPTH`` batch buffers."""
+class OpenStream:
+    """A stream opened from a host's spec: a BatchMaker and ``DEPTH`` batch buffers."""
 
     def __init__(self, spec):
         if spec.get("version") != wire.SPEC_VERSION:
             raise ConfigError(f"pipeline spec version {spec.get('version')} is not "
                               f"{wire.SPEC_VERSION}: host and producers run different "
                               "dpu_pipe versions")
-        transform = TransformConfig.from_dict(spec["transform"])
-        self.steps = StepProducer(open_source(spec["source"]), spec["batch_size"], transform,
-                                  seed=spec["seed"], shuffle=spec["shuffle"],
-                                  rank=spec["rank"], world_size=spec["world_size"],
-                                  shard_tail=spec["shard_tail"], drop_last=spec["drop_last"],
-                                  num_threads=spec["num_threads"],
-                                  on_error=spec["on_error"])
+        stream = StreamSpec.from_wire(spec)
+        transform = stream.transform
+        self.maker = BatchMaker(stream, spec["num_threads"])
         self.layout = wire.PayloadLayout.from_spec(spec, transform.sample_shape,
                                                    transform.np_dtype)
-        labels = self.steps.labels
+        labels = self.maker.labels
         if (labels.dtype, labels.shape[1:]) != (self.layout.label_dtype,
                                                 self.layout.label_shape):
             raise ConfigError(f"the source here has labels {labels.dtype}{labels.shape[1:]}, "
@@ -135,7 +130,7 @@ class Maker:
         report area; the rest go with the next batches."""
         entries, size = {}, 0
         reported = self.reported.setdefault(stream, set())
-        for index, message in sorted(self.steps.bad_samples.items()):
+        for index, message in sorted(self.maker.bad_samples.items()):
             if index in reported:
                 continue
             item = len(json.dumps({str(index): message}))
@@ -153,11 +148,11 @@ class Maker:
         """Fill a free buffer with ``work``'s batch: sets ``work.parts`` (the payload up to
         its report, then the report); the buffer comes back with :meth:`give_back`."""
         buf = self.free.pop()
-        st = self.steps.stats
+        st = self.maker.stats
         read0, proc0 = st.read_s, st.process_s
         try:
             images, labels, indices = self.layout.views(buf, self.layout.batch_size)
-            n = self.steps.produce(work.epoch, work.step, images, labels, indices)
+            n = self.maker.make(work.epoch, work.step, images, labels, indices)
         except BaseException:
             self.free.append(buf)
             raise
@@ -183,7 +178,7 @@ class Maker:
 
 class Context:
     """What a request handler may use: ``comm`` (host group), ``rank`` (group rank),
-    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: Maker})."""
+    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: OpenStream})."""
 
     def __init__(self, transport):
         self.transport = transport
@@ -205,7 +200,7 @@ def _spec(ctx, payload):
         if getattr(maker, "key", None) == key:
             ctx.streams[stream] = maker
             return stream
-    maker = Maker(spec)
+    maker = OpenStream(spec)
     maker.key = key
     ctx.streams[stream] = maker
     return stream
@@ -387,6 +382,9 @@ def serve(comm=None, *, hostmap=None):
     loop.pool.shutdown(wait=True)
     validation.stop()
     transport.close()
+    if not validation.is_alive():
+        # A validation thread still evaluating keeps the window (and MPI_Finalize may wait).
+        validation.channel.close(transport.setup_timeout)
     group.Free()
     return transport.made
 

@@ -555,13 +555,32 @@ class WebDataset(Source):
                     return _jpeg.BufferList.from_packed(
                         data, np.ascontiguousarray(rec["offset"]),
                         np.ascontiguousarray(rec["size"])), {}
-        views, errors = [], {}
-        for p, i in enumerate(indices.tolist()):
+        # Across shards: each record's place from the index arrays at once, then one slice
+        # of its shard's map per record (a view, no copy).
+        offs = np.zeros(n, np.int64)
+        ends = np.zeros(n, np.int64)
+        flags = np.zeros(n, np.uint16)
+        maps = {}
+        for k in np.unique(ks).tolist():
+            at = ks == k
+            rec = self._index[k].samples[indices[at] - self._starts[k]]
+            offs[at], ends[at] = rec["offset"], rec["offset"] + rec["size"]
+            flags[at] = rec["flags"]
             try:
-                views.append(self.view(i))
-            except DecodeError as e:
-                errors[p] = e
-                views.append(b"")
+                maps[k] = self._map(k)
+            except DecodeError:
+                flags[at] |= TRUNCATED    # the general path below names each sample
+        views, errors = [], {}
+        for p, (k, o, e, f) in enumerate(zip(ks.tolist(), offs.tolist(), ends.tolist(),
+                                               flags.tolist())):
+            if f:
+                try:
+                    views.append(self.view(int(indices[p])))
+                except DecodeError as exc:
+                    errors[p] = exc
+                    views.append(b"")
+            else:
+                views.append(maps[k][o:e])
         return _jpeg.BufferList.from_buffers(views), errors
 
     def fingerprint(self):

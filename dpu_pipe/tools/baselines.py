@@ -1,17 +1,26 @@
-"""The baselines the benchmarks compare dpu_pipe with, in one place: torchvision's PIL path
-written by hand with Pillow and numpy (full decode, RandomResizedCrop box resized bilinearly,
-flip, ToTensor + Normalize), for a thread pool and for a process pool writing into
-shared-memory batches as DataLoader workers do.
+"""The baselines the benchmarks compare dpu_pipe with, in one place:
+
+* torchvision's PIL path written by hand with Pillow and numpy (full decode, RandomResizedCrop
+  box resized bilinearly, flip, ToTensor + Normalize), for a thread pool and for a process pool
+  writing into shared-memory batches as DataLoader workers do (``dpu-pipe bench``'s loader
+  table);
+* torchvision's training recipe (or its Pillow + torch rendition when torchvision cannot be
+  imported) run serially in the training process and through ``DataLoader(num_workers=1)``:
+  configurations 1 and 2 of ``dpu-pipe bench-train``.
 """
 
 import io
+import math
+import random
 
 import numpy as np
 
 from ..errors import ConfigError
+from .harness import HOST_CORE, Run, stack, load_torch, now, pin
 
 __all__ = ["pil", "pillow_sample", "pillow_batch", "pillow_batch_returning",
-           "pillow_worker_init", "pillow_worker_batch"]
+           "pillow_worker_init", "pillow_worker_batch", "Recipe", "RecipeDataset", "run_serial",
+           "run_dataloader"]
 
 
 def pil():
@@ -75,3 +84,191 @@ def pillow_batch_returning(Image, paths, indices, boxes, flips, size, mean, std,
     pillow_batch(Image, paths, indices, boxes, flips, size, mean, std, out)
     return indices
 
+
+# -- torchvision's recipe ---------------------------------------------------------------------
+
+def _torchvision():
+    try:
+        import torchvision.transforms as T
+        return T
+    except Exception:  # noqa: BLE001 - any import failure means: not usable here
+        return None
+
+
+class Recipe:
+    """torchvision's ImageNet transforms for one sample: ``(bytes, key) -> float32 CHW tensor``.
+
+    Train: RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize; val:
+    Resize(size / 0.875) + CenterCrop(size) + ToTensor + Normalize. With torchvision
+    importable, its own transforms run (randomness from torch's generator, seeded per sample
+    from ``key``); otherwise the same steps with Pillow and torch, parameters drawn as
+    torchvision draws them from ``random.Random(key)``.
+    """
+
+    def __init__(self, size, train):
+        from ..transforms import IMAGENET_MEAN, IMAGENET_STD
+
+        self.size, self.train = int(size), bool(train)
+        self.resize = int(round(self.size / 0.875))
+        self.T = _torchvision()
+        self.kind = "torchvision" if self.T is not None else "Pillow + torch (torchvision's recipe)"
+        torch = load_torch()
+        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        if self.T is not None:
+            T = self.T
+            head = ([T.RandomResizedCrop(self.size), T.RandomHorizontalFlip()] if train
+                    else [T.Resize(self.resize), T.CenterCrop(self.size)])
+            self.tf = T.Compose(head + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+    def __call__(self, data, key):
+        from PIL import Image
+
+        torch = load_torch()
+        img = Image.open(io.BytesIO(data)).convert("RGB")
+        if self.T is not None:
+            torch.manual_seed(key)
+            return self.tf(img)
+        if self.train:
+            rng = random.Random(key)
+            i, j, h, w = self._crop_params(img.height, img.width, rng)
+            img = img.crop((j, i, j + w, i + h)).resize((self.size, self.size),
+                                                        Image.BILINEAR)
+            if rng.random() < 0.5:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        else:
+            scale = self.resize / min(img.width, img.height)
+            img = img.resize((max(self.resize, round(img.width * scale)),
+                              max(self.resize, round(img.height * scale))), Image.BILINEAR)
+            top = int(round((img.height - self.size) / 2.0))
+            left = int(round((img.width - self.size) / 2.0))
+            img = img.crop((left, top, left + self.size, top + self.size))
+        x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float().div_(255)
+        return x.sub_(self.mean).div_(self.std)
+
+    @staticmethod
+    def _crop_params(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        """torchvision's RandomResizedCrop.get_params."""
+        area = height * width
+        log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+        for _ in range(10):
+            target = area * rng.uniform(*scale)
+            aspect = math.exp(rng.uniform(*log_ratio))
+            w = int(round(math.sqrt(target * aspect)))
+            h = int(round(math.sqrt(target / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+        in_ratio = width / height
+        if in_ratio < ratio[0]:
+            w, h = width, int(round(width / ratio[0]))
+        elif in_ratio > ratio[1]:
+            h, w = height, int(round(height * ratio[1]))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+
+class RecipeDataset:
+    """Map-style dataset for ``torch.utils.data.DataLoader``: sample i of a dpu_pipe source
+    through :class:`Recipe`; yields (image, label, seconds spent on it)."""
+
+    def __init__(self, source, recipe, seed, epoch):
+        self.source, self.recipe, self.seed, self.epoch = source, recipe, seed, epoch
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        t = now()
+        x = self.recipe(self.source.read(i), _key(self.seed, self.epoch, i))
+        return x, int(self.source.labels[i]), now() - t
+
+
+def _key(seed, epoch, index):
+    return (int(seed) * 1_000_003 + int(epoch)) * 1_000_000_007 + int(index)
+
+
+def _order(n, seed, epoch):
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+
+def run_serial(job, train_src, val_src):
+    """Configuration 1: the recipe in the training loop."""
+    run = Run(job, 1)
+    torch = run.torch
+    train_rec, val_rec = Recipe(job["size"], True), Recipe(job["size"], False)
+    ds_val = RecipeDataset(val_src, val_rec, job["seed"], 0)
+    B = job["batch_size"]
+    busy = [0.0]
+
+    def batches(epoch):
+        ds = RecipeDataset(train_src, train_rec, job["seed"], epoch)
+        order = _order(len(ds), job["seed"], epoch)
+        for s in range(len(order) // B):
+            images, labels, sec = stack(torch, [ds[int(i)] for i in order[s * B:(s + 1) * B]])
+            busy[0] += sec
+            yield images, labels
+
+    def val_batches():
+        for s in range(0, len(ds_val), B):
+            images, labels, _ = stack(torch, [ds_val[i] for i in
+                                               range(s, min(len(ds_val), s + B))])
+            yield images, labels
+
+    for epoch in range(job["epochs"]):
+        run.train_epoch(batches(epoch))
+        run.validate_host(epoch, val_batches())
+        job["tick"]()
+    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0],
+                       "producers": 0, "name": f"host serial + {train_rec.kind}"})
+
+
+def _pin_worker(_):
+    pin(HOST_CORE)
+    import torch
+    torch.set_num_threads(1)
+
+
+def run_dataloader(job, train_src, val_src):
+    """Configuration 2: DataLoader(num_workers=1), the worker pinned to the host's core."""
+    run = Run(job, 2)
+    torch = run.torch
+    from torch.utils.data import DataLoader
+
+    train_rec, val_rec = Recipe(job["size"], True), Recipe(job["size"], False)
+    busy = [0.0]
+
+    def collate(items):
+        images, labels, sec = stack(torch, items)
+        return images, labels, torch.tensor(sec)
+
+    def loader(ds, shuffle, epoch):
+        g = torch.Generator().manual_seed(job["seed"] * 1000 + epoch)
+        return DataLoader(ds, batch_size=job["batch_size"], shuffle=shuffle, generator=g,
+                          num_workers=1, worker_init_fn=_pin_worker, collate_fn=collate,
+                          drop_last=shuffle, prefetch_factor=2)
+
+    def strip(it):
+        for images, labels, sec in it:
+            busy[0] += float(sec)
+            run.timeline.setdefault("batch_s", []).append(float(sec))
+            yield images, labels
+
+    for epoch in range(job["epochs"]):
+        run.train_epoch(strip(iter(loader(RecipeDataset(train_src, train_rec, job["seed"],
+                                                        epoch), True, epoch))))
+        run.validate_host(epoch, strip(iter(loader(RecipeDataset(val_src, val_rec,
+                                                                 job["seed"], 0),
+                                                   False, 0))))
+        job["tick"]()
+    # The worker's seconds per delivered training batch, for the timeline.
+    bs = run.timeline.pop("batch_s", [])
+    per_epoch_val = len(bs) // job["epochs"] - job["steps"] if job["epochs"] else 0
+    train_bs = []
+    for e in range(job["epochs"]):
+        start = e * (job["steps"] + per_epoch_val)
+        train_bs += bs[start:start + job["steps"]]
+    run.timeline["producer_s"] = train_bs
+    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0], "producers": 1,
+                       "name": f"DataLoader(num_workers=1) + {train_rec.kind}"})

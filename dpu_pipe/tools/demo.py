@@ -13,7 +13,7 @@ initial weights on the same stream twice:
   (:class:`~dpu_pipe.RemoteValidation`) while the host trains on.
 
 The host is pinned to core 0 and the producers to core 1 (PyTorch on one thread), as in
-``dpu-pipe bench-train``, whose machinery this reuses. The report gives, per run, the seconds
+``dpu-pipe bench-train``; both run on :mod:`dpu_pipe.tools.harness`. The report gives, per run, the seconds
 spent computing, waiting for data, validating on the host's path and the rest; the producers'
 own counters; accuracy per epoch (the same in both runs: same stream, same model); and the
 speed-up. ``--plots DIR`` writes the epoch-time breakdown and the offloaded run's per-step
@@ -77,16 +77,16 @@ def _cache():
 
 
 def run(args):
-    from . import bench_train as bt
+    from . import harness
     from .cli import write_json
     from .progress import bar
 
-    bt._torch()
+    harness.load_torch()
     if args.images < args.batch_size:
         raise ConfigError(f"--images ({args.images}) must be at least --batch-size "
                           f"({args.batch_size})")
     train_src, val_src = _make_data(args)
-    bt.pin(bt.HOST_CORE)
+    harness.pin(harness.HOST_CORE)
     steps = args.images // args.batch_size
     job = {"point": "demo", "epochs": args.epochs, "steps": steps,
            "batch_size": args.batch_size, "size": args.size, "seed": args.seed, "lr": 0.05,
@@ -95,12 +95,12 @@ def run(args):
            "model_kwargs": {"classes": args.classes, "width": args.width, "seed": args.seed},
            "train": train_src.spec(), "val": val_src.spec(), "val_count": len(val_src)}
     print(f"training a ResNet (width {args.width}) for {args.epochs} epochs x {steps} steps, "
-          f"batch {args.batch_size}, {args.size}x{args.size}; host on core {bt.HOST_CORE}, "
-          f"{args.producers} producer rank(s) on core {bt.PRODUCER_CORE}", flush=True)
+          f"batch {args.batch_size}, {args.size}x{args.size}; host on core {harness.HOST_CORE}, "
+          f"{args.producers} producer rank(s) on core {harness.PRODUCER_CORE}", flush=True)
     t = time.perf_counter()
     with bar(args.epochs, "host only", unit="epoch", enabled=not args.quiet) as b:
         job["tick"] = lambda: b.update(1)
-        host = bt.run_loader(job, train_src, val_src)
+        host = harness.run_loader(job, train_src, val_src)
     host["name"] = "host only (Loader, validation on the host)"
     print(f"host-only run: {time.perf_counter() - t:.1f} s", flush=True)
     print(f"launching: mpiexec -n 1 <host> : -n {args.producers} python -m mpi4py -m "
@@ -108,7 +108,7 @@ def run(args):
     t = time.perf_counter()
     mjob = {k: v for k, v in job.items() if k != "tick"}
     mjob.update(configs=[5], limit_s=1800)
-    (off,) = bt.launch_mpi(mjob, args)
+    (off,) = harness.launch_mpi(mjob, args)
     if "skipped" in off:
         raise ConfigError(f"the offloaded run could not run: {off['skipped']}")
     off["name"] = "offloaded (DPULoader + RemoteValidation)"
@@ -121,7 +121,7 @@ def run(args):
     if args.json:
         write_json(args.json, results)
     if args.plots:
-        for p in bt.write_plots(results, args.plots):
+        for p in harness.write_plots(results, args.plots):
             print(f"wrote {p}")
     return 0
 

@@ -108,12 +108,24 @@ def batch_section(paths, put):
         "train-u8-hwc": dict(train=True, size=40, dtype="uint8", layout="HWC"),
         "train-f16-chw": dict(train=True, size=(24, 56), dtype="float16"),
         "val-f32-chw": dict(train=False, size=48),
+        # Every recipe option: bicubic, the three auto-augment policies (with mstd: the
+        # Gaussian level), jitter with hue, grayscale, erasing, non-zero fill.
+        "train-ta-bicubic-erase": dict(train=True, size=48, auto_augment="ta_wide",
+                                       interpolation="bicubic", random_erase=0.5),
+        "train-ra-mstd-jitter-bf16": dict(train=True, size=(40, 56), auto_augment="ra",
+                                          ra_num_ops=3, ra_mstd=0.5, ra_num_bins=11,
+                                          color_jitter=(0.4, 0.4, 0.4, 0.2), grayscale_p=0.3,
+                                          dtype="bfloat16", layout="HWC"),
+        "train-imagenet-fill-f16": dict(train=True, size=48, auto_augment="imagenet",
+                                        fill=(128, 0, 255), dtype="float16",
+                                        random_erase=0.25, erase_value=(0.5, -0.5, 1.0)),
+        "val-bicubic-u8": dict(train=False, size=48, interpolation="bicubic", dtype="uint8"),
     }
     for cname, kw in configs.items():
         try:
             cfg = TransformConfig(**kw)
-        except TypeError:  # a keyword this build does not take
-            cfg = TransformConfig(**{k: v for k, v in kw.items() if k in ("train", "size")})
+        except TypeError:  # a keyword this build does not take: skip the config
+            continue
         for threads in (1, 2):
             proc = BatchProcessor(cfg, num_threads=threads)
             for seed, epoch in ((0, 0), (0, 1), (1234, 5)):

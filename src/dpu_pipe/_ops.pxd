@@ -41,6 +41,10 @@ cdef enum:                # output layout of one sample
     OPS_CHW = 0
     OPS_HWC = 1
 
+cdef enum:                # resampling filter (Pillow's, antialiased: support scales with the
+    OPS_BILINEAR = 0      # downscale factor)
+    OPS_BICUBIC = 1       # Keys a = -0.5; negative lobes: uint8 output clamps, floats do not
+
 cdef enum:                # pass order of ops_run (OpsPlan.order)
     OPS_H_FIRST = 0       # rows resampled horizontally, then summed vertically
     OPS_V_FIRST = 1       # source rows summed vertically, then each sum resampled horizontally
@@ -92,18 +96,20 @@ ctypedef struct OpsOutput:
 cdef void ops_ws_init(OpsWorkspace* ws) noexcept nogil
 cdef void ops_ws_free(OpsWorkspace* ws) noexcept nogil
 cdef int ops_ws_reserve(OpsWorkspace* ws, size_t nbytes) noexcept nogil
-cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow) noexcept nogil
+cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow,
+                               int filt) noexcept nogil
 
 cdef int ops_output_init(OpsOutput* o, int dtype, int layout,
                          const double* mean, const double* std) noexcept nogil
 cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
                   double y0, double x0, double h, double w,
-                  int oh, int ow, int flip) noexcept nogil
+                  int oh, int ow, int flip, int filt) noexcept nogil
 cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
                  const OpsOutput* o, void* out) noexcept nogil
 cdef int ops_resize_crop(OpsWorkspace* ws, const uint8_t* src, Py_ssize_t src_stride,
                          int src_h, int src_w, double y0, double x0, double h, double w,
-                         int oh, int ow, int flip, const OpsOutput* o, void* out) noexcept nogil
+                         int oh, int ow, int flip, int filt, const OpsOutput* o,
+                         void* out) noexcept nogil
 cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int resize,
                              double* box) noexcept nogil
 
@@ -181,3 +187,13 @@ cdef inline uint16_t _to_f16(float x) noexcept nogil:
     res = (sub & m_sub) | (normal & ~m_sub)
     res = (special & m_big) | (res & ~m_big)
     return <uint16_t>(res | (sign >> 16))
+
+
+cdef inline uint16_t _to_bf16(float x) noexcept nogil:
+    """bfloat16 bits of x: the top 16 bits of its float32 bits, rounded to nearest even, NaN ->
+    0x7FC0 — what torch's float32 -> bfloat16 conversion gives. Integer arithmetic only."""
+    cdef uint32_t f, nan
+    memcpy(&f, &x, 4)
+    nan = 0u - <uint32_t>((f & 0x7FFFFFFFu) > 0x7F800000u)
+    f = (f + 0x7FFFu + ((f >> 16) & 1u)) >> 16
+    return <uint16_t>((0x7FC0u & nan) | (f & ~nan))

@@ -1,5 +1,5 @@
-# Per-image transform kernel: antialiased bilinear resampling of a source box (Pillow's
-# BILINEAR filter, in float32), horizontal flip, dtype conversion, normalization and layout,
+# Per-image transform kernel: antialiased bilinear or bicubic resampling of a source box
+# (Pillow's BILINEAR and BICUBIC filters, in float32), horizontal flip, dtype conversion, normalization and layout,
 # written straight into the caller's sample buffer. The C-level API and its contract are in
 # _ops.pxd; dpu_pipe/ops.py is the Python face.
 #
@@ -113,6 +113,7 @@ cdef extern from *:
 DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
                "bfloat16": OPS_BFLOAT16}
 LAYOUT_CODES = {"CHW": OPS_CHW, "HWC": OPS_HWC}
+FILTER_CODES = {"bilinear": OPS_BILINEAR, "bicubic": OPS_BICUBIC}
 BOX_SLACK = OPS_BOX_SLACK
 
 
@@ -151,21 +152,28 @@ cdef int ops_ws_reserve(OpsWorkspace* ws, size_t nbytes) noexcept nogil:
     return OPS_OK
 
 
-cdef inline int _ksize(double length, int n_out) noexcept nogil:
-    """Pillow's bound on taps per output: 2*ceil(support) + 1, support = max(scale, 1)."""
+cdef inline double _filter_support(int filt) noexcept nogil:
+    """Support of the filter at scale 1, pixels: Pillow's triangle 1, its bicubic 2."""
+    return 2.0 if filt == OPS_BICUBIC else 1.0
+
+
+cdef inline int _ksize(double length, int n_out, int filt) noexcept nogil:
+    """Pillow's bound on taps per output: 2*ceil(support) + 1, support = filter support times
+    max(scale, 1)."""
     cdef double support = length / n_out
     if support < 1.0:
         support = 1.0
-    return <int>ceil(support) * 2 + 1
+    return <int>ceil(support * _filter_support(filt)) * 2 + 1
 
 
-cdef inline int _span_bound(int src_w, double w, int ow) noexcept nogil:
+cdef inline int _span_bound(int src_w, double w, int ow, int filt) noexcept nogil:
     """Upper bound on the source columns one row's outputs read: the first window starts at
     most 1 + support - scale/2 left of x0 (truncation), the last ends at most as far right of
     x0 + w, so the span is below w + 2 support + 1."""
     cdef double support = w / ow
     if support < 1.0:
         support = 1.0
+    support = support * _filter_support(filt)
     cdef double b = w + 2.0 * support + 3.0
     return src_w if b >= src_w else <int>b
 
@@ -179,15 +187,18 @@ cdef inline Py_ssize_t _rstride(int ow) noexcept nogil:
     return ((3 * _pad4(ow) + 4 + 15) // 16) * 16
 
 
-cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow) noexcept nogil:
+cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow,
+                               int filt) noexcept nogil:
     """Bytes of workspace ops_plan needs for this source width (pixels), box size (h, w, in
     source pixels) and output size (oh, ow); 0 if the sizes are invalid. Lets a caller
     preallocate for its largest box with ops_ws_reserve."""
     if src_w < 1 or oh < 1 or ow < 1 or not (h > 0.0 and w > 0.0 and w <= src_w):
         return 0
-    cdef size_t kh = _ksize(w, ow)
-    cdef size_t kv = _ksize(h, oh)
-    cdef size_t span = _span_bound(src_w, w, ow)
+    if filt != OPS_BILINEAR and filt != OPS_BICUBIC:
+        return 0
+    cdef size_t kh = _ksize(w, ow, filt)
+    cdef size_t kv = _ksize(h, oh, filt)
+    cdef size_t span = _span_bound(src_w, w, ow, filt)
     cdef size_t ow4 = _pad4(ow)
     cdef size_t rs = _rstride(ow)
     return (2 * _align64(4 * ow4) + _align64(4 * ow4 * kh) + _align64(16 * ow4 * kh)
@@ -207,8 +218,24 @@ cdef inline double _triangle(double x) noexcept nogil:
     return 0.0
 
 
+cdef inline double _bicubic(double x) noexcept nogil:
+    # Pillow's bicubic (Keys, a = -0.5), the filter torchvision's antialiased bicubic uses too.
+    cdef double a = -0.5
+    if x < 0.0:
+        x = -x
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    if x < 2.0:
+        return (((x - 5.0) * x + 8.0) * x - 4.0) * a
+    return 0.0
+
+
+cdef inline double _filter(int filt, double x) noexcept nogil:
+    return _bicubic(x) if filt == OPS_BICUBIC else _triangle(x)
+
+
 cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_out, int n_pad,
-                    int flip) noexcept nogil:
+                    int flip, int filt) noexcept nogil:
     """Fill ax (start/count/weight point at storage for n_pad entries of _ksize() weights) the
     way Pillow's precompute_coeffs does for box [in0, in0 + length) of an axis of in_size
     pixels, in double precision; trim zero-weight taps at both ends (bit-exact: they add +0);
@@ -216,11 +243,11 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
     repeat the last one (padding the horizontal pass computes and never uses)."""
     cdef double scale = length / n_out
     cdef double filterscale = scale if scale > 1.0 else 1.0
-    cdef double support = filterscale          # the triangle's support is 1
+    cdef double support = filterscale * _filter_support(filt)
     cdef double ss = 1.0 / filterscale
     cdef double center, ww, wt
     cdef int i, xx, x, xmin, xmax, first, last, n
-    cdef Py_ssize_t t, K, bound = <int>ceil(support) * 2 + 1
+    cdef Py_ssize_t t, K, bound = _ksize(length, n_out, filt)
     cdef float* k
     ax.n_out = n_out
     ax.n_pad = n_pad
@@ -244,7 +271,7 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
         first = -1
         last = -1
         for x in range(n):
-            wt = _triangle((x + xmin - center + 0.5) * ss)
+            wt = _filter(filt, (x + xmin - center + 0.5) * ss)
             ww = ww + wt
             if wt != 0.0:
                 if first < 0:
@@ -255,7 +282,7 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
         k = ax.weight + i * bound
         for x in range(first, last + 1):
             # Recomputed rather than stored: the same double expression gives the same bits.
-            wt = _triangle((x + xmin - center + 0.5) * ss)
+            wt = _filter(filt, (x + xmin - center + 0.5) * ss)
             k[x - first] = <float>(wt / ww)
         ax.start[i] = xmin + first
         ax.count[i] = last - first + 1
@@ -307,7 +334,7 @@ cdef int _choose_order(const OpsAxis* h, const OpsAxis* v) noexcept nogil:
 
 cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
                   double y0, double x0, double h, double w,
-                  int oh, int ow, int flip) noexcept nogil:
+                  int oh, int ow, int flip, int filt) noexcept nogil:
     """Tables for resampling box (y0, x0, h, w) — source pixels, fractional, inside the
     src_h x src_w image (OPS_BOX_SLACK of overshoot is clamped) — to oh x ow, mirrored
     left-right if flip. Pointers in p refer to ws: they stay valid until ws is reserved again
@@ -317,6 +344,8 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     cdef size_t kh, kv, span
     cdef char* m
     if src_h < 1 or src_w < 1 or oh < 1 or ow < 1:
+        return OPS_EARG
+    if filt != OPS_BILINEAR and filt != OPS_BICUBIC:
         return OPS_EARG
     # A box scaled into a DCT-scaled region can overshoot its edges by rounding; up to
     # OPS_BOX_SLACK pixels is clamped, more is an error. Written so that NaN fails every test.
@@ -335,12 +364,12 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
         w = src_w - x0
     if not (h > 0.0 and w > 0.0):
         return OPS_EARG
-    rc = ops_ws_reserve(ws, ops_workspace_bytes(src_w, h, w, oh, ow))
+    rc = ops_ws_reserve(ws, ops_workspace_bytes(src_w, h, w, oh, ow, filt))
     if rc != OPS_OK:
         return rc
-    kh = _ksize(w, ow)
-    kv = _ksize(h, oh)
-    span = _span_bound(src_w, w, ow)
+    kh = _ksize(w, ow, filt)
+    kv = _ksize(h, oh, filt)
+    span = _span_bound(src_w, w, ow, filt)
     m = ws.mem
     p.h.start = <int32_t*>m
     m += _align64(4 * <size_t>ow4)
@@ -373,10 +402,10 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     p.src_h = src_h
     p.src_w = src_w
 
-    rc = _plan_axis(&p.h, src_w, x0, w, ow, <int>ow4, flip)
+    rc = _plan_axis(&p.h, src_w, x0, w, ow, <int>ow4, flip, filt)
     if rc != OPS_OK:
         return rc
-    rc = _plan_axis(&p.v, src_h, y0, h, oh, oh, 0)
+    rc = _plan_axis(&p.v, src_h, y0, h, oh, oh, 0, filt)
     if rc != OPS_OK:
         return rc
     if <size_t>(p.h.src_hi - p.h.src_lo) > span or <size_t>p.v.max_taps > kv:
@@ -646,26 +675,16 @@ cdef void _v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssiz
 
 
 # --- output conversion ----------------------------------------------------------------------
-# The float16 conversions (_to_f16, ops_f16c_convert) are in _ops.pxd.
+# The float16 and bfloat16 conversions (_to_f16, ops_f16c_convert, _to_bf16) are in _ops.pxd.
 
 cdef inline uint8_t _to_u8(float v) noexcept nogil:
     # Round half up, as Pillow's fixed point does. Clamped in integers: float min/max with
-    # IEEE NaN rules keeps GCC from vectorizing on SSE2. (Sums of non-negative terms with
-    # weights summing to 1 stay in 0..255.0001 anyway.)
+    # IEEE NaN rules keeps GCC from vectorizing on SSE2. (Bilinear sums of non-negative terms
+    # with weights summing to 1 stay in 0..255.0001; bicubic's negative lobes overshoot.)
     cdef int32_t i = <int32_t>(v + <float>0.5)
     i = i if i < 255 else 255
     i = i if i > 0 else 0
     return <uint8_t>i
-
-
-cdef inline uint16_t _to_bf16(float x) noexcept nogil:
-    """bfloat16 bits of x: the top 16 bits of its float32 bits, rounded to nearest even, NaN ->
-    0x7FC0 — what torch's float32 -> bfloat16 conversion gives. Integer arithmetic only."""
-    cdef uint32_t f, nan
-    memcpy(&f, &x, 4)
-    nan = 0u - <uint32_t>((f & 0x7FFFFFFFu) > 0x7F800000u)
-    f = (f + 0x7FFFu + ((f >> 16) & 1u)) >> 16
-    return <uint16_t>((0x7FC0u & nan) | (f & ~nan))
 
 
 # The conversion loops also finish the vertical pass: value = (a + w0 * r0) + w1 * r1, the
@@ -902,10 +921,11 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
 
 cdef int ops_resize_crop(OpsWorkspace* ws, const uint8_t* src, Py_ssize_t src_stride,
                          int src_h, int src_w, double y0, double x0, double h, double w,
-                         int oh, int ow, int flip, const OpsOutput* o, void* out) noexcept nogil:
+                         int oh, int ow, int flip, int filt, const OpsOutput* o,
+                         void* out) noexcept nogil:
     """ops_plan then ops_run: the whole per-sample transform in one call."""
     cdef OpsPlan p
-    cdef int rc = ops_plan(&p, ws, src_h, src_w, y0, x0, h, w, oh, ow, flip)
+    cdef int rc = ops_plan(&p, ws, src_h, src_w, y0, x0, h, w, oh, ow, flip, filt)
     if rc != OPS_OK:
         return rc
     return ops_run(&p, src, src_stride, o, out)
@@ -984,7 +1004,7 @@ cdef class Workspace:
 
 def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h, double w,
                      uint8_t[::1] out, int oh, int ow, bint flip, int dtype, int layout,
-                     mean, std, Workspace ws):
+                     mean, std, Workspace ws, int filt=OPS_BILINEAR):
     """Run the kernel on img (H, W, 3) uint8 with pixel stride 3 (rows may be strided) into the
     bytes of out, which hold one (3, oh, ow) or (oh, ow, 3) sample of the given dtype code."""
     cdef double m[3]
@@ -1008,7 +1028,7 @@ def resize_crop_into(const uint8_t[:, :, :] img, double y0, double x0, double h,
         _raise(rc, "output spec")
     with nogil:
         rc = ops_resize_crop(&ws.ws, &img[0, 0, 0], stride, src_h, src_w, y0, x0, h, w,
-                             oh, ow, flip, &o, &out[0])
+                             oh, ow, flip, filt, &o, &out[0])
     if rc != OPS_OK:
         _raise(rc, "resize_crop")
 

@@ -14,12 +14,17 @@ from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, 
                              dec_decode, choose_scale, scale_region)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
                             OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
-                            ops_output_init, ops_resize_crop, ops_center_crop_box)
+                            ops_output_init, ops_resize_crop, ops_center_crop_box,
+                            OPS_BILINEAR, OPS_BICUBIC)
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
+from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample, aug_apply,
+                                aug_convert, aug_erase)
 
 import numpy as np
 
+from dpu_pipe.augment import kernel_spec
 from dpu_pipe.errors import ConfigError
+from dpu_pipe.transforms import TransformConfig
 
 cdef enum:
     MSG_LEN = 200
@@ -43,6 +48,8 @@ cdef struct Worker:      # everything one thread owns
     OpsWorkspace ws
     uint8_t* img         # decoded region, grown on demand
     size_t img_cap
+    uint8_t* crop        # augmented recipes: the uint8 (oh, ow, 3) crop and a scratch copy
+    uint8_t* scratch
     int ready
 
 
@@ -51,10 +58,16 @@ cdef struct BatchConfig:
     int oh
     int ow
     int resize
+    int filt             # OPS_BILINEAR or OPS_BICUBIC
     double flip_p
     CropConfig crop
     OpsOutput output
     DecodeOptions dopts
+    int augmented        # any recipe option: aug_sample runs
+    int uint8_pass       # resize to uint8, the _augment ops on it, then convert (any option
+                         # but erasing, which works on the output sample)
+    OpsOutput u8hwc
+    AugConfig aug
 
 
 cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epoch,
@@ -92,6 +105,35 @@ cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epo
     info[INFO_HEIGHT] = <int32_t>floor(box[2])
     info[INFO_WIDTH] = <int32_t>floor(box[3])
     info[INFO_FLIP] = flip[0]
+    return DP_OK
+
+
+cdef int _resample(Worker* w, const BatchConfig* cfg, const uint8_t* src, Py_ssize_t stride,
+                   int h, int wd, double y0, double x0, double bh, double bw, int flip,
+                   uint64_t seed, uint32_t epoch, uint64_t index, char* out,
+                   char* message) noexcept nogil:
+    """Box (y0, x0, bh, bw) of the decoded h x wd region -> the output sample: one fused pass
+    for the plain recipe; for augmented ones the uint8 crop, the augmentation ops on it in
+    torchvision's order, the conversion, then erasing."""
+    cdef AugParams prm
+    cdef int rc
+    if not cfg.uint8_pass:
+        rc = ops_resize_crop(&w.ws, src, stride, h, wd, y0, x0, bh, bw, cfg.oh, cfg.ow, flip,
+                             cfg.filt, &cfg.output, out)
+    else:
+        rc = ops_resize_crop(&w.ws, src, stride, h, wd, y0, x0, bh, bw, cfg.oh, cfg.ow, flip,
+                             cfg.filt, &cfg.u8hwc, w.crop)
+    if rc != OPS_OK:
+        strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
+        return ST_OPS
+    if cfg.augmented:
+        aug_sample(&cfg.aug, seed, epoch, index, &prm)
+        if cfg.uint8_pass:
+            if aug_apply(&cfg.aug, &prm, w.crop, w.scratch, cfg.oh, cfg.ow) != 0:
+                strncpy(message, b"augmentation kernel rejected an op", MSG_LEN - 1)
+                return ST_OPS
+            aug_convert(w.crop, cfg.oh, cfg.ow, &cfg.output, out)
+        aug_erase(&cfg.aug, &prm, cfg.oh, cfg.ow, &cfg.output, out)
     return DP_OK
 
 
@@ -138,13 +180,9 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     f = scale / 8.0
-    rc = ops_resize_crop(&w.ws, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
-                         box[0] * f - r.top, box[1] * f - r.left, box[2] * f, box[3] * f,
-                         cfg.oh, cfg.ow, flip, &cfg.output, out)
-    if rc != OPS_OK:
-        strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
-        return ST_OPS
-    return DP_OK
+    return _resample(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
+                     box[0] * f - r.top, box[1] * f - r.left, box[2] * f, box[3] * f, flip,
+                     seed, epoch, index, out, message)
 
 
 cdef int _process_decoded(Worker* w, const BatchConfig* cfg, const uint8_t* img,
@@ -160,14 +198,10 @@ cdef int _process_decoded(Worker* w, const BatchConfig* cfg, const uint8_t* img,
     if rc != DP_OK:
         return rc
     info[INFO_SCALE] = 8
-    rc = ops_resize_crop(&w.ws, img + span[0] * stride + span[1] * 3, stride,
-                         <int>(span[2] - span[0]), <int>(span[3] - span[1]),
-                         box[0] - span[0], box[1] - span[1], box[2], box[3],
-                         cfg.oh, cfg.ow, flip, &cfg.output, out)
-    if rc != OPS_OK:
-        strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
-        return ST_OPS
-    return DP_OK
+    return _resample(w, cfg, img + span[0] * stride + span[1] * 3, stride,
+                     <int>(span[2] - span[0]), <int>(span[3] - span[1]),
+                     box[0] - span[0], box[1] - span[1], box[2], box[3], flip,
+                     seed, epoch, index, out, message)
 
 
 def buffer_bytes(BufferList buffers, Py_ssize_t i):
@@ -207,6 +241,8 @@ cdef class Pipeline:
         self.cfg.ow = ow
         self.cfg.resize = config["resize"]
         self.cfg.flip_p = config["flip_p"]
+        self.cfg.filt = {"bilinear": OPS_BILINEAR, "bicubic": OPS_BICUBIC}[
+            config.get("interpolation", "bilinear")]
         if crop_config_init(&self.cfg.crop, config["scale"][0], config["scale"][1],
                             config["ratio"][0], config["ratio"][1]) != 0:
             raise ConfigError("invalid scale/ratio for RandomResizedCrop")
@@ -223,6 +259,14 @@ cdef class Pipeline:
         self.cfg.dopts.max_pixels = config["max_pixels"]
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
         self.cfg.dopts.intervals = 1
+        # Keys beyond the transform's own are decoder settings (strict, max_scans).
+        tc = TransformConfig.from_dict({k: v for k, v in config.items()
+                                        if k not in ("strict", "max_scans")})
+        self.cfg.augmented = tc.augmented
+        self.cfg.uint8_pass = tc.uint8_pass
+        if ops_output_init(&self.cfg.u8hwc, OPS_UINT8, OPS_HWC, NULL, NULL) != OPS_OK:
+            raise ConfigError("uint8 output spec")
+        aug_config_from(&self.cfg.aug, kernel_spec(tc))
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
         # numpy has no bfloat16: its samples are held as their uint16 bits.
         self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])
@@ -233,6 +277,13 @@ cdef class Pipeline:
             dec_init(&self.workers[c].dec, &self.cfg.dopts)
             ops_ws_init(&self.workers[c].ws)
             self.workers[c].ready = 1
+            if self.cfg.uint8_pass:
+                self.workers[c].crop = <uint8_t*>calloc(
+                    2 * <size_t>self.cfg.oh * self.cfg.ow * 3, 1)
+                if self.workers[c].crop == NULL:
+                    raise MemoryError()
+                self.workers[c].scratch = (self.workers[c].crop
+                                           + <size_t>self.cfg.oh * self.cfg.ow * 3)
 
     def __dealloc__(self):
         cdef int c
@@ -242,6 +293,7 @@ cdef class Pipeline:
                     dec_free(&self.workers[c].dec)
                     ops_ws_free(&self.workers[c].ws)
                     free(self.workers[c].img)
+                    free(self.workers[c].crop)
             free(self.workers)
 
     @property

@@ -24,7 +24,11 @@ cdef enum:
     RNG_STREAM_SHUFFLE = 0     # the epoch permutation: block r is Feistel round r
     RNG_STREAM_CROP = 1        # RandomResizedCrop: blocks 0..9 attempts, block 10 position
     RNG_STREAM_FLIP = 2        # horizontal flip
-    RNG_STREAM_USER = 256
+    RNG_STREAM_AUGMENT = 256   # auto-augment ops and magnitudes (_augment.pyx: aug_sample)
+    RNG_STREAM_JITTER = 257    # colour jitter order and factors
+    RNG_STREAM_GRAYSCALE = 258 # random grayscale
+    RNG_STREAM_ERASE = 259     # random erasing
+    RNG_STREAM_USER = 260
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
     RNG_PERM_ROUNDS = 8        # Feistel rounds of the epoch permutation
     RNG_PERM_MIN_BITS = 8      # smallest Feistel domain: 2**8 (see perm_init)

@@ -13,6 +13,7 @@ input (see :func:`packed`).
 """
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
@@ -204,7 +205,8 @@ def packed(data):
     the bit set the target recomputes every CRC first, so a mutated index gets past the CRC
     checks and meets the reader's other checks. No record may lie outside its shard."""
     from dpu_pipe.packed import format as fmt
-    from dpu_pipe.steps import StepProducer
+    from dpu_pipe.spec import StreamSpec
+    from dpu_pipe.steps import BatchMaker
     from dpu_pipe.transforms import TransformConfig
 
     if len(data) < 4:
@@ -254,11 +256,12 @@ def packed(data):
         bufs, errors = src.buffers(idx)
         assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
         try:
-            prod = StepProducer(src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
-                                shuffle=False, drop_last=False, on_error="skip")
-            images = np.empty(prod.batch_shape, np.float32)
-            labels = np.empty(prod.batch_size, np.int64)
-            prod.produce(0, 0, images, labels)
+            maker = BatchMaker(StreamSpec(
+                src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
+                shuffle=False, drop_last=False, on_error="skip"))
+            images = np.empty(maker.batch_shape, np.float32)
+            labels = np.empty(maker.batch_size, np.int64)
+            maker.make(0, 0, images, labels)
         except DecodeError:
             pass  # no decodable record left to replace a bad one with
     src.close()
@@ -315,6 +318,56 @@ def bufferlist(data):
     if k:
         jpeg.decode_batch(bufs, np.zeros((k, 64, 64, 3), np.uint8), on_error="return",
                           max_pixels=64 * 64)
+
+
+ENTROPY_TRAILER_FMT = "<BBBB"          # MCU rectangle: r0, r1, c0, c1 as fractions of 255
+ENTROPY_TRAILER = struct.pack(ENTROPY_TRAILER_FMT, 0, 255, 0, 255)
+
+
+def entropy(data):
+    """The baseline Huffman entropy decoder's own entry point (dpu_pipe._huffman) on a JPEG
+    followed by an MCU rectangle: the whole image's coefficients have the shapes its header
+    implies, and the rectangle's (read from the covering restart intervals only) are the
+    slice of the whole when both decode."""
+    from dpu_pipe import _huffman
+
+    n = struct.calcsize(ENTROPY_TRAILER_FMT)
+    if len(data) < n:
+        return
+    a, b, c, d = struct.unpack(ENTROPY_TRAILER_FMT, data[-n:])
+    img = _exact(data[:-n])
+    try:
+        hdr = _huffman.header(img)
+    except EXPECTED:
+        return
+    if hdr is None:
+        return
+    if hdr["width"] * hdr["height"] > MAX_PIXELS:
+        with contextlib.suppress(*EXPECTED):
+            _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
+            raise AssertionError("pixel budget not applied")
+        return
+    try:
+        whole = _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
+    except EXPECTED:
+        whole = None
+    mcuy, mcux = hdr["mcus"]
+    single = len(hdr["components"]) == 1
+    factors = [(1, 1) if single else (h, v) for _, h, v, _ in hdr["components"]]
+    if whole is not None:
+        assert [w.shape for w in whole] == [(mcuy * v, mcux * h, 64) for h, v in factors]
+        assert all(w.dtype == np.int16 for w in whole)
+    r0 = min(a * mcuy // 256, mcuy - 1)
+    c0 = min(c * mcux // 256, mcux - 1)
+    r1 = max(r0 + 1, min(-(-b * mcuy // 255), mcuy))
+    c1 = max(c0 + 1, min(-(-d * mcux // 255), mcux))
+    try:
+        part = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS)
+    except EXPECTED:
+        return
+    if whole is not None:
+        for p_, w, (h, v) in zip(part, whole, factors):
+            assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
 
 
 def _check_source(src, path_size=None):
@@ -400,4 +453,5 @@ def parquet(data):
 
 
 TARGETS = {"header": header, "decode": decode, "batch": batch, "packed": packed,
-           "filelist": filelist, "bufferlist": bufferlist, "tar": tar, "parquet": parquet}
+           "filelist": filelist, "bufferlist": bufferlist, "tar": tar, "parquet": parquet,
+           "entropy": entropy}

@@ -23,7 +23,7 @@ cdef _table(const OpsAxis* ax):
 
 
 def plan(int src_h, int src_w, double y0, double x0, double h, double w, int oh, int ow,
-         bint flip=False):
+         bint flip=False, int filt=0):
     """ops_plan for box (y0, x0, h, w) of a src_h x src_w image resampled to (oh, ow):
     (order, columns, rows), order an ORDER_CODES value and each axis (starts, counts,
     weights) per output, columns mirrored when flip. ValueError with ops_plan's code when it
@@ -33,7 +33,7 @@ def plan(int src_h, int src_w, double y0, double x0, double h, double w, int oh,
     cdef int rc
     ops_ws_init(&ws)
     try:
-        rc = ops_plan(&p, &ws, src_h, src_w, y0, x0, h, w, oh, ow, flip)
+        rc = ops_plan(&p, &ws, src_h, src_w, y0, x0, h, w, oh, ow, flip, filt)
         if rc != OPS_OK:
             raise ValueError(f"ops_plan returned {rc}")
         return p.order, _table(&p.h), _table(&p.v)
@@ -70,7 +70,7 @@ def resize_crop_order(const uint8_t[:, :, :] img, double y0, double x0, double h
     try:
         with nogil:
             rc = ops_plan(&p, &ws, <int>img.shape[0], <int>img.shape[1], y0, x0, h, w, oh, ow,
-                          flip)
+                          flip, 0)
             if rc == OPS_OK:
                 p.order = order
                 rc = ops_run(&p, &img[0, 0, 0], img.strides[0], &o, &out[0])
@@ -80,9 +80,9 @@ def resize_crop_order(const uint8_t[:, :, :] img, double y0, double x0, double h
         ops_ws_free(&ws)
 
 
-def workspace_bytes(int src_w, double h, double w, int oh, int ow):
+def workspace_bytes(int src_w, double h, double w, int oh, int ow, int filt=0):
     """ops_workspace_bytes: bytes of workspace one plan needs; 0 for invalid sizes."""
-    return ops_workspace_bytes(src_w, h, w, oh, ow)
+    return ops_workspace_bytes(src_w, h, w, oh, ow, filt)
 
 
 def has_f16c():

@@ -124,7 +124,7 @@ def check_meta(meta, ref, src, labels, where):
 # --- helpers ----------------------------------------------------------------------------------
 
 def loader_kwargs(args):
-    return dict(size=args.size, dtype=args.dtype, seed=args.seed)
+    return dict(size=args.size, dtype=args.dtype, seed=args.seed, **json.loads(args.recipe))
 
 
 def as_numpy(x):
@@ -216,8 +216,8 @@ def run_stream(args, src, warnings):
             result.update(host=hosts.index, hosts=hosts.count, mode=dl.mode)
             ref = reference_epochs(src, args.batch, args.epochs, rank=hosts.index,
                                    world_size=hosts.count, **kw)
-        assert dl.producer.sampler.rank == hosts.index
-        assert dl.producer.sampler.world_size == hosts.count
+        assert dl.maker.sampler.rank == hosts.index
+        assert dl.maker.sampler.world_size == hosts.count
         assert len(dl) == len(ref[0]), (len(dl), len(ref[0]))
         for e in range(args.epochs):
             assert dl.epoch == e
@@ -268,8 +268,8 @@ def run_stream(args, src, warnings):
     if args.local:
         with DPULoader(src, args.batch, mode="local", **kw) as dl:
             # Documented default shard: this host's index among the hosts, and their count.
-            result["local_default_shard"] = [dl.producer.sampler.rank,
-                                             dl.producer.sampler.world_size]
+            result["local_default_shard"] = [dl.maker.sampler.rank,
+                                             dl.maker.sampler.world_size]
         with DPULoader(src, args.batch, mode="local", rank=hosts.index,
                        world_size=hosts.count, **kw) as dl:
             assert dl.mode == "local"
@@ -626,7 +626,9 @@ def run_misc(args, src, warnings):
         result["batches_meanwhile"] = made
         for s_ in sends:
             s_.Wait()
-        dl.set_epoch(0)     # back to the start for the checks below
+        # Back to the start of epoch 0 for the checks below (set_epoch(0) would keep the
+        # position: epoch 0 is the current one).
+        dl.load_state_dict(dict(dl.state_dict(), step=0))
     try:
         t.request("no-such-kind", None, to=1).result(timeout=10)
         result["unknown"] = None
@@ -642,16 +644,16 @@ def run_misc(args, src, warnings):
     # The GIL held for 2 s in one C call (PyDLL keeps it), no MPI call meanwhile.
     it = iter(dl)
     next(it)
-    before = sum(t.state(tk) == "ready" for tk, _, _ in dl._stream.pending)
+    before = sum(t.state(tk) == "ready" for tk, _, _ in dl._engine.pending)
     ctypes.PyDLL(None).sleep(2)
     t.win.Sync()
-    for tk, _, _ in dl._stream.pending:
+    for tk, _, _ in dl._engine.pending:
         tt = t.tickets[tk]
         if tt.ready is None and tt.buffer >= 0:
             t._read_header(tt)
     result["ready_before_hold"] = before
-    result["ready_after_hold"] = sum(t.state(tk) == "ready" for tk, _, _ in dl._stream.pending)
-    result["granted"] = sum(t.tickets[tk].buffer >= 0 for tk, _, _ in dl._stream.pending)
+    result["ready_after_hold"] = sum(t.state(tk) == "ready" for tk, _, _ in dl._engine.pending)
+    result["granted"] = sum(t.tickets[tk].buffer >= 0 for tk, _, _ in dl._engine.pending)
     for (x, y), (u, v) in zip(it, [(u.copy(), v.copy()) for u, v in ref][1:]):
         check_same((x, y), (u, v), "after the GIL hold")
     dl.close()
@@ -697,6 +699,40 @@ def run_takeover(args, src, warnings):
             "takeover_warnings": [w for w in warnings.messages if "takes over" in w]}
 
 
+def run_hybrid_stats(args, src, warnings):
+    """Hybrid mode with three host threads and slow producers: the loader's stats count the
+    samples and seconds of every host thread, as counted here around each make()."""
+    import threading
+
+    from dpu_pipe import DPULoader, steps
+
+    made = {}                       # thread id -> samples made on this host
+    make = steps.BatchMaker.make
+
+    def counted(self, *a, **kw):
+        n = make(self, *a, **kw)
+        made[threading.get_ident()] = made.get(threading.get_ident(), 0) + n
+        return n
+
+    steps.BatchMaker.make = counted
+    kw = loader_kwargs(args)
+    ref = reference_epochs(src, args.batch, 1, **kw)
+    made.clear()                    # the reference was made on this host too
+    dl = DPULoader(src, args.batch, mode="hybrid", host_threads=3, slots=args.slots[0], **kw)
+    for j, (x, y) in enumerate(dl):
+        check_same((x, y), ref[0][j], f"hybrid step {j}")
+    threads = list(dl._engine.threads)
+    dl.close()
+    for th in threads:              # every make() counted on both sides before the stats
+        th.join(timeout=60)
+    s = dl.stats()
+    steps.BatchMaker.make = make
+    return {"samples": s["samples"], "producer_samples": s["producer_samples"],
+            "host_samples": s["host_samples"], "made_here": sum(made.values()),
+            "threads_that_made": len(made), "read_s": s["read_s"],
+            "process_s": s["process_s"]}
+
+
 def run_close_early(args, src, warnings):
     """Two batches, then close() and leave: the producers must stop and the job end."""
     from dpu_pipe import DPULoader
@@ -716,7 +752,7 @@ def run_worker(args):
     from mpi4py import MPI
 
     rng = random.Random(1234 + MPI.COMM_WORLD.Get_rank())
-    produce = steps.StepProducer.produce
+    produce = steps.BatchMaker.make
 
     made = [0]
 
@@ -727,7 +763,7 @@ def run_worker(args):
         time.sleep(args.fixed_delay or rng.uniform(0, args.delay))
         return produce(self, *a, **kw)
 
-    steps.StepProducer.produce = slow_produce
+    steps.BatchMaker.make = slow_produce
 
     from dpu_pipe.offload.worker import handler
 
@@ -745,7 +781,8 @@ def run_worker(args):
 
 SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
              "interleave": run_interleave, "matrix": run_matrix, "labels": run_labels, "concurrency": run_concurrency, "misc": run_misc,
-             "takeover": run_takeover, "close-early": run_close_early}
+             "takeover": run_takeover, "close-early": run_close_early,
+             "hybrid-stats": run_hybrid_stats}
 
 
 def main():
@@ -757,6 +794,7 @@ def main():
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--dtype", default="uint8")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--recipe", default="{}", help="transform options (JSON), e.g. auto_augment")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--slots", default="3", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--sleep", type=float, default=0.0, help="host sleep per batch, s")

@@ -280,20 +280,20 @@ def run_worker(args):
 
     me = MPI.COMM_WORLD.Get_rank()
     victim = me == MPI.COMM_WORLD.Get_size() - 1
-    produce = steps.StepProducer.produce
+    produce = steps.BatchMaker.make
     if args.fault == "slow" and victim:
         def slow(self, *a, **k):
             t = time.perf_counter()
             n = produce(self, *a, **k)
             time.sleep(9 * (time.perf_counter() - t) + 0.05)
             return n
-        steps.StepProducer.produce = slow
+        steps.BatchMaker.make = slow
     elif args.fault == "raise" and victim:
         def boom(self, epoch, step, *a, **k):
             if step >= 2:
                 raise RuntimeError("injected failure in the decode path (not a DecodeError)")
             return produce(self, epoch, step, *a, **k)
-        steps.StepProducer.produce = boom
+        steps.BatchMaker.make = boom
     elif args.fault == "unreachable":
         # The dataset's file system is not mounted on the producers' node.
         import builtins

@@ -430,6 +430,20 @@ def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
     assert f"pid {res['stopped']}" in res["takeover_warnings"][0], res
 
 
+def test_hybrid_stats_count_every_host_thread(data, tmp_path):
+    """Hybrid mode, three host threads, producers at 0.3 s per batch: every host thread makes
+    batches, and stats()["samples"] is the producers' samples plus every host thread's (not
+    only the first thread's)."""
+    out = str(tmp_path)
+    job = launch(1, 2, "hybrid-stats", out, "--data", data, "--slots", "3",
+                 worker_args=("--fixed-delay", "0.3"), limit=90)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert res["threads_that_made"] == 3, res
+    assert res["samples"] == res["producer_samples"] + res["made_here"], res
+    assert res["host_samples"] <= res["made_here"] and res["read_s"] > 0, res
+
+
 def test_host_that_closes_early_ends_the_job(data, tmp_path):
     out = str(tmp_path)
     job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
@@ -453,6 +467,22 @@ def test_stream_matrix_equals_loader(data, tmp_path, producers, env):
     for r in runs:
         if r["mode"] == "offload":
             assert r["host_samples"] == 0, r
+
+
+RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.5, "interpolation": "bicubic",
+          "color_jitter": [0.4, 0.4, 0.4, 0.1], "grayscale_p": 0.2}
+
+
+@pytest.mark.parametrize("producers", [1, 3])
+@pytest.mark.slow
+def test_recipe_stream_equals_loader(data, tmp_path, producers):
+    """The matrix scenario (offload and hybrid, slots 1 and 3, set_epoch jumps, a resume) with
+    an augmented recipe: the producers' ops give the local Loader's stream bit for bit."""
+    out = str(tmp_path)
+    job = launch(1, producers, "matrix", out, "--data", data, "--recipe", json.dumps(RECIPE),
+                 limit=150)
+    assert job.returncode == 0, job.explain()
+    assert len(read(out, "host0.json")["runs"]) == 4
 
 
 def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):

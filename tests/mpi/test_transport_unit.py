@@ -238,19 +238,19 @@ def label_data(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["int", "float", "multi", "multi-float"])
 def test_producer_payload_reads_back_as_the_loaders_batch(label_data, kind):
-    """A producer's Maker, opened from a DPULoader's spec, makes payloads that the host's
+    """A producer's OpenStream, opened from a DPULoader's spec, makes payloads that the host's
     layout reads back as the local Loader's batches: images, labels, each row's sample index
     (a skipped bad file replaced), and the bad-sample report."""
     from offload_host import label_lists
 
     from dpu_pipe import DPULoader, Loader
     from dpu_pipe.offload.transport import Work
-    from dpu_pipe.offload.worker import Maker
+    from dpu_pipe.offload.worker import OpenStream
 
     src = label_data if kind == "int" else label_lists(label_data)[kind]
     kw = dict(size=16, dtype="uint8", seed=3, on_error="skip", return_meta=True)
     host = DPULoader(src, 4, mode="local", **kw)
-    maker = Maker(host.spec())
+    maker = OpenStream(host.spec())
     reported = {}
     with Loader(src, 4, **kw) as ref:
         for step, (x, y, meta) in enumerate(ref):
@@ -274,10 +274,10 @@ def test_producer_refuses_a_spec_whose_labels_differ_from_its_source(label_data)
     from offload_host import label_lists
 
     from dpu_pipe import DPULoader
-    from dpu_pipe.offload.worker import Maker
+    from dpu_pipe.offload.worker import OpenStream
 
     with DPULoader(label_lists(label_data)["multi"], 4, mode="local", size=16) as host:
         spec = host.spec()
     spec["labels"] = {"dtype": "int64", "shape": []}
     with pytest.raises(ConfigError, match=r"labels int64\(3,\).*int64\(\)"):
-        Maker(spec)
+        OpenStream(spec)

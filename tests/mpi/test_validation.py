@@ -88,6 +88,7 @@ def test_metrics_equal_host_evaluation(data, seven, tmp_path, hosts, producers, 
         assert res["a"]["remote"]["loss"] != res["b"]["remote"]["loss"]
 
 
+@pytest.mark.slow
 def test_submit_returns_while_training_goes_on(data, tmp_path):
     job = launch(1, 1, "overlap", data, str(tmp_path), "--batch-size", "4")
     assert job.returncode == 0, job.explain()

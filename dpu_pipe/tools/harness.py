@@ -1,0 +1,415 @@
+"""The training harness ``dpu-pipe demo`` and ``dpu-pipe bench-train`` share: one training run
+of a small ResNet fed by a loader, timed per step (host compute, host waiting for data,
+validation on the host's path), with the producers' counters, as a JSON-serialisable record;
+the MPI job that runs the offloaded configurations (host rank on ``HOST_CORE``, producer ranks
+on ``PRODUCER_CORE``); and the plots of such records.
+
+A *job* is a dict describing the run: ``epochs``, ``steps``, ``batch_size``, ``size``, ``seed``,
+``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``, ``producers``,
+``progress`` and, for MPI jobs, ``configs`` and ``limit_s``. Configuration numbers are those
+of :data:`CONFIGS`.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import pinning
+from .progress import bar
+
+#: The configurations a run can be, by number (``dpu-pipe bench-train`` runs them all; the demo
+#: runs 3 and 5). 1-2 are the baselines of :mod:`dpu_pipe.tools.baselines`.
+CONFIGS = {
+    1: "host serial + torchvision",
+    2: "DataLoader(num_workers=1) + torchvision",
+    3: "Loader on the host",
+    4: "DPULoader offload, validation on host",
+    5: "DPULoader offload + RemoteValidation",
+    6: "DPULoader hybrid + RemoteValidation",
+}
+HOST_CONFIGS = (1, 2, 3)
+MPI_CONFIGS = (4, 5, 6)
+HOST_CORE, PRODUCER_CORE = 0, 1
+MODEL = "dpu_pipe.models:resnet_tiny"
+
+
+def pin(core):
+    """Pin this process to ``core`` when the machine has it (a 1-core machine shares)."""
+    pinning.pin(core, strict=False)
+
+
+def load_torch():
+    from ..evaluate import require_torch
+    torch = require_torch()
+    torch.set_num_threads(1)
+    return torch
+
+
+now = time.perf_counter
+
+
+
+# -- training ---------------------------------------------------------------------------------
+
+class Run:
+    """One configuration's training run: the model, its optimizer, the per-step timeline
+    and per-epoch accuracy."""
+
+    def __init__(self, job, config):
+        from ..models import resnet_tiny
+
+        torch = self.torch = load_torch()
+        self.job, self.config = job, config
+        self.model = resnet_tiny(**job["model_kwargs"])
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=job["lr"], momentum=0.9)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.t0 = now()
+        #: per step: seconds since start at wait start, batch in hand, step done; producer s.
+        self.timeline = {"wait_start": [], "ready": [], "done": [], "producer_s": []}
+        self.val_host_s = 0.0
+        self.epochs = []           # per epoch: {"epoch", "top1", "loss", "known_at"}
+
+    def train_epoch(self, batches, producer_s=None):
+        """Consume ``job["steps"]`` batches of ``batches`` (an iterable of (images, labels))
+        with one optimizer step each. ``producer_s()``, when given, returns the producers'
+        cumulative busy seconds (sampled per step for the timeline)."""
+        torch, tl = self.torch, self.timeline
+        self.model.train()
+        steps = self.job["steps"]
+        done = 0
+        before = producer_s() if producer_s else 0.0
+        t = now()
+        for images, labels in batches:
+            t1 = now()
+            self.opt.zero_grad()
+            loss = self.loss_fn(self.model(images), torch.as_tensor(labels))
+            loss.backward()
+            self.opt.step()
+            t2 = now()
+            tl["wait_start"].append(t - self.t0)
+            tl["ready"].append(t1 - self.t0)
+            tl["done"].append(t2 - self.t0)
+            if producer_s:
+                cur = producer_s()
+                tl["producer_s"].append(cur - before)
+                before = cur
+            done += 1
+            if done == steps:
+                break
+            t = now()
+        if done < steps:
+            raise ConfigError(f"the training data gave {done} batches per epoch; "
+                              f"--steps {steps} needs more images or a smaller --steps")
+
+    def validate_host(self, epoch, batches):
+        """Evaluate on this host (batches: (images, labels)); record the epoch's metrics."""
+        from ..evaluate import Metrics, evaluate_batch
+
+        t = now()
+        self.model.eval()
+        m = Metrics((1, 5))
+        for images, labels in batches:
+            evaluate_batch(self.model, images, labels, m)
+        self.model.train()
+        self.val_host_s += now() - t
+        self.record(epoch, m.result())
+
+    def record(self, epoch, result, known_at=None):
+        self.epochs.append({"epoch": epoch, "count": result["count"],
+                            "top1": result["top1"], "loss": result["loss"],
+                            "known_at": (now() if known_at is None else known_at) - self.t0})
+
+    def result(self, extra):
+        tl = self.timeline
+        wall = now() - self.t0
+        compute = float(sum(d - r for d, r in zip(tl["done"], tl["ready"])))
+        wait = float(sum(r - w for r, w in zip(tl["ready"], tl["wait_start"])))
+        images = self.job["steps"] * self.job["epochs"] * self.job["batch_size"]
+        k = self.job["steps"]
+        # Seconds of the training loops alone (first wait to last step, per epoch).
+        train_s = float(sum(tl["done"][e + k - 1] - tl["wait_start"][e]
+                            for e in range(0, len(tl["done"]), k)))
+        out = {"config": self.config, "name": CONFIGS[self.config],
+               "wall_s": wall, "epoch_s": wall / self.job["epochs"],
+               "images_per_s": images / wall, "compute_s": compute, "wait_s": wait,
+               "wait_share": wait / wall, "val_host_s": self.val_host_s, "train_s": train_s,
+               "other_s": max(0.0, wall - compute - wait - self.val_host_s),
+               "epochs": sorted(self.epochs, key=lambda e: e["epoch"]),
+               "timeline": tl}
+        last = out["epochs"][-1] if out["epochs"] else None
+        out["final_top1"] = last["top1"] if last else None
+        out["time_to_accuracy_s"] = last["known_at"] if last else None
+        out.update(extra)
+        return out
+
+
+def stack(torch, items):
+    xs, ys, secs = zip(*items)
+    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), float(sum(secs))
+
+
+
+def run_loader(job, train_src, val_src):
+    """Configuration 3: dpu_pipe's Loader, its thread on the host's core."""
+    from ..loader import Loader
+
+    run = Run(job, 3)
+    kw = dict(size=job["size"], seed=job["seed"], output="torch", num_threads=1)
+    train = Loader(train_src, job["batch_size"], train=True, **kw)
+    val = Loader(val_src, job["batch_size"], train=False, shuffle=False, drop_last=False, **kw)
+
+    def made():
+        s = train.stats()
+        return s["read_s"] + s["process_s"]
+
+    with train, val:
+        for epoch in range(job["epochs"]):
+            train.set_epoch(epoch)
+            run.train_epoch(train, producer_s=made)
+            val.set_epoch(0)
+            run.validate_host(epoch, val)
+            job["tick"]()
+        busy = sum(s["read_s"] + s["process_s"] for s in (train.stats(), val.stats()))
+    return run.result({"producer_busy_s": busy, "producers": 0})
+
+
+def run_offload(job, train_src, val_src, config):
+    """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
+    core 1."""
+    from ..offload import DPULoader
+
+    run = Run(job, config)
+    kw = dict(size=job["size"], seed=job["seed"], output="torch")
+    mode = "hybrid" if config == 6 else "offload"
+    extra = {"producers": job["producers"]}
+    if config == 6:
+        kw["host_threads"] = 1
+    train = DPULoader(train_src, job["batch_size"], train=True, mode=mode, **kw)
+    rv = val = None
+    if config == 4:
+        val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
+                        drop_last=False, **kw)
+    else:
+        from ..offload.validation import RemoteValidation
+        rv = RemoteValidation(val_src, job["batch_size"], model=MODEL,
+                              model_kwargs=job["model_kwargs"], size=job["size"],
+                              topk=(1, 5))
+
+    def made():
+        s = train.stats()
+        return s.get("producer_read_s", 0.0) + s.get("producer_process_s", 0.0) \
+            + s.get("producer_publish_s", 0.0)
+
+    pending = []
+    extra["drain_s"] = 0.0
+
+    def collect(block):
+        """Results that are in (or, at the end, all of them: the last epoch's validation
+        has no training left to hide behind, so its wait is the run's drain)."""
+        while pending and (block or pending[0][1].done()):
+            epoch, fut = pending.pop(0)
+            t = now()
+            res = fut.result(timeout=600)
+            waited = now() - t
+            run.val_host_s += waited
+            if block:
+                extra["drain_s"] += waited
+            run.record(epoch, res)
+            extra.setdefault("remote_val_s", 0.0)
+            extra["remote_val_s"] += sum(p["seconds"] for p in res["by_rank"])
+            extra.setdefault("remote_val_cpu_s", 0.0)
+            extra["remote_val_cpu_s"] += sum(p["cpu_s"] for p in res["by_rank"])
+
+    try:
+        for epoch in range(job["epochs"]):
+            train.set_epoch(epoch)
+            run.train_epoch(train, producer_s=made)
+            if val is not None:
+                val.set_epoch(0)
+                run.validate_host(epoch, val)
+            else:
+                t = now()
+                pending.append((epoch, rv.submit(run.model.state_dict(), tag=epoch)))
+                run.val_host_s += now() - t
+                collect(False)
+            job["tick"]()
+        collect(True)
+        extra["train_stats"] = {k: v for k, v in train.stats().items()
+                                if isinstance(v, (int, float, dict))}
+        busy = made()
+        if val is not None:
+            s = val.stats()
+            busy += s["producer_read_s"] + s["producer_process_s"] + s["producer_publish_s"]
+        # CPU seconds for validation: its wall seconds include the batch making it yields to.
+        busy += extra.get("remote_val_cpu_s", 0.0)
+        extra["producer_busy_s"] = busy
+        if config == 6:
+            extra["made_by"] = {k: v for k, v in train.stats().items() if "made" in k}
+    finally:
+        train.close()
+        if val is not None:
+            val.close()
+        if rv is not None:
+            rv.close()
+    return run.result(extra)
+
+
+# -- MPI jobs ---------------------------------------------------------------------------------
+
+def launch_mpi(job, args):
+    """Run configurations 4-6 of one operating point in one MPI job (host rank on core 0,
+    ``--producers`` ranks on core 1); returns their results."""
+    from ..mpi import mpiexec_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "job.json")
+        job = dict(job, out=os.path.join(tmp, "result.json"))
+        with open(path, "w") as f:
+            json.dump(job, f)
+        me = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.tools.harness"]
+        cmd = [mpiexec_path(), "-n", "1", *me, "--mpi-host", path, ":",
+               "-n", str(job["producers"]), *me, "--mpi-worker"]
+        env = dict(os.environ)
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "")
+                                                      .split(os.pathsep) if p])
+        proc = subprocess.run(cmd, env=env, timeout=job["limit_s"])
+        if proc.returncode != 0 or not os.path.exists(job["out"]):
+            raise ConfigError(f"the offload run failed (exit {proc.returncode}); its output "
+                              "is above")
+        with open(job["out"]) as f:
+            return json.load(f)
+
+
+def mpi_host(path):
+    """The host rank of an offload job: run its configurations, write their results."""
+    pin(HOST_CORE)
+    with open(path) as f:
+        job = json.load(f)
+    train_src = _open_spec(job["train"])
+    val_src = _open_spec(job["val"])
+    results = []
+    with bar(len(job["configs"]) * job["epochs"], f"{job['point']}: offload", unit="epoch",
+             enabled=job["progress"]) as b:
+        job["tick"] = lambda: b.update(1)
+        for config in job["configs"]:
+            try:
+                results.append(run_offload(job, train_src, val_src, config))
+            except (ConfigError, ImportError, TypeError, AttributeError) as exc:
+                if config == 4:
+                    raise
+                # Configurations whose feature this build lacks are reported, not faked.
+                results.append({"config": config, "name": CONFIGS[config],
+                                "skipped": f"{type(exc).__name__}: {exc}"})
+    with open(job["out"], "w") as f:
+        json.dump(results, f)
+
+
+def mpi_worker():
+    pin(PRODUCER_CORE)
+    load_torch()
+    from ..worker import serve
+    serve()
+
+
+def _open_spec(spec):
+    from ..sources import open_source
+    return open_source(spec)
+
+
+
+def plot_breakdown(results, path):
+    """Stacked bars per configuration and operating point: host compute, host waiting for
+    data, validation on the host's path, the rest — seconds per epoch. Each bar is labelled
+    with its configuration's name; the legend sits below the panels."""
+    import textwrap
+
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    points = list(results["points"])
+    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.2), squeeze=False)
+    parts = (("compute_s", "host compute"), ("wait_s", "host waits for data"),
+             ("val_host_s", "validation on host"), ("other_s", "other"))
+    for ax, point in zip(axes[0], points):
+        rs = [r for r in results["points"][point]["configs"] if "skipped" not in r]
+        x = np.arange(len(rs))
+        bottom = np.zeros(len(rs))
+        for key, label in parts:
+            v = np.array([r[key] / r["epochs_run"] for r in rs])
+            ax.bar(x, v, bottom=bottom, label=label)
+            bottom += v
+        ax.set_xticks(x, ["\n".join(textwrap.wrap(r["name"], 18, break_long_words=False)) for r in rs], fontsize=7)
+        ax.set_ylabel("seconds per epoch")
+        ax.set_title(point)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4,
+               fontsize=8, frameon=False)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_timeline(result, path, title):
+    """Per step: host compute and host wait as time spans on the host's row, and the
+    producer's busy seconds for the batch that step consumed (drawn ending when it arrived)."""
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    tl = result["timeline"]
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    ax.broken_barh([(w, r - w) for w, r in zip(tl["wait_start"], tl["ready"])], (20, 8),
+                   color="tab:orange", label="host waits")
+    ax.broken_barh([(r, d - r) for r, d in zip(tl["ready"], tl["done"])], (20, 8),
+                   color="tab:blue", label="host computes")
+    if tl.get("producer_s"):
+        ax.broken_barh([(r - p, p) for r, p in zip(tl["ready"], tl["producer_s"])], (8, 8),
+                       color="tab:green", label="producer busy (per batch)")
+    ax.set_yticks([12, 24], ["producer", "host"])
+    ax.set_xlabel("seconds since start")
+    ax.set_title(title)
+    # Below the axes: inside, it covered the last steps of the timeline.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_plots(results, outdir):
+    os.makedirs(outdir, exist_ok=True)
+    paths = [os.path.join(outdir, "breakdown.png")]
+    plot_breakdown(results, paths[0])
+    for point, res in results["points"].items():
+        for r in res["configs"]:
+            if r["config"] in (2, 5) and "skipped" not in r:
+                p = os.path.join(outdir, f"timeline_{point}_config{r['config']}.png")
+                plot_timeline(r, p, f"{point}, configuration {r['config']}: {r['name']}")
+                paths.append(p)
+    return paths
+
+
+
+def main(argv=None):
+    """Entry point of the ranks :func:`launch_mpi` starts."""
+    p = argparse.ArgumentParser(prog="python -m dpu_pipe.tools.harness")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--mpi-host", metavar="JOB", help="run the job's configurations (host rank)")
+    g.add_argument("--mpi-worker", action="store_true", help="serve as a producer rank")
+    args = p.parse_args(argv)
+    if args.mpi_worker:
+        mpi_worker()
+    else:
+        mpi_host(args.mpi_host)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

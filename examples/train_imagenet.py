@@ -1,0 +1,344 @@
+"""ImageNet-style training with DistributedDataParallel and dpu_pipe: the reference script.
+
+The same file runs on a laptop's CPU (gloo) and on GPU nodes (NCCL, AMP, channels_last), with
+the batches made on the host (``--mode local``), on DPU producer ranks (``offload``) or both
+(``hybrid``). Offloaded, hosts and producers are one MPMD job::
+
+    mpiexec -n 2 python -m mpi4py examples/train_imagenet.py --train T --val V --mode offload \\
+        : -n 4 python -m mpi4py -m dpu_pipe.worker
+
+Local mode also runs under ``torchrun --nproc_per_node 2 examples/train_imagenet.py ...``
+or as a single ``python examples/train_imagenet.py ...``. See docs/guides/training.md.
+
+Each epoch: train (DDP), then validate — on the producers with
+:class:`~dpu_pipe.RemoteValidation` (the snapshot is evaluated while the next epoch trains;
+its result is collected at the end of that epoch), or on the host in local mode (exact over the
+ranks). A checkpoint (model, optimizer, AMP scaler, every rank's loader position, the
+epoch's partial sums) is written every epoch and when SIGTERM or SIGUSR1 arrives (Slurm's
+preemption signals; the ranks agree on the step to stop at), and ``--resume`` continues from
+it with the same weights an uninterrupted run would have. ``--json PATH`` keeps one record per
+epoch.
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import dpu_pipe
+from dpu_pipe import distributed as dpu_dist
+from dpu_pipe import evaluate, models
+from dpu_pipe.sources import as_source
+
+try:
+    from tqdm import tqdm
+except ImportError:    # the bar is a nicety
+    tqdm = None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", required=True, help="training set: ImageFolder dir or packed")
+    p.add_argument("--val", required=True, help="validation set: ImageFolder dir or packed")
+    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--batch-size", type=int, default=256, help="per host rank")
+    p.add_argument("--val-batch-size", type=int, default=None,
+                   help="default: --batch-size")
+    p.add_argument("--size", type=int, default=224, help="training crop (pixels)")
+    p.add_argument("--arch", default="resnet50",
+                   help="a dpu_pipe.models factory (resnet_tiny) or a torchvision model name")
+    p.add_argument("--width", type=int, default=16, help="resnet_tiny's first-stage width")
+    p.add_argument("--lr", type=float, default=0.1, help="peak learning rate (cosine decay)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=("local", "offload", "hybrid"), default="local")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads decoding on the host (local mode, hybrid's host threads)")
+    p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
+    p.add_argument("--amp", action="store_true", help="mixed precision (CUDA)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="write DIR/last.pt every epoch and on SIGTERM/SIGUSR1")
+    p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt")
+    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+                   help="save a checkpoint after N steps of this run and exit 0")
+    p.add_argument("--json", default=None, metavar="PATH", help="one record per epoch")
+    p.add_argument("--log-every", type=int, default=50, metavar="N",
+                   help="interval log on rank 0 every N steps (0: never)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a batch or a validation result may take")
+    return p.parse_args(argv)
+
+
+def build_model(args, classes):
+    """The model and the ``"module:factory"`` + arguments producers rebuild it from."""
+    if hasattr(models, args.arch):
+        spec = f"dpu_pipe.models:{args.arch}"
+        kwargs = {"classes": classes, "width": args.width, "seed": args.seed}
+    else:
+        spec = f"torchvision.models:{args.arch}"
+        kwargs = {"num_classes": classes}
+        torch.manual_seed(args.seed)
+    return evaluate.load_factory(spec)(**kwargs), spec, kwargs
+
+
+def learning_rate(args, epoch, step, steps):
+    """Cosine decay over the whole run, a pure function of the position (nothing to save)."""
+    t = (epoch * steps + step) / max(1, args.epochs * steps)
+    return 0.5 * args.lr * (1 + math.cos(math.pi * t))
+
+
+class Stopper:
+    """SIGTERM/SIGUSR1 (Slurm preemption) and --stop-after-steps: every rank stops after the
+    same step, agreed with one tiny all-reduce per step."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.steps = 0
+        self.signalled = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signalled = True
+
+    def should_stop(self, device):
+        self.steps += 1
+        flag = torch.tensor([1 if self.signalled else 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item()) or (self.limit is not None and self.steps >= self.limit)
+
+
+def validate_on_host(model, loader, device):
+    """Exact metrics of the whole validation set over every rank: each rank evaluates its
+    shard, the sums are added with one all-reduce."""
+    model.eval()
+    m = evaluate.Metrics((1, 5))
+    for batch in loader:
+        images, labels, meta = batch
+        valid = meta.get("valid")
+        if valid is not None:
+            images, labels = images[valid], labels[valid]
+        evaluate.evaluate_batch(model, images.to(device), labels.to(device), m)
+    sums = torch.tensor([m.count, m.loss_sum, m.correct[1], m.correct[5]], dtype=torch.float64)
+    dist.all_reduce(sums)
+    count, loss, c1, c5 = sums.tolist()
+    model.train()
+    return {"count": int(count), "loss": loss / count, "top1": c1 / count, "top5": c5 / count}
+
+
+def save_checkpoint(path, state):
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def gather(obj):
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    info = dpu_dist.init_process_group()
+    rank, world = info.rank, info.world_size
+    if args.device:
+        device = torch.device(args.device)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda", info.local_rank)
+    else:
+        device = torch.device("cpu")
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+
+    train_src, val_src = as_source(args.train), as_source(args.val)
+    classes = len(train_src.classes) if train_src.classes else int(train_src.labels.max()) + 1
+    model, spec, model_kwargs = build_model(args, classes)
+    model = model.to(device, memory_format=torch.channels_last if cuda else torch.contiguous_format)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                          weight_decay=args.weight_decay)
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+    out = dict(output="torch", device=device if cuda else None, timeout=args.timeout,
+               memory_format=torch.channels_last if cuda else None)
+    loader = dpu_pipe.DPULoader(train_src, args.batch_size, mode=args.mode, size=args.size,
+                                seed=args.seed, num_threads=args.threads,
+                                host_threads=max(1, args.threads), **out)
+    producers = loader._group.producers if loader._group is not None else 0
+    producers = int(sum(gather(producers)))
+    vbs = args.val_batch_size or args.batch_size
+    remote = None
+    if args.mode != "local" and producers:
+        remote = dpu_pipe.RemoteValidation(val_src, vbs, model=spec, model_kwargs=model_kwargs,
+                                           size=args.size, timeout=args.timeout)
+        val_loader = None
+    else:
+        val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size,
+                                     return_meta=True, **out)
+
+    steps = len(loader)
+    start_epoch, partial, records = 0, None, []
+    ckpt = os.path.join(args.checkpoint, "last.pt") if args.checkpoint else None
+    if args.resume and ckpt and os.path.exists(ckpt):
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        if len(state["loader"]) != world:
+            raise SystemExit(f"checkpoint of {len(state['loader'])} ranks, job of {world}")
+        loader.load_state_dict(state["loader"][rank])
+        partial = state["partial"][rank]
+        records = state["records"]
+        start_epoch = loader.epoch
+        resubmit = state["pending_record"]
+    else:
+        resubmit = None
+    stopper = Stopper(args.stop_after_steps)
+    stopping = False
+    pending = None          # (record, future) of the remote validation in flight
+
+    def validate(record):
+        """Validate the current weights for ``record``: submitted to the producers (result
+        collected later by finish_pending), or evaluated here."""
+        nonlocal pending
+        if remote is not None:
+            pending = (record, remote.submit(model.state_dict(), tag=record["epoch"]))
+            if stopping:
+                finish_pending()
+            return
+        v = validate_on_host(model, val_loader, device)
+        record.update(val_top1=v["top1"], val_top5=v["top5"], val_loss=v["loss"],
+                      val_count=v["count"])
+        log_record(record)
+
+    def stop(epoch, step):
+        if rank == 0:
+            print(f"stopped after epoch {epoch} step {step + 1}; checkpoint saved", flush=True)
+        loader.close()
+        dist.destroy_process_group()
+        return 0
+
+    def finish_pending():
+        nonlocal pending
+        if pending is not None:
+            record, fut = pending
+            pending = None
+            v = fut.result()
+            record.update(val_top1=v["top1"], val_top5=v["top5"], val_loss=v["loss"],
+                          val_count=v["count"])
+            log_record(record)
+
+    def log_record(record):
+        records.append(record)
+        if rank == 0:
+            print(json.dumps(record), flush=True)
+            if args.json:
+                with open(args.json + ".tmp", "w") as f:
+                    json.dump(records, f, indent=1)
+                os.replace(args.json + ".tmp", args.json)
+
+    def checkpoint(epoch, partial_now, pending_record=None):
+        loaders, partials = gather(loader.state_dict()), gather(partial_now)
+        if rank == 0 and ckpt:
+            os.makedirs(args.checkpoint, exist_ok=True)
+            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "scaler": scaler.state_dict(), "loader": loaders,
+                                   "partial": partials, "records": list(records),
+                                   "pending_record": pending_record, "epoch": epoch,
+                                   "args": vars(args)})
+        dist.barrier()
+
+    if resubmit is not None:
+        validate(resubmit)     # the checkpoint's weights are that epoch's snapshot
+    ddp.train()
+    for epoch in range(start_epoch, args.epochs):
+        loader.set_epoch(epoch)     # keeps a restored position within this epoch
+        loss_sum, seen, wait_s, train_s = partial if partial else (0.0, 0, 0.0, 0.0)
+        partial = None
+        first = loader.state_dict()["step"]
+        it = iter(loader)
+        bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch}", unit="step",
+                   disable=None if rank == 0 else True) if tqdm else None
+        for step in range(first, steps):
+            t0 = time.perf_counter()
+            images, labels = next(it)
+            t1 = time.perf_counter()
+            for g in opt.param_groups:
+                g["lr"] = learning_rate(args, epoch, step, steps)
+            with torch.autocast(device.type, dtype=torch.float16 if cuda else torch.bfloat16,
+                                enabled=args.amp):
+                loss = criterion(ddp(images), labels)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            n = int(labels.shape[0])
+            loss_sum += float(loss.detach()) * n
+            seen += n
+            t_end = time.perf_counter()
+            wait_s += t1 - t0
+            train_s += t_end - t0
+            if bar is not None:
+                bar.update(1)
+            if args.log_every and (step + 1) % args.log_every == 0 and rank == 0:
+                s = loader.stats(interval=True)     # rates since the previous log line
+                print(f"epoch {epoch} step {step + 1}/{steps}: loss {loss.item():.4f}, "
+                      f"{s['img_per_s'] * world:.1f} img/s, data wait "
+                      f"{s['data_wait_share']:.1%}, batch makers busy "
+                      f"{s['producer_busy_share']:.0%}, bad samples {s['bad_samples']}",
+                      flush=True)
+            if stopper.should_stop(device):
+                stopping = True
+                if step + 1 < steps:
+                    # Mid-epoch: the snapshot in validation is older than these weights,
+                    # so its result goes into the checkpoint first.
+                    finish_pending()
+                    checkpoint(epoch, (loss_sum, seen, wait_s, train_s))
+                    return stop(epoch, step)
+        if bar is not None:
+            bar.close()
+        next(it, None)              # ends the epoch: the loader's position moves to the next
+        sums = torch.tensor([loss_sum, seen, wait_s, train_s], dtype=torch.float64)
+        dist.all_reduce(sums)
+        loss_all, seen_all, wait_all, train_all = sums.tolist()
+        record = {"epoch": epoch, "train_loss": loss_all / seen_all,
+                  "img_per_s": seen_all / (train_all / world),
+                  "data_wait_share": wait_all / train_all,
+                  "world_size": world, "producers": producers}
+        if remote is None or stopping:
+            finish_pending()
+            validate(record)
+            checkpoint(epoch + 1, None)
+        else:
+            finish_pending()
+            # These weights are the snapshot: a run resumed from this checkpoint submits it
+            # again if its result never arrived.
+            checkpoint(epoch + 1, None, pending_record=record)
+            validate(record)
+        if stopping:
+            return stop(epoch, steps - 1)
+    finish_pending()
+    if rank == 0 and ckpt:
+        final = {k: v.cpu() for k, v in model.state_dict().items()}
+        torch.save(final, os.path.join(args.checkpoint, "final_weights.pt"))
+    loader.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,711 @@
+# Augmentation kernels on the uint8 crop at output size: torchvision's auto-augment op set
+# (TrivialAugmentWide, RandAugment, AutoAugment's ImageNet policy), colour jitter, grayscale
+# and random erasing, with the arithmetic of torchvision.transforms.v2.functional on uint8
+# tensors (float32 where it computes in float32, truncation where it converts with .to(uint8),
+# round half to even where it rounds). Contract in _augment.pxd; the augmentation spaces and
+# magnitude tables are built in dpu_pipe/augment.py and handed over as a dict.
+#
+# Images are (h, w, 3) uint8, rows contiguous. Ops work out of place into `tmp` where they must
+# (the affine ops) and copy back, so every op leaves its result in `img`.
+from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+from libc.math cimport floor, fmod, sqrt, rint
+
+from dpu_pipe._ops cimport (OpsOutput, OPS_FLOAT32, OPS_UINT8, OPS_FLOAT16, OPS_BFLOAT16,
+                            OPS_CHW, _to_f16, _to_bf16)
+from dpu_pipe._rng cimport (rng_uniform2, portable_log, portable_exp, RNG_STREAM_AUGMENT,
+                            RNG_STREAM_JITTER, RNG_STREAM_GRAYSCALE, RNG_STREAM_ERASE)
+
+import numpy as np
+
+from dpu_pipe.errors import ConfigError
+
+cdef extern from "math.h" nogil:
+    float rintf(float x)
+    float floorf(float x)
+    float fmodf(float x, float y)
+
+#: torchvision's names of the ops, indexed by the AUG_* codes of _augment.pxd.
+OP_NAMES = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
+            "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast",
+            "Equalize", "Invert", "brightness", "contrast", "saturation", "hue", "grayscale")
+OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
+
+DEF PI = 3.141592653589793
+
+
+# --- sin and cos from + - * / only (rotation matrices; bit-identical everywhere) -----------
+
+cdef void _sincos(double x, double* s, double* c) noexcept nogil:
+    """sin and cos of x (|x| <= 8) within ~1 ulp: reduction by pi/2 in three parts (exact
+    products: each part has 33 or fewer significant bits) and Taylor series on |r| <= pi/4."""
+    cdef double k = rint(x * 0.6366197723675814)
+    cdef double r = ((x - k * 1.5707963267341256) - k * 6.077100506506192e-11) \
+        - k * 2.0222662487959506e-21
+    cdef double r2 = r * r
+    cdef double ps, pc
+    ps = -7.647163731819816e-13
+    ps = ps * r2 + 1.6059043836821613e-10
+    ps = ps * r2 - 2.505210838544172e-08
+    ps = ps * r2 + 2.7557319223985893e-06
+    ps = ps * r2 - 0.0001984126984126984
+    ps = ps * r2 + 0.008333333333333333
+    ps = ps * r2 - 0.16666666666666666
+    ps = r + r * (r2 * ps)
+    pc = 4.779477332387385e-14
+    pc = pc * r2 - 1.1470745597729725e-11
+    pc = pc * r2 + 2.08767569878681e-09
+    pc = pc * r2 - 2.755731922398589e-07
+    pc = pc * r2 + 2.48015873015873e-05
+    pc = pc * r2 - 0.001388888888888889
+    pc = pc * r2 + 0.041666666666666664
+    pc = pc * r2 - 0.5
+    pc = 1.0 + r2 * pc
+    cdef int q = (<int>k) & 3
+    if q == 0:
+        s[0], c[0] = ps, pc
+    elif q == 1:
+        s[0], c[0] = pc, -ps
+    elif q == 2:
+        s[0], c[0] = -ps, -pc
+    else:
+        s[0], c[0] = -pc, ps
+
+
+cdef double _normal(double u) noexcept nogil:
+    """Standard normal quantile of u in [0, 1) (Acklam's rational approximation, relative
+    error < 1.2e-9), from portable_log and sqrt: a Gaussian from one uniform."""
+    cdef double q, r, p = (floor(u * 9007199254740992.0) + 0.5) * 1.1102230246251565e-16
+    if p < 0.02425:
+        q = sqrt(-2.0 * portable_log(p))
+        return (((((-7.784894002430293e-03 * q - 3.223964580411365e-01) * q
+                   - 2.400758277161838e+00) * q - 2.549732539343734e+00) * q
+                 + 4.374664141464968e+00) * q + 2.938163982698783e+00) / \
+               ((((7.784695709041462e-03 * q + 3.224671290700398e-01) * q
+                  + 2.445134137142996e+00) * q + 3.754408661907416e+00) * q + 1.0)
+    if p > 1.0 - 0.02425:
+        q = sqrt(-2.0 * portable_log(1.0 - p))
+        return -(((((-7.784894002430293e-03 * q - 3.223964580411365e-01) * q
+                    - 2.400758277161838e+00) * q - 2.549732539343734e+00) * q
+                  + 4.374664141464968e+00) * q + 2.938163982698783e+00) / \
+                ((((7.784695709041462e-03 * q + 3.224671290700398e-01) * q
+                   + 2.445134137142996e+00) * q + 3.754408661907416e+00) * q + 1.0)
+    q = p - 0.5
+    r = q * q
+    return (((((-3.969683028665376e+01 * r + 2.209460984245205e+02) * r
+               - 2.759285104469687e+02) * r + 1.383577518672690e+02) * r
+             - 3.066479806614716e+01) * r + 2.506628277459239e+00) * q / \
+           (((((-5.447609879822406e+01 * r + 1.615858368580409e+02) * r
+               - 1.556989798598866e+02) * r + 6.680131188771972e+01) * r
+             - 1.328068155288572e+01) * r + 1.0)
+
+
+# --- sampling -------------------------------------------------------------------------------
+
+cdef inline int _randint(double u, int n) noexcept nogil:
+    cdef int k = <int>floor(u * n)
+    return k if k < n else n - 1
+
+
+cdef double _level_magnitude(const AugConfig* cfg, const AugSpaceOp* sp, double level) noexcept nogil:
+    """Magnitude of a continuous level (RandAugment with mstd): the bins' formula, float32."""
+    cdef double m
+    if sp.kind == 1:
+        return rint(8.0 - level / ((cfg.num_bins - 1) / cfg.posterize_div))
+    m = sp.start + (sp.end - sp.start) * (level / (cfg.num_bins - 1))
+    return <double><float>m
+
+
+cdef inline void _push(AugParams* out, int op, double mag) noexcept nogil:
+    if out.n < AUG_MAX_STEPS:
+        out.step[out.n].op = op
+        out.step[out.n].mag = mag
+        out.n += 1
+
+
+cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64_t index,
+                     AugParams* out) noexcept nogil:
+    """All random parameters of one sample, in the order they apply. Each purpose has its own
+    stream; blocks within it: TA block 0 (op, bin), 1 (sign); RA op k blocks 2k (op, sign),
+    2k+1 (level noise); AutoAugment block 0 (sub-policy), 1 + s (probability, sign) of step s;
+    jitter blocks 0-1 (order), 1-3 (factors); grayscale block 0; erasing block 0 (p), 1 + a
+    (scale, ratio) and 11 + a (position) of attempt a."""
+    cdef double u0, u1, u2, u3, mag, level, area, target, aspect, hf, wf
+    cdef const AugSpaceOp* sp
+    cdef int k, s, pol, t, j, hh, ww
+    cdef int perm[4]
+    cdef double fac[4]
+    out.n = 0
+    out.erase = 0
+    if cfg.mode == AUG_MODE_TA_WIDE:
+        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 0, &u0, &u1)
+        sp = &cfg.space[_randint(u0, cfg.n_space)]
+        mag = 0.0
+        if sp.has_mag:
+            mag = sp.bins[_randint(u1, cfg.num_bins)]
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 1, &u2, &u3)
+            if sp.is_signed and u2 <= 0.5:
+                mag = -mag
+        _push(out, sp.op, mag)
+    elif cfg.mode == AUG_MODE_RA:
+        for k in range(cfg.num_ops):
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 2 * k, &u0, &u1)
+            sp = &cfg.space[_randint(u0, cfg.n_space)]
+            mag = 0.0
+            if sp.has_mag:
+                if cfg.mstd > 0.0:
+                    rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 2 * k + 1, &u2, &u3)
+                    level = cfg.magnitude + cfg.mstd * _normal(u2)
+                    level = 0.0 if level < 0.0 else level
+                    level = <double>(cfg.num_bins - 1) if level > cfg.num_bins - 1 else level
+                    mag = _level_magnitude(cfg, sp, level)
+                else:
+                    mag = sp.bins[cfg.magnitude]
+                if sp.is_signed and u1 <= 0.5:
+                    mag = -mag
+            _push(out, sp.op, mag)
+    elif cfg.mode == AUG_MODE_IMAGENET:
+        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 0, &u0, &u1)
+        pol = _randint(u0, cfg.n_policies)
+        for s in range(2):
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 1 + s, &u2, &u3)
+            if not u2 <= cfg.pol_p[pol][s]:
+                continue
+            mag = cfg.pol_mag[pol][s]
+            if cfg.pol_signed[pol][s] and u3 <= 0.5:
+                mag = -mag
+            _push(out, cfg.pol_op[pol][s], mag)
+    if cfg.jitter[0] or cfg.jitter[1] or cfg.jitter[2] or cfg.jitter[3]:
+        # torchvision draws a random order of the four (randperm), then each factor.
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 1, &u2, &u3)
+        perm[0], perm[1], perm[2], perm[3] = 0, 1, 2, 3
+        fac[0], fac[1], fac[2] = u0, u1, u2    # Fisher-Yates: position k swaps with j <= k
+        for k in range(3, 0, -1):
+            j = _randint(fac[3 - k], k + 1)
+            t = perm[k]
+            perm[k] = perm[j]
+            perm[j] = t
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 2, &u0, &u1)
+        fac[0] = cfg.jlo[0] + (cfg.jhi[0] - cfg.jlo[0]) * u3
+        fac[1] = cfg.jlo[1] + (cfg.jhi[1] - cfg.jlo[1]) * u0
+        fac[2] = cfg.jlo[2] + (cfg.jhi[2] - cfg.jlo[2]) * u1
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 3, &u0, &u1)
+        fac[3] = cfg.jlo[3] + (cfg.jhi[3] - cfg.jlo[3]) * u0
+        for k in range(4):
+            if cfg.jitter[perm[k]]:
+                _push(out, AUG_J_BRIGHTNESS + perm[k], fac[perm[k]])
+    if cfg.gray_p > 0.0:
+        rng_uniform2(seed, epoch, index, RNG_STREAM_GRAYSCALE, 0, &u0, &u1)
+        if u0 < cfg.gray_p:
+            _push(out, AUG_GRAYSCALE, 0.0)
+    if cfg.erase_p > 0.0:
+        rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 0, &u0, &u1)
+        if u0 < cfg.erase_p:
+            area = <double>cfg.oh * cfg.ow
+            for k in range(10):
+                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 1 + k, &u0, &u1)
+                target = area * (cfg.erase_scale[0] + (cfg.erase_scale[1] - cfg.erase_scale[0]) * u0)
+                aspect = portable_exp(cfg.erase_log_ratio[0]
+                                      + (cfg.erase_log_ratio[1] - cfg.erase_log_ratio[0]) * u1)
+                hf = rint(sqrt(target * aspect))
+                wf = rint(sqrt(target / aspect))
+                if not (hf < cfg.oh and wf < cfg.ow):
+                    continue
+                hh = <int>hf
+                ww = <int>wf
+                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 11 + k, &u0, &u1)
+                out.ebox[0] = _randint(u0, cfg.oh - hh + 1)
+                out.ebox[1] = _randint(u1, cfg.ow - ww + 1)
+                out.ebox[2] = hh
+                out.ebox[3] = ww
+                out.erase = 1
+                break
+
+
+# --- geometric ops: torchvision's affine grid, nearest, in float32 --------------------------
+
+cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* m,
+                  const uint8_t* fill) noexcept nogil:
+    """dst = src sampled at the inverse affine map m (torchvision's _get_inverse_affine_matrix
+    layout) the way v2's _affine_grid + grid_sample(nearest, zeros, align_corners=False) does:
+    theta in float32 divided by half the size, base grid (x - (w-1)/2, y - (h-1)/2), then
+    ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill."""
+    cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
+    cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
+    cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
+    cdef float sx = <float>w / <float>2.0, sy = <float>h / <float>2.0
+    cdef float xb, yb, gx, gy, ix, iy
+    cdef int x, y, xi, yi
+    cdef const uint8_t* p
+    cdef uint8_t* q
+    for y in range(h):
+        yb = <float>(y - (h - 1) * 0.5)
+        q = dst + <Py_ssize_t>y * w * 3
+        for x in range(w):
+            xb = <float>(x - (w - 1) * 0.5)
+            gx = (xb * r00 + yb * r10) + r20
+            gy = (xb * r01 + yb * r11) + r21
+            ix = (gx + <float>1.0) * sx - <float>0.5
+            iy = (gy + <float>1.0) * sy - <float>0.5
+            xi = <int>rintf(ix)
+            yi = <int>rintf(iy)
+            if 0 <= xi < w and 0 <= yi < h and ix == ix and iy == iy:
+                p = src + (<Py_ssize_t>yi * w + xi) * 3
+                q[3 * x], q[3 * x + 1], q[3 * x + 2] = p[0], p[1], p[2]
+            else:
+                q[3 * x], q[3 * x + 1], q[3 * x + 2] = fill[0], fill[1], fill[2]
+
+
+cdef void _rot90(const uint8_t* src, uint8_t* dst, int h, int w, int k) noexcept nogil:
+    """torch.rot90(k) over (H, W) for k = 1, 2, 3 (k = 1, 3 need h == w)."""
+    cdef int x, y, sy, sx
+    for y in range(h):
+        for x in range(w):
+            if k == 1:
+                sy, sx = x, w - 1 - y
+            elif k == 2:
+                sy, sx = h - 1 - y, w - 1 - x
+            else:
+                sy, sx = h - 1 - x, y
+            memcpy(dst + (<Py_ssize_t>y * w + x) * 3, src + (<Py_ssize_t>sy * w + sx) * 3, 3)
+
+
+cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w,
+                    const uint8_t* fill) noexcept nogil:
+    cdef double m[6]
+    cdef double s, c, a, t
+    m[0], m[1], m[2], m[3], m[4], m[5] = 1.0, 0.0, 0.0, 0.0, 1.0, 0.0
+    if op == AUG_SHEAR_X:
+        # center [0, 0]: the image centre is at (-w/2, -h/2) of the grid's frame.
+        m[1] = mag
+        m[2] = 0.0 - mag * (-0.5 * h)
+    elif op == AUG_SHEAR_Y:
+        m[3] = mag
+        m[5] = ((-0.5 * h) - mag * (-0.5 * w)) - (-0.5 * h)
+    elif op == AUG_TRANSLATE_X:
+        m[2] = -<double><int64_t>mag          # int(magnitude): truncation toward zero
+    elif op == AUG_TRANSLATE_Y:
+        m[5] = -<double><int64_t>mag
+    else:                                     # AUG_ROTATE: F.rotate(angle=mag)
+        a = fmod(mag, 360.0)
+        if a != 0.0 and a < 0.0:
+            a = a + 360.0
+        if a == 0.0:
+            return 0
+        if a == 180.0 or (h == w and (a == 90.0 or a == 270.0)):
+            _rot90(img, tmp, h, w, 2 if a == 180.0 else (1 if a == 90.0 else 3))
+            memcpy(img, tmp, <size_t>h * w * 3)
+            return 0
+        _sincos(-a * (PI / 180.0), &s, &c)
+        m[0], m[1], m[3], m[4] = c, s, -s, c
+    _affine(img, tmp, h, w, m, fill)
+    memcpy(img, tmp, <size_t>h * w * 3)
+    return 0
+
+
+# --- colour ops: v2.functional's uint8 arithmetic -----------------------------------------
+
+cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
+    # clamp_(0, 255) then .to(uint8): truncation toward zero.
+    if not (v > <float>0.0):
+        return 0
+    if v >= <float>255.0:
+        return 255
+    return <uint8_t><int>v
+
+
+cdef inline float _gray(const uint8_t* p) noexcept nogil:
+    # r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), float32
+    return (<float>p[0] * <float>0.2989 + <float>0.587 * <float>p[1]) + <float>0.114 * <float>p[2]
+
+
+cdef void _brightness(uint8_t* img, Py_ssize_t n, double factor) noexcept nogil:
+    cdef float f = <float>factor
+    cdef Py_ssize_t i
+    for i in range(n):
+        img[i] = _trunc_u8(<float>img[i] * f)
+
+
+cdef void _blend_const(uint8_t* img, Py_ssize_t n, double ratio, float other) noexcept nogil:
+    cdef float r = <float>ratio, a = <float>(1.0 - ratio)
+    cdef float o = a * other
+    cdef Py_ssize_t i
+    for i in range(n):
+        img[i] = _trunc_u8(<float>img[i] * r + o)
+
+
+cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
+    cdef float r = <float>ratio, a = <float>(1.0 - ratio), g
+    cdef Py_ssize_t i
+    cdef int c
+    for i in range(npix):
+        g = a * floorf(_gray(img + 3 * i))
+        for c in range(3):
+            img[3 * i + c] = _trunc_u8(<float>img[3 * i + c] * r + g)
+
+
+cdef void _contrast(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
+    # The mean of the floored grayscale: integers below 2**24 in total, so float32 sums of
+    # them are exact in any order and the sum here equals torch's.
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(npix):
+        total += <int64_t>floorf(_gray(img + 3 * i))
+    _blend_const(img, 3 * npix, ratio, <float>total / <float>npix)
+
+
+cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) noexcept nogil:
+    cdef float ka = <float>(1.0 / 13.0), kb = <float>(5.0 / 13.0)
+    cdef float alpha = <float>(1.0 - factor), blur, v
+    cdef int x, y, c
+    cdef Py_ssize_t r = <Py_ssize_t>w * 3
+    cdef const uint8_t* p
+    cdef const uint8_t* u
+    cdef const uint8_t* d
+    if h <= 2 or w <= 2:
+        return
+    memcpy(tmp, img, <size_t>h * r)
+    for y in range(1, h - 1):
+        for x in range(1, w - 1):
+            for c in range(3):
+                p = img + y * r + 3 * x + c      # rows above (u) and below (d)
+                u = p - r
+                d = p + r
+                blur = ((((((((<float>u[-3] * ka + <float>u[0] * ka) + <float>u[3] * ka)
+                             + <float>p[-3] * ka) + <float>p[0] * kb) + <float>p[3] * ka)
+                          + <float>d[-3] * ka) + <float>d[0] * ka) + <float>d[3] * ka)
+                blur = rintf(blur)
+                v = <float>p[0]
+                tmp[y * r + 3 * x + c] = _trunc_u8(v + alpha * (blur - v))
+    memcpy(img, tmp, <size_t>h * r)
+
+
+cdef void _posterize(uint8_t* img, Py_ssize_t n, double mag) noexcept nogil:
+    cdef int bits = <int>mag
+    cdef uint8_t mask
+    cdef Py_ssize_t i
+    if bits >= 8:
+        return
+    bits = bits if bits > 0 else 0
+    mask = <uint8_t>(((1 << bits) - 1) << (8 - bits))
+    for i in range(n):
+        img[i] = img[i] & mask
+
+
+cdef void _solarize(uint8_t* img, Py_ssize_t n, double mag) noexcept nogil:
+    cdef float thr = <float>(255.0 * mag)
+    cdef Py_ssize_t i
+    for i in range(n):
+        if <float>img[i] >= thr:
+            img[i] = 255 - img[i]
+
+
+cdef void _autocontrast(uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    cdef int lo[3]
+    cdef int hi[3]
+    cdef float mn[3]
+    cdef float inv[3]
+    cdef Py_ssize_t i
+    cdef int c
+    for c in range(3):
+        lo[c], hi[c] = 255, 0
+    for i in range(npix):
+        for c in range(3):
+            lo[c] = img[3 * i + c] if img[3 * i + c] < lo[c] else lo[c]
+            hi[c] = img[3 * i + c] if img[3 * i + c] > hi[c] else hi[c]
+    for c in range(3):
+        if lo[c] == hi[c]:
+            mn[c], inv[c] = 0.0, 1.0
+        else:
+            mn[c] = <float>lo[c]
+            inv[c] = (<float>hi[c] - <float>lo[c]) * <float>(1.0 / 255.0)
+    for i in range(npix):
+        for c in range(3):
+            img[3 * i + c] = _trunc_u8((<float>img[3 * i + c] - mn[c]) / inv[c])
+
+
+cdef void _equalize(uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    cdef int64_t hist[256]
+    cdef int64_t cum, step, last
+    cdef uint8_t lut[256]
+    cdef Py_ssize_t i
+    cdef int c, v
+    for c in range(3):
+        memset(hist, 0, sizeof(hist))
+        for i in range(npix):
+            hist[img[3 * i + c]] += 1
+        last = 0
+        for v in range(256):
+            if hist[v]:
+                last = v
+        step = (npix - hist[last]) // 255
+        if step == 0:
+            continue
+        lut[0] = 0
+        cum = 0
+        for v in range(255):
+            cum += hist[v]
+            lut[v + 1] = <uint8_t>min(255, (cum + step // 2) // step)
+        for i in range(npix):
+            img[3 * i + c] = lut[img[3 * i + c]]
+
+
+cdef void _grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef uint8_t g
+    for i in range(npix):
+        g = _trunc_u8(_gray(img + 3 * i))
+        img[3 * i], img[3 * i + 1], img[3 * i + 2] = g, g, g
+
+
+cdef void _hue(uint8_t* img, Py_ssize_t npix, double factor) noexcept nogil:
+    """v2's adjust_hue on uint8: to float32 (x / 255), HSV, hue + factor mod 1, back, then
+    x * (256 - 1e-3) truncated."""
+    cdef float sc = <float>(1.0 / 255.0), hf = <float>factor, back = <float>(255.0 + 1.0 - 1e-3)
+    cdef float r, g, b, mx, mn, cr, s, rc, gc, bc, hh, h6, f, p, q, t, sxf, oms
+    cdef float ov[3]
+    cdef Py_ssize_t i
+    cdef int k
+    for i in range(npix):
+        r = <float>img[3 * i] * sc
+        g = <float>img[3 * i + 1] * sc
+        b = <float>img[3 * i + 2] * sc
+        mx = r if r > g else g
+        mx = mx if mx > b else b
+        mn = r if r < g else g
+        mn = mn if mn < b else b
+        cr = mx - mn
+        s = cr / (<float>1.0 if mx == mn else mx)
+        if mx == mn:
+            cr = 1.0
+        rc = (mx - r) / cr
+        gc = (mx - g) / cr
+        bc = (mx - b) / cr
+        if mx != r:
+            hh = ((rc + <float>2.0) - bc) if mx == g else ((gc + <float>4.0) - rc)
+        else:
+            hh = bc - gc
+        hh = fmodf(hh * <float>(1.0 / 6.0) + <float>1.0, <float>1.0)
+        hh = hh + hf
+        hh = hh - floorf(hh)                  # remainder_(1.0)
+        h6 = hh * <float>6.0
+        k = <int>floorf(h6)
+        f = h6 - floorf(h6)
+        sxf = s * f
+        oms = <float>1.0 - s
+        q = min(max((<float>1.0 - sxf) * mx, <float>0.0), <float>1.0)
+        t = min(max((sxf + oms) * mx, <float>0.0), <float>1.0)
+        p = min(max(oms * mx, <float>0.0), <float>1.0)
+        k = k % 6
+        k = k + 6 if k < 0 else k
+        if k == 0:
+            ov[0], ov[1], ov[2] = mx, t, p
+        elif k == 1:
+            ov[0], ov[1], ov[2] = q, mx, p
+        elif k == 2:
+            ov[0], ov[1], ov[2] = p, mx, t
+        elif k == 3:
+            ov[0], ov[1], ov[2] = p, q, mx
+        elif k == 4:
+            ov[0], ov[1], ov[2] = t, p, mx
+        else:
+            ov[0], ov[1], ov[2] = mx, p, q
+        for k in range(3):
+            img[3 * i + k] = _trunc_u8(ov[k] * back)
+
+
+cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w,
+                      const uint8_t* fill) noexcept nogil:
+    """The dispatcher: one op of the table with torchvision's magnitude (jitter: factor)."""
+    cdef Py_ssize_t npix = <Py_ssize_t>h * w
+    if op == AUG_IDENTITY:
+        return 0
+    if AUG_SHEAR_X <= op <= AUG_ROTATE:
+        return _geometric(op, mag, img, tmp, h, w, fill)
+    if op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS:
+        _brightness(img, 3 * npix, 1.0 + mag if op == AUG_BRIGHTNESS else mag)
+    elif op == AUG_COLOR or op == AUG_J_SATURATION:
+        _saturation(img, npix, 1.0 + mag if op == AUG_COLOR else mag)
+    elif op == AUG_CONTRAST or op == AUG_J_CONTRAST:
+        _contrast(img, npix, 1.0 + mag if op == AUG_CONTRAST else mag)
+    elif op == AUG_SHARPNESS:
+        _sharpness(img, tmp, h, w, 1.0 + mag)
+    elif op == AUG_POSTERIZE:
+        _posterize(img, 3 * npix, mag)
+    elif op == AUG_SOLARIZE:
+        _solarize(img, 3 * npix, mag)
+    elif op == AUG_AUTOCONTRAST:
+        _autocontrast(img, npix)
+    elif op == AUG_EQUALIZE:
+        _equalize(img, npix)
+    elif op == AUG_INVERT:
+        _solarize(img, 3 * npix, 0.0)
+    elif op == AUG_J_HUE:
+        _hue(img, npix, mag)
+    elif op == AUG_GRAYSCALE:
+        _grayscale(img, npix)
+    else:
+        return -1
+    return 0
+
+
+cdef int aug_apply(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
+                   int h, int w) noexcept nogil:
+    cdef int k, rc
+    for k in range(prm.n):
+        rc = aug_apply_op(prm.step[k].op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
+        if rc != 0:
+            return rc
+    return 0
+
+
+# --- output conversion and erasing ----------------------------------------------------------
+
+cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
+                      void* out) noexcept nogil:
+    """One output sample from the uint8 image: value * scale + bias per channel in float32
+    (ops_run's formula), as o.dtype in o.layout."""
+    cdef Py_ssize_t npix = <Py_ssize_t>h * w, i, plane
+    cdef int c
+    cdef float v
+    cdef float* f32 = <float*>out
+    cdef uint16_t* u16 = <uint16_t*>out
+    cdef uint8_t* u8 = <uint8_t*>out
+    if o.dtype == OPS_UINT8:
+        if o.layout == OPS_CHW:
+            for c in range(3):
+                for i in range(npix):
+                    u8[c * npix + i] = img[3 * i + c]
+        else:
+            memcpy(u8, img, <size_t>npix * 3)
+        return
+    for c in range(3):
+        for i in range(npix):
+            v = <float>img[3 * i + c] * o.scale[c] + o.bias[c]
+            plane = c * npix + i if o.layout == OPS_CHW else 3 * i + c
+            if o.dtype == OPS_FLOAT32:
+                f32[plane] = v
+            elif o.dtype == OPS_FLOAT16:
+                u16[plane] = _to_f16(v)
+            else:
+                u16[plane] = _to_bf16(v)
+
+
+cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
+                    const OpsOutput* o, void* out) noexcept nogil:
+    """RandomErasing after normalize: the box of prm set to cfg.erase_value (output units)."""
+    cdef int y, x, c
+    cdef Py_ssize_t at, npix = <Py_ssize_t>h * w
+    cdef float v
+    cdef int32_t vi
+    if not prm.erase:
+        return
+    for c in range(3):
+        v = cfg.erase_value[c]
+        for y in range(prm.ebox[0], prm.ebox[0] + prm.ebox[2]):
+            for x in range(prm.ebox[1], prm.ebox[1] + prm.ebox[3]):
+                at = c * npix + <Py_ssize_t>y * w + x if o.layout == OPS_CHW \
+                    else (<Py_ssize_t>y * w + x) * 3 + c
+                if o.dtype == OPS_FLOAT32:
+                    (<float*>out)[at] = v
+                elif o.dtype == OPS_FLOAT16:
+                    (<uint16_t*>out)[at] = _to_f16(v)
+                elif o.dtype == OPS_BFLOAT16:
+                    (<uint16_t*>out)[at] = _to_bf16(v)
+                else:
+                    vi = <int32_t>rint(v)
+                    (<uint8_t*>out)[at] = <uint8_t>(0 if vi < 0 else (255 if vi > 255 else vi))
+
+
+# --- configuration from dpu_pipe/augment.py's spec ------------------------------------------
+
+cdef int aug_config_from(AugConfig* cfg, dict spec) except -1:
+    cdef int k, s, b
+    memset(cfg, 0, sizeof(AugConfig))
+    cfg.mode = spec["mode"]
+    cfg.oh, cfg.ow = spec["size"]
+    space = spec["space"]
+    if len(space) > AUG_MAX_SPACE or spec["num_bins"] > AUG_MAX_BINS:
+        raise ConfigError("augmentation space too large for the kernel")
+    cfg.n_space = len(space)
+    for k, (name, signed, kind, start, end, bins) in enumerate(space):
+        cfg.space[k].op = OP_CODES[name]
+        cfg.space[k].is_signed = signed
+        cfg.space[k].kind = kind
+        cfg.space[k].has_mag = kind != 2
+        cfg.space[k].start = start
+        cfg.space[k].end = end
+        for b, v in enumerate(bins):
+            cfg.space[k].bins[b] = v
+    cfg.num_bins = spec["num_bins"]
+    cfg.num_ops = spec["num_ops"]
+    cfg.magnitude = spec["magnitude"]
+    cfg.mstd = spec["mstd"]
+    cfg.posterize_div = spec["posterize_div"]
+    policies = spec["policies"]
+    if len(policies) > AUG_MAX_POLICIES or cfg.num_ops > AUG_MAX_RA_OPS:
+        raise ConfigError("too many sub-policies or RandAugment ops for the kernel")
+    cfg.n_policies = len(policies)
+    for k, pol in enumerate(policies):
+        for s, (name, p, mag, signed) in enumerate(pol):
+            cfg.pol_op[k][s] = OP_CODES[name]
+            cfg.pol_p[k][s] = p
+            cfg.pol_mag[k][s] = mag
+            cfg.pol_signed[k][s] = signed
+    for k in range(3):
+        cfg.fill[k] = spec["fill"][k]
+        cfg.erase_value[k] = spec["erase_value"][k]
+    for k in range(4):
+        cfg.jitter[k] = spec["jitter"][k] is not None
+        if cfg.jitter[k]:
+            cfg.jlo[k], cfg.jhi[k] = spec["jitter"][k]
+    cfg.gray_p = spec["grayscale_p"]
+    cfg.erase_p = spec["erase_p"]
+    cfg.erase_scale[0], cfg.erase_scale[1] = spec["erase_scale"]
+    cfg.erase_log_ratio[0] = portable_log(spec["erase_ratio"][0])
+    cfg.erase_log_ratio[1] = portable_log(spec["erase_ratio"][1])
+    return 0
+
+
+# --- Python face: describe() and the tests ---------------------------------------------------
+
+cdef class Augmenter:
+    """The augmentation of one transform (a spec from dpu_pipe.augment.kernel_spec): the
+    parameters a sample gets and the ops applied to a uint8 image, as the batch kernel does."""
+    cdef AugConfig cfg
+
+    def __cinit__(self, dict spec):
+        aug_config_from(&self.cfg, spec)
+
+    def params(self, uint64_t seed, uint32_t epoch, uint64_t index):
+        """{"ops": [[name, magnitude], ...], "jitter": {name: factor} in the order applied,
+        "grayscale": bool, "erase": [i, j, h, w] or None} of sample ``index``."""
+        cdef AugParams p
+        aug_sample(&self.cfg, seed, epoch, index, &p)
+        ops, jitter, gray = [], {}, False
+        for k in range(p.n):
+            name = OP_NAMES[p.step[k].op]
+            if p.step[k].op == AUG_GRAYSCALE:
+                gray = True
+            elif p.step[k].op >= AUG_J_BRIGHTNESS:
+                jitter[name] = p.step[k].mag
+            else:
+                ops.append([name, p.step[k].mag])
+        erase = [p.ebox[0], p.ebox[1], p.ebox[2], p.ebox[3]] if p.erase else None
+        return {"ops": ops, "jitter": jitter, "grayscale": gray, "erase": erase}
+
+    def apply_op(self, uint8_t[:, :, ::1] img, name, double magnitude):
+        """Apply op ``name`` (an OP_NAMES entry) with ``magnitude`` to img (h, w, 3) in place,
+        with this transform's fill."""
+        if name not in OP_CODES:
+            raise ConfigError(f"unknown op {name!r}; ops: {', '.join(OP_NAMES)}")
+        if img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+            raise ConfigError("img must be a non-empty (h, w, 3) uint8 array")
+        cdef int h = <int>img.shape[0], w = <int>img.shape[1], op = OP_CODES[name], rc
+        tmp = np.empty((h, w, 3), np.uint8)
+        cdef uint8_t[:, :, ::1] t = tmp
+        with nogil:
+            rc = aug_apply_op(op, magnitude, &img[0, 0, 0], &t[0, 0, 0], h, w, self.cfg.fill)
+        if rc != 0:
+            raise ConfigError(f"op {name!r} failed (code {rc})")
