@@ -21,15 +21,16 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import warnings
 
 import numpy as np
 
 from . import _validate as _v
+from .deadline import deadline_in
 from .device import OutputSpec, torch_module
 from .rng import check_epoch
-from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
+from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
+                     format_traceback)
 from .sources import as_source
 from .spec import StreamSpec
 from .steps import BatchMaker, MakerStats
@@ -179,7 +180,7 @@ class LocalEngine(Engine):
             self.held = None
 
     def _next_data(self, epoch, step):
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         while True:
             try:
                 _, slot, n, exc = self.ready.get(timeout=0.2)
@@ -196,8 +197,7 @@ class LocalEngine(Engine):
             if isinstance(exc, DecodeError):
                 raise exc  # keeps the maker thread's traceback
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback="".join(traceback.format_exception(
-                                    type(exc), exc, exc.__traceback__))) from exc
+                                remote_traceback=format_traceback(exc)) from exc
         self.held = slot
         return self.images[slot][:n], self.labels[slot][:n], self.indices[slot][:n]
 
