@@ -146,3 +146,46 @@ def dtype(value, name="dtype"):
         raise ConfigError(f"{name} must be one of {', '.join(OUTPUT_DTYPES)} (a string, numpy "
                           f"or torch dtype), got {value!r}")
     return text
+
+
+#: torch.utils.data.DataLoader arguments that users pass out of habit, and what dpu_pipe has
+#: instead (None: nothing, with why).
+TORCH_LOADER_ARGS = {
+    "num_workers": "num_threads (threads decoding each batch; DPULoader: producer ranks)",
+    "persistent_workers": None,
+    "prefetch_factor": "prefetch (batches made ahead)",
+    "pin_memory_device": "device (batches are copied to it through pinned buffers)",
+    "worker_init_fn": None,
+    "collate_fn": "batch_hook='module:function' (a function applied to every batch)",
+    "sampler": "shuffle, seed, rank and world_size (the sampler is built in)",
+    "batch_sampler": None,
+    "generator": "seed",
+    "multiprocessing_context": None,
+}
+
+_NO_EQUIVALENT = {
+    "persistent_workers": "the loader's threads or producer ranks live as long as the loader",
+    "worker_init_fn": "there are no worker processes to initialize; producers rebuild the "
+                      "pipeline from the loader's spec",
+    "batch_sampler": "batches are fixed by batch_size, drop_last and the built-in sampler",
+    "multiprocessing_context": "there are no worker processes",
+}
+
+
+def torch_loader_args(options, where):
+    """ConfigError when ``options`` (unknown keywords of ``where``) hold a torch DataLoader
+    argument, naming dpu_pipe's equivalent or saying there is none."""
+    for key in options:
+        if key in TORCH_LOADER_ARGS:
+            instead = TORCH_LOADER_ARGS[key]
+            how = (f"use {instead}" if instead else f"there is no equivalent: "
+                   f"{_NO_EQUIVALENT[key]}")
+            raise ConfigError(f"{where}: {key}= is a torch DataLoader argument; {how}")
+
+
+def deadline(value, name, default):
+    """A wait's deadline in seconds. 0 (torch's "no timeout") means ``default``: every wait in
+    dpu_pipe has a deadline."""
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
+        return float(default)
+    return seconds(value, name)

@@ -15,6 +15,7 @@ Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec`
 :class:`~dpu_pipe.steps.BatchMaker` objects, so the batches are the same whoever makes them.
 """
 
+import contextlib
 import os
 import queue
 import sys
@@ -39,6 +40,9 @@ __all__ = ["Loader", "Engine", "LocalEngine"]
 # 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
 # a state of version 1 would resume into a different stream.
 STATE_VERSION = 2
+
+#: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
+DEFAULT_TIMEOUT = 300.0
 
 
 #: Environment variables launchers set to the number of processes in the job.
@@ -211,6 +215,16 @@ class LocalEngine(Engine):
         self.release_held()
 
 
+def _wait_range():
+    """``torch.profiler.record_function("dpu_pipe.wait")`` when torch is imported (the wait
+    for a batch shows in profiler traces, as torch DataLoader's does), else nothing."""
+    torch = sys.modules.get("torch")
+    profiler = getattr(torch, "profiler", None) if torch is not None else None
+    if profiler is None:
+        return contextlib.nullcontext()
+    return profiler.record_function("dpu_pipe.wait")
+
+
 class _EpochIter:
     """One pass over the rest of an epoch: what ``iter(loader)`` returns.
 
@@ -246,9 +260,11 @@ class _EpochIter:
             raise StopIteration
         self.engine.release_held()
         t0 = time.monotonic()
-        images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
+        with _wait_range():
+            images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
         loader._wait_s += time.monotonic() - t0
         loader._check_bad()
+        loader._yielded += len(labels)
         self.next_step += 1
         loader._step += 1
         x, y = loader.out.emit(images, labels)
@@ -356,7 +372,9 @@ class Loader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=300.0, return_meta=False, max_bad=None, **transform_options):
+                 timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None,
+                 **transform_options):
+        _v.torch_loader_args(transform_options, type(self).__name__)
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -378,7 +396,7 @@ class Loader:
         self.output = self.out.output
         self.copy = self.out.copy
         self.return_meta = _v.boolean(return_meta, "return_meta")
-        self.timeout = _v.seconds(timeout, "timeout")
+        self.timeout = _v.deadline(timeout, "timeout", DEFAULT_TIMEOUT)
         self.out.timeout = self.timeout
         #: The :class:`~dpu_pipe.steps.BatchMaker` of this host (the local engine's; thread
         #: 0's in hybrid mode); it also gives the stream's geometry.
@@ -394,6 +412,9 @@ class Loader:
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
         self._wait_s = 0.0
+        self._yielded = 0         # samples handed to the caller, all epochs
+        self._created = time.monotonic()
+        self._mark = None         # (time, counters) of the last stats(interval=True)
 
     def _new_engine(self):
         """The engine of :attr:`mode` (``"local"`` here; see DPULoader for the others)."""
@@ -444,12 +465,32 @@ class Loader:
         run."""
         state = {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step}
         state.update(self.stream_spec.state())
+        state["source"] = self._source_identity()
         return state
+
+    def _source_identity(self):
+        """What names the dataset in a state: kind, location, sample count and index
+        fingerprint (paths and labels; None for a source without one)."""
+        spec = self.source.spec() if hasattr(self.source, "spec") else {}
+        fp = getattr(self.source, "fingerprint", None)
+        return {"kind": spec.get("kind", type(self.source).__name__),
+                "location": spec.get("path", spec.get("root")),
+                "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
     def load_state_dict(self, state):
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
+        theirs, ours = state.get("source"), self._source_identity()
+        # A state saved before the dataset was recorded carries no "source": not checked.
+        if theirs is not None and theirs.get("fingerprint") != ours["fingerprint"]:
+            raise ConfigError(
+                f"state was saved for another dataset: {theirs.get('kind')} "
+                f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
+                f"fingerprint {theirs.get('fingerprint')}); this loader reads "
+                f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
+                f"fingerprint {ours['fingerprint']}). Resume with the dataset the state was "
+                f"saved with")
         for key, mine in self.stream_spec.state().items():
             if state.get(key) != mine:
                 raise ConfigError(
@@ -506,20 +547,44 @@ class Loader:
             bad.update(self._engine.remote_bad)
         return bad
 
-    def stats(self):
+    def stats(self, interval=False):
         """Per-stage counters: seconds reading bytes (``read_s``), in decode+augment
         (``process_s``), batches and samples made (summed over every maker of this host,
         samples also counting the producers'), and seconds waiting for batches in the
         consumer (``wait_s``); with a device, how batches reach it (see
         :mod:`dpu_pipe.device`); with an offloaded mode, the engine's counters (see
-        :meth:`dpu_pipe.offload.host.DPULoader.stats`)."""
+        :meth:`dpu_pipe.offload.host.DPULoader.stats`).
+
+        ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
+        the loader was made) instead, what a training log prints every N steps:
+        ``seconds`` (wall time of the interval), ``samples`` (yielded to the caller),
+        ``img_per_s``, ``data_wait_share`` (share of the interval the caller spent waiting
+        for batches), ``producer_busy_share`` (seconds the batch makers — this host's threads,
+        or the producer ranks — spent reading and decoding, over the interval times their
+        number) and ``bad_samples`` (samples skipped as undecodable in the interval)."""
         made = MakerStats()
         for m in self._makers():
             made += m.stats
         d = self._engine.stats(made) if self._engine is not None else made.as_dict()
         d["wait_s"] = self._wait_s
         d.update(self.out.stats())
-        return d
+        if not interval:
+            return d
+        busy, makers = self._busy(d)
+        now = time.monotonic()
+        counts = (self._yielded, self._wait_s, busy, len(self.bad_samples))
+        then, last = self._mark if self._mark is not None else (self._created, (0, 0.0, 0.0, 0))
+        self._mark = (now, counts)
+        dt = max(now - then, 1e-9)
+        return {"seconds": dt, "samples": counts[0] - last[0],
+                "img_per_s": (counts[0] - last[0]) / dt,
+                "data_wait_share": (counts[1] - last[1]) / dt,
+                "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
+                "bad_samples": counts[3] - last[3]}
+
+    def _busy(self, stats):
+        """(seconds the batch makers spent reading and decoding, how many makers)."""
+        return stats["read_s"] + stats["process_s"], self.num_threads
 
     def _meta(self, indices):
         """The ``meta`` of a batch whose rows are the samples ``indices``: a dict of columns,

@@ -273,8 +273,6 @@ def main(argv=None):
         it = iter(loader)
         bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch}", unit="step",
                    disable=None if rank == 0 else True) if tqdm else None
-        interval = (time.perf_counter(), 0, 0.0)
-        t_end = time.perf_counter()
         for step in range(first, steps):
             t0 = time.perf_counter()
             images, labels = next(it)
@@ -297,12 +295,12 @@ def main(argv=None):
             if bar is not None:
                 bar.update(1)
             if args.log_every and (step + 1) % args.log_every == 0 and rank == 0:
-                t_last, seen_last, wait_last = interval
-                dt = t_end - t_last
+                s = loader.stats(interval=True)     # rates since the previous log line
                 print(f"epoch {epoch} step {step + 1}/{steps}: loss {loss.item():.4f}, "
-                      f"{(seen - seen_last) * world / dt:.1f} img/s, data wait "
-                      f"{(wait_s - wait_last) / dt:.1%}", flush=True)
-                interval = (t_end, seen, wait_s)
+                      f"{s['img_per_s'] * world:.1f} img/s, data wait "
+                      f"{s['data_wait_share']:.1%}, batch makers busy "
+                      f"{s['producer_busy_share']:.0%}, bad samples {s['bad_samples']}",
+                      flush=True)
             if stopper.should_stop(device):
                 stopping = True
                 if step + 1 < steps:

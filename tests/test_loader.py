@@ -947,3 +947,65 @@ def test_set_epoch_after_load_state_dict_keeps_the_restored_position(folder, ref
             got.append(one_epoch(loader))
     assert same(got[0], reference_stream[0][2:])
     assert same(got[1], reference_stream[1])
+
+
+def test_state_names_its_dataset_and_another_is_refused(folder, tmp_path):
+    from PIL import Image
+
+    other = tmp_path / "other"
+    for i in range(N):
+        d = other / f"k{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((20, 24, 3), 9 * i, np.uint8)).save(d / f"{i}.jpg")
+    with make(folder) as a:
+        state = a.state_dict()
+        assert state["source"]["fingerprint"] == a.source.fingerprint()
+        assert state["source"]["num_samples"] == N
+    with make(other) as b:     # same size, other files: num_samples alone would accept it
+        with pytest.raises(ConfigError, match=r"another dataset.*other"):
+            b.load_state_dict(state)
+        b.load_state_dict({k: v for k, v in state.items() if k != "source"})
+
+
+@pytest.mark.parametrize("key, says", [
+    ("num_workers", "use num_threads"), ("persistent_workers", "there is no equivalent"),
+    ("prefetch_factor", "use prefetch"), ("pin_memory_device", "use device"),
+    ("worker_init_fn", "there is no equivalent"), ("collate_fn", "use batch_hook")])
+def test_torch_dataloader_keywords_name_the_equivalent(folder, key, says):
+    with pytest.raises(ConfigError, match=rf"{key}= is a torch DataLoader argument; {says}"):
+        Loader(folder, 4, **{key: 2})
+
+
+def test_timeout_zero_is_the_default_deadline(folder):
+    from dpu_pipe.loader import DEFAULT_TIMEOUT
+
+    with make(folder, timeout=0) as loader:
+        assert loader.timeout == DEFAULT_TIMEOUT
+    for bad in (-1, float("inf"), "1", True):
+        with pytest.raises(ConfigError, match="timeout"):
+            Loader(folder, 4, timeout=bad)
+
+
+def test_interval_stats_count_since_the_last_call(folder):
+    with make(folder, batch_size=4) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        a = loader.stats(interval=True)
+        next(it)
+        b = loader.stats(interval=True)
+        c = loader.stats(interval=True)
+    assert (a["samples"], b["samples"], c["samples"]) == (12, 4, 0)
+    for s in (a, b):
+        assert s["img_per_s"] == pytest.approx(s["samples"] / s["seconds"])
+        assert 0 <= s["data_wait_share"] <= 1 and 0 <= s["producer_busy_share"] <= 1.05
+        assert s["bad_samples"] == 0
+    assert loader.stats()["samples"] >= 16          # cumulative counters unchanged
+
+
+def test_waits_show_in_the_torch_profiler(folder):
+    torch = pytest.importorskip("torch")
+    with make(folder) as loader, torch.profiler.profile() as prof:
+        n = sum(1 for _ in loader)
+    waits = [e for e in prof.events() if e.name == "dpu_pipe.wait"]
+    assert len(waits) == n == len(loader)

@@ -61,7 +61,7 @@ def test_loader_accepts_a_dataset_path(data, name, kind):
 
 @pytest.mark.parametrize("what, message", [
     ("notes.json", "is not a dataset"), ("missing", "does not exist"), (42, "source must be"),
-    (["a.jpg"], "source must be")])
+    (["a.jpg"], "a list of paths must all be tar shards or all Parquet")])
 def test_loader_rejects_what_is_not_a_dataset(data, what, message):
     if isinstance(what, str):
         if what == "notes.json":

@@ -269,8 +269,11 @@ class DPULoader(Loader):
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
             self._group = host_group(comm, hostmap=hostmap)
-            rank = self._group.host_index if rank is None else rank
-            world_size = self._group.num_hosts if world_size is None else world_size
+            if self._group.roles.producers or self._group.num_hosts > 1:
+                rank = self._group.host_index if rank is None else rank
+                world_size = self._group.num_hosts if world_size is None else world_size
+            # else an MPI job of this process alone (torchrun, plain python): the shard
+            # comes from torch.distributed, as for Loader.
         super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
         if mode != "local":
             # Producers rebuild the source from its spec: one that would not rebuild is
@@ -323,14 +326,20 @@ class DPULoader(Loader):
         (see :class:`~dpu_pipe.offload.wire.PayloadLayout`)."""
         return self.layout.nbytes
 
-    def stats(self):
+    def _busy(self, stats):
+        if self.mode == "local":
+            return super()._busy(stats)
+        return (stats["producer_read_s"] + stats["producer_process_s"],
+                max(1, self._group.producers))
+
+    def stats(self, interval=False):
         """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
         read/decode+augment/publish seconds, batches per producer rank (0: host threads),
         and samples made by each side (``producer_samples``, ``host_samples``), and the
         window polls made while waiting for batches (``host_polls``; each costs the host
         ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
         time instead of polling)."""
-        return super().stats()
+        return super().stats(interval)
 
 
 @dataclass
