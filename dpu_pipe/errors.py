@@ -5,8 +5,10 @@ derives from the builtin exception users would reach for (``ValueError``, ``Time
 ``RuntimeError``), so ``except ValueError`` keeps working around bad data.
 """
 
+import traceback
+
 __all__ = ["DpuPipeError", "DecodeError", "ConfigError", "ProducerError", "PipeTimeout",
-           "TranscodeUnsupported"]
+           "TranscodeUnsupported", "error_record", "format_traceback"]
 
 
 class DpuPipeError(Exception):
@@ -57,6 +59,23 @@ class ProducerError(DpuPipeError, RuntimeError):
         if remote_traceback:
             text += "\n\n--- traceback of the producer ---\n" + remote_traceback
         super().__init__(text)
+
+
+def format_traceback(exc):
+    """The traceback text of ``exc``, as ``traceback.format_exception`` prints it."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def error_record(exc, where=None):
+    """What a failure in a producer (a DPU rank, a host thread, a validation thread) sends to
+    the host that raises it: ``{"type": qualified class name, "message": str(exc),
+    "traceback": text}``, plus ``"where"`` (who failed, e.g. the producer's rank) when
+    given. The host raises it as a :class:`ProducerError`."""
+    record = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+              "message": str(exc), "traceback": format_traceback(exc)}
+    if where is not None:
+        record["where"] = where
+    return record
 
 
 class PipeTimeout(DpuPipeError, TimeoutError):

@@ -21,15 +21,16 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import warnings
 
 import numpy as np
 
 from . import _validate as _v
+from .deadline import deadline_in
 from .device import OutputSpec, torch_module
 from .rng import check_epoch
-from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
+from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
+                     format_traceback)
 from .sources import as_source
 from .spec import StreamSpec
 from .steps import BatchMaker, MakerStats
@@ -179,7 +180,7 @@ class LocalEngine(Engine):
             self.held = None
 
     def _next_data(self, epoch, step):
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         while True:
             try:
                 _, slot, n, exc = self.ready.get(timeout=0.2)
@@ -196,8 +197,7 @@ class LocalEngine(Engine):
             if isinstance(exc, DecodeError):
                 raise exc  # keeps the maker thread's traceback
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback="".join(traceback.format_exception(
-                                    type(exc), exc, exc.__traceback__))) from exc
+                                remote_traceback=format_traceback(exc)) from exc
         self.held = slot
         return self.images[slot][:n], self.labels[slot][:n], self.indices[slot][:n]
 
@@ -472,9 +472,10 @@ class Loader:
         """What names the dataset in a state: kind, location, sample count and index
         fingerprint (paths and labels; None for a source without one)."""
         spec = self.source.spec() if hasattr(self.source, "spec") else {}
+        args = spec.get("args") or {}
         fp = getattr(self.source, "fingerprint", None)
-        return {"kind": spec.get("kind", type(self.source).__name__),
-                "location": spec.get("path", spec.get("root")),
+        return {"kind": type(self.source).__name__,
+                "location": args.get("path", args.get("root")),
                 "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
     def load_state_dict(self, state):
@@ -489,8 +490,8 @@ class Loader:
                 f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
                 f"fingerprint {theirs.get('fingerprint')}); this loader reads "
                 f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
-                f"fingerprint {ours['fingerprint']}). Resume with the dataset the state was "
-                f"saved with")
+                f"fingerprint {ours['fingerprint']}); build the loader with the same dataset "
+                f"and arguments to resume")
         for key, mine in self.stream_spec.state().items():
             if state.get(key) != mine:
                 raise ConfigError(

@@ -704,7 +704,6 @@ BAD_ARGS = {
     "output-jax": dict(output="jax"),
     "size-0": dict(size=0),
     "num_threads-0": dict(num_threads=0),
-    "timeout-0": dict(timeout=0),
     "timeout-negative": dict(timeout=-1),
     "rank-out-of-range": dict(rank=2, world_size=2),
     "world_size-0": dict(world_size=0),

@@ -1,7 +1,8 @@
 """Offload to producer ranks (DPU cores) over MPI one-sided RMA.
 
 ``wire`` (byte layouts) → ``roles`` (who serves whom) → ``transport`` (window, tickets,
-request channel) → ``host`` (:class:`DPULoader`) and ``worker`` (the producer loop).
+request channel) and ``channel`` (the validation channel) → ``group`` (a host's place in the
+job) → ``validation`` and ``host`` (:class:`DPULoader`); ``worker`` (the producer loop).
 """
 from .host import DPULoader
 

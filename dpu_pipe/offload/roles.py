@@ -14,10 +14,10 @@ out.
 import logging
 import os
 import socket
-import time
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..deadline import deadline_in
 from ..mpi import wait_request
 
 __all__ = ["Roles", "assign_producers", "parse_hostmap", "discover_roles", "host_comm",
@@ -155,7 +155,7 @@ def discover_roles(comm, role, *, hostname=None, hostmap=None, timeout=86400.0):
     ConfigError on every rank when any role is invalid or no host exists, PipeTimeout when
     not every rank arrives within ``timeout`` seconds (producers wait for their hosts to
     build their first DPULoader, sleeping rather than spinning in a collective)."""
-    wait_request(comm.Ibarrier(), time.monotonic() + timeout,
+    wait_request(comm.Ibarrier(), deadline_in(timeout),
                  f"start-up: rank {comm.Get_rank()} waited for every rank of the job to "
                  f"declare its role")
     hostname = socket.gethostname() if hostname is None else str(hostname)

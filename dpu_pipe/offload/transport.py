@@ -54,11 +54,11 @@ import pickle
 import socket
 import sys
 import time
-import traceback
 
 import numpy as np
 
-from ..errors import ConfigError, DecodeError, PipeTimeout, ProducerError
+from ..deadline import Backoff, deadline_in, poll_until
+from ..errors import ConfigError, DecodeError, PipeTimeout, ProducerError, error_record
 from ..mpi import load_mpi, wait_request
 from . import wire
 from .scheduler import LOCAL, Scheduler
@@ -66,7 +66,6 @@ from .wire import (ASSIGN, BUFFER_HEADER, CANCELLED, CONTROL, FAILED, OK, STATUS
                    HostLayout, ProducerLayout)
 
 __all__ = ["HostTransport", "ProducerTransport", "Delivery", "Reply", "RemoteError", "Work",
-           "error_record",
            "TAG_REQUEST", "TAG_REPLY", "LOCAL"]
 
 log = logging.getLogger("dpu_pipe")
@@ -76,30 +75,6 @@ TAG_REQUEST, TAG_REPLY = 0x4451, 0x4452
 # Heartbeat period, seconds: often enough that silence is seen quickly, rare enough to cost
 # nothing next to a batch.
 BEAT_EVERY = 0.05
-
-
-class _Backoff:
-    """Poll pacing: tight at first (a batch about to land), then sleeps doubling up to
-    ``longest`` seconds — and, in a long wait, up to 5 % of the time waited so far (at most
-    5 ms): a host that waits for slow producers spends little CPU polling, and a batch is
-    seen at most that much later."""
-
-    def __init__(self, longest):
-        self.longest = longest
-        self.delay = 0.0
-        self.start = time.monotonic()
-
-    def __call__(self, nap=0.0):
-        """Sleep the next delay, or ``nap`` seconds when that is longer (then ``longest``
-        again: the batch is due)."""
-        if nap > self.delay:
-            time.sleep(nap)
-            self.delay = self.longest / 2
-            return
-        if self.delay:
-            time.sleep(self.delay)
-        cap = max(self.longest, min(0.005, 0.05 * (time.monotonic() - self.start)))
-        self.delay = min(cap, max(2e-5, self.delay * 2))
 
 
 class _Endpoint:
@@ -116,7 +91,7 @@ class _Endpoint:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        deadline = time.monotonic() + setup_timeout
+        deadline = deadline_in(setup_timeout)
         # Every rank must be here before the blocking collectives of start-up.
         wait_request(comm.Ibarrier(), deadline,
                       f"start-up of the host group of {self.size} ranks (rank {self.rank})")
@@ -145,7 +120,7 @@ class _Endpoint:
 
     def _ready(self, setup_timeout):
         # Nobody writes into another rank's window before that rank zeroed it.
-        wait_request(self.comm.Ibarrier(), time.monotonic() + setup_timeout,
+        wait_request(self.comm.Ibarrier(), deadline_in(setup_timeout),
                       "window set-up")
 
     def describe(self, rank):
@@ -218,14 +193,11 @@ class Reply:
 
     def result(self, timeout=None):
         t = self._transport
-        deadline = time.monotonic() + (t.timeout if timeout is None else float(timeout))
-        backoff = _Backoff(t.poll_interval)
-        while not self.done():
-            if time.monotonic() > deadline:
-                raise PipeTimeout(f"no reply to request {self.kind!r} #{self.id} from "
-                                  f"{t.describe(self.to)} within the deadline")
-            t._raise_failure()
-            backoff()
+        # A producer that failed or fell silent meanwhile raises instead of the timeout.
+        poll_until(lambda: self.done() or t._raise_failure(),
+                   deadline_in(t.timeout if timeout is None else float(timeout)),
+                   f"no reply to request {self.kind!r} #{self.id} from "
+                   f"{t.describe(self.to)} within the deadline", t.poll_interval, stretch=True)
         if not self._ok:
             info = self._value
             raise RemoteError(f"{info['type']}: {info['message']} (request {self.kind!r})",
@@ -353,7 +325,7 @@ class HostTransport(_Endpoint):
                               + ", ".join(self.describe(p.rank) for p in silent)
                               + " no longer serve(s)")
         self.request("resize")
-        deadline = time.monotonic() + self.setup_timeout
+        deadline = deadline_in(self.setup_timeout)
         self._free_window(deadline, "making the window again")
         self._window(buffers, slot_bytes)
         self._replies.clear()
@@ -414,7 +386,7 @@ class HostTransport(_Endpoint):
             raise ConfigError(f"ticket {ticket} is not pending (cancelled or released)")
         wait = self.timeout if timeout is None else float(timeout)
         start = time.monotonic()
-        backoff = _Backoff(self.poll_interval)
+        backoff = Backoff(self.poll_interval)
         while t.ready is None:
             self.poll()
             if sched.needs_reclaim(t):
@@ -558,12 +530,12 @@ class HostTransport(_Endpoint):
         allocated and the job ends with MPI_Abort at interpreter exit."""
         if self.closed:
             return
-        deadline = time.monotonic() + (self.setup_timeout if timeout is None else timeout)
+        deadline = deadline_in(self.setup_timeout if timeout is None else timeout)
         stop = wire.pack(CONTROL, stop=1, host_beat=self._host_beat + 1)
         for peer in self.peers.values():
             self._put(stop, peer.rank, 0)
         self._flush(self.peers)
-        backoff = _Backoff(0.01)
+        backoff = Backoff(0.01)
         now = time.monotonic()
         while True:
             self.win.Sync()
@@ -649,7 +621,7 @@ class ProducerTransport(_Endpoint):
     def resize(self):
         """The host's ``resize`` request: free the window and make the new one with it
         (every assignment of the old one is void)."""
-        self._free_window(time.monotonic() + self.setup_timeout,
+        self._free_window(deadline_in(self.setup_timeout),
                           f"{self.describe(self.rank)} making the window again")
         self._window()
         self._host_seen = time.monotonic()
@@ -753,8 +725,7 @@ class ProducerTransport(_Endpoint):
 
     def fail(self, work, exc):
         """Turn ``exc`` into ``work``'s error record (delivered instead of a payload)."""
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        work.error = _pack_error(exc, tb, self.slot_bytes, self.describe(self.rank))
+        work.error = _pack_error(exc, None, self.slot_bytes, self.describe(self.rank))
         work.parts = None
 
     # -- request channel ------------------------------------------------------------------
@@ -769,7 +740,7 @@ class ProducerTransport(_Endpoint):
 
     def reply(self, rid, ok, value):
         """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an error
-        record (see :func:`error_record`). Small replies complete without the host."""
+        record (see :func:`~dpu_pipe.errors.error_record`). Small replies complete without the host."""
         req = self.comm.isend((rid, ok, value), dest=0, tag=TAG_REPLY)
         self._pending_replies = [r for r in getattr(self, "_pending_replies", []) if not r.Test()]
         if not req.Test():
@@ -781,35 +752,31 @@ class ProducerTransport(_Endpoint):
             return
         self.stopped = True
         self.beat(force=True)
-        deadline = time.monotonic() + self.setup_timeout
+        deadline = deadline_in(self.setup_timeout)
         for r in getattr(self, "_pending_replies", []):
             wait_request(r, deadline, "a reply to the host")
         self._free_window(deadline, f"{self.describe(self.rank)} freeing the window")
 
 
-def error_record(exc):
-    """What a failed request sends back: type, message, traceback text."""
-    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc,
-                                                            exc.__traceback__))}
-
-
 # -- errors across the wire -------------------------------------------------------------------
 def _pack_error(exc, tb_text, capacity, who):
-    """Pickle ``exc`` and its traceback text into at most ``capacity`` bytes, dropping the
-    exception object and trimming the traceback's head (its last frames say the most) and the
-    message as needed. Returns b"" when not even a minimal record fits."""
+    """Pickle the :func:`~dpu_pipe.errors.error_record` of ``exc`` (made by ``who``, with its
+    traceback text ``tb_text``, default the one of ``exc``) and the exception itself into at
+    most ``capacity`` bytes, dropping the exception object and trimming the traceback's head
+    (its last frames say the most) and the message as needed. Returns b"" when not even a
+    minimal record fits."""
     try:
         exc_blob = pickle.dumps(exc, protocol=4)
         pickle.loads(exc_blob)  # some exceptions pickle but do not unpickle
     except Exception:
         exc_blob = None
-    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    message = str(exc)
+    record = error_record(exc, who)
+    message = record["message"]
+    if tb_text is None:
+        tb_text = record["traceback"]
 
     def pack(exc_blob, tb, msg):
-        return pickle.dumps({"type": kind, "message": msg, "traceback": tb, "exc": exc_blob,
-                             "where": who}, protocol=4)
+        return pickle.dumps(dict(record, message=msg, traceback=tb, exc=exc_blob), protocol=4)
 
     blob = pack(exc_blob, tb_text, message)
     if len(blob) <= capacity:

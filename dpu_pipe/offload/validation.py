@@ -4,8 +4,9 @@ Channel (one per host group, set up with the group, alive for the job):
 
 * a duplicate of the host group's communicator, so validation messages never match the
   batch stream's, and a dynamic RMA window on it (``Win.Create_dynamic``). Both are created
-  collectively while the group is set up (:func:`open_channel`, called by the host session
-  and by :func:`dpu_pipe.worker.serve`); no collective runs after that.
+  collectively while the group is set up (:func:`~dpu_pipe.offload.channel.open_channel`,
+  called by the host group and by :func:`dpu_pipe.worker.serve`); no collective runs after
+  that.
 * :meth:`RemoteValidation.submit` packs the ``state_dict`` into one flat buffer
   (:mod:`dpu_pipe.weights`), attaches it to the window and sends each producer a small
   request ``{"job", "spec", "address", "nbytes", "part", "parts"}``. That is all the host
@@ -36,75 +37,23 @@ import json
 import os
 import threading
 import time
-import traceback
 
 import numpy as np
 
 from .. import _validate as _v
-from ..errors import ConfigError, PipeTimeout, ProducerError
+from ..deadline import deadline_in, poll_until
+from ..errors import ConfigError, ProducerError, error_record
 from ..evaluate import Metrics, ShardEvaluator, check_topk, require_torch
-from ..mpi import load_mpi, wait_request
+from ..mpi import load_mpi
 from ..transforms import TransformConfig
 from ..weights import pack_state
+from .channel import MERGE_TAG, REQUEST_TAG, RESULT_TAG
+from .group import host_group
 
-__all__ = ["RemoteValidation", "ValidationFuture", "open_channel", "ValidationService"]
+__all__ = ["RemoteValidation", "ValidationFuture", "ValidationService"]
 
 
-REQUEST_TAG = 0x5601     # host -> producer: a job (dict) or None (stop)
-RESULT_TAG = 0x5602      # producer -> host: a result record
-MERGE_TAG = 0x5603       # host -> host (world communicator): one host's sums for a job
 _POLL = 0.002
-
-
-class Channel:
-    """The validation communicator and dynamic window of one host group (see the module
-    docstring). ``role`` is "host" or "producer"."""
-
-    def __init__(self, group, role):
-        MPI = self.MPI = load_mpi()
-        self.role = role
-        self.comm = group.Dup()
-        self.win = MPI.Win.Create_dynamic(comm=self.comm)
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
-        #: host side: job id -> ValidationFuture of every RemoteValidation of this group,
-        #: and sums from other hosts for jobs not submitted here yet.
-        self.futures = {}
-        self.early = {}
-        self.sends = []             # pending isend requests (they own their pickled buffers)
-        self._jobs = 0
-        if role == "producer":
-            # One passive-target epoch for the job's lifetime: each read is an Rget waited
-            # on with a deadline, never a blocking lock or unlock.
-            self.win.Lock_all()
-
-    def close(self, timeout=10.0):
-        """Free the window and the communicator (collective over the group, after every
-        rank stopped using them; Open MPI's UCX one-sided component hangs in MPI_Finalize
-        while a window is still allocated). Idempotent."""
-        if self.win is None:
-            return
-        win, self.win = self.win, None
-        if self.role == "producer":
-            win.Unlock_all()
-        # Win.Free is collective: enter it only once every rank of the group is there.
-        wait_request(self.comm.Ibarrier(), time.monotonic() + timeout,
-                     f"{self.role} rank {self.rank} freeing the validation window")
-        win.Free()
-        self.comm.Free()
-
-    def next_job(self):
-        """Job ids count submissions on this host: hosts that submit the same sequence of
-        snapshots agree on them."""
-        self._jobs += 1
-        return self._jobs
-
-
-def open_channel(group, role):
-    """Collective over the host group ``group``: the validation channel. Called once when
-    the group is set up, by the host and by every producer, in the same order as the group's
-    other collectives."""
-    return Channel(group, role)
 
 
 # -- producer side ----------------------------------------------------------------------------
@@ -161,9 +110,7 @@ class ValidationService(threading.Thread):
                                                           job["parts"])
             record.update(ok=True, metrics=metrics.to_dict(), make_s=make_s, model_s=model_s)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the host
-            record.update(ok=False, type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                          message=str(exc), traceback="".join(
-                              traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            record.update(error_record(exc), ok=False)
         record["seconds"] = time.perf_counter() - t0
         # CPU seconds of this thread: the wall seconds above include the gaps in which the
         # producer's batch making (at a higher priority) had the core.
@@ -175,12 +122,9 @@ class ValidationService(threading.Thread):
         ch = self.channel
         buf = np.empty(int(job["nbytes"]), np.uint8)
         req = ch.win.Rget(buf, 0, target=(int(job["address"]), buf.size, ch.MPI.BYTE))
-        deadline = time.monotonic() + self.rma_timeout
-        while not req.Test():
-            if time.monotonic() > deadline:
-                raise PipeTimeout(f"reading the weights of validation job {job['job']} from the "
-                                  f"host did not complete within {self.rma_timeout:g} s")
-            time.sleep(_POLL / 4)
+        poll_until(req.Test, deadline_in(self.rma_timeout),
+                   f"reading the weights of validation job {job['job']} from the host did "
+                   f"not complete within {self.rma_timeout:g} s", _POLL / 4)
         return buf
 
 
@@ -216,14 +160,14 @@ class ValidationFuture:
         or hosts that have not answered, or :class:`ProducerError` with a producer's
         traceback when the model factory, the weights or the forward pass failed there."""
         timeout = self._owner.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + timeout
-        while not self.done():
-            if time.monotonic() > deadline:
-                who = [self._owner._describe(r) for r in sorted(self._waiting)]
-                who += [f"host {h}" for h in sorted(self._hosts)]
-                raise PipeTimeout(f"validation job {self.job} (tag {self.tag!r}): no answer "
-                                  f"within {timeout:g} s from {', '.join(who)}")
-            time.sleep(_POLL)
+
+        def silent():
+            who = [self._owner._describe(r) for r in sorted(self._waiting)]
+            who += [f"host {h}" for h in sorted(self._hosts)]
+            return (f"validation job {self.job} (tag {self.tag!r}): no answer within "
+                    f"{timeout:g} s from {', '.join(who)}")
+
+        poll_until(self.done, deadline_in(timeout), silent, _POLL)
         if self._error is not None:
             raise self._error
         return self._value
@@ -305,8 +249,6 @@ class RemoteValidation:
     def __init__(self, val_source, batch_size, *, model, model_kwargs=None, size=224,
                  topk=(1, 5), comm=None, timeout=600.0, producer_threads=1,
                  **transform_options):
-        from .host import host_group
-
         require_torch()
         self.topk = check_topk(topk)
         batch_size = _v.positive_int(batch_size, "batch_size")

@@ -66,14 +66,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..batch import load_other_formats
-from ..errors import ConfigError
+from ..deadline import deadline_in
+from ..errors import ConfigError, error_record
 from ..mpi import load_mpi
 from ..spec import StreamSpec
 from ..steps import BatchMaker
 from . import wire
+from .channel import open_channel
 from .roles import discover_roles, host_comm
-from .transport import CANCELLED, ProducerTransport, error_record
-from .validation import ValidationService, open_channel
+from .transport import CANCELLED, ProducerTransport
+from .validation import ValidationService
 
 __all__ = ["serve", "main", "handler", "Context", "HANDLERS", "HANDLER_MODULES", "DEPTH"]
 
@@ -327,7 +329,7 @@ class _Worker:
     def _maker(self, stream):
         """The stream's pipeline; its spec travels on the request channel and may be a
         moment behind the assignment that needs it."""
-        deadline = time.monotonic() + self.t.setup_timeout
+        deadline = deadline_in(self.t.setup_timeout)
         while stream not in self.ctx.streams:
             for rid, kind, payload in self.t.requests():
                 self._start(rid, kind, payload)

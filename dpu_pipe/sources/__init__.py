@@ -199,12 +199,13 @@ def as_source(obj):
         if kinds == {"parquet"}:
             return ParquetSource(list(obj))
         raise ConfigError(f"a list of paths must all be tar shards or all Parquet/Arrow "
-                          f"files, got {[os.fsdecode(p) for p in obj[:3]]}...")
+                          f"files, got {[os.fsdecode(p) for p in obj[:3]]}"
+                          f"{'...' if len(obj) > 3 else ''}")
     if _is_hf_dataset(obj):
         return from_hf_dataset(obj)
     if _looks_like_source(obj):
         return obj
     raise ConfigError(f"source must be a dpu_pipe source (ImageFolder, FileList, PackedSource, "
                       f"WebDataset, ParquetSource, or one following dpu_pipe.sources.base's "
-                      f"protocol), a datasets.Dataset or a dataset path, got "
-                      f"{type(obj).__name__}")
+                      f"protocol), a datasets.Dataset, a dataset path, or a list of tar "
+                      f"shards or of Parquet/Arrow files, got {type(obj).__name__}")

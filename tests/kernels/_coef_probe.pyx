@@ -50,7 +50,8 @@ cdef extern from *:
         jpeg_create_decompress(&cinfo);
         jpeg_mem_src(&cinfo, data, (unsigned long)size);
         jpeg_read_header(&cinfo, TRUE);
-        arrays = jpeg_read_coefficients(&cinfo);
+        /* The block counts are known once the header is read (at the first SOS). */
+        arrays = out ? jpeg_read_coefficients(&cinfo) : NULL;
         *ncomp = cinfo.num_components;
         for (ci = 0; ci < cinfo.num_components && ci < 4; ci++) {
             jpeg_component_info* c = &cinfo.comp_info[ci];

@@ -417,6 +417,7 @@ def run_labels(args, src, warnings):
             assert not bad & set(seen), f"{where}: a bad sample was delivered"
             runs.append({"kind": kind, "mode": mode, "batches": len(got),
                          "skipped": skipped,
+                         "samples": stats["samples"] + stats2["samples"],
                          "host_samples": stats["host_samples"] + stats2["host_samples"],
                          "producer_samples": stats["producer_samples"]
                          + stats2["producer_samples"]})

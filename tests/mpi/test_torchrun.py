@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,13 @@ def test_offload_under_torchrun_without_producers_is_a_config_error(tmp_path):
         d.mkdir(exist_ok=True)
         Image.fromarray(np.full((24, 30, 3), 20 * i, np.uint8)).save(d / f"{i}.jpg")
     torchrun = Path(sys.executable).with_name("torchrun")
-    start = time.monotonic()
     proc = subprocess.run(["timeout", "-k", "5", "120", str(torchrun), "--nproc_per_node", "2",
                            str(HERE / "torchrun_host.py"), str(tmp_path)],
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
                                          "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=150)
-    took = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     ok = sorted(re.findall(r"OK rank=(\d) world=2 offload=ConfigError hybrid=(\d+)",
                            proc.stdout))
     assert ok == [("0", "5"), ("1", "5")], proc.stdout
-    # The default set-up timeout of the host group is 60 s: the refusal comes well before.
-    assert took < 60, took
     assert "no producer rank serves this host" in proc.stderr

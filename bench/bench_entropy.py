@@ -1,0 +1,89 @@
+"""Entropy (Huffman) decoding rate of dpu_pipe's own decoder (dpu_pipe._huffman) against
+libjpeg-turbo's (jpeg_read_coefficients through tests/kernels/_coef_probe.pyx), and what a
+RandomResizedCrop box costs in entropy decoding alone against today's whole region decode.
+
+    python bench/bench_entropy.py [--n 200] [--rounds 3] [--seed 0]
+
+One core (the calling thread), on the ImageNet-like dataset of real photographs
+(dpu_pipe.tools.sample_data), methods interleaved image by image within each round so machine
+load falls on all of them alike. Columns (µs per image, median over rounds):
+
+  whole/libjpeg    jpeg_read_coefficients of the original file (libjpeg-turbo's entropy decode)
+  whole/own        the same coefficients from dpu_pipe._huffman
+  box/region       today's region decode of a crop box from the restart-per-MCU transcoded
+                   file (dpu_pipe.jpeg.decode: restart intervals assembled, libjpeg-turbo's
+                   Huffman + IDCT + colour, full scale)
+  box/own-entropy  dpu_pipe._huffman's coefficients of the MCUs covering that box, read from
+                   the covering intervals (entropy only; no IDCT or colour yet)
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import kernel_probes  # noqa: E402
+from dpu_pipe import _huffman, jpeg  # noqa: E402
+from dpu_pipe.rng import random_resized_crop  # noqa: E402
+from dpu_pipe.tools.sample_data import dataset_files, sample_dataset  # noqa: E402
+
+
+def _mcu_rect(hdr, top, left, height, width):
+    comps = hdr["components"]
+    mh = 8 * (max(v for _, _, v, _ in comps) if len(comps) > 1 else 1)
+    mw = 8 * (max(h for _, h, _, _ in comps) if len(comps) > 1 else 1)
+    return top // mh, -(-(top + height) // mh), left // mw, -(-(left + width) // mw)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    probe = kernel_probes.load("_coef_probe")
+    paths, _ = dataset_files(sample_dataset(args.n, progress=False))
+    items = []
+    for i, p in enumerate(paths[:args.n]):
+        data = np.frombuffer(p.read_bytes(), np.uint8)
+        if _huffman.header(data) is None:
+            continue     # progressive files: libjpeg-turbo's path
+        packed = np.frombuffer(jpeg.transcode(data.tobytes(), restart_interval=1), np.uint8)
+        hdr = _huffman.header(packed)
+        top, left, h, w = (int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
+                                                                hdr["width"]))
+        items.append((data, packed, (top, left, h, w), _mcu_rect(hdr, top, left, h, w)))
+    methods = {
+        "whole/libjpeg": lambda it: probe.coefficients(it[0]),
+        "whole/own": lambda it: _huffman.read_coefficients(it[0]),
+        "box/region": lambda it: jpeg.decode(it[1], region=it[2]),
+        "box/own-entropy": lambda it: _huffman.read_coefficients(it[1], it[3]),
+    }
+    totals = {m: [] for m in methods}
+    for _ in range(args.rounds):
+        acc = dict.fromkeys(methods, 0.0)
+        for it in items:
+            for m, fn in methods.items():
+                t0 = time.perf_counter()
+                fn(it)
+                acc[m] += time.perf_counter() - t0
+        for m in methods:
+            totals[m].append(acc[m] / len(items) * 1e6)
+    print(f"{len(items)} baseline images of {args.n} (progressive ones left out), "
+          f"{args.rounds} rounds, one core, methods interleaved per image")
+    print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
+    for m, v in totals.items():
+        print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))
+    med = {m: statistics.median(v) for m, v in totals.items()}
+    print(f"whole: own / libjpeg speed = {med['whole/libjpeg'] / med['whole/own']:.2f}x; "
+          f"box: own entropy is {med['box/own-entropy'] / med['box/region']:.0%} of today's "
+          f"region decode")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""A host process's place in the MPI job: its host group (this host and the producer ranks
+serving it), made on first use and kept for the process lifetime, with the transport (one
+window) and the validation channel. :class:`~dpu_pipe.offload.host.DPULoader` streams and
+:class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it.
+"""
+
+import atexit
+import logging
+import sys
+
+from ..device import PinnedRegion
+from ..errors import ConfigError
+from ..mpi import load_mpi
+from .channel import open_channel
+from .roles import discover_roles, host_comm
+from .transport import HostTransport
+
+__all__ = ["HostGroup", "host_group", "shutdown"]
+
+log = logging.getLogger("dpu_pipe")
+
+
+def _mpi_running():
+    """True when this process already initialized MPI (it was launched in an MPI job)."""
+    mod = sys.modules.get("mpi4py.MPI")
+    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
+
+
+def host_group(comm=None, *, hostmap=None):
+    """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
+    on first use — collectively with every rank of ``comm``, so every host must call it (or
+    build its first DPULoader) at the same point of its program."""
+    MPI = load_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    key = comm.py2f()
+    s = HostGroup._groups.get(key)
+    if s is None:
+        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap)
+    return s
+
+
+def shutdown():
+    """Stop the producers of every host group of this process (also done at exit)."""
+    for s in list(HostGroup._groups.values()):
+        s.close()
+
+
+class HostGroup:
+    """This host's place in the job: its group (rank 0 = this host, then its producers),
+    its index among the hosts, and the transport (one window for the process lifetime).
+
+    ``transport`` is a :class:`~dpu_pipe.offload.transport.HostTransport`; use its
+    ``request()`` for work other than batches. ``producers`` is the number of producer
+    ranks serving this host (0: no transport, loaders produce locally).
+    """
+
+    _groups = {}
+
+    def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
+        # Hosts reach their first DPULoader at about the same point of their program.
+        roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
+        self.roles = roles
+        self.group = host_comm(comm, roles)
+        #: RemoteValidation's channel, set up with the group as the producers do.
+        self.validation = open_channel(self.group, "host")
+        self.host_index = roles.hosts.index(roles.rank)
+        self.num_hosts = len(roles.hosts)
+        self.producers = self.group.Get_size() - 1
+        self.setup_timeout = setup_timeout
+        self._transport = None
+        self._setup_failed = None
+        self._want = (1, 0)          # (buffers, slot_bytes): the largest loader's needs
+        self.active = None          # the engine whose tickets are in flight
+        self._pinned = None         # the window as pinned memory, once a loader has a device
+        self.next_stream = 1
+        self.open = True
+        atexit.register(self.close)
+
+    def reserve(self, buffers, slot_bytes):
+        """Size the window for a loader of ``buffers`` batches of ``slot_bytes`` bytes
+        (before the window exists; it is made when first needed)."""
+        self._want = (max(self._want[0], buffers), max(self._want[1], slot_bytes))
+
+    @property
+    def transport(self):
+        """The :class:`~dpu_pipe.offload.transport.HostTransport`, made on first use with
+        the largest buffer count and batch size reserved so far (collective with this
+        host's producers, which wait for it from their start)."""
+        if self._transport is None and self.producers:
+            if self._setup_failed is not None:
+                raise ConfigError(f"the host window could not be made: {self._setup_failed}")
+            buffers, slot_bytes = self._want
+            try:
+                self._transport = HostTransport(self.group, buffers=buffers,
+                                                slot_bytes=slot_bytes,
+                                                setup_timeout=self.setup_timeout)
+            except BaseException as exc:
+                # The producers are stuck in the same start-up: the job has to end, and
+                # close() must not try again (python -m mpi4py aborts on the exception).
+                self._setup_failed = exc
+                raise
+        return self._transport
+
+    def activate(self, engine):
+        """Make ``engine`` (an :class:`OffloadEngine`) the stream in flight; the previous
+        one's work is cancelled. Its takeover and liveness timeout become the transport's."""
+        if self.active is not None and self.active is not engine:
+            self.active.suspend()
+        self.active = engine
+        t = self.transport
+        t.takeover = engine.takeover
+        t.liveness_timeout = engine.liveness_timeout
+
+    def deactivate(self, engine):
+        """``engine`` has nothing in flight any more."""
+        if self.active is engine:
+            self.active = None
+
+    def grow(self, buffers, slot_bytes):
+        """Make the window again for a loader larger than the window (collective with the
+        producers, after the stream in flight is cancelled and its held batch released)."""
+        active = self.active        # suspending it leaves no engine active
+        if active is not None:
+            active.suspend()
+        self.reserve(buffers, slot_bytes)
+        log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
+        self._transport.resize(*self._want)
+
+    def pinned_window(self, out, timeout):
+        """The window registered as pinned memory with the device runtime of ``out`` (a
+        loader's :class:`~dpu_pipe.device.OutputSpec`; made on first use, registered again
+        when the window is made anew), for device copies straight from the window."""
+        if self._pinned is None:
+            self._pinned = PinnedRegion(out.device_backend(), timeout=timeout)
+            self.transport.add_window_user(self._pinned)
+        return self._pinned
+
+    def register(self, spec):
+        """Send a pipeline spec to every producer; returns (stream id, replies)."""
+        sid = self.next_stream
+        self.next_stream += 1
+        return sid, self.transport.request("spec", (sid, spec))
+
+    def close(self):
+        """Stop this host's producers (they leave their loop and exit). Idempotent."""
+        if self.open:
+            self.open = False
+            if self.active is not None:
+                self.active.suspend()
+            if self._transport is None and self.producers and self._setup_failed is None:
+                # The producers wait for the window from their start: make a minimal one
+                # so that they are released the same way.
+                self._want = (1, 0)
+                self.transport
+            if self._transport is not None:
+                self._transport.close()
+                if self._transport._abort_at_exit:
+                    return          # a producer never signed off: the job ends with an abort
+            self.validation.close(self.setup_timeout)
