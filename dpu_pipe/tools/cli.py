@@ -396,7 +396,7 @@ def _resolve(fn):
 
 
 def _parser():
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="dpu-pipe",
