@@ -374,7 +374,8 @@ def _check_source(src, path_size=None):
     """What every dataset reader owes a fuzzed input: a length matching its labels, each
     sample's bytes or a DecodeError (never another exception), a batch view of the right
     length, and a batch produced (bad samples skipped)."""
-    from dpu_pipe.steps import StepProducer
+    from dpu_pipe.spec import StreamSpec
+    from dpu_pipe.steps import BatchMaker
     from dpu_pipe.transforms import TransformConfig
 
     n = len(src)
@@ -396,11 +397,12 @@ def _check_source(src, path_size=None):
         bufs, errors = src.buffers(idx)
         assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
         try:
-            prod = StepProducer(src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
-                                shuffle=False, drop_last=False, on_error="skip")
-            images = np.empty(prod.batch_shape, np.float32)
-            labels = np.empty(prod.batch_size, np.int64)
-            prod.produce(0, 0, images, labels)
+            maker = BatchMaker(StreamSpec(
+                src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
+                shuffle=False, drop_last=False, on_error="skip"))
+            images = np.empty(maker.batch_shape, np.float32)
+            labels = np.empty(maker.batch_size, np.int64)
+            maker.make(0, 0, images, labels)
         except DecodeError:
             pass  # no decodable sample left to replace a bad one with
 
