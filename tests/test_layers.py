@@ -21,7 +21,7 @@ PACKAGE = "dpu_pipe"
 LAYERS = [
     ("jpeg", ["errors", "_validate", "deadline", "_jpeg", "_ops", "_rng", "_pipeline",
               "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "transforms", "weights"]),
+    ("ops", ["ops", "rng", "transforms", "augment", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
@@ -49,7 +49,7 @@ PENDING = {
 }
 
 #: Compiled kernels: imported like modules, no source to parse.
-COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline"}
+COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment"}
 
 
 def module_files(root, package):
