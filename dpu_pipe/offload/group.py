@@ -152,6 +152,10 @@ class HostGroup:
                 # so that they are released the same way.
                 self._want = (1, 0)
                 self.transport
+            if self._setup_failed is not None:
+                # The producers are stuck in the window's start-up and never reach the
+                # channel's collective free: the job ends with the start-up error's abort.
+                return
             if self._transport is not None:
                 self._transport.close()
                 if self._transport._abort_at_exit:
