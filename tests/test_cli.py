@@ -177,3 +177,20 @@ def test_adding_a_subcommand_is_one_entry(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["hello2", "--help"])
     assert "--json" in capsys.readouterr().out
+
+
+def test_info_summarises_tar_shards_and_parquet(tmp_path):
+    from dataset_formats import make_folder, write_parquet, write_tars
+
+    folder = ImageFolder(make_folder(tmp_path / "folder", classes=3, per_class=4, pngs=False))
+    shards = write_tars(folder, str(tmp_path / "train-%04d.tar"), 5)
+    parquet = write_parquet(folder, str(tmp_path / "train.parquet"))
+    expected = {"count": len(folder), "num_labels": 3, "label_range": [0, 2]}
+    for path, kind, files in ((str(tmp_path / "train-{0000..0002}.tar"), "WebDataset", shards),
+                              (parquet, "ParquetSource", [parquet])):
+        r = run("info", path, "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)["dataset"]
+        assert got["format"] == f"{kind} ({len(files)} files)"
+        assert {k: got[k] for k in expected} == expected
+        assert got["total_bytes"] == sum(os.path.getsize(f) for f in files)

@@ -299,14 +299,26 @@ def _summary(path, root, verify):
     if verify:
         raise ConfigError("--verify applies to packed datasets")
     labels = src.labels
-    # File sizes come from stat: one call per file, no data read.
     total, missing = 0, 0
-    for i in range(len(src)):
-        try:
-            total += os.stat(src.describe(i)).st_size
-        except OSError:
-            missing += 1
-    fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[src.kind]
+    kind = getattr(src, "kind", None)
+    if kind in ("image_folder", "file_list"):
+        # File sizes come from stat: one call per file, no data read.
+        for i in range(len(src)):
+            try:
+                total += os.stat(src.describe(i)).st_size
+            except OSError:
+                missing += 1
+        fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[kind]
+    else:
+        # Container sources (tar shards, Parquet/Arrow files): the containers' sizes.
+        args = src.spec().get("args", {})
+        files = args.get("shards") or args.get("paths") or []
+        for f in files:
+            try:
+                total += os.stat(f).st_size
+            except OSError:
+                missing += 1
+        fmt = f"{type(src).__name__} ({len(files)} files)"
     out = {
         "path": os.path.abspath(path),
         "format": fmt,
