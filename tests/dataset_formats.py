@@ -91,3 +91,15 @@ def write_arrow(src, path, *, batch_rows=6, stream=False, struct=True):
             for batch in table.to_batches(max_chunksize=batch_rows):
                 writer.write_batch(batch)
     return path
+
+
+def batches(loader):
+    """Every batch of one pass of ``loader`` as (images, labels) copies."""
+    return [(x.copy(), y.copy()) for x, y in loader]
+
+
+def same_stream(a, b):
+    """Assert two lists of batches are equal, batch for batch, images and labels."""
+    assert len(a) == len(b)
+    for (ax, ay), (bx, by) in zip(a, b):
+        assert np.array_equal(ax, bx) and np.array_equal(ay, by)

@@ -17,14 +17,7 @@ from dpu_pipe.sources import ImageFolder, ParquetSource, as_source, open_source 
 import dataset_formats as dfm  # noqa: E402
 
 
-def batches(loader):
-    return [(x.copy(), y.copy()) for x, y in loader]
-
-
-def same_stream(a, b):
-    assert len(a) == len(b)
-    for (ax, ay), (bx, by) in zip(a, b):
-        assert np.array_equal(ax, bx) and np.array_equal(ay, by)
+batches, same_stream = dfm.batches, dfm.same_stream
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from dpu_pipe.sources import webdataset as wds
 import dataset_formats as dfm
 
 
-def batches(loader):
-    return [(x.copy(), y.copy()) for x, y in loader]
+batches = dfm.batches
 
 
 @pytest.fixture(scope="module")

@@ -190,6 +190,29 @@ def _fixed_manifest(m, shard_header_crc):
     return m
 
 
+def _first_batch(src, n):
+    """The buffers and one skip-policy batch of the first (up to 4) of ``src``'s ``n``
+    samples: whatever the bytes, clean errors only."""
+    from dpu_pipe.spec import StreamSpec
+    from dpu_pipe.steps import BatchMaker
+    from dpu_pipe.transforms import TransformConfig
+
+    if not n:
+        return
+    idx = np.arange(min(n, 4), dtype=np.int64)
+    bufs, errors = src.buffers(idx)
+    assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
+    try:
+        maker = BatchMaker(StreamSpec(
+            src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
+            shuffle=False, drop_last=False, on_error="skip"))
+        images = np.empty(maker.batch_shape, np.float32)
+        labels = np.empty(maker.batch_size, np.int64)
+        maker.make(0, 0, images, labels)
+    except DecodeError:
+        pass  # no decodable sample left to replace a bad one with
+
+
 def open_packed(path):
     """The reader under test: a packed dataset path → a source. Point the target at another
     reader by replacing this function."""
@@ -205,9 +228,6 @@ def packed(data):
     the bit set the target recomputes every CRC first, so a mutated index gets past the CRC
     checks and meets the reader's other checks. No record may lie outside its shard."""
     from dpu_pipe.packed import format as fmt
-    from dpu_pipe.spec import StreamSpec
-    from dpu_pipe.steps import BatchMaker
-    from dpu_pipe.transforms import TransformConfig
 
     if len(data) < 4:
         return
@@ -251,19 +271,7 @@ def packed(data):
         good.append(i)
         src.describe(i)
     src.classes
-    if n:
-        idx = np.arange(min(n, 4), dtype=np.int64)
-        bufs, errors = src.buffers(idx)
-        assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
-        try:
-            maker = BatchMaker(StreamSpec(
-                src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
-                shuffle=False, drop_last=False, on_error="skip"))
-            images = np.empty(maker.batch_shape, np.float32)
-            labels = np.empty(maker.batch_size, np.int64)
-            maker.make(0, 0, images, labels)
-        except DecodeError:
-            pass  # no decodable record left to replace a bad one with
+    _first_batch(src, n)
     src.close()
 
 
@@ -374,10 +382,6 @@ def _check_source(src, path_size=None):
     """What every dataset reader owes a fuzzed input: a length matching its labels, each
     sample's bytes or a DecodeError (never another exception), a batch view of the right
     length, and a batch produced (bad samples skipped)."""
-    from dpu_pipe.spec import StreamSpec
-    from dpu_pipe.steps import BatchMaker
-    from dpu_pipe.transforms import TransformConfig
-
     n = len(src)
     assert len(src.labels) == n
     for i in range(min(n, 64)):
@@ -392,19 +396,7 @@ def _check_source(src, path_size=None):
         src.describe(i)
         src.metadata(i)
         src.relpath(i)
-    if n:
-        idx = np.arange(min(n, 4), dtype=np.int64)
-        bufs, errors = src.buffers(idx)
-        assert len(bufs) == len(idx) and set(errors) <= set(range(len(idx)))
-        try:
-            maker = BatchMaker(StreamSpec(
-                src, len(idx), TransformConfig(size=8, max_pixels=MAX_PIXELS),
-                shuffle=False, drop_last=False, on_error="skip"))
-            images = np.empty(maker.batch_shape, np.float32)
-            labels = np.empty(maker.batch_size, np.int64)
-            maker.make(0, 0, images, labels)
-        except DecodeError:
-            pass  # no decodable sample left to replace a bad one with
+    _first_batch(src, n)
 
 
 def tar(data):
