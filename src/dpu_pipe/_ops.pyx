@@ -279,6 +279,13 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
                 last = x
         if first < 0:
             return OPS_EINTERNAL
+        if filt == OPS_BICUBIC:
+            # Bicubic is exactly 0 at distances 1 and 2: an output centred on a source pixel
+            # would trim to one tap, and the windows would then move backwards, which the
+            # vertical ring cannot follow. The whole window is kept: the extra taps weigh
+            # +0.0 and leave every sum's bits as they were.
+            first = 0
+            last = n - 1
         k = ax.weight + i * bound
         for x in range(first, last + 1):
             # Recomputed rather than stored: the same double expression gives the same bits.
