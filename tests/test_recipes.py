@@ -423,3 +423,4 @@ def test_bicubic_upscale_with_outputs_centred_on_source_pixels():
     # Pillow clamps to uint8 between its two passes, this kernel keeps float32: on noise a
     # few values differ by more (test_bicubic_matches_pillow bounds it the same way).
     assert diff.mean() < 0.5 and (diff > 2).mean() < 0.01, (diff.mean(), (diff > 2).mean())
+

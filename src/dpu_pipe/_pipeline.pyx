@@ -89,9 +89,10 @@ cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epo
             strncpy(message, b"image too small for the validation crop", MSG_LEN - 1)
             return DP_EREGION
         # Validation resizes the whole image and then crops: the filter may read up to its
-        # support (the downscale factor) beyond the box, so decode that much more.
-        margin = <int64_t>ceil(box[2] / cfg.oh if box[2] / cfg.oh > box[3] / cfg.ow
-                               else box[3] / cfg.ow) + 1
+        # support (the downscale factor, twice that for bicubic) beyond the box, so decode
+        # that much more.
+        margin = <int64_t>ceil((box[2] / cfg.oh if box[2] / cfg.oh > box[3] / cfg.ow
+                                else box[3] / cfg.ow) * (2 if cfg.filt == OPS_BICUBIC else 1)) + 1
         span[0] = <int64_t>floor(box[0]) - margin
         span[1] = <int64_t>floor(box[1]) - margin
         span[2] = <int64_t>ceil(box[0] + box[2]) + margin
