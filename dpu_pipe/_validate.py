@@ -13,7 +13,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
-           "seconds", "names", "dtype", "bad_budget", "OUTPUT_DTYPES"]
+           "seconds", "names", "dtype", "bad_budget", "hook_path", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -97,6 +97,17 @@ def choice(value, name, options):
     if isinstance(value, str) and value in options:
         return value
     raise ConfigError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def hook_path(value, name):
+    """A ``"module:function"`` string (dotted module, function name), as importable code is
+    named in specs (``RemoteValidation``'s model, ``batch_hook``)."""
+    if isinstance(value, str):
+        module, sep, func = value.partition(":")
+        if sep and all(p.isidentifier() for p in module.split(".")) and func.isidentifier():
+            return value
+    raise ConfigError(f"{name} must be 'module:function' (an importable module and a "
+                      f"function in it), got {value!r}")
 
 
 def seconds(value, name):

@@ -151,9 +151,8 @@ class LocalEngine(Engine):
         nslots = prefetch + 1
         shape = maker.batch_shape
         self.images = [np.empty(shape, dtype=maker.transform.np_dtype) for _ in range(nslots)]
-        labels = maker.labels
-        self.labels = [np.empty((maker.batch_size,) + labels.shape[1:], dtype=labels.dtype)
-                       for _ in range(nslots)]
+        self.labels = [np.empty((maker.batch_size,) + maker.label_shape,
+                                dtype=maker.label_dtype) for _ in range(nslots)]
         self.indices = [np.empty(maker.batch_size, np.int64) for _ in range(nslots)]
         self.held = None
         self.thread = None
@@ -521,10 +520,19 @@ class Loader:
     def describe(self, epoch, index):
         """The exact augmentation parameters sample ``index`` (of the dataset) gets in
         ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
-        for every mode, thread count and producer count (they all run this kernel)."""
+        for every mode, thread count and producer count (they all run this kernel).
+
+        A train loader that mixes (``mixup_alpha``, ``cutmix_alpha``) or smooths labels adds
+        ``"mix"``: the sample's step and row in this rank's epoch, its partner, the mode
+        (``"mixup"``, ``"cutmix"`` or None), λ (its own label's weight) and the CutMix box
+        (see :meth:`dpu_pipe.steps.BatchMaker.describe_mix`)."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
-        return self.maker.kernel.describe(self.source.read(index), index,
-                                          epoch=check_epoch(epoch), seed=self.maker.seed)
+        epoch = check_epoch(epoch)
+        out = self.maker.kernel.describe(self.source.read(index), index, epoch=epoch,
+                                         seed=self.maker.seed)
+        if self.maker.batch_ops.soft:
+            out["mix"] = self.maker.describe_mix(epoch, index)
+        return out
 
     def _check_bad(self):
         """A :class:`DecodeError` summarizing the first failures once more samples are bad

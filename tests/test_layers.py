@@ -20,8 +20,8 @@ PACKAGE = "dpu_pipe"
 #: anything, nothing inside may import it.
 LAYERS = [
     ("jpeg", ["errors", "_validate", "_version", "_torch", "deadline", "_jpeg", "_ops", "_rng",
-              "_pipeline", "_augment", "_huffman", "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "transforms", "augment", "weights"]),
+              "_pipeline", "_augment", "_huffman", "_mix", "jpeg", "build_info"]),
+    ("ops", ["ops", "rng", "transforms", "augment", "mix", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
@@ -44,7 +44,7 @@ LAYERS = [
 PENDING = {}
 
 #: Compiled kernels: imported like modules, no source to parse.
-COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment", "_huffman"}
+COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment", "_huffman", "_mix"}
 
 
 def module_files(root, package):

@@ -137,11 +137,11 @@ class DPULoader(Loader):
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
-        labels = self.maker.labels
-        #: Byte layout of this loader's batches in the window (and in hybrid host threads).
+        #: Byte layout of this loader's batches in the window (and in hybrid host threads);
+        #: labels as the batch ops leave them (float32 (num_classes,) rows when mixing).
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
-                                         self.transform.np_dtype, labels.dtype,
-                                         labels.shape[1:])
+                                         self.transform.np_dtype, self.maker.label_dtype,
+                                         self.maker.label_shape)
         self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
         self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
         self.host_threads = int(host_threads)

@@ -109,10 +109,9 @@ class OpenStream:
         self.maker = BatchMaker(stream, spec["num_threads"])
         self.layout = wire.PayloadLayout.from_spec(spec, transform.sample_shape,
                                                    transform.np_dtype)
-        labels = self.maker.labels
-        if (labels.dtype, labels.shape[1:]) != (self.layout.label_dtype,
-                                                self.layout.label_shape):
-            raise ConfigError(f"the source here has labels {labels.dtype}{labels.shape[1:]}, "
+        mine = (self.maker.label_dtype, self.maker.label_shape)
+        if mine != (self.layout.label_dtype, self.layout.label_shape):
+            raise ConfigError(f"the batches here have labels {mine[0]}{mine[1]}, "
                               f"the host's {self.layout.label_dtype}{self.layout.label_shape}")
         # Each buffer is a payload as the host receives it (its first end(batch_size) bytes),
         # so a batch is made in place and Put as is. Touched now (zeros, not empty) and
