@@ -361,7 +361,11 @@ class Loader:
         Seconds the consumer waits for one batch before raising :class:`PipeTimeout`.
     **transform_options
         More :class:`~dpu_pipe.transforms.TransformConfig` fields: ``scale``, ``ratio``,
-        ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``.
+        ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``, the recipes
+        (``interpolation``, ``auto_augment``, ``color_jitter``, ``random_erase``, ...) and
+        the batch ops (``mixup_alpha``, ``cutmix_alpha``, ``mix_switch_p``, ``mix_p``,
+        ``label_smoothing``, ``num_classes``: labels then float32 (B, num_classes);
+        ``batch_hook``), see :mod:`dpu_pipe.mix`.
     """
 
 

@@ -515,7 +515,8 @@ def beta_variate(seed, epoch, index, stream, alpha, beta, first_block=0):
     method (ACM TOMS 26(3), 2000) with Marsaglia's polar normals, and for a shape below 1
     Gamma(a) = Gamma(a + 1) U**(1/a). Computed with logarithms (exp/log are
     :func:`portable_exp`/:func:`portable_log`), so tiny shapes (alpha = 0.1: Gamma variates
-    below 1e-300) give 0 or 1, not 0/0. Scalars only; about 3 blocks on average.
+    below 1e-300) give 0 or 1, not 0/0. Scalars only; about 3 blocks on average. Its
+    kernel twin, ``dpu_pipe._mix.beta_variate``, gives the same bits.
 
     ``alpha``, ``beta``: positive shapes. Returns a Python float.
     """

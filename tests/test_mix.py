@@ -169,14 +169,25 @@ def test_beta_draws_follow_the_beta_distribution():
 
     n = 1500
     for alpha, wrong in ((0.2, 0.4), (1.0, 2.0), (2.5, 1.25)):
-        lam = np.array([rng.beta_variate(SEED, 3, i, rng.STREAM_MIX, alpha, alpha, 2)
+        lam = np.array([_mix.beta_variate(SEED, 3, i, rng.STREAM_MIX, alpha, alpha, 2)
                         for i in range(n)])
         assert lam.min() >= 0.0 and lam.max() <= 1.0
         assert stats.kstest(lam, stats.beta(alpha, alpha).cdf).pvalue > 1e-3, alpha
         assert stats.kstest(lam, stats.beta(wrong, wrong).cdf).pvalue < 1e-6, alpha
     # Asymmetric shapes, for the Gamma ratio itself.
-    lam = np.array([rng.beta_variate(7, 0, i, rng.STREAM_MIX, 0.5, 3.0) for i in range(n)])
+    lam = np.array([_mix.beta_variate(7, 0, i, rng.STREAM_MIX, 0.5, 3.0) for i in range(n)])
     assert stats.kstest(lam, stats.beta(0.5, 3.0).cdf).pvalue > 1e-3
+
+
+def test_beta_kernel_equals_its_numpy_twin():
+    """The kernel's Beta draw and block uniforms give rng.py's bits (the documented scheme)."""
+    for i in range(150):
+        a = (0.1, 0.2, 1.0, 2.5, 40.0)[i % 5]
+        key = (2**64 - 1 - i, i % 7, i * 2654435761 + (i << 40))
+        assert _mix.beta_variate(*key, rng.STREAM_MIX, a, a, 2) == \
+            rng.beta_variate(*key, rng.STREAM_MIX, a, a, 2), (key, a)
+        assert _mix.uniforms(*key, rng.STREAM_MIX, i) == \
+            tuple(float(v) for v in rng.uniforms(*key, rng.STREAM_MIX, i))
 
 
 def test_mix_and_switch_probabilities():

@@ -10,13 +10,16 @@
 # rows are mixed in float32 and rounded once to nearest even; uint8 rows in float32, rounded
 # half up (the batch kernel's uint8 rounding).
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
+from libc.math cimport NAN, sqrt
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 import numpy as np
 
 from dpu_pipe._ops cimport _to_bf16, _to_f16
+from dpu_pipe._rng cimport portable_exp, portable_log, rng_uniform2
 from dpu_pipe.errors import ConfigError
+from dpu_pipe.rng import _as_uint, _check_stream_block
 
 cdef enum:
     MIX_F32 = 0
@@ -154,6 +157,102 @@ cdef int64_t mix_labels(const int64_t* labels, Py_ssize_t n, Py_ssize_t k, float
         if y == yp:
             out[j * k + y] = on * lam + on * oml
     return -1
+
+
+# --- the Beta draw: twin of dpu_pipe.rng.beta_variate, operation for operation ------------
+
+ctypedef struct Draws:
+    uint64_t seed
+    uint32_t epoch
+    uint64_t index
+    uint32_t stream
+    uint32_t block             # next block to read
+    int pending                # u1 of the last block not yet used
+    double u1
+
+
+cdef inline double _draw(Draws* d) noexcept nogil:
+    """The next uniform: u0 then u1 of each block in turn; NaN past the last block."""
+    cdef double u0
+    if d.pending:
+        d.pending = 0
+        return d.u1
+    if d.block > 0xFFFF:
+        return NAN
+    rng_uniform2(d.seed, d.epoch, d.index, d.stream, d.block, &u0, &d.u1)
+    d.block += 1
+    d.pending = 1
+    return u0
+
+
+cdef double _log_gamma(Draws* d, double shape) noexcept nogil:
+    """log of a Gamma(shape, 1) variate (Marsaglia-Tsang, polar normals); NaN when the blocks
+    run out."""
+    cdef double boost = 0.0, dd, c, u, v, s, x, t, w
+    if shape < 1.0:
+        boost = portable_log(1.0 - _draw(d)) / shape
+        shape = shape + 1.0
+    dd = shape - 1.0 / 3.0
+    c = 1.0 / sqrt(9.0 * dd)
+    while True:
+        while True:
+            u = 2.0 * _draw(d) - 1.0
+            v = 2.0 * _draw(d) - 1.0
+            if u != u or v != v:
+                return NAN
+            s = u * u + v * v
+            if 0.0 < s < 1.0:
+                x = u * sqrt(-2.0 * portable_log(s) / s)
+                break
+        t = 1.0 + c * x
+        if t <= 0.0:
+            continue
+        t = t * t * t
+        w = _draw(d)
+        if w != w:
+            return NAN
+        if portable_log(1.0 - w) < 0.5 * x * x + dd - dd * t + dd * portable_log(t):
+            return portable_log(dd * t) + boost
+
+
+cdef double beta_draw(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t stream,
+                      double a, double b, uint32_t first_block) noexcept nogil:
+    """Beta(a, b) from the uniforms of blocks first_block, ... of stream; NaN when 2**16
+    blocks do not suffice (never in practice: about 3 are used on average)."""
+    cdef Draws d
+    cdef double lg_a, lg_b
+    d.seed = seed
+    d.epoch = epoch
+    d.index = index
+    d.stream = stream
+    d.block = first_block
+    d.pending = 0
+    lg_a = _log_gamma(&d, a)
+    lg_b = _log_gamma(&d, b)
+    return 1.0 / (1.0 + portable_exp(lg_b - lg_a))
+
+
+def beta_variate(seed, epoch, index, stream, double alpha, double beta, first_block=0):
+    """The kernel twin of :func:`dpu_pipe.rng.beta_variate` (same arguments, same bits)."""
+    _check_stream_block(stream, first_block)
+    if not (alpha > 0 and beta > 0):
+        raise ConfigError(f"Beta shapes must be positive, got {alpha}, {beta}")
+    cdef double out = beta_draw(int(_as_uint(seed, "seed", 64)),
+                                int(_as_uint(epoch, "epoch", 32)),
+                                int(_as_uint(index, "index", 64)), stream, alpha, beta,
+                                first_block)
+    if out != out:
+        raise ConfigError("the Beta draw ran out of random blocks")
+    return out
+
+
+def uniforms(seed, epoch, index, stream, block):
+    """(u0, u1) of one block, as :func:`dpu_pipe.rng.uniforms` for scalars (Python floats)."""
+    _check_stream_block(stream, block)
+    cdef double u0, u1
+    rng_uniform2(int(_as_uint(seed, "seed", 64)), int(_as_uint(epoch, "epoch", 32)),
+                 int(_as_uint(index, "index", 64)), stream, block, &u0, &u1)
+    return u0, u1
 
 
 _KINDS = {np.dtype(np.float32): MIX_F32, np.dtype(np.uint8): MIX_U8}
