@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 import jpeg_corpus as jc
-from dpu_pipe import Loader
+from dpu_pipe import ConfigError, Loader
 
 torch = pytest.importorskip("torch")
 
@@ -86,7 +86,11 @@ def test_prefetching_wrapper_saves_the_consumed_position(root, reference, stop):
 
 
 def test_lookahead_zero_is_the_plain_loop(root, reference):
-    """Without lookahead the state after a step is the position after it (a plain loop)."""
+    """Without lookahead the state after a step is the position after it (a plain loop);
+    a lookahead is a count of batches."""
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="lookahead"):
+            Loader(root, BS, lookahead=bad, **KW)
     with Loader(root, BS, **KW) as dl:
         for s, batch in enumerate(dl):
             assert key(batch) == reference[s]
