@@ -69,15 +69,18 @@ def prefetch_one(iterable):
 def test_prefetching_wrapper_saves_the_consumed_position(root, reference, stop):
     """Under a wrapper fetching one ahead, the state saved in training step ``stop`` resumes
     a new loader at step ``stop``; the batches the steps saw are the Loader's, unaltered."""
-    seen, state = [], None
+    seen, kept, state = [], [], None
     with Loader(root, BS, lookahead=1, **KW) as dl:
         for _ in range(EPOCHS):
             for batch in prefetch_one(dl):
                 seen.append(key(batch))
+                kept.append(batch)
                 if len(seen) == stop:
                     state = dl.state_dict()
         assert dl.state_dict()["epoch"] == EPOCHS - 1 and dl.state_dict()["step"] == PER_EPOCH
     assert seen == reference
+    # The batches are the caller's: none was overwritten by a later one (ring buffers would).
+    assert [key(b) for b in kept] == reference
     assert state["epoch"] * PER_EPOCH + state["step"] == stop, state
     with Loader(root, BS, **KW) as again:
         again.load_state_dict(state)
