@@ -12,6 +12,7 @@ pending, reason None, even with CPUs free) — on a real cluster hosts and DPUs 
 nodes anyway.
 """
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -42,6 +43,7 @@ PYTHON = sys.executable
 HOSTS, PRODUCERS = 2, 2
 N = 16                       # samples: 2 hosts x batch 4 x 2 batches
 JOB_LIMIT = 180              # seconds for one job, queueing included
+USER = pwd.getpwuid(os.getuid()).pw_name   # runs the daemons and owns the jobs
 
 
 def free_ports(n):
@@ -130,10 +132,9 @@ class Cluster:
             ["munge", "-n", f"--socket={sock}"]).returncode == 0)
         cpus, mem = hardware()
         ctld_port, *node_ports = free_ports(1 + len(self.nodes))
-        user = os.environ.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
         lines = [
             "ClusterName=dpupipe", f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={ctld_port}", f"SlurmUser={user}", f"SlurmdUser={user}",
+            f"SlurmctldPort={ctld_port}", f"SlurmUser={USER}", f"SlurmdUser={USER}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
             f"StateSaveLocation={b}/state", f"SlurmdSpoolDir={b}/spool/%n",
             f"SlurmctldPidFile={b}/slurmctld.pid", f"SlurmdPidFile={b}/slurmd-%n.pid",
@@ -167,8 +168,7 @@ class Cluster:
     def stop(self):
         """Cancel every job, wait until none is left, then stop the daemons by PID."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            user = os.environ.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
-            self._quiet(["scancel", "--full", f"--user={user}"])
+            self._quiet(["scancel", "--full", f"--user={USER}"])
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and self._quiet(
                     ["squeue", "-h", "-o", "%A"]).stdout.strip():
