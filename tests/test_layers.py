@@ -28,7 +28,7 @@ LAYERS = [
                          "packed.writer"]),
     ("batch", ["spec", "batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.roles",
-                   "offload.channel", "offload.group",
+                   "offload.rendezvous", "offload.channel", "offload.group",
                    "offload.scheduler"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
                         "offload.validation", "offload.worker", "worker", "distributed"]),
