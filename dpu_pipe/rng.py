@@ -49,6 +49,11 @@ Streams (one per purpose, so purposes never share random numbers)
                                    scale, u1 -> log ratio), block 11 + a (u0 -> top, u1 ->
                                    left)
     260...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    512+    ``STREAM_ERASE_NOISE``
+                                   streams 512..527 (erase_value="random"): element k of
+                                   the erased (3, h, w) box, in that order, is the standard
+                                   normal quantile of ((word k % 4) + 1/2) / 2**32 of block
+                                   (k // 4) % 2**16 of stream 512 + k // 2**18
     ======  =====================  =========================================================
 
 From words to numbers
@@ -97,7 +102,7 @@ from .errors import ConfigError
 
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
-    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_USER", "CROP_ATTEMPTS",
+    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_ERASE_NOISE", "STREAM_USER", "CROP_ATTEMPTS",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -113,6 +118,7 @@ STREAM_JITTER = 257
 STREAM_GRAYSCALE = 258
 STREAM_ERASE = 259
 STREAM_USER = 260
+STREAM_ERASE_NOISE = 512
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8
 PERM_MIN_BITS = 8

@@ -60,7 +60,8 @@ class TransformConfig:
     random_erase: float = 0.0           # RandomErasing probability
     erase_scale: tuple = (0.02, 0.33)
     erase_ratio: tuple = (0.3, 3.3)
-    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel
+    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel,
+                                          # or "random" (standard normal values)
 
     def __post_init__(self):
         size = self.size
@@ -140,9 +141,7 @@ class TransformConfig:
                               f"got {self.erase_scale!r}, {self.erase_ratio!r}")
         set_("erase_scale", es)
         set_("erase_ratio", er)
-        ev = self.erase_value
-        set_("erase_value", _v.triple((ev,) * 3 if isinstance(ev, (int, float)) else ev,
-                                      "erase_value"))
+        set_("erase_value", _v.erase_value(self.erase_value, self.dtype, self.size))
 
     @property
     def sample_shape(self):

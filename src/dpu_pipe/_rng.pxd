@@ -29,6 +29,8 @@ cdef enum:
     RNG_STREAM_GRAYSCALE = 258 # random grayscale
     RNG_STREAM_ERASE = 259     # random erasing
     RNG_STREAM_USER = 260
+    RNG_STREAM_ERASE_NOISE = 512  # erase_value="random": streams 512..527 (_augment: aug_erase)
+    RNG_ERASE_NOISE_STREAMS = 16
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
     RNG_PERM_ROUNDS = 8        # Feistel rounds of the epoch permutation
     RNG_PERM_MIN_BITS = 8      # smallest Feistel domain: 2**8 (see perm_init)
