@@ -5,9 +5,10 @@
 #                jitter order and factors, grayscale, the erasing box — from the counter-based
 #                RNG, one stream per purpose (RNG_STREAM_AUGMENT ... RNG_STREAM_ERASE), so that
 #                turning one on never changes the crop, the flip or another op's draws;
-#   aug_apply    the ops of an AugParams, in order, on an (h, w, 3) uint8 image, in place;
-#   aug_convert  uint8 (h, w, 3) -> one output sample (dtype, layout, normalize), as ops_run's
-#                conversion does;
+#   aug_apply_convert  the ops of an AugParams, in order, on an (h, w, 3) uint8 image, in
+#                place, then uint8 (h, w, 3) -> one output sample (dtype, layout, normalize)
+#                as ops_run's conversion does; runs of value maps are composed into tables,
+#                a final run folded into the conversion;
 #   aug_erase    RandomErasing's box set to a constant, or to standard normal values, in the
 #                output sample.
 # One table of ops (AUG_OP_NAMES in _augment.pyx, torchvision's names) and one dispatcher
@@ -105,10 +106,9 @@ ctypedef struct AugParams:
 
 cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64_t index,
                      AugParams* out) noexcept nogil
-cdef int aug_apply(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
-                   int h, int w) noexcept nogil
-cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
-                      void* out) noexcept nogil
+cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* img,
+                           uint8_t* tmp, int h, int w, const OpsOutput* o,
+                           void* out) noexcept nogil
 cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
                     const OpsOutput* o, void* out) noexcept nogil
 cdef int aug_config_from(AugConfig* cfg, dict spec) except -1

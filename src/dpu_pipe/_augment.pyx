@@ -21,6 +21,10 @@ import numpy as np
 
 from dpu_pipe.errors import ConfigError
 
+cdef extern from *:
+    # A row written while other rows are read: no aliasing (lets the compiler vectorize).
+    ctypedef uint8_t* u8_restrict "uint8_t* __restrict__"
+
 cdef extern from "math.h" nogil:
     float rintf(float x)
     float floorf(float x)
@@ -240,19 +244,19 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
 
     Each row runs in two passes: the source offsets of AFFINE_CHUNK pixels (a branch-free
     float32 loop the compiler vectorizes: the same products and sums in the same order as the
-    per-pixel formula, the row's y terms hoisted, rounding by the 1.5 * 2**23 trick after
-    clamping to a range where it is exact), then the copies."""
+    per-pixel formula, the row's y terms hoisted, rounding half to even by the 1.5 * 2**23
+    trick, exact for coordinates below 2**22), then the copies.""" 
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
     cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
     cdef float sx = <float>w / <float>2.0, sy = <float>h / <float>2.0
     cdef float cw = <float>((w - 1) * 0.5)
-    cdef float xlim = <float>(w + 1), ylim = <float>(h + 1)
     cdef float magic = <float>ROUND_MAGIC
     cdef float yb, cx, cy, xb, ix, iy
     cdef int32_t off[AFFINE_CHUNK]
-    cdef int32_t xi, yi
-    cdef int x, y, x0, n, j
+    cdef int32_t xi, yi, inside
+    cdef int x, y, x0, n
+    cdef Py_ssize_t j
     cdef const uint8_t* p
     cdef uint8_t* q
     for y in range(h):
@@ -266,15 +270,12 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
                 xb = <float>(x0 + j) - cw
                 ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
                 iy = ((xb * r01 + cy) + r21 + <float>1.0) * sy - <float>0.5
-                # Beyond [-2, size + 1] a pixel is outside whatever the rounding (and NaN,
-                # which compares false, goes to -2: outside, as before).
-                ix = ix if ix > <float>-2.0 else <float>-2.0
-                ix = ix if ix < xlim else xlim
-                iy = iy if iy > <float>-2.0 else <float>-2.0
-                iy = iy if iy < ylim else ylim
+                # |ix|, |iy| stay below a few times the size (|shear| < 1, finite matrices):
+                # the rounding is exact below 2**22, and anything beyond is outside anyway.
                 xi = <int32_t>((ix + magic) - magic)
                 yi = <int32_t>((iy + magic) - magic)
-                off[j] = (yi * w + xi) * 3 if (0 <= xi < w and 0 <= yi < h) else -1
+                inside = (<uint32_t>xi < <uint32_t>w) & (<uint32_t>yi < <uint32_t>h)
+                off[j] = ((yi * w + xi) * 3 + 1) * inside - 1      # -1: outside
             for j in range(n):
                 x = 3 * (x0 + j)
                 p = src + off[j] if off[j] >= 0 else fill
@@ -416,7 +417,7 @@ cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogi
         vr[v] = <float>v * r
         ag[v] = a * <float>v
     for i in range(npix):
-        g = ag[<int>floorf(_gray(img + 3 * i))]
+        g = ag[<int>_gray(img + 3 * i)]      # gray >= 0: truncation is its floor
         img[3 * i] = _trunc_u8(vr[img[3 * i]] + g)
         img[3 * i + 1] = _trunc_u8(vr[img[3 * i + 1]] + g)
         img[3 * i + 2] = _trunc_u8(vr[img[3 * i + 2]] + g)
@@ -428,7 +429,7 @@ cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix) noexcept nogil:
     cdef int64_t total = 0
     cdef Py_ssize_t i
     for i in range(npix):
-        total += <int64_t>floorf(_gray(img + 3 * i))
+        total += <int>_gray(img + 3 * i)     # gray >= 0: truncation is its floor
     return <float>total / <float>npix
 
 
@@ -441,12 +442,12 @@ cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) no
     rounded blur is round(S / 13) = (2 S + 13) // 26 = ((2 S + 13) * 10083) >> 18 (exact for
     S <= 13 * 255): an integer pass over contiguous bytes, then the blend in float32."""
     cdef float alpha = <float>(1.0 - factor), v, f
-    cdef int y, j, s, blur
-    cdef Py_ssize_t r = <Py_ssize_t>w * 3
+    cdef int y, s, blur
+    cdef Py_ssize_t j, r = <Py_ssize_t>w * 3
     cdef const uint8_t* p
     cdef const uint8_t* u
     cdef const uint8_t* d
-    cdef uint8_t* t
+    cdef u8_restrict t
     if h <= 2 or w <= 2:
         return
     for y in range(1, h - 1):
@@ -543,6 +544,21 @@ cdef void _equalize_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexc
         for v in range(255):
             cum += hc[v]
             lut[256 * c + v + 1] = <uint8_t>min(255, (cum + step // 2) // step)
+
+
+cdef void _bitwise(uint8_t* img, Py_ssize_t n, int op, double mag) noexcept nogil:
+    """Posterize (x & mask) or Invert (255 - x) on its own: a vectorized loop beats a table."""
+    cdef uint8_t lut[768]
+    cdef uint8_t mask
+    cdef Py_ssize_t i
+    if op == AUG_INVERT:
+        for i in range(n):
+            img[i] = 255 - img[i]
+        return
+    _posterize_map(lut, mag)
+    mask = lut[255]
+    for i in range(n):
+        img[i] = img[i] & mask
 
 
 cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
@@ -648,7 +664,9 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
         return 0
     if AUG_SHEAR_X <= op <= AUG_ROTATE:
         return _geometric(op, mag, img, tmp, h, w, fill)
-    if _op_map(op, mag, img, npix, lut):
+    if op == AUG_POSTERIZE or op == AUG_INVERT:
+        _bitwise(img, 3 * npix, op, mag)
+    elif _op_map(op, mag, img, npix, lut):
         _lut_apply(img, npix, lut)
     elif op == AUG_COLOR or op == AUG_J_SATURATION:
         _saturation(img, npix, 1.0 + mag if op == AUG_COLOR else mag)
@@ -663,44 +681,68 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
     return 0
 
 
-cdef int aug_apply(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
-                   int h, int w) noexcept nogil:
+cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
+                int h, int w, uint8_t* tail) noexcept nogil:
     """The steps of prm in order; runs of value maps are composed and applied in one pass (a
-    map that takes statistics of the image first applies the pending ones)."""
+    map that takes statistics of the image first applies the pending ones). With tail, a
+    final run of maps is left in it (3 x 256) for the caller's conversion to absorb: returns 1
+    then, 0 when nothing is left, or an op's error code."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w
     cdef uint8_t lut[768]
     cdef uint8_t m[768]
-    cdef int k, v, op, rc, pending = 0
-    for k in range(prm.n):
-        op = prm.step[k].op
-        if op == AUG_IDENTITY:
+    cdef int k, v, op, rc, pending = 0, first = 0
+    for k in range(prm.n + 1):
+        op = prm.step[k].op if k < prm.n else AUG_IDENTITY
+        if op == AUG_IDENTITY and k < prm.n:
             continue
-        if pending and not _pure_map(op):
-            _lut_apply(img, npix, lut)
+        if pending and k == prm.n and tail != NULL:
+            memcpy(tail, lut, 768)
+            return 1
+        if pending and (k == prm.n or not _pure_map(op)):
+            if pending == 1 and (prm.step[first].op == AUG_POSTERIZE
+                                 or prm.step[first].op == AUG_INVERT):
+                _bitwise(img, 3 * npix, prm.step[first].op, prm.step[first].mag)
+            else:
+                _lut_apply(img, npix, lut)
             pending = 0
+        if k == prm.n:
+            break
         if _op_map(op, prm.step[k].mag, img, npix, m):
             if pending:
                 for v in range(768):
                     lut[v] = m[(v & ~255) + lut[v]]
             else:
                 memcpy(lut, m, 768)
-            pending = 1
+                first = k
+            pending += 1
             continue
         rc = aug_apply_op(op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
         if rc != 0:
             return rc
-    if pending:
-        _lut_apply(img, npix, lut)
+    return 0
+
+
+cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* img,
+                           uint8_t* tmp, int h, int w, const OpsOutput* o,
+                           void* out) noexcept nogil:
+    """The steps of prm on img (in place), then the output sample from it; a final run of
+    value maps is folded into the conversion's tables (one pass less; the same bits)."""
+    cdef uint8_t tail[768]
+    cdef int rc = _steps(cfg, prm, img, tmp, h, w, tail)
+    if rc < 0:
+        return rc
+    _convert(img, h, w, o, out, tail if rc == 1 else NULL)
     return 0
 
 
 # --- output conversion and erasing ----------------------------------------------------------
 
-cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
-                      void* out) noexcept nogil:
-    """One output sample from the uint8 image: value * scale + bias per channel in float32
-    (ops_run's formula), as o.dtype in o.layout. The formula depends on (channel, value) only:
-    a 3 x 256 table of the converted values, then one lookup per element."""
+cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* out,
+                   const uint8_t* maps) noexcept nogil:
+    """One output sample from the uint8 image, through maps[256 c + value] (3 x 256, or NULL):
+    value * scale + bias per channel in float32 (ops_run's formula), as o.dtype in o.layout.
+    The formula depends on (channel, value) only: a 3 x 256 table of the converted values,
+    then one lookup per element."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w, i
     cdef int c, v
     cdef float lf[768]
@@ -708,6 +750,12 @@ cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
     cdef float* f32 = <float*>out
     cdef uint16_t* u16 = <uint16_t*>out
     cdef uint8_t* u8 = <uint8_t*>out
+    if o.dtype == OPS_UINT8 and maps != NULL:
+        for i in range(npix):
+            u8[i if o.layout == OPS_CHW else 3 * i] = maps[img[3 * i]]
+            u8[npix + i if o.layout == OPS_CHW else 3 * i + 1] = maps[256 + img[3 * i + 1]]
+            u8[2 * npix + i if o.layout == OPS_CHW else 3 * i + 2] = maps[512 + img[3 * i + 2]]
+        return
     if o.dtype == OPS_UINT8:
         if o.layout == OPS_CHW:
             for i in range(npix):
@@ -719,7 +767,8 @@ cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
         return
     for c in range(3):
         for v in range(256):
-            lf[256 * c + v] = <float>v * o.scale[c] + o.bias[c]
+            lf[256 * c + v] = <float>(maps[256 * c + v] if maps != NULL else v) * o.scale[c] \
+                + o.bias[c]
     if o.dtype == OPS_FLOAT32:
         if o.layout == OPS_CHW:
             for i in range(npix):
