@@ -243,9 +243,9 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill.
 
     Each row runs in two passes: the source offsets of AFFINE_CHUNK pixels (a branch-free
-    float32 loop the compiler vectorizes: the same products and sums in the same order as the
-    per-pixel formula, the row's y terms hoisted, rounding half to even by the 1.5 * 2**23
-    trick, exact for coordinates below 2**22), then the copies.""" 
+    float32 loop: the same products and sums in the same order as the per-pixel formula, the
+    row's y terms hoisted, rounding half to even by the 1.5 * 2**23 trick, exact for
+    coordinates below 2**22; GCC 12 does not vectorize it yet), then the copies."""
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
     cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
