@@ -92,6 +92,29 @@ def triple(value, name):
     return _numbers(value, name, 3, "3 numbers (R, G, B)")
 
 
+#: Elements an erase_value="random" box may have: 16 Philox streams of 2**16 blocks of 4 words
+#: (dpu_pipe/rng.py, STREAM_ERASE_NOISE).
+ERASE_NOISE_MAX = 16 * 2**16 * 4
+
+
+def erase_value(value, dtype, size):
+    """RandomErasing's value: ``"random"`` (standard normal values in the normalized float
+    domain; refused for uint8 outputs, which have no such domain, and for outputs whose 3 x H
+    x W elements exceed the noise streams) or three finite floats (one number: all three)."""
+    if isinstance(value, str):
+        if value != "random":
+            raise ConfigError(f"erase_value must be 'random' or 3 numbers (R, G, B), got {value!r}")
+        if dtype == "uint8":
+            raise ConfigError("erase_value='random' draws standard normal values in the "
+                              "normalized float domain; a uint8 output is not normalized: use "
+                              "a float dtype, or a constant erase_value")
+        if 3 * size[0] * size[1] > ERASE_NOISE_MAX:
+            raise ConfigError(f"erase_value='random' supports outputs of up to "
+                              f"{ERASE_NOISE_MAX // 3} pixels, got {size[0]}x{size[1]}")
+        return value
+    return triple((value,) * 3 if isinstance(value, (int, float)) else value, "erase_value")
+
+
 def choice(value, name, options):
     """``value`` if it is one of ``options``."""
     if isinstance(value, str) and value in options:

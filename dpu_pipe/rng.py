@@ -57,6 +57,11 @@ Streams (one per purpose, so purposes never share random numbers)
     261     ``STREAM_HOOK``        the seed of ``batch_hook``'s numpy Generator (not
                                    Philox blocks: SeedSequence(seed, epoch, rank, step, 261))
     262...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    512+    ``STREAM_ERASE_NOISE``
+                                   streams 512..527 (erase_value="random"): element k of
+                                   the erased (3, h, w) box, in that order, is the standard
+                                   normal quantile of ((word k % 4) + 1/2) / 2**32 of block
+                                   (k // 4) % 2**16 of stream 512 + k // 2**18
     ======  =====================  =========================================================
 
 From words to numbers
@@ -105,8 +110,8 @@ from .errors import ConfigError
 
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
-    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_USER",
-    "CROP_ATTEMPTS", "beta_variate",
+    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_ERASE_NOISE",
+    "STREAM_USER", "CROP_ATTEMPTS", "beta_variate",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -124,6 +129,7 @@ STREAM_ERASE = 259
 STREAM_MIX = 260
 STREAM_HOOK = 261
 STREAM_USER = 262
+STREAM_ERASE_NOISE = 512
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8
 PERM_MIN_BITS = 8

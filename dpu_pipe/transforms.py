@@ -62,7 +62,8 @@ class TransformConfig:
     random_erase: float = 0.0           # RandomErasing probability
     erase_scale: tuple = (0.02, 0.33)
     erase_ratio: tuple = (0.3, 3.3)
-    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel
+    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel,
+                                          # or "random" (standard normal values)
     # Batch ops (train only; dpu_pipe.mix): torchvision v2 MixUp / CutMix, timm's switch,
     # probability and label smoothing; labels then float32 (B, num_classes).
     mixup_alpha: float = 0.0            # MixUp's Beta(alpha, alpha); 0 = off
@@ -151,9 +152,7 @@ class TransformConfig:
                               f"got {self.erase_scale!r}, {self.erase_ratio!r}")
         set_("erase_scale", es)
         set_("erase_ratio", er)
-        ev = self.erase_value
-        set_("erase_value", _v.triple((ev,) * 3 if isinstance(ev, (int, float)) else ev,
-                                      "erase_value"))
+        set_("erase_value", _v.erase_value(self.erase_value, self.dtype, self.size))
         for name in ("mixup_alpha", "cutmix_alpha"):
             set_(name, _v.number(getattr(self, name), name, 0.0, 1e6))
         set_("mix_switch_p", _v.number(self.mix_switch_p, "mix_switch_p", 0.0, 1.0))

@@ -99,6 +99,7 @@ def ops_section(paths, put):
 
 def batch_section(paths, put):
     from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.errors import ConfigError
     from dpu_pipe.transforms import TransformConfig
 
     bufs = [open(p, "rb").read() for p in paths]
@@ -120,11 +121,14 @@ def batch_section(paths, put):
                                         fill=(128, 0, 255), dtype="float16",
                                         random_erase=0.25, erase_value=(0.5, -0.5, 1.0)),
         "val-bicubic-u8": dict(train=False, size=48, interpolation="bicubic", dtype="uint8"),
+        "train-ta-erase-random-f16": dict(train=True, size=48, auto_augment="ta_wide",
+                                          random_erase=0.6, erase_value="random",
+                                          dtype="float16"),
     }
     for cname, kw in configs.items():
         try:
             cfg = TransformConfig(**kw)
-        except TypeError:  # a keyword this build does not take: skip the config
+        except (TypeError, ConfigError):  # a keyword or value this build does not take: skip
             continue
         for threads in (1, 2):
             proc = BatchProcessor(cfg, num_threads=threads)
