@@ -217,13 +217,12 @@ def _photo_records(tmp_path, n):
     return out
 
 
-def _photo_boxes(data, rng, n):
-    """RandomResizedCrop-like boxes of the image with a 224 output (so every DCT scale
-    occurs), plus a few tiny ones."""
-    info = _jpeg.read_header(_u8(data), MAX_PIXELS, 100)
-    W, H = info[0], info[1]
+def _photo_boxes(data, rng, n, max_area):
+    """RandomResizedCrop-like boxes (area fraction up to max_area, aspect 3/4..4/3) with an
+    output size of 224, 112, 56, 28 or 1 pixels, so that every DCT scale occurs."""
+    W, H = _jpeg.read_header(_u8(data), MAX_PIXELS, 100)[:2]
     for _ in range(n):
-        area = rng.uniform(0.01, 1.0) * W * H
+        area = rng.uniform(0.002, max_area) * W * H
         ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
         bw = int(min(W, max(1, round(np.sqrt(area * ratio)))))
         bh = int(min(H, max(1, round(np.sqrt(area / ratio)))))
@@ -232,27 +231,51 @@ def _photo_boxes(data, rng, n):
         yield (top, left, bh, bw), min(size, bh), min(size, bw)
 
 
-def _check_photos(tmp_path, n_files, boxes_per_record):
+def _scaled_box(box, scale, H, W):
+    """dpu_pipe._jpeg.scale_region: the scaled image's pixels covering a full-size box."""
+    top, left, h, w = box
+    sh, sw = -(-H * scale // 8), -(-W * scale // 8)
+    r0, c0 = top * scale // 8, left * scale // 8
+    return r0, c0, min(-(-(top + h) * scale // 8), sh) - r0, min(-(-(left + w) * scale // 8), sw) - c0
+
+
+def _check_photos(tmp_path, n_files, boxes_per_record, max_area, every):
+    """Each box's own decode against the slice of libjpeg-turbo's whole decode at its scale,
+    and every `every`-th box also against today's region decode of it (itself the slice)."""
     rng = np.random.default_rng(17)
-    records = _photo_records(tmp_path, n_files)
     checked = own = 0
-    for data in records:
-        for box, min_h, min_w in _photo_boxes(data, rng, boxes_per_record):
+    for data in _photo_records(tmp_path, n_files):
+        W, H = _jpeg.read_header(_u8(data), MAX_PIXELS, 100)[:2]
+        whole = {}
+        for k, (box, min_h, min_w) in enumerate(_photo_boxes(data, rng, boxes_per_record,
+                                                            max_area)):
             for fast in (False, True):
-                own += assert_same_region(data, box, min_h, min_w, fast)
+                got, scale, by_own = _huffman.decode(_u8(data), box, min_h, min_w, fast, False,
+                                                     MAX_PIXELS, 100)
+                if (scale, fast) not in whole:
+                    whole[scale, fast], s = _libjpeg(data, None, H * scale // 8,
+                                                     W * scale // 8, fast)
+                    assert s == scale
+                t, l, h, w = _scaled_box(box, scale, H, W)
+                np.testing.assert_array_equal(got, whole[scale, fast][t:t + h, l:l + w],
+                                              err_msg=f"box {box} scale {scale} fast {fast}")
+                if k % every == 0:
+                    assert_same_region(data, box, min_h, min_w, fast)
+                own += by_own
                 checked += 1
     return checked, own
 
 
 def test_photographs(tmp_path):
-    checked, own = _check_photos(tmp_path, 6, 12)
+    checked, own = _check_photos(tmp_path, 6, 12, 1.0, 1)
     assert own >= checked // 3
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_photographs_dense(tmp_path):
     """At least 30,000 boxes on ImageNet-like files from real photographs, original and
     transcoded with a restart marker every MCU, fast on and off."""
-    checked, own = _check_photos(tmp_path, 60, 130)
+    checked, own = _check_photos(tmp_path, 60, 130, 0.3, 10)
     assert checked >= 30_000
     assert own >= checked // 3

@@ -57,6 +57,7 @@ cdef extern from "_idct.h" nogil:
         int r0, r1, c0, c1
         size_t coef_bytes, plane_bytes
 
+    size_t PX_ROW_BYTES(int width)
     void px_init_tables() noexcept
     int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                      px_plan* p) noexcept

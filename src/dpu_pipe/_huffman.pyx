@@ -181,7 +181,7 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
     sc.ends = <size_t*>malloc(need * sizeof(size_t))
     sc.coef = <uint8_t*>calloc(r.coef_bytes, 1)
     sc.planes = <uint8_t*>malloc(r.plane_bytes)
-    sc.rows = <uint8_t*>malloc(3 * <size_t>width)
+    sc.rows = <uint8_t*>malloc(PX_ROW_BYTES(width))
     if (sc.starts == NULL or sc.ends == NULL or sc.coef == NULL or sc.planes == NULL
             or sc.rows == NULL):
         raise MemoryError()

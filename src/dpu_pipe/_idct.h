@@ -37,6 +37,7 @@ enum {
 /* --- tables ------------------------------------------------------------------------------ */
 
 static uint8_t px_range[1024];            /* IDCT output (10 low bits) -> sample */
+static uint8_t px_limit_tab[1024];        /* v + 384 -> v clamped to [0, 255] */
 static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
 
 #define PX_SCALEBITS 16
@@ -47,6 +48,8 @@ static void px_init_tables(void) {
     for (i = 0; i < 1024; i++) {
         int v = ((i ^ 512) - 512) + 128;  /* the 10 bits as a signed value, level-shifted */
         px_range[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        v = i - 384;
+        px_limit_tab[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
     }
     for (i = 0; i < 256; i++) {
         int32_t x = i - 128;
@@ -57,8 +60,6 @@ static void px_init_tables(void) {
         px_cb_g[i] = -22554 * x + PX_HALF;
     }
 }
-
-static inline uint8_t px_clamp(int v) { return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); }
 
 /* --- inverse DCTs -------------------------------------------------------------------------
  * in: 64 quantized coefficients, natural order; q: the component's quantizers (natural
@@ -134,27 +135,73 @@ static inline void px_islow_1d(int32_t c0, int32_t c1, int32_t c2, int32_t c3, i
     o[3] = t13 + a0; o[4] = t13 - a0;
 }
 
+/* Dequantize a block into v; nonzero when a value leaves [-8191, 8191] (see the top). */
+static inline int px_dequantize(const int16_t* in, const uint16_t* q, int32_t* v) {
+    uint32_t bad = 0;
+    int k;
+    for (k = 0; k < 64; k++) {
+        v[k] = (int32_t)in[k] * q[k];
+        bad |= (uint32_t)(v[k] + 8191) > 16382u;
+    }
+    return bad != 0;
+}
+
+/* Nonzero when any of in[1..63] is. */
+static inline int px_has_ac(const int16_t* in) {
+    uint16_t any = 0;
+    int k;
+    for (k = 1; k < 64; k++) any |= (uint16_t)in[k];
+    return any != 0;
+}
+
 static int px_idct_islow(const int16_t* in, const uint16_t* q, uint8_t* out, size_t stride) {
-    int32_t ws[64], o[8];
+    int32_t v[64], ws[64], o[8];
     uint32_t over = 0;
     int i, k;
-    for (i = 0; i < 8; i++) {           /* columns */
-        const int16_t* c = in + i;
-        if (!(c[8] | c[16] | c[24] | c[32] | c[40] | c[48] | c[56])) {
-            /* DC only: the transform is a constant (the full computation gives the same). */
-            int32_t dc = px_ws(px_deq(in, q, i, &over) * (1 << PX_P1), &over);
-            for (k = 0; k < 8; k++) ws[8 * k + i] = dc;
-            continue;
-        }
-        px_islow_1d(px_deq(in, q, i, &over), px_deq(in, q, i + 8, &over),
-                    px_deq(in, q, i + 16, &over), px_deq(in, q, i + 24, &over),
-                    px_deq(in, q, i + 32, &over), px_deq(in, q, i + 40, &over),
-                    px_deq(in, q, i + 48, &over), px_deq(in, q, i + 56, &over), o);
-        for (k = 0; k < 8; k++) ws[8 * k + i] = px_ws(PX_ROUND(o[k], PX_CB - PX_P1), &over);
+    if (!px_has_ac(in)) {
+        /* DC only: every output is the same (the full computation gives it too). */
+        int32_t dc = (int32_t)in[0] * q[0];
+        uint8_t px;
+        if ((uint32_t)(dc + 4095) > 8190u) return 1;     /* dc * 2^PASS1_BITS > 16383 */
+        px = px_out(PX_ROUND(dc * (1 << PX_P1), PX_P1 + 3), &over);
+        for (k = 0; k < 8; k++) memset(out + k * stride, px, 8);
+        return over != 0;
     }
+    if (px_dequantize(in, q, v)) return 1;
+    /* Columns, all eight alike (no zero-column shortcut: the loop vectorizes over them). */
+    for (i = 0; i < 8; i++) {
+        int32_t c0 = v[i], c1 = v[8 + i], c2 = v[16 + i], c3 = v[24 + i];
+        int32_t c4 = v[32 + i], c5 = v[40 + i], c6 = v[48 + i], c7 = v[56 + i];
+        int32_t z1 = (c2 + c6) * PX_F0_541;
+        int32_t e2 = z1 - c6 * PX_F1_847, e3 = z1 + c2 * PX_F0_765;
+        int32_t e0 = (c0 + c4) * (1 << PX_CB), e1 = (c0 - c4) * (1 << PX_CB);
+        int32_t t10 = e0 + e3, t13 = e0 - e3, t11 = e1 + e2, t12 = e1 - e2;
+        int32_t s1 = c7 + c1, s2 = c5 + c3, s3 = c7 + c3, s4 = c5 + c1;
+        int32_t z5 = (s3 + s4) * PX_F1_175;
+        int32_t m3 = z5 - s3 * PX_F1_961, m4 = z5 - s4 * PX_F0_390;
+        int32_t m1 = -s1 * PX_F0_899, m2 = -s2 * PX_F2_562;
+        int32_t a0 = c7 * PX_F0_298 + m1 + m3;
+        int32_t a1 = c5 * PX_F2_053 + m2 + m4;
+        int32_t a2 = c3 * PX_F3_072 + m2 + m3;
+        int32_t a3 = c1 * PX_F1_501 + m1 + m4;
+        ws[i] = PX_ROUND(t10 + a3, PX_CB - PX_P1);
+        ws[56 + i] = PX_ROUND(t10 - a3, PX_CB - PX_P1);
+        ws[8 + i] = PX_ROUND(t11 + a2, PX_CB - PX_P1);
+        ws[48 + i] = PX_ROUND(t11 - a2, PX_CB - PX_P1);
+        ws[16 + i] = PX_ROUND(t12 + a1, PX_CB - PX_P1);
+        ws[40 + i] = PX_ROUND(t12 - a1, PX_CB - PX_P1);
+        ws[24 + i] = PX_ROUND(t13 + a0, PX_CB - PX_P1);
+        ws[32 + i] = PX_ROUND(t13 - a0, PX_CB - PX_P1);
+    }
+    for (k = 0; k < 64; k++) over |= (uint32_t)(ws[k] + 16383) > 32766u;
+    if (over) return 1;
     for (i = 0; i < 8; i++) {           /* rows */
         const int32_t* w = ws + 8 * i;
         uint8_t* r = out + i * stride;
+        if (!(w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7])) {
+            memset(r, px_out(PX_ROUND(w[0], PX_P1 + 3), &over), 8);
+            continue;
+        }
         px_islow_1d(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], o);
         for (k = 0; k < 8; k++) r[k] = px_out(PX_ROUND(o[k], PX_CB + PX_P1 + 3), &over);
     }
@@ -352,15 +399,35 @@ static void px_make_rect(const hp_header* h, const px_plan* p, int top, int left
     r->plane_bytes = plane;
 }
 
+/* Triangle filter by 2 along a row: output x (x0 <= x < x0 + n) from e[j], the value at
+ * sample x / 2 = c0 + j - 1, and its neighbour on x's side (e holds c0 - 1 ... the last
+ * sample needed + 1, edge values repeated at image edges). */
+static inline void px_h2_filter(const int16_t* e, int x0, int n, int b_even, int b_odd,
+                                int shift, uint8_t* dst) {
+    int i = 0, j = 1, k;
+    if (x0 & 1) {                       /* an odd first output: the right half of a pair */
+        dst[i++] = (uint8_t)((3 * e[1] + e[2] + b_odd) >> shift);
+        j = 2;
+    }
+    for (k = 0; i + 1 < n; i += 2, k++) {
+        const int here = 3 * e[j + k];
+        dst[i] = (uint8_t)((here + e[j + k - 1] + b_even) >> shift);
+        dst[i + 1] = (uint8_t)((here + e[j + k + 1] + b_odd) >> shift);
+    }
+    if (i < n) dst[i] = (uint8_t)((3 * e[j + k] + e[j + k - 1] + b_even) >> shift);
+}
+
 /* Component ci's samples of output row y, columns [x0, x0 + n), upsampled as libjpeg-turbo
  * upsamples them, into dst (n bytes), or a pointer into the plane when no upsampling is
- * needed. Samples outside the image are the edge samples repeated (the triangle filter's
- * taps at image edges), which gives libjpeg-turbo's special-cased edge outputs. */
+ * needed. tmp: n / 2 + 3 int16 values. Samples outside the image are the edge samples
+ * repeated (the filter's taps at image edges), which gives libjpeg-turbo's special-cased
+ * edge outputs. */
 static const uint8_t* px_upsample_row(const px_plan* p, const px_rect* r, int ci,
                                       const uint8_t* plane, int y, int x0, int n,
-                                      uint8_t* dst) {
+                                      uint8_t* dst, int16_t* tmp) {
     const int pw = r->pw[ci], sx0 = r->sx0[ci], sy0 = r->sy0[ci];
     const int dw = p->dw[ci], dh = p->dh[ci];
+    const int c0 = x0 >> 1, c1 = (x0 + n - 1) >> 1, m = c1 - c0 + 1;
     int i;
     switch (p->up[ci]) {
     case PX_UP_FULL:
@@ -368,37 +435,37 @@ static const uint8_t* px_upsample_row(const px_plan* p, const px_rect* r, int ci
     case PX_UP_PLAIN: {
         const int hr = p->hr[ci];
         const uint8_t* row = plane + (size_t)(y / p->vr[ci] - sy0) * pw - sx0;
-        for (i = 0; i < n; i++) dst[i] = row[(x0 + i) / hr];
+        if (hr == 2) for (i = 0; i < n; i++) dst[i] = row[(x0 + i) >> 1];
+        else for (i = 0; i < n; i++) dst[i] = row[(x0 + i) / hr];
         return dst;
     }
     case PX_UP_H2V1: {
         const uint8_t* row = plane + (size_t)(y - sy0) * pw - sx0;
-        for (i = 0; i < n; i++) {
-            int x = x0 + i, s = x >> 1, odd = x & 1;
-            int nb = odd ? (s + 1 < dw ? s + 1 : dw - 1) : (s > 0 ? s - 1 : 0);
-            dst[i] = (uint8_t)((3 * row[s] + row[nb] + 1 + odd) >> 2);
-        }
+        for (i = 0; i < m; i++) tmp[i + 1] = row[c0 + i];
+        tmp[0] = row[c0 > 0 ? c0 - 1 : 0];
+        tmp[m + 1] = row[c1 + 1 < dw ? c1 + 1 : dw - 1];
+        px_h2_filter(tmp, x0, n, 1, 2, 2, dst);
         return dst;
     }
     case PX_UP_H1V2: {
-        int s = y >> 1, odd = y & 1;
+        int s = y >> 1, odd = y & 1, bias = 1 + odd;
         int f = odd ? (s + 1 < dh ? s + 1 : dh - 1) : (s > 0 ? s - 1 : 0);
         const uint8_t* near = plane + (size_t)(s - sy0) * pw + (x0 - sx0);
         const uint8_t* far = plane + (size_t)(f - sy0) * pw + (x0 - sx0);
-        for (i = 0; i < n; i++) dst[i] = (uint8_t)((3 * near[i] + far[i] + 1 + odd) >> 2);
+        for (i = 0; i < n; i++) dst[i] = (uint8_t)((3 * near[i] + far[i] + bias) >> 2);
         return dst;
     }
-    default: {          /* PX_UP_H2V2 */
-        int s = y >> 1, odd = y & 1;
+    default: {          /* PX_UP_H2V2: vertical sums first, then the filter along them */
+        int s = y >> 1, odd = y & 1, lo, hi;
         int f = odd ? (s + 1 < dh ? s + 1 : dh - 1) : (s > 0 ? s - 1 : 0);
         const uint8_t* near = plane + (size_t)(s - sy0) * pw - sx0;
         const uint8_t* far = plane + (size_t)(f - sy0) * pw - sx0;
-        for (i = 0; i < n; i++) {
-            int x = x0 + i, c = x >> 1, oddx = x & 1;
-            int nb = oddx ? (c + 1 < dw ? c + 1 : dw - 1) : (c > 0 ? c - 1 : 0);
-            int here = 3 * near[c] + far[c], there = 3 * near[nb] + far[nb];
-            dst[i] = (uint8_t)((3 * here + there + 8 - oddx) >> 4);
-        }
+        lo = c0 > 0 ? c0 - 1 : 0;
+        hi = c1 + 1 < dw ? c1 + 1 : dw - 1;
+        for (i = lo; i <= hi; i++) tmp[i - c0 + 1] = (int16_t)(3 * near[i] + far[i]);
+        if (c0 == 0) tmp[0] = tmp[1];
+        if (c1 + 1 >= dw) tmp[m + 1] = tmp[m];
+        px_h2_filter(tmp, x0, n, 8, 7, 4, dst);
         return dst;
     }
     }
@@ -408,13 +475,15 @@ static const uint8_t* px_upsample_row(const px_plan* p, const px_rect* r, int ci
  * scale scale/8 (pixels of the scaled image) into out (RGB, rows out_stride bytes apart).
  * data/starts/ends: the stream and its restart intervals (hp_find_intervals, up to the one
  * holding the rectangle's last MCU: px_intervals_needed). coef (r.coef_bytes, zeroed by the
- * caller), planes (r.plane_bytes) and rows (3 * width bytes) are the caller's scratch.
+ * caller), planes (r.plane_bytes) and rows (PX_ROW_BYTES(width)) are the caller's scratch.
  * Returns PX_OK, HP_EDATA (damaged data), or PX_FALLBACK (see px_idct_islow). */
 static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
                          const uint8_t* data, const size_t* starts, const size_t* ends,
                          int top, int left, int height, int width, uint8_t* coef,
                          uint8_t* planes, uint8_t* rows, uint8_t* out, size_t out_stride) {
     int16_t* blocks[HP_MAX_COMPS];
+    int16_t* tmp = (int16_t*)(rows + 3 * (size_t)width + (width & 1));
+    const uint8_t* px_limit = px_limit_tab + 384;
     int ci, y, x, rc;
     for (ci = 0; ci < h->ncomp; ci++) blocks[ci] = (int16_t*)(coef + r->coef_off[ci]);
     rc = hp_decode_rect(h, data, starts, ends, r->r0, r->r1, r->c0, r->c1, blocks);
@@ -439,7 +508,7 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         uint8_t* o = out + (size_t)y * out_stride;
         for (ci = 0; ci < h->ncomp; ci++)
             c[ci] = px_upsample_row(p, r, ci, planes + r->plane_off[ci], top + y, left, width,
-                                    rows + (size_t)ci * width);
+                                    rows + (size_t)ci * width, tmp);
         if (p->colour == HP_GREY) {
             for (x = 0; x < width; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = c[0][x];
         } else if (p->colour == HP_RGB) {
@@ -449,14 +518,19 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         } else {
             for (x = 0; x < width; x++) {
                 int yy = c[0][x], cb = c[1][x], cr = c[2][x];
-                o[3 * x] = px_clamp(yy + px_cr_r[cr]);
-                o[3 * x + 1] = px_clamp(yy + ((px_cb_g[cb] + px_cr_g[cr]) >> PX_SCALEBITS));
-                o[3 * x + 2] = px_clamp(yy + px_cb_b[cb]);
+                /* y + any table entry lies in [-227, 482]: one lookup clamps it */
+                o[3 * x] = px_limit[yy + px_cr_r[cr]];
+                o[3 * x + 1] = px_limit[yy + ((px_cb_g[cb] + px_cr_g[cr]) >> PX_SCALEBITS)];
+                o[3 * x + 2] = px_limit[yy + px_cb_b[cb]];
             }
         }
     }
     return PX_OK;
 }
+
+/* Scratch px_decode_box needs for a box `width` pixels wide: three upsampled rows and the
+ * filter's padded row of int16. */
+#define PX_ROW_BYTES(width) (3 * (size_t)(width) + 1 + 2 * ((size_t)(width) / 2 + 4))
 
 /* Restart intervals hp_find_intervals must locate for rectangle r (1 without markers). */
 static int64_t px_intervals_needed(const hp_header* h, const px_rect* r) {
