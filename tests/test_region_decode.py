@@ -2,8 +2,8 @@
 against today's region decode over libjpeg-turbo (dpu_pipe._jpeg.decode): the same pixels, bit
 for bit, for every sampling layout, grey, odd sizes, boxes on every edge, 1x1 boxes, every DCT
 scale, fast on and off, with and without restart markers, on photographs; where it does not
-decode itself (the fast 8x8 IDCT, streams it leaves to libjpeg-turbo, damaged data) the answer
-is libjpeg-turbo's."""
+decode itself (streams it leaves to libjpeg-turbo, damaged data) the answer is
+libjpeg-turbo's."""
 
 import numpy as np
 import pytest
@@ -35,13 +35,6 @@ def _restarts(data, mode):
 
 def _libjpeg(data, region, min_h, min_w, fast):
     return _jpeg.decode(_u8(data), region, min_h, min_w, fast, False, MAX_PIXELS, 100)
-
-
-def _own_fallback_expected(sub, scale, fast):
-    """Where the own decoder hands over to libjpeg-turbo: the fast 8x8 IDCT (ifast)."""
-    # 4:2:0 chroma at 1/2 scale is decoded with an 8x8 IDCT: libjpeg-turbo scales it by the
-    # IDCT instead of upsampling it.
-    return fast and (scale == 8 or (scale == 4 and sub == "420"))
 
 
 def assert_same_region(data, region, min_h, min_w, fast, *, expect_own=None):
@@ -87,9 +80,8 @@ def test_edges_and_scales(sub, size, restart):
         for scale in SCALES:
             min_h, min_w = _force_scale(box[2], box[3], scale)
             for fast in (False, True):
-                ref_scale = _libjpeg(data, box, min_h, min_w, fast)[1]
                 assert_same_region(data, box, min_h, min_w, fast,
-                                   expect_own=not _own_fallback_expected(sub, ref_scale, fast))
+                                   expect_own=True)
 
 
 @pytest.mark.parametrize("restart", ["none", 1, 3, "row"])
@@ -104,9 +96,10 @@ def test_random_boxes(sub, restart):
         top, left = int(rng.integers(0, 150 - h)), int(rng.integers(0, 212 - w))
         scale = int(rng.choice(SCALES))
         min_h, min_w = _force_scale(h, w, scale)
-        own += assert_same_region(data, (top, left, h, w), min_h, min_w, False, expect_own=True)
-        assert_same_region(data, (top, left, h, w), min_h, min_w, True)
-    assert own == 80
+        for fast in (False, True):
+            own += assert_same_region(data, (top, left, h, w), min_h, min_w, fast,
+                                      expect_own=True)
+    assert own == 160
 
 
 @pytest.mark.parametrize("optimize", [False, True], ids=["annex_k_tables", "optimized_tables"])
@@ -268,7 +261,7 @@ def _check_photos(tmp_path, n_files, boxes_per_record, max_area, every):
 
 def test_photographs(tmp_path):
     checked, own = _check_photos(tmp_path, 6, 12, 1.0, 1)
-    assert own >= checked // 3
+    assert own >= checked * 3 // 4       # the progressive originals are libjpeg-turbo's
 
 
 @pytest.mark.slow
@@ -278,4 +271,4 @@ def test_photographs_dense(tmp_path):
     transcoded with a restart marker every MCU, fast on and off."""
     checked, own = _check_photos(tmp_path, 60, 130, 0.3, 10)
     assert checked >= 30_000
-    assert own >= checked // 3
+    assert own >= checked * 3 // 4

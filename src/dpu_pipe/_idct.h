@@ -27,6 +27,8 @@
 #ifndef DPU_PIPE_IDCT_H
 #define DPU_PIPE_IDCT_H
 
+#include <math.h>
+
 #include "_huffman.h"
 
 enum {
@@ -43,8 +45,17 @@ static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
 #define PX_SCALEBITS 16
 #define PX_HALF ((int32_t)1 << (PX_SCALEBITS - 1))
 
+/* The fast IDCT's (Arai-Agui-Nakajima) prescaling: round(2^14 s(u) s(v)), s(0) = 1,
+ * s(k) = sqrt(2) cos(k pi / 16), row-major. */
+static int32_t px_aan[64];
+
 static void px_init_tables(void) {
     int i;
+    for (i = 0; i < 64; i++) {
+        double su = (i >> 3) ? sqrt(2.0) * cos((i >> 3) * 3.14159265358979323846 / 16) : 1.0;
+        double sv = (i & 7) ? sqrt(2.0) * cos((i & 7) * 3.14159265358979323846 / 16) : 1.0;
+        px_aan[i] = (int32_t)floor(16384.0 * su * sv + 0.5);
+    }
     for (i = 0; i < 1024; i++) {
         int v = ((i ^ 512) - 512) + 128;  /* the 10 bits as a signed value, level-shifted */
         px_range[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
@@ -208,6 +219,71 @@ static int px_idct_islow(const int16_t* in, const uint16_t* q, uint8_t* out, siz
     return over != 0;
 }
 
+/* The fast IDCT (Arai, Agui, Nakajima; 5 multiplies per 8 points) as libjpeg specifies it:
+ * quantizers prescaled by the AAN factors to 2 fraction bits (mq, px_make_plan), constants
+ * with 8 fraction bits, every product truncated (shifted right, no rounding), the output
+ * shifted by PASS1_BITS + 3 without rounding. libjpeg-turbo's SIMD version holds every value
+ * in 16 bits and shifts each multiplier operand left by 2 first: *over is set when any value
+ * leaves int16 or an operand leaves [-8191, 8191]. */
+#define PX_A1_082 277
+#define PX_A1_414 362
+#define PX_A1_847 473
+#define PX_A2_613 669
+#define PX_C16(x) (over |= (uint32_t)((x) + 32768) > 65535u)
+#define PX_CM(x) (over |= (uint32_t)((x) + 8191) > 16382u)
+
+static inline uint32_t px_ifast_1d(const int32_t* c, int step, int32_t* o, int ostep) {
+    uint32_t over = 0;
+    int32_t t0 = c[0], t1 = c[2 * step], t2 = c[4 * step], t3 = c[6 * step];
+    int32_t t10 = t0 + t2, t11 = t0 - t2, t13 = t1 + t3, d = t1 - t3, t12;
+    int32_t t4 = c[step], t5 = c[3 * step], t6 = c[5 * step], t7 = c[7 * step];
+    int32_t z13, z10, z11, z12, z5, u10, u12, u11;
+    PX_C16(t10); PX_C16(t11); PX_C16(t13); PX_CM(d);
+    t12 = ((d * PX_A1_414) >> 8) - t13;
+    PX_C16(t12);
+    t0 = t10 + t13; t3 = t10 - t13; t1 = t11 + t12; t2 = t11 - t12;
+    PX_C16(t0); PX_C16(t3); PX_C16(t1); PX_C16(t2);
+    z13 = t6 + t5; z10 = t6 - t5; z11 = t4 + t7; z12 = t4 - t7;
+    PX_C16(z13); PX_CM(z10); PX_C16(z11); PX_CM(z12);
+    t7 = z11 + z13;
+    PX_C16(t7); PX_CM(z11 - z13); PX_CM(z10 + z12);
+    u11 = ((z11 - z13) * PX_A1_414) >> 8;
+    z5 = ((z10 + z12) * PX_A1_847) >> 8;
+    u10 = ((z12 * PX_A1_082) >> 8) - z5;
+    u12 = ((z10 * -PX_A2_613) >> 8) + z5;
+    PX_C16(u10); PX_C16(u12);
+    t6 = u12 - t7; t5 = u11 - t6; t4 = u10 + t5;
+    PX_C16(t6); PX_C16(t5); PX_C16(t4);
+    o[0] = t0 + t7; o[7 * ostep] = t0 - t7;
+    o[ostep] = t1 + t6; o[6 * ostep] = t1 - t6;
+    o[2 * ostep] = t2 + t5; o[5 * ostep] = t2 - t5;
+    o[4 * ostep] = t3 + t4; o[3 * ostep] = t3 - t4;
+    return over;
+}
+
+static int px_idct_ifast(const int16_t* in, const int32_t* mq, uint8_t* out, size_t stride) {
+    int32_t v[64], ws[64], o[8];
+    uint32_t over = 0;
+    int i, k;
+    for (k = 0; k < 64; k++) {
+        v[k] = (int32_t)in[k] * mq[k];
+        over |= (uint32_t)(v[k] + 32768) > 65535u;
+    }
+    if (over) return 1;
+    for (i = 0; i < 8; i++) over |= px_ifast_1d(v + i, 8, ws + i, 8);
+    for (k = 0; k < 64; k++) over |= (uint32_t)(ws[k] + 32768) > 65535u;
+    if (over) return 1;
+    for (i = 0; i < 8; i++) {
+        uint8_t* r = out + i * stride;
+        over |= px_ifast_1d(ws + 8 * i, 1, o, 1);
+        for (k = 0; k < 8; k++) {
+            PX_C16(o[k]);
+            r[k] = px_out(o[k] >> (PX_P1 + 3), &over);
+        }
+    }
+    return over != 0;
+}
+
 /* 4x4 outputs from coefficients 0-3, 5-7 of each row and column (4 is discarded). */
 static inline void px_4_1d(int32_t c0, int32_t c1, int32_t c2, int32_t c3, int32_t c5,
                            int32_t c6, int32_t c7, int32_t* o) {
@@ -293,6 +369,8 @@ typedef struct {
     int hr[HP_MAX_COMPS], vr[HP_MAX_COMPS];   /* output pixels per component sample */
     int dw[HP_MAX_COMPS], dh[HP_MAX_COMPS];   /* component samples inside the image */
     int up[HP_MAX_COMPS];       /* PX_UP_* */
+    int ifast;                  /* 8x8 IDCTs are the fast one (fast mode) */
+    int32_t mq[HP_MAX_COMPS][64];   /* its prescaled quantizers */
 } px_plan;
 
 /* How libjpeg-turbo decodes this frame at DCT scale scale/8 (its jpeg_calc_output_dimensions
@@ -306,6 +384,7 @@ typedef struct {
 static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                         px_plan* p) {
     int ci, fancy = !fast && scale > 1;
+    p->ifast = fast;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) return HP_ESIZE;
     p->scale = scale;
     p->colour = hp_colour_space(h);
@@ -324,7 +403,14 @@ static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                && (h->vmax * scale) % (c->v * s * 2) == 0)
             s *= 2;
         p->ds[ci] = s;
-        if (fast && s == 8) return PX_FALLBACK;     /* the fast IDCT: libjpeg-turbo's */
+        if (fast && s == 8) {
+            /* libjpeg-turbo's 16-bit multiplier tables: round(q * aan / 2^12) */
+            for (k = 0; k < 64; k++) {
+                int32_t m = (int32_t)(((int64_t)h->qt[c->tq][k] * px_aan[k] + 2048) >> 12);
+                if (m > 32767) return PX_FALLBACK;
+                p->mq[ci][k] = m;
+            }
+        }
         hin = c->h * s / scale;
         vin = c->v * s / scale;
         if (h->hmax % hin || h->vmax % vin) return PX_FALLBACK;
@@ -499,8 +585,11 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         idct = ds == 8 ? px_idct_islow : ds == 4 ? px_idct_4x4 : ds == 2 ? px_idct_2x2
                                                                 : px_idct_1x1;
         for (by = 0; by < bh; by++)
-            for (bx = 0; bx < bw; bx++, b += 64)
-                over |= idct(b, q, plane + (size_t)by * ds * pw + (size_t)bx * ds, (size_t)pw);
+            for (bx = 0; bx < bw; bx++, b += 64) {
+                uint8_t* at = plane + (size_t)by * ds * pw + (size_t)bx * ds;
+                over |= ds == 8 && p->ifast ? px_idct_ifast(b, p->mq[ci], at, (size_t)pw)
+                                            : idct(b, q, at, (size_t)pw);
+            }
         if (over) return PX_FALLBACK;
     }
     for (y = 0; y < height; y++) {
