@@ -29,7 +29,7 @@ LAYERS = [
     ("batch", ["spec", "batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.transport.endpoint",
                    "offload.transport.failures", "offload.transport.host",
-                   "offload.transport.producer", "offload.roles",
+                   "offload.transport.producer", "offload.roles", "offload.rendezvous",
                    "offload.channel", "offload.group",
                    "offload.scheduler"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
