@@ -2,7 +2,7 @@
 and the IDCT, upsampling and colour conversion of _idct.h) against today's region decode over
 libjpeg-turbo (dpu_pipe._jpeg.decode), on the crop boxes a training Loader decodes.
 
-    python bench/bench_region.py [--n 200] [--rounds 3] [--seed 0] [--size 224]
+    python bench/bench_region.py [--n 200] [--rounds 3] [--seed 0] [--size 224] [--fast]
 
 One core (the calling thread), on the ImageNet-like dataset of real photographs
 (dpu_pipe.tools.sample_data), each file transcoded as a pack stores it (baseline, a restart
@@ -45,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--fast", action="store_true", help="fast IDCT and plain upsampling")
     args = ap.parse_args(argv)
     paths, _ = dataset_files(sample_dataset(args.n, progress=False))
     items = []
@@ -54,17 +55,17 @@ def main(argv=None):
         box = tuple(int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
                                                          hdr["width"]))
         items.append((packed, box, _mcu_rect(hdr, *box)))
-    s = args.size
+    s, fast = args.size, args.fast
     own_count = 0
     for packed, box, _ in items:
-        ref, _ = _jpeg.decode(packed, box, s, s, False, False, MAX_PIXELS, 100)
-        got, _, own = _huffman.decode(packed, box, s, s, False, False, MAX_PIXELS, 100)
+        ref, _ = _jpeg.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
+        got, _, own = _huffman.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
         assert np.array_equal(got, ref), box
         own_count += own
     methods = {
-        "box/libjpeg": lambda it: _jpeg.decode(it[0], it[1], s, s, False, False, MAX_PIXELS,
+        "box/libjpeg": lambda it: _jpeg.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
                                                100),
-        "box/own": lambda it: _huffman.decode(it[0], it[1], s, s, False, False, MAX_PIXELS,
+        "box/own": lambda it: _huffman.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
                                               100),
         "box/own-entropy": lambda it: _huffman.read_coefficients(it[0], it[2]),
     }
@@ -81,7 +82,7 @@ def main(argv=None):
     totals["idct+colour"] = [a - b for a, b in zip(totals["box/own"], totals["box/own-entropy"])]
     print(f"{len(items)} transcoded records (restart every MCU), {own_count} decoded by the own "
           f"decoder (bit-identical, checked), {args.rounds} rounds, one core, methods "
-          f"interleaved per image, min size {s}")
+          f"interleaved per image, min size {s}, fast={fast}")
     print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
     for m, v in totals.items():
         print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))

@@ -144,10 +144,10 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
                int64_t max_pixels=1 << 28):
     """The pixels of ``box = (top, left, height, width)`` (pixels of the image at DCT scale
     scale/8, scale in 1, 2, 4, 8) decoded by dpu_pipe's own decoder: a uint8 array (height,
-    width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and fancy
-    upsampling, or with ``fast`` plain upsampling), or None where that equality is not
-    established or the data are damaged or beyond ``max_pixels`` (width x height): the
-    caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
+    width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and
+    fancy upsampling, or with ``fast`` the fast IDCT and plain upsampling), or None where that
+    equality is not established or the data are damaged or beyond ``max_pixels`` (width x
+    height): the caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
     box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
     MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
     freed on return. Raises ConfigError for a box outside the scaled image."""

@@ -1,6 +1,6 @@
 /* From DCT coefficients to RGB pixels, bit-identical to libjpeg-turbo's decoder: dequantization
- * and the inverse DCTs (the accurate 8x8 one, and the reduced 4x4, 2x2 and 1x1 ones of DCT
- * scaling), chroma upsampling (triangle-filter "fancy" and plain replication) and YCbCr -> RGB
+ * and the inverse DCTs (the accurate and the fast 8x8 ones, and the reduced 4x4, 2x2 and 1x1
+ * ones of DCT scaling), chroma upsampling (triangle-filter "fancy" and plain replication) and YCbCr -> RGB
  * conversion; and a region decode built on the entropy decoder of _huffman.h.
  *
  * The integer algorithms are those libjpeg specifies by their constants and rounding:
@@ -17,8 +17,8 @@
  * libjpeg-turbo runs SIMD versions of the 8x8 (and, on Arm, 4x4 and 2x2) IDCTs with 16-bit
  * intermediates, equal to its C code as long as nothing overflows 16 bits - always so for the
  * coefficients of real 8-bit images. A block whose values leave the range where that holds
- * (|dequantized coefficient| > 8191, |column-pass output| > 16383, |output| > 511, a
- * quantizer above 32767) makes the region decode answer PX_FALLBACK: the caller then decodes
+ * (accurate IDCT: |dequantized coefficient| > 8191, |column-pass output| > 16383, |output|
+ * > 511; fast IDCT: see px_idct_ifast; a multiplier above 32767) makes the region decode answer PX_FALLBACK: the caller then decodes
  * with libjpeg-turbo, so what is returned never differs from what it would return.
  *
  * Pure C over caller-owned buffers, no global state but constant tables filled once
@@ -379,8 +379,8 @@ typedef struct {
  * upsampled where it can be; the upsampler left is fancy (triangle filter) only in accurate
  * mode, above 1/8 scale, and (horizontally) for components more than 2 samples wide.
  * `fancy_h1v2`: this libjpeg-turbo upsamples 1x2 (4:4:0) chroma with the triangle filter.
- * Returns PX_FALLBACK for what is not (yet) reproduced here: the fast IDCT (fast mode at an
- * 8x8 IDCT), fractional sampling, colour spaces other than grey, YCbCr and RGB. */
+ * Returns PX_FALLBACK for what is not (yet) reproduced here: fractional sampling, colour
+ * spaces other than grey, YCbCr and RGB, multipliers beyond libjpeg-turbo's 16-bit tables. */
 static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                         px_plan* p) {
     int ci, fancy = !fast && scale > 1;
