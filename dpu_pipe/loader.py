@@ -543,6 +543,7 @@ class Loader:
         if not elastic or self._same_geometry(first):
             if len(states) > 1:
                 self._elastic_point(states, epoch, resume)    # checks the ranks agree
+                first = next(st for st in states if st["rank"] == self.stream_spec.rank)
             step = self._state_step(first, epoch, resume)
             if elastic:
                 # Another rank's state (they stood at one step): a rank of an uneven shard
@@ -660,8 +661,10 @@ class Loader:
             if len(epochs) > 1:
                 raise ConfigError(f"the saved ranks stood in different epochs {sorted(epochs)}: "
                                   f"an elastic resume needs every rank at the same step")
-            steps = {st["rank"]: self._state_step(st, epoch, self._state_resume(st, epoch))
-                     for st in states}
+            if any(self._state_resume(st, epoch) != resume for st in states):
+                raise ConfigError("the saved ranks' states have different resume points: "
+                                  "they are not the states of one job")
+            steps = {st["rank"]: self._state_step(st, epoch, resume) for st in states}
         else:
             step = self._state_step(ref, epoch, resume)
             steps = {r: step for r in range(world)}

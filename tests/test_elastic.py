@@ -232,6 +232,9 @@ def test_elastic_with_the_same_geometry_is_a_plain_resume(src):
         loader.load_state_dict(states[0], elastic=True)     # rank 0's state on rank 1
         assert loader.stream_spec.resume is None and loader.state_dict()["step"] == 2
         assert epoch_rows(loader)[0] == want
+    with make(src, 2, 1) as loader:
+        loader.load_state_dict(states, elastic=True)        # every rank's: its own is used
+        assert loader.state_dict()["step"] == 2 and epoch_rows(loader)[0] == want
 
 
 def test_an_epoch_read_to_its_end_resumes_at_the_next(src):
