@@ -405,7 +405,8 @@ class Loader:
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
                                          dtype=self.out.kernel_dtype,
                                          layout=self.out.kernel_layout, **transform_options)
-        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        # Evaluation reads in order, nothing dropped; the padding that gives every rank as
+        # many batches is flagged (valid_rows), so every sample counts once.
         shuffle = self.transform.train if shuffle is None else shuffle
         if shard_tail is None:
             shard_tail = "pad" if self.transform.train else "mask"
