@@ -49,7 +49,7 @@ from ..sources import check_spec
 from ..steps import BatchMaker
 from . import wire
 from .group import HostGroup, _mpi_running, host_group, shutdown
-from .transport import FAILED, OK, _pack_error
+from .transport import FAILED, OK, pack_error
 from .wire import QUEUE
 
 # HostGroup, host_group and shutdown live in .group; named here as before.
@@ -249,7 +249,7 @@ class _HostThread(threading.Thread):
                                          process_ns=round((st.process_s - p0) * 1e9))
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
-                self.done.put((ticket, buf, FAILED, _pack_error(exc, None, 1 << 20,
+                self.done.put((ticket, buf, FAILED, pack_error(exc, None, 1 << 20,
                                                                 "a host thread")))
             finally:
                 self.busy = False

@@ -760,13 +760,18 @@ def run_worker(args):
     produce = steps.BatchMaker.make
 
     made = [0]
+    intervals = []      # (start, end) of each batch made, CLOCK_MONOTONIC (node-wide)
 
     def slow_produce(self, *a, **kw):
         made[0] += 1
+        start = time.monotonic()
         if args.slow_rank == MPI.COMM_WORLD.Get_rank() and made[0] == 5:
             time.sleep(args.slow_delay)      # one batch far slower than the others'
         time.sleep(args.fixed_delay or rng.uniform(0, args.delay))
-        return produce(self, *a, **kw)
+        try:
+            return produce(self, *a, **kw)
+        finally:
+            intervals.append((start, time.monotonic()))
 
     steps.BatchMaker.make = slow_produce
 
@@ -782,6 +787,9 @@ def run_worker(args):
             yield
         return float(buf.sum())
     worker.serve()
+    if args.intervals:
+        write_json(os.path.join(args.intervals, f"made{MPI.COMM_WORLD.Get_rank()}.json"),
+                   intervals)
 
 
 SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
@@ -816,6 +824,8 @@ def main():
                     help="kill: SIGKILL the worker, or SIGSTOP it (hung, not dead)")
     ap.add_argument("--delay", type=float, default=0.0, help="worker: max delay per batch, s")
     ap.add_argument("--fixed-delay", type=float, default=0.0, help="worker: delay per batch, s")
+    ap.add_argument("--intervals", default=None,
+                    help="worker: write the (start, end) of every batch made into this directory")
     ap.add_argument("--between", action="store_true", help="takeover: stop between epochs")
     ap.add_argument("--bulk", action="store_true", help="misc: bulk-sum request (wrapper)")
     ap.add_argument("--slow-rank", type=int, default=-1,

@@ -205,11 +205,7 @@ def _fail_window_allocation():
         def __getattr__(self, name):
             return getattr(MPI, name)
 
-    for name in ("dpu_pipe.transport", "dpu_pipe.offload.transport"):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
+    importlib.import_module("dpu_pipe.offload.transport")
     view = View()
     for name, mod in list(sys.modules.items()):
         if not name.startswith("dpu_pipe"):

@@ -337,17 +337,28 @@ def test_two_loaders_take_turns_on_the_producers(data, tmp_path):
 @pytest.mark.parametrize("producers,slots", [(8, 3), (16, 2)], ids=["8x3slots", "16x2slots"])
 @pytest.mark.slow
 def test_every_producer_busy_whatever_the_slots(data, tmp_path, producers, slots):
-    """Producers that take 0.2 s per batch (test-only wrapper): the host receives at least
-    0.85 x producers / 0.2 batches/s with fewer slots than producers."""
+    """Producers that take 0.2 s per batch (test-only wrapper) with fewer host slots than
+    producers: every producer makes batches, and at some moment all of them are making one at
+    once — they make ahead of their grants instead of waiting for a free slot (a producer
+    that waited for its grant would keep the overlap at the slot count). Overlap, not the
+    rate: the rate depends on the machine's load (``bench/bench_offload.py --scaling``
+    measures it)."""
     out = str(tmp_path)
     job = launch(1, producers, "concurrency", out, "--data", data, "--slots", str(slots),
-                 "--epochs", "20" if producers < 16 else "30", "--size", "16", worker_args=("--fixed-delay", "0.2"),
-                 limit=120)
+                 "--epochs", "4", "--size", "16",
+                 worker_args=("--fixed-delay", "0.2", "--intervals", out), limit=120)
     assert job.returncode == 0, job.explain()
     res = read(out, "host0.json")
-    ideal = producers / 0.2
-    assert res["rate"] >= 0.85 * ideal, (res, ideal)
     assert len(res["steps_per_producer"]) == producers, res
+    intervals = [read(out, f"made{rank}.json") for rank in range(1, producers + 1)]
+    assert all(intervals), [len(i) for i in intervals]
+    events = sorted([(s, 1) for i in intervals for s, _ in i]
+                    + [(e, -1) for i in intervals for _, e in i])
+    making = most = 0
+    for _, delta in events:     # at equal times an end (-1) sorts before a start
+        making += delta
+        most = max(most, making)
+    assert most == producers, (most, producers, slots)
 
 
 @pytest.mark.parametrize("env", ["shm", "nolocal"])

@@ -10,7 +10,7 @@ import pytest
 from dpu_pipe.errors import ConfigError, DecodeError, ProducerError
 from dpu_pipe.offload import wire
 from dpu_pipe.offload.roles import assign_producers, parse_hostmap
-from dpu_pipe.offload.transport import _pack_error, _raise_remote
+from dpu_pipe.offload.transport import pack_error, raise_remote
 
 SEALED = (wire.STATUS, wire.BUFFER_HEADER, wire.CONTROL, wire.ASSIGN)
 
@@ -117,7 +117,7 @@ def test_no_host_is_an_error():
 
 def _raised(blob):
     with pytest.raises(Exception) as info:
-        _raise_remote(blob, "producer rank 3 (world rank 4 on dpu, pid 9)", 1, 17)
+        raise_remote(blob, "producer rank 3 (world rank 4 on dpu, pid 9)", 1, 17)
     return info.value
 
 
@@ -131,7 +131,7 @@ def _traceback_of(exc):
 
 def test_decode_error_crosses_with_index_path_and_producer():
     exc = DecodeError("Corrupt JPEG data", index=42, path="/d/x.jpg")
-    err = _raised(_pack_error(exc, _traceback_of(exc), 1 << 16, "p"))
+    err = _raised(pack_error(exc, _traceback_of(exc), 1 << 16, "p"))
     assert type(err) is DecodeError and err.index == 42 and err.path == "/d/x.jpg"
     assert isinstance(err.__cause__, ProducerError)
     assert err.__cause__.producer.startswith("producer rank 3")
@@ -143,7 +143,7 @@ def test_decode_error_crosses_with_index_path_and_producer():
 def test_error_record_truncated_to_slot(capacity):
     exc = DecodeError("x" * 3000, index=1, path="/p")
     tb = "".join(f"  frame {i} \u00e9\n" for i in range(500)) + "LAST FRAME\n"
-    blob = _pack_error(exc, tb, capacity, "p")
+    blob = pack_error(exc, tb, capacity, "p")
     assert len(blob) <= capacity
     err = _raised(blob)
     assert isinstance(err, (DecodeError, ProducerError))
