@@ -5,6 +5,8 @@
 #   ./run.sh test    builds and runs the test suite
 #   ./run.sh bench   the microbenchmarks (pytest-benchmark)
 #   ./run.sh wheels  DPU (aarch64) and x86-64 wheels into dist/ (scripts/build_wheels.sh)
+#   ./run.sh slurm   installs Debian's slurm-wlm and munge when missing (about 60 s) and runs
+#                    the Slurm launch tests on a private one-machine cluster
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -60,6 +62,17 @@ python_env() {
 
 setup() { system_deps; python_env; }
 
+# Slurm stays out of setup: its daemons are not something every checkout wants installed,
+# and the suite skips tests/mpi/test_slurm.py without them.
+slurm_deps() {
+  command -v slurmctld >/dev/null && command -v munged >/dev/null && return
+  command -v apt-get >/dev/null || { log "install Slurm (slurmctld, slurmd, srun) and munge"; exit 1; }
+  log "installing slurm-wlm and munge"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+    slurm-wlm munge >/dev/null
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -82,8 +95,13 @@ case "$cmd" in
   setup)
     setup
     ;;
+  slurm)
+    setup
+    slurm_deps
+    "$PY" -m pytest -q -p no:cacheprovider "$@" tests/mpi/test_slurm.py
+    ;;
   *)
-    echo "usage: ./run.sh demo|test|bench|wheels|setup [args...]" >&2
+    echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm [args...]" >&2
     exit 2
     ;;
 esac

@@ -101,7 +101,9 @@ def main():
             run()
             times[k].append(time.perf_counter() - t)
     rate = {k: len(bufs) / min(v) for k, v in times.items()}
-    print(f"{len(bufs)} images, best of {args.repeat}, img/s on one core")
+    load = os.getloadavg()
+    print(f"{len(bufs)} images, best of {args.repeat}, img/s on one core; load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
     print(f"{'recipe':10s} {'dpu_pipe':>9s} {'torchvision':>12s} {'ratio':>6s} {'cost vs classic':>16s}")
     for recipe in ("classic", "tv-new", "timm-vit"):
         d, t = rate[("dpu_pipe", recipe)], rate[("torchvision", recipe)]

@@ -13,7 +13,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
-           "seconds", "names", "dtype", "bad_budget", "OUTPUT_DTYPES"]
+           "seconds", "names", "dtype", "bad_budget", "hook_path", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -92,11 +92,45 @@ def triple(value, name):
     return _numbers(value, name, 3, "3 numbers (R, G, B)")
 
 
+#: Elements an erase_value="random" box may have: 16 Philox streams of 2**16 blocks of 4 words
+#: (dpu_pipe/rng.py, STREAM_ERASE_NOISE).
+ERASE_NOISE_MAX = 16 * 2**16 * 4
+
+
+def erase_value(value, dtype, size):
+    """RandomErasing's value: ``"random"`` (standard normal values in the normalized float
+    domain; refused for uint8 outputs, which have no such domain, and for outputs whose 3 x H
+    x W elements exceed the noise streams) or three finite floats (one number: all three)."""
+    if isinstance(value, str):
+        if value != "random":
+            raise ConfigError(f"erase_value must be 'random' or 3 numbers (R, G, B), got {value!r}")
+        if dtype == "uint8":
+            raise ConfigError("erase_value='random' draws standard normal values in the "
+                              "normalized float domain; a uint8 output is not normalized: use "
+                              "a float dtype, or a constant erase_value")
+        if 3 * size[0] * size[1] > ERASE_NOISE_MAX:
+            raise ConfigError(f"erase_value='random' supports outputs of up to "
+                              f"{ERASE_NOISE_MAX // 3} pixels, got {size[0]}x{size[1]}")
+        return value
+    return triple((value,) * 3 if isinstance(value, (int, float)) else value, "erase_value")
+
+
 def choice(value, name, options):
     """``value`` if it is one of ``options``."""
     if isinstance(value, str) and value in options:
         return value
     raise ConfigError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def hook_path(value, name):
+    """A ``"module:function"`` string (dotted module, function name), as importable code is
+    named in specs (``RemoteValidation``'s model, ``batch_hook``)."""
+    if isinstance(value, str):
+        module, sep, func = value.partition(":")
+        if sep and all(p.isidentifier() for p in module.split(".")) and func.isidentifier():
+            return value
+    raise ConfigError(f"{name} must be 'module:function' (an importable module and a "
+                      f"function in it), got {value!r}")
 
 
 def seconds(value, name):

@@ -132,6 +132,8 @@ def kernel_spec(config):
         "grayscale_p": config.grayscale_p if train else 0.0,
         "erase_p": config.random_erase if train else 0.0,
         "erase_scale": list(config.erase_scale), "erase_ratio": list(config.erase_ratio),
-        "erase_value": [float(v) for v in config.erase_value],
+        "erase_value": [0.0] * 3 if config.erase_value == "random" else
+                       [float(v) for v in config.erase_value],
+        "erase_random": config.erase_value == "random",
     }
 

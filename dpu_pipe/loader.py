@@ -15,6 +15,7 @@ Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec`
 :class:`~dpu_pipe.steps.BatchMaker` objects, so the batches are the same whoever makes them.
 """
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -161,9 +162,8 @@ class LocalEngine(Engine):
         nslots = prefetch + 1
         shape = maker.batch_shape
         self.images = [np.empty(shape, dtype=maker.transform.np_dtype) for _ in range(nslots)]
-        labels = maker.labels
-        self.labels = [np.empty((maker.batch_size,) + labels.shape[1:], dtype=labels.dtype)
-                       for _ in range(nslots)]
+        self.labels = [np.empty((maker.batch_size,) + maker.label_shape,
+                                dtype=maker.label_dtype) for _ in range(nslots)]
         self.indices = [np.empty(maker.batch_size, np.int64) for _ in range(nslots)]
         self.held = None
         self.thread = None
@@ -267,6 +267,9 @@ class _EpochIter:
             loader._end_iteration()
             loader._epoch += 1
             loader._step = 0
+            # The wrapper that fetched ahead learns here that the epoch ended; the batch it
+            # trains on now is the last one (see Loader's ``lookahead``).
+            loader._fetched.append((loader._epoch, 0))
             raise StopIteration
         self.engine.release_held()
         t0 = time.monotonic()
@@ -278,6 +281,7 @@ class _EpochIter:
         loader.valid_rows = loader.maker.valid_rows(self.epoch, self.next_step)
         self.next_step += 1
         loader._step += 1
+        loader._fetched.append((loader._epoch, loader._step))
         x, y = loader.out.emit(images, labels)
         if loader.return_meta:
             return x, y, loader._meta(indices, loader.valid_rows)
@@ -385,9 +389,24 @@ class Loader:
     detaches it. Labels are always a fresh array (or tensor) per batch.
     timeout : float
         Seconds the consumer waits for one batch before raising :class:`PipeTimeout`.
+    lookahead : int
+        Batches the caller's framework fetches ahead of the one its training step works on:
+        1 under Accelerate (``DataLoaderShard`` fetches the next batch before handing out the
+        current one, to know the end); 0 (default) for a plain ``for`` loop and for Lightning
+        (its fit loop fetches ahead only from iterables without a length; this loader and its
+        :meth:`iterable_dataset` view have one). With ``lookahead=k`` the yielded batches are copies (they stay valid while the
+        framework holds ``k + 1`` of them; ``k + 1`` batches of memory more) and
+        :meth:`state_dict` is the position after the batch the training step consumed — the
+        ``k``-th last one yielded, or the last one once the end of the epoch was fetched —
+        so a checkpoint taken in the training step resumes at the batch fetched ahead, not
+        after it.
     **transform_options
         More :class:`~dpu_pipe.transforms.TransformConfig` fields: ``scale``, ``ratio``,
-        ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``.
+        ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``, the recipes
+        (``interpolation``, ``auto_augment``, ``color_jitter``, ``random_erase``, ...) and
+        the batch ops (``mixup_alpha``, ``cutmix_alpha``, ``mix_switch_p``, ``mix_p``,
+        ``label_smoothing``, ``num_classes``: labels then float32 (B, num_classes);
+        ``batch_hook``), see :mod:`dpu_pipe.mix`.
     """
 
 
@@ -397,9 +416,13 @@ class Loader:
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
-                 timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None,
+                 timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None, lookahead=0,
                  **transform_options):
         _v.torch_loader_args(transform_options, type(self).__name__)
+        self.lookahead = _v.integer(lookahead, "lookahead", 0)
+        # A framework fetching ahead holds lookahead + 1 batches: ring buffers would be
+        # overwritten under the one it trains on.
+        copy = _v.boolean(copy, "copy") or self.lookahead > 0
         self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
@@ -437,6 +460,9 @@ class Loader:
         self._iter = None         # the current _EpochIter
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
+        # Positions after each of the last lookahead + 1 batches handed out (and the epoch
+        # end, once fetched): the oldest is the consumer's (see lookahead).
+        self._fetched = collections.deque([(0, 0)], maxlen=self.lookahead + 1)
         self._wait_s = 0.0
         self._yielded = 0         # samples handed to the caller, all epochs
         #: Rows of the batch last yielded that count: its first ``valid_rows`` rows (all of
@@ -468,6 +494,8 @@ class Loader:
             self._step = 0
         if self._engine is None:
             self._engine = self._new_engine()
+        self._fetched.clear()
+        self._fetched.append((self._epoch, self._step))
         self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
         return self._iter
 
@@ -493,13 +521,16 @@ class Loader:
     def state_dict(self):
         """Position in the stream: restoring it (in this or a new process, with the same
         dataset and arguments) makes the remaining stream bit-identical to an uninterrupted
-        run. JSON-serialisable; ``"resume"`` is the resume point of an elastic resume when
-        the loader stands in the epoch it applies to (else None)."""
-        state = {"version": STATE_VERSION, "epoch": self._epoch, "step": self._step}
+        run. With ``lookahead`` it is the position of the training step, behind what was
+        fetched ahead of it. JSON-serialisable; ``"resume"`` is the resume point of an
+        elastic resume when the position is in the epoch it applies to (else None)."""
+        epoch, step = self._epoch, self._step
+        if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
+            epoch, step = self._fetched[0]
+        state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
         state.update(self.stream_spec.state())
         resume = self.stream_spec.resume
-        state["resume"] = list(resume) if resume is not None and resume[0] == self._epoch \
-            else None
+        state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
         state["source"] = self._source_identity()
         return state
 
@@ -712,10 +743,19 @@ class Loader:
     def describe(self, epoch, index):
         """The exact augmentation parameters sample ``index`` (of the dataset) gets in
         ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
-        for every mode, thread count and producer count (they all run this kernel)."""
+        for every mode, thread count and producer count (they all run this kernel).
+
+        A train loader that mixes (``mixup_alpha``, ``cutmix_alpha``) or smooths labels adds
+        ``"mix"``: the sample's step and row in this rank's epoch, its partner, the mode
+        (``"mixup"``, ``"cutmix"`` or None), λ (its own label's weight) and the CutMix box
+        (see :meth:`dpu_pipe.steps.BatchMaker.describe_mix`)."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
-        return self.maker.kernel.describe(self.source.read(index), index,
-                                          epoch=check_epoch(epoch), seed=self.maker.seed)
+        epoch = check_epoch(epoch)
+        out = self.maker.kernel.describe(self.source.read(index), index, epoch=epoch,
+                                         seed=self.maker.seed)
+        if self.maker.batch_ops.soft:
+            out["mix"] = self.maker.describe_mix(epoch, index)
+        return out
 
     def _check_bad(self):
         """A :class:`DecodeError` summarizing the first failures once more samples are bad
@@ -800,6 +840,10 @@ class Loader:
     # --- lifecycle ----------------------------------------------------------------------
 
     def _end_iteration(self):
+        # Nothing is fetched ahead of a position the iteration does not continue from.
+        if getattr(self, "_fetched", None) is not None:
+            self._fetched.clear()
+            self._fetched.append((self._epoch, self._step))
         if getattr(self, "_iter", None) is not None:
             self._iter = None
             self._engine.pause()

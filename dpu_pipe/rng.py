@@ -48,7 +48,20 @@ Streams (one per purpose, so purposes never share random numbers)
     259     ``STREAM_ERASE``       block 0: u0 < p erases; attempt a: block 1 + a (u0 ->
                                    scale, u1 -> log ratio), block 11 + a (u0 -> top, u1 ->
                                    left)
-    260...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    260     ``STREAM_MIX``         batch ops (dpu_pipe/mix.py), keyed by the batch, not a
+                                   sample: the index words hold ``step | rank << 32``.
+                                   Block 0: u0 < mix_p mixes the batch, u1 < mix_switch_p
+                                   picks CutMix; block 1: the CutMix box centre (u0 -> x,
+                                   u1 -> y); blocks 2...: the uniforms of the Beta draw
+                                   (:func:`beta_variate`), two per block, in order
+    261     ``STREAM_HOOK``        the seed of ``batch_hook``'s numpy Generator (not
+                                   Philox blocks: SeedSequence(seed, epoch, rank, step, 261))
+    262...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    512+    ``STREAM_ERASE_NOISE``
+                                   streams 512..527 (erase_value="random"): element k of
+                                   the erased (3, h, w) box, in that order, is the standard
+                                   normal quantile of ((word k % 4) + 1/2) / 2**32 of block
+                                   (k // 4) % 2**16 of stream 512 + k // 2**18
     ======  =====================  =========================================================
 
 From words to numbers
@@ -97,7 +110,8 @@ from .errors import ConfigError
 
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
-    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_USER", "CROP_ATTEMPTS",
+    "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_ERASE_NOISE",
+    "STREAM_USER", "CROP_ATTEMPTS", "beta_variate",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -112,7 +126,10 @@ STREAM_AUGMENT = 256
 STREAM_JITTER = 257
 STREAM_GRAYSCALE = 258
 STREAM_ERASE = 259
-STREAM_USER = 260
+STREAM_MIX = 260
+STREAM_HOOK = 261
+STREAM_USER = 262
+STREAM_ERASE_NOISE = 512
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8
 PERM_MIN_BITS = 8
@@ -493,3 +510,67 @@ def random_flip(seed, epoch, index, p=0.5):
     x0, x1, _, _ = _block(seed, epoch, index, STREAM_FLIP, 0)
     flip = _unit(x0, x1) < p
     return bool(flip) if flip.ndim == 0 else flip
+
+
+# --- Beta variates from + - * / sqrt and the portable exp/log --------------------------------
+
+def beta_variate(seed, epoch, index, stream, alpha, beta, first_block=0):
+    """A Beta(alpha, beta) variate in [0, 1] from the uniforms of blocks ``first_block``,
+    ``first_block + 1``, ... of ``stream`` (two per block, u0 then u1), the same bits on every
+    machine: the ratio G_a / (G_a + G_b) of two Gamma variates, each by Marsaglia and Tsang's
+    method (ACM TOMS 26(3), 2000) with Marsaglia's polar normals, and for a shape below 1
+    Gamma(a) = Gamma(a + 1) U**(1/a). Computed with logarithms (exp/log are
+    :func:`portable_exp`/:func:`portable_log`), so tiny shapes (alpha = 0.1: Gamma variates
+    below 1e-300) give 0 or 1, not 0/0. Scalars only; about 3 blocks on average. Its
+    kernel twin, ``dpu_pipe._mix.beta_variate``, gives the same bits.
+
+    ``alpha``, ``beta``: positive shapes. Returns a Python float.
+    """
+    _check_stream_block(stream, first_block)
+    key = _sample_args(seed, epoch, index)
+    pending = []
+    block = [first_block]
+
+    def draw():
+        if not pending:
+            _check_stream_block(stream, block[0])
+            x0, x1, x2, x3 = _block(*key, stream, block[0])
+            block[0] += 1
+            pending.extend((float(_unit(x2, x3)), float(_unit(x0, x1))))
+        return pending.pop()
+
+    lg_a = _log_gamma_variate(draw, float(alpha))
+    lg_b = _log_gamma_variate(draw, float(beta))
+    return 1.0 / (1.0 + _pexp(lg_b - lg_a))
+
+
+def _plog(x):
+    return float(portable_log(np.float64(x)))
+
+
+def _pexp(x):
+    return float(portable_exp(np.float64(x)))
+
+
+def _log_gamma_variate(draw, shape):
+    """log of a Gamma(shape, 1) variate; ``draw()`` gives uniforms in [0, 1)."""
+    boost = 0.0
+    if shape < 1.0:
+        boost = _plog(1.0 - draw()) / shape      # 1 - u lies in (0, 1]
+        shape += 1.0
+    d = shape - 1.0 / 3.0
+    c = 1.0 / np.sqrt(9.0 * d)
+    while True:
+        while True:                               # polar method: one standard normal
+            u = 2.0 * draw() - 1.0
+            v = 2.0 * draw() - 1.0
+            s = u * u + v * v
+            if 0.0 < s < 1.0:
+                x = u * float(np.sqrt(-2.0 * _plog(s) / s))
+                break
+        t = 1.0 + c * x
+        if t <= 0.0:
+            continue
+        t = t * t * t
+        if _plog(1.0 - draw()) < 0.5 * x * x + d - d * t + d * _plog(t):
+            return _plog(d * t) + boost

@@ -14,6 +14,7 @@ from . import _jpeg
 from . import _validate as _v
 from .batch import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
+from .mix import BatchOps
 from .sampler import EpochSampler
 from .spec import ON_ERROR, StreamSpec
 
@@ -93,6 +94,14 @@ class BatchMaker:
                                     copy=False)
         # A packed source gathers a batch's records itself, without a copy per record.
         self._gather = getattr(source, "buffers", None)
+        #: The batch ops (mixing, label smoothing, batch_hook), run on every finished batch.
+        self.batch_ops = BatchOps(self.transform, spec.seed, spec.rank)
+        if self.batch_ops.soft:
+            if self.labels.dtype != np.int64 or self.labels.ndim != 1:
+                raise ConfigError(f"mixup_alpha, cutmix_alpha and label_smoothing need one "
+                                  f"integer class per sample; this source's labels are "
+                                  f"{self.labels.dtype} of shape {self.labels.shape[1:]}")
+            self._classes = np.empty(self.batch_size, np.int64)
         #: {sample index: error message} of the samples found undecodable (skip mode).
         self.bad_samples = {}
         #: What this maker did (:class:`MakerStats`); the loader adds up its makers'.
@@ -106,6 +115,42 @@ class BatchMaker:
         """Number of batches of ``epoch``: :attr:`num_batches`, or fewer in the epoch of
         ``spec.resume``."""
         return self.sampler.num_batches(self.batch_size, self.drop_last, epoch)
+
+    @property
+    def label_dtype(self):
+        """dtype of the batches' labels: float32 when mixing or smoothing, else the
+        source's (:attr:`labels`)."""
+        return np.dtype(np.float32) if self.batch_ops.soft else self.labels.dtype
+
+    @property
+    def label_shape(self):
+        """One row's labels: (num_classes,) when mixing or smoothing, else the source's."""
+        if self.batch_ops.soft:
+            return (self.transform.num_classes,)
+        return self.labels.shape[1:]
+
+    def describe_mix(self, epoch, index):
+        """Where sample ``index`` sits in ``epoch`` and how its batch is mixed: ``{"step",
+        "row", "partner" (the sample whose image and label are mixed into it), "mode"
+        ("mixup", "cutmix" or None), "lam" (the weight of its own label), "box" (CutMix:
+        [top, left, height, width] in output pixels of the pasted partner; else None)}``, or
+        None when this rank's shard does not deliver it in ``epoch`` (another rank's sample,
+        or dropped by ``drop_last``). Rows replaced by ``on_error="skip"`` are not followed."""
+        order = self.sampler.indices(epoch)
+        where = np.flatnonzero(order == index)
+        if not where.size:
+            return None
+        pos = int(where[0])
+        step, row = divmod(pos, self.batch_size)
+        if step >= self.batches_in(epoch):
+            return None
+        batch = self.step_indices(epoch, step)
+        p = self.batch_ops.params(epoch, step)
+        box = p["box"]
+        return {"step": step, "row": row, "partner": int(batch[(row - 1) % len(batch)]),
+                "mode": p["mode"], "lam": p["lam"],
+                "box": None if box is None else [box[1], box[0], box[3] - box[1],
+                                                 box[2] - box[0]]}
 
     def step_indices(self, epoch, step):
         """Sample indices of batch ``step`` of ``epoch``: int64 (n,), n <= batch_size."""
@@ -137,10 +182,11 @@ class BatchMaker:
         ``out_indices[:n]`` (when given) with the dataset index of each row.
 
         ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` of :attr:`labels`' dtype and shape (>= n, ...), ``out_indices``
-        int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``, except where
-        ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]`` then names the
-        replacement, the sample whose image and label the row holds. Returns n, the batch's
+        dtype, ``labels`` of :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
+        ``out_indices`` int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``,
+        except where ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]``
+        then names the replacement, the sample whose image and label the row holds. The
+        batch ops (:mod:`dpu_pipe.mix`) run last, on the whole batch. Returns n, the batch's
         sample count.
         """
         indices = self.step_indices(epoch, step)
@@ -153,12 +199,16 @@ class BatchMaker:
         other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
-        labels[:n] = self.labels[indices]
+        ops = self.batch_ops
+        classes = self._classes if ops.soft else labels
+        classes[:n] = self.labels[indices]
         if errors:
             indices = indices.copy()   # rows replaced below name their replacement
-            self._handle_errors(epoch, step, indices, errors, images, labels)
+            self._handle_errors(epoch, step, indices, errors, images, classes)
         if out_indices is not None:
             out_indices[:n] = indices
+        if ops.active:
+            ops.apply(epoch, step, images[:n], classes[:n], labels[:n], indices)
         t3 = time.perf_counter()
         st = self.stats
         st.read_s += t1 - t0

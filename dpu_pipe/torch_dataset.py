@@ -9,6 +9,10 @@ Each element is one whole batch made by the loader, ``(images, labels)`` or, wit
 DataLoader's own batching; its default conversion leaves the meta dict's lists and tensors as
 they are); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
 copy it and read the dataset once per worker, so the view refuses to run in one.
+
+A wrapper that fetches one batch ahead of the training step (Accelerate's ``DataLoaderShard``)
+needs the loader built with ``lookahead=1``: the batches it holds stay valid and
+``state_dict()`` is the position of the step, not of the batch fetched ahead.
 """
 
 from .errors import ConfigError

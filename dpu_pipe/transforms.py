@@ -5,7 +5,9 @@ producers as a dict (``to_dict`` / ``from_dict``).
 Train: RandomResizedCrop(size, scale, ratio, interpolation) → horizontal flip with probability
 ``flip_p`` → auto-augment (``auto_augment``: TrivialAugmentWide, RandAugment or AutoAugment's
 ImageNet policy) → colour jitter (random order of its four, as torchvision draws it) →
-grayscale → output conversion → random erasing (``random_erase``), in torchvision's order.
+grayscale → output conversion → random erasing (``random_erase``), in torchvision's order;
+then, on the whole batch, MixUp / CutMix and label smoothing and ``batch_hook``
+(:mod:`dpu_pipe.mix`).
 Val:   resize the shorter side to ``resize`` (``interpolation``) → center crop ``size``.
 Both end in the output conversion: float32/float16/bfloat16 normalized by ``mean``/``std``
 (given in [0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
@@ -60,7 +62,17 @@ class TransformConfig:
     random_erase: float = 0.0           # RandomErasing probability
     erase_scale: tuple = (0.02, 0.33)
     erase_ratio: tuple = (0.3, 3.3)
-    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel
+    erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel,
+                                          # or "random" (standard normal values)
+    # Batch ops (train only; dpu_pipe.mix): torchvision v2 MixUp / CutMix, timm's switch,
+    # probability and label smoothing; labels then float32 (B, num_classes).
+    mixup_alpha: float = 0.0            # MixUp's Beta(alpha, alpha); 0 = off
+    cutmix_alpha: float = 0.0           # CutMix's Beta(alpha, alpha); 0 = off
+    mix_switch_p: float = 0.5           # both on: probability that a batch is CutMix
+    mix_p: float = 1.0                  # probability that a batch is mixed at all
+    label_smoothing: float = 0.0        # timm's: off = s / K, on = 1 - s + s / K
+    num_classes: object = None          # K, needed by mixing and smoothing
+    batch_hook: object = None           # "module:function" run on every finished batch
 
     def __post_init__(self):
         size = self.size
@@ -140,9 +152,20 @@ class TransformConfig:
                               f"got {self.erase_scale!r}, {self.erase_ratio!r}")
         set_("erase_scale", es)
         set_("erase_ratio", er)
-        ev = self.erase_value
-        set_("erase_value", _v.triple((ev,) * 3 if isinstance(ev, (int, float)) else ev,
-                                      "erase_value"))
+        set_("erase_value", _v.erase_value(self.erase_value, self.dtype, self.size))
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            set_(name, _v.number(getattr(self, name), name, 0.0, 1e6))
+        set_("mix_switch_p", _v.number(self.mix_switch_p, "mix_switch_p", 0.0, 1.0))
+        set_("mix_p", _v.number(self.mix_p, "mix_p", 0.0, 1.0))
+        set_("label_smoothing", _v.number(self.label_smoothing, "label_smoothing", 0.0, 1.0))
+        if self.num_classes is not None:
+            set_("num_classes", _v.integer(self.num_classes, "num_classes", 1, 1 << 24))
+        if self.num_classes is None and (self.mixup_alpha > 0 or self.cutmix_alpha > 0
+                                         or self.label_smoothing > 0):
+            raise ConfigError("mixup_alpha, cutmix_alpha and label_smoothing need "
+                              "num_classes (labels become float32 (B, num_classes))")
+        if self.batch_hook is not None:
+            _v.hook_path(self.batch_hook, "batch_hook")
 
     @property
     def sample_shape(self):
@@ -172,6 +195,13 @@ class TransformConfig:
         return self.interpolation != "bilinear" or (self.train and (
             self.auto_augment is not None or self.color_jitter is not None
             or self.grayscale_p > 0))
+
+    @property
+    def soft_labels(self):
+        """Whether batches carry float32 (B, num_classes) labels: a train transform that
+        mixes or smooths labels (validation keeps the source's labels)."""
+        return self.train and (self.mixup_alpha > 0 or self.cutmix_alpha > 0
+                               or self.label_smoothing > 0)
 
     @property
     def augmented(self):

@@ -52,8 +52,9 @@ def test_bench_train_one_local_configuration_writes_json_and_plots(tmp_path):
     proc, results, plots = _bench_train(tmp_path, "--points", "aug-bound", "--configs", "3",
                                         "--epochs", "1", timeout=300)
     assert "| 3 | Loader on the host |" in proc.stdout
-    assert set(results) == {"args", "machine", "recipe", "data", "calibration", "points",
-                            "seconds"}
+    assert set(results) == {"args", "machine", "recipe", "recipe_name", "data", "calibration",
+                            "points", "seconds"}
+    assert results["recipe_name"] == "classic"
     assert results["args"]["configs"] == [3] and results["args"]["points"] == ["aug-bound"]
     (point,) = results["points"].values()
     assert set(point) == {"configs", "summary", "val_count"}
@@ -79,3 +80,56 @@ def test_bench_train_quick_writes_json_and_plots(tmp_path):
     _check_pngs(plots, ["breakdown.png", "timeline_aug-bound_config2.png",
                         "timeline_aug-bound_config5.png", "timeline_research_config2.png",
                         "timeline_research_config5.png"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("recipe", ["tv-new", "vit"])
+def test_bench_train_heavy_recipe_trains_with_soft_labels(tmp_path, recipe):
+    """torchvision v2's recipe (serial, with MixUp/CutMix in the loop) and the Loader's
+    (the same options as dpu_pipe transform keywords) both train with the recipe."""
+    proc, results, _ = _bench_train(tmp_path, "--points", "aug-bound", "--configs", "1,3",
+                                    "--epochs", "1", "--recipe", recipe, timeout=840)
+    assert results["recipe_name"] == recipe and f"{recipe} recipe" in results["recipe"]
+    assert f"Training recipe: {recipe}" in proc.stdout
+    (point,) = results["points"].values()
+    assert sorted(r["config"] for r in point["configs"]) == [1, 3]
+    for r in point["configs"]:
+        assert CONFIG_KEYS <= set(r) and len(r["epochs"]) == 1
+
+
+def test_recipes_are_valid_transform_options_and_torchvision_baselines():
+    """Every bench-train recipe is a TransformConfig dpu_pipe accepts, and its torchvision
+    baseline makes normalized (3, S, S) samples and, with mixing, float32 (B, K) labels: rows
+    that sum to 1 with all their weight on the batch's own classes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    from dpu_pipe.tools.baselines import Recipe
+    from dpu_pipe.tools.harness import RECIPES, recipe_options
+    from dpu_pipe.transforms import TransformConfig
+
+    y, x = np.mgrid[0:96, 0:128]
+    img = np.stack([x * 2, y * 2, (x + y) % 256], -1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    labels = torch.tensor([1, 4, 4, 7])
+    for name in RECIPES:
+        opts = recipe_options(name, 10)
+        assert TransformConfig(train=True, size=(32, 32), **opts).train
+        rec = Recipe(32, True, name, 10)
+        xs = torch.stack([rec(data, k) for k in range(4)])
+        assert xs.shape == (4, 3, 32, 32) and xs.dtype == torch.float32
+        images, soft = rec.batch(xs, labels, 5)
+        assert images.shape == xs.shape
+        if not opts.get("mixup_alpha"):
+            assert soft is labels
+            continue
+        assert soft.shape == (4, 10) and soft.dtype == torch.float32
+        assert torch.allclose(soft.sum(1), torch.ones(4))
+        assert float(soft[:, [1, 4, 7]].sum()) == pytest.approx(4.0)

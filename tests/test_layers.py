@@ -20,8 +20,8 @@ PACKAGE = "dpu_pipe"
 #: anything, nothing inside may import it.
 LAYERS = [
     ("jpeg", ["errors", "_validate", "_version", "_torch", "deadline", "_jpeg", "_ops", "_rng",
-              "_pipeline", "_augment", "_huffman", "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "transforms", "augment", "weights"]),
+              "_pipeline", "_augment", "_huffman", "_mix", "jpeg", "build_info"]),
+    ("ops", ["ops", "rng", "transforms", "augment", "mix", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
@@ -29,7 +29,7 @@ LAYERS = [
     ("batch", ["spec", "batch", "steps", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.transport.endpoint",
                    "offload.transport.failures", "offload.transport.host",
-                   "offload.transport.producer", "offload.roles",
+                   "offload.transport.producer", "offload.roles", "offload.rendezvous",
                    "offload.channel", "offload.group",
                    "offload.scheduler"]),
     ("loaders/worker", ["loader", "torch_dataset", "offload", "offload.host",
@@ -46,7 +46,7 @@ LAYERS = [
 PENDING = {}
 
 #: Compiled kernels: imported like modules, no source to parse.
-COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment", "_huffman"}
+COMPILED = {"_jpeg", "_ops", "_rng", "_pipeline", "_augment", "_huffman", "_mix"}
 
 
 def module_files(root, package):

@@ -152,6 +152,78 @@ def test_random_erase_matches_torchvision_erase(images):
     assert 10 <= hits <= 30
 
 
+def _erase_noise_reference(seed, epoch, index, n, ks=None):
+    """Elements ``ks`` (default: all ``n``) of the documented value="random" stream
+    (dpu_pipe/rng.py, STREAM_ERASE_NOISE): element k of the (3, h, w) box is the normal
+    quantile of word k % 4 of block (k // 4) % 2**16 of stream 512 + k // 2**18, computed
+    here with scipy's ndtri."""
+    from scipy.special import ndtri
+
+    from dpu_pipe import rng
+
+    ks = np.arange(n) if ks is None else np.asarray(ks)
+    blocks = {}
+    for q in np.unique(ks >> 2):
+        blocks[q] = rng.random_words(seed, epoch, index, rng.STREAM_ERASE_NOISE + int(q >> 16),
+                                     int(q & 0xFFFF))
+    words = np.array([blocks[k >> 2][k & 3] for k in ks], np.float64)
+    return ndtri((words + 0.5) / 2**32)
+
+
+def test_random_erase_draws_standard_normal_values(images):
+    """erase_value="random" (torchvision's value="random"): outside the box the plain
+    recipe's values; inside, the documented Philox values (equal to scipy's normal quantile
+    to float32 precision), pooled mean 0 and std 1, different per sample and channel."""
+    idx = _indices(40)
+    plain, _ = _run(images, idx, size=SIZE)
+    erased, _ = _run(images, idx, size=SIZE, random_erase=0.7, erase_value="random")
+    cfg = TransformConfig(size=SIZE, random_erase=0.7, erase_value="random")
+    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    values, firsts = [], set()
+    for i, index in enumerate(idx):
+        box = aug_k.params(SEED, EPOCH, int(index))["erase"]
+        if box is None:
+            np.testing.assert_array_equal(plain[i], erased[i])
+            continue
+        t, l, h, w = box
+        inside = erased[i][:, t:t + h, l:l + w]
+        ref = _erase_noise_reference(SEED, EPOCH, int(index), 3 * h * w)
+        np.testing.assert_allclose(inside.ravel(), ref, rtol=1e-6, atol=1e-6)
+        outside = erased[i].copy()
+        outside[:, t:t + h, l:l + w] = plain[i][:, t:t + h, l:l + w]
+        np.testing.assert_array_equal(outside, plain[i])
+        values.append(inside.ravel())
+        firsts.add(float(inside[0, 0, 0]))
+    v = np.concatenate(values)
+    assert len(values) >= 20 and len(firsts) == len(values)
+    assert v.size > 5000
+    assert abs(v.mean()) < 4 / np.sqrt(v.size) and abs(v.std() - 1) < 0.03, (v.mean(), v.std())
+    # The tails are there too: a standard normal has 4.6 % beyond 2 sigma.
+    assert 0.03 < (np.abs(v) > 2).mean() < 0.065
+
+
+def test_random_erase_noise_spans_its_streams():
+    """Boxes past 2**18 elements move on to the next noise stream, as documented."""
+    cfg = TransformConfig(size=(400, 400), random_erase=1.0, erase_scale=(0.9, 0.95),
+                          erase_ratio=(0.9, 1.1), erase_value="random")
+    proc = BatchProcessor(cfg)
+    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    img = np.random.default_rng(0).integers(0, 256, (450, 460, 3), np.uint8)
+    out, info = proc.empty(1), np.zeros((1, len(SampleInfo)), np.int32)
+    for index in range(20):
+        box = aug_k.params(0, 0, index)["erase"]
+        if box is not None and 3 * box[2] * box[3] > 2**18:
+            break
+    else:
+        pytest.fail("no box of more than 2**18 elements")
+    assert proc._kernel.run_decoded(img, index, 0, 0, out, 0, info) is None
+    t, l, h, w = box
+    n = 3 * h * w
+    ks = np.r_[0:50, 2**18 - 50:2**18 + 50, n - 50:n]       # both sides of the stream change
+    np.testing.assert_allclose(out[0][:, t:t + h, l:l + w].ravel()[ks],
+                               _erase_noise_reference(0, 0, index, n, ks), rtol=1e-6, atol=1e-6)
+
+
 def test_erase_box_follows_torchvision_get_params():
     """Box sizes and positions within bounds; h < H and w < W; area in scale x image."""
     cfg = TransformConfig(size=(40, 56), random_erase=1.0, erase_scale=(0.1, 0.3))
@@ -271,7 +343,10 @@ def test_magnitude_tables_equal_torch_linspace_within_an_ulp():
                                      interpolation="bicubic"),
                                 dict(auto_augment="ra", ra_mstd=0.5, color_jitter=0.4,
                                      grayscale_p=0.2, dtype="float16", layout="HWC"),
-                                dict(auto_augment="imagenet", dtype="bfloat16")])
+                                dict(auto_augment="imagenet", dtype="bfloat16"),
+                                dict(random_erase=0.6, erase_value="random", layout="HWC"),
+                                dict(auto_augment="ta_wide", random_erase=0.6,
+                                     erase_value="random", dtype="float16")])
 def test_threads_do_not_change_the_stream(images, kw):
     idx = _indices(24)
     a, ia = _run(images, idx, threads=1, size=SIZE, **kw)
@@ -359,6 +434,9 @@ def test_bicubic_train_and_val_run_the_uint8_pass(images):
     (dict(random_erase=-0.1), "random_erase"),
     (dict(erase_scale=(0.0, 0.3)), "erase_scale"),
     (dict(fill=(0, 300, 0)), "fill"),
+    (dict(erase_value="gauss"), "erase_value"),
+    (dict(erase_value="random", dtype="uint8"), "uint8 output is not normalized"),
+    (dict(erase_value="random", size=(1200, 1200)), "up to"),
 ])
 def test_recipe_settings_are_checked(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -1,7 +1,9 @@
 """A host process's place in the MPI job: its host group (this host and the producer ranks
 serving it), made on first use and kept for the process lifetime, with the transport (one
 window) and the validation channel. :class:`~dpu_pipe.offload.host.DPULoader` streams and
-:class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it.
+:class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it. The group comes from
+the MPI job the host runs in or, with a serve file, from the producer job it joins
+(:mod:`dpu_pipe.offload.rendezvous`).
 """
 
 import atexit
@@ -11,6 +13,7 @@ import sys
 from ..device import PinnedRegion
 from ..errors import ConfigError
 from ..mpi import load_mpi
+from . import rendezvous
 from .channel import open_channel
 from .roles import discover_roles, host_comm
 from .transport import HostTransport
@@ -26,16 +29,23 @@ def _mpi_running():
     return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
 
 
-def host_group(comm=None, *, hostmap=None):
+def host_group(comm=None, *, hostmap=None, serve_file=None):
     """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
     on first use — collectively with every rank of ``comm``, so every host must call it (or
-    build its first DPULoader) at the same point of its program."""
+    build its first DPULoader) at the same point of its program.
+
+    Without ``comm``, a serve file (``serve_file``, else ``DPU_PIPE_SERVE``) joins the
+    producer job that published it instead (see :mod:`dpu_pipe.offload.rendezvous`)."""
     MPI = load_mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
-    key = comm.py2f()
+    path = rendezvous.serve_file(serve_file) if comm is None else None
+    if path is not None:
+        key = ("serve", path)
+    else:
+        comm = MPI.COMM_WORLD if comm is None else comm
+        key = comm.py2f()
     s = HostGroup._groups.get(key)
     if s is None:
-        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap)
+        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap, serve_file=path)
     return s
 
 
@@ -56,11 +66,15 @@ class HostGroup:
 
     _groups = {}
 
-    def __init__(self, comm, *, hostmap=None, setup_timeout=60.0):
+    def __init__(self, comm, *, hostmap=None, setup_timeout=60.0, serve_file=None):
         # Hosts reach their first DPULoader at about the same point of their program.
-        roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
+        self.serve_file = serve_file
+        if serve_file is not None:
+            roles, self.group = rendezvous.join(serve_file, hostmap=hostmap, timeout=600.0)
+        else:
+            roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
+            self.group = host_comm(comm, roles)
         self.roles = roles
-        self.group = host_comm(comm, roles)
         #: RemoteValidation's channel, set up with the group as the producers do.
         self.validation = open_channel(self.group, "host")
         self.host_index = roles.hosts.index(roles.rank)
@@ -161,3 +175,5 @@ class HostGroup:
                 if self._transport._abort_at_exit:
                     return          # a producer never signed off: the job ends with an abort
             self.validation.close(self.setup_timeout)
+            if self.serve_file is not None:
+                rendezvous.leave(self.group, self.setup_timeout)

@@ -47,7 +47,7 @@ from ..errors import ConfigError, DpuPipeError
 from ..loader import Engine, Loader
 from ..sources import check_spec
 from ..steps import BatchMaker
-from . import wire
+from . import rendezvous, wire
 from .group import HostGroup, _mpi_running, host_group, shutdown
 from .transport import FAILED, OK, pack_error
 from .wire import QUEUE
@@ -98,6 +98,11 @@ class DPULoader(Loader):
     hostmap : str, optional
         ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
         by name (see :mod:`dpu_pipe.offload.roles`). Used when the host group starts.
+    serve_file : str or path, optional
+        Join the producers of a job of their own (``python -m dpu_pipe.worker --serve
+        FILE``) through the port they published in this file, instead of producer ranks of
+        this MPI job — for hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``; see
+        :mod:`dpu_pipe.offload.rendezvous`). Each host is torch's ``RANK`` of ``WORLD_SIZE``.
 
     Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
     its decoder's scratch.
@@ -112,7 +117,7 @@ class DPULoader(Loader):
 
     def __init__(self, source, batch_size, *, comm=None, mode="offload", host_threads=1,
                  rank=None, world_size=None, slots=None, producer_threads=1,
-                 liveness_timeout=60.0, hostmap=None, **kwargs):
+                 liveness_timeout=60.0, hostmap=None, serve_file=None, **kwargs):
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
@@ -120,10 +125,11 @@ class DPULoader(Loader):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
                               f"{host_threads!r}")
         self._group = None
-        if mode != "local" or comm is not None or _mpi_running():
+        serve = rendezvous.serve_file(serve_file) if comm is None else None
+        if mode != "local" or comm is not None or serve is not None or _mpi_running():
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
-            self._group = host_group(comm, hostmap=hostmap)
+            self._group = host_group(comm, hostmap=hostmap, serve_file=serve)
             if self._group.roles.producers or self._group.num_hosts > 1:
                 rank = self._group.host_index if rank is None else rank
                 world_size = self._group.num_hosts if world_size is None else world_size
@@ -137,11 +143,11 @@ class DPULoader(Loader):
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
-        labels = self.maker.labels
-        #: Byte layout of this loader's batches in the window (and in hybrid host threads).
+        #: Byte layout of this loader's batches in the window (and in hybrid host threads);
+        #: labels as the batch ops leave them (float32 (num_classes,) rows when mixing).
         self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
-                                         self.transform.np_dtype, labels.dtype,
-                                         labels.shape[1:])
+                                         self.transform.np_dtype, self.maker.label_dtype,
+                                         self.maker.label_shape)
         self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
         self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
         self.host_threads = int(host_threads)

@@ -65,13 +65,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import _validate as _v
 from ..batch import load_other_formats
 from ..deadline import deadline_in
 from ..errors import ConfigError, error_record
 from ..mpi import load_mpi
 from ..spec import StreamSpec
 from ..steps import BatchMaker
-from . import wire
+from . import rendezvous, wire
 from .channel import open_channel
 from .roles import discover_roles, host_comm
 from .transport import CANCELLED, ProducerTransport
@@ -109,10 +110,9 @@ class OpenStream:
         self.maker = BatchMaker(stream, spec["num_threads"])
         self.layout = wire.PayloadLayout.from_spec(spec, transform.sample_shape,
                                                    transform.np_dtype)
-        labels = self.maker.labels
-        if (labels.dtype, labels.shape[1:]) != (self.layout.label_dtype,
-                                                self.layout.label_shape):
-            raise ConfigError(f"the source here has labels {labels.dtype}{labels.shape[1:]}, "
+        mine = (self.maker.label_dtype, self.maker.label_shape)
+        if mine != (self.layout.label_dtype, self.layout.label_shape):
+            raise ConfigError(f"the batches here have labels {mine[0]}{mine[1]}, "
                               f"the host's {self.layout.label_dtype}{self.layout.label_shape}")
         # Each buffer is a payload as the host receives it (its first end(batch_size) bytes),
         # so a batch is made in place and Put as is. Touched now (zeros, not empty) and
@@ -362,15 +362,22 @@ class _Worker:
                 time.sleep(idle)
 
 
-def serve(comm=None, *, hostmap=None):
+def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=86400.0):
     """Serve this rank's host until it stops (collective start-up with the hosts of
-    ``comm``, default ``COMM_WORLD``). Returns the number of batches this rank delivered."""
+    ``comm``, default ``COMM_WORLD``). With ``serve_file`` the hosts are no ranks of
+    ``comm`` (the producer job): ``hosts`` of them join through the port published in that
+    file, within ``accept_timeout`` seconds (see :mod:`dpu_pipe.offload.rendezvous`). Returns the number
+    of batches this rank delivered."""
     MPI = load_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     for name in HANDLER_MODULES:
         importlib.import_module(name)
-    roles = discover_roles(comm, "producer", hostmap=hostmap)
-    group = host_comm(comm, roles)
+    if serve_file is not None:
+        _, group = rendezvous.accept_hosts(comm, serve_file, hosts=hosts, hostmap=hostmap,
+                                           accept_timeout=accept_timeout)
+    else:
+        roles = discover_roles(comm, "producer", hostmap=hostmap)
+        group = host_comm(comm, roles)
     # Validation snapshots are served by a low-priority thread of their own, in the gaps
     # between batches (see dpu_pipe.offload.validation).
     validation = ValidationService(open_channel(group, "producer"))
@@ -385,7 +392,10 @@ def serve(comm=None, *, hostmap=None):
     if not validation.is_alive():
         # A validation thread still evaluating keeps the window (and MPI_Finalize may wait).
         validation.channel.close(transport.setup_timeout)
-    group.Free()
+    if serve_file is not None:
+        rendezvous.leave(group, transport.setup_timeout)
+    else:
+        group.Free()
     return transport.made
 
 
@@ -393,8 +403,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dpu_pipe.worker", description=__doc__)
     p.add_argument("--hostmap", default=None,
                    help="host:producer hostname pairs, as DPU_PIPE_HOSTMAP")
+    p.add_argument("--serve", metavar="FILE", default=None,
+                   help="serve hosts that are no ranks of this job (torchrun): publish a port "
+                        "in FILE for them to join")
+    p.add_argument("--hosts", type=int, default=1, metavar="N",
+                   help="with --serve: the number of hosts that join (default 1; MPICH "
+                        "connects one singleton host per producer job)")
+    p.add_argument("--accept-timeout", type=float, default=86400.0, metavar="SECONDS",
+                   help="with --serve: end the job when no host joined within SECONDS")
     args = p.parse_args(argv)
-    serve(hostmap=args.hostmap)
+    serve(hostmap=args.hostmap, serve_file=args.serve,
+          hosts=_v.positive_int(args.hosts, "--hosts"),
+          accept_timeout=_v.seconds(args.accept_timeout, "--accept-timeout"))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
   configurations 1 and 2 of ``dpu-pipe bench-train``.
 """
 
+import functools
 import io
 import math
 import random
@@ -16,7 +17,7 @@ import random
 import numpy as np
 
 from ..errors import ConfigError
-from .harness import HOST_CORE, Run, stack, load_torch, now, pin
+from .harness import HOST_CORE, Run, load_torch, now, pin, recipe_options, stack
 
 __all__ = ["pil", "pillow_sample", "pillow_batch", "pillow_batch_returning",
            "pillow_worker_init", "pillow_worker_batch", "Recipe", "RecipeDataset", "run_serial",
@@ -98,28 +99,73 @@ def _torchvision():
 class Recipe:
     """torchvision's ImageNet transforms for one sample: ``(bytes, key) -> float32 CHW tensor``.
 
-    Train: RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize; val:
-    Resize(size / 0.875) + CenterCrop(size) + ToTensor + Normalize. With torchvision
-    importable, its own transforms run (randomness from torch's generator, seeded per sample
-    from ``key``); otherwise the same steps with Pillow and torch, parameters drawn as
-    torchvision draws them from ``random.Random(key)``.
+    Train ``classic``: RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize;
+    the other recipes of :data:`~dpu_pipe.tools.harness.RECIPES` add their ops with torchvision's ``transforms.v2``
+    (and need torchvision), and their batch ops in :meth:`batch`. Val: Resize(size / 0.875) +
+    CenterCrop(size) + ToTensor + Normalize. With torchvision importable, its own transforms
+    run (randomness from torch's generator, seeded per sample from ``key``); otherwise the
+    classic steps with Pillow and torch, parameters drawn as torchvision draws them from
+    ``random.Random(key)``.
     """
 
-    def __init__(self, size, train):
+    def __init__(self, size, train, recipe="classic", num_classes=None):
         from ..transforms import IMAGENET_MEAN, IMAGENET_STD
 
         self.size, self.train = int(size), bool(train)
+        self.recipe = recipe if train else "classic"
+        self.options = recipe_options(self.recipe, num_classes or 1)
         self.resize = int(round(self.size / 0.875))
         self.T = _torchvision()
+        if self.T is None and self.recipe != "classic":
+            raise ConfigError(f"recipe {recipe!r} needs torchvision (pip install torchvision)")
         self.kind = "torchvision" if self.T is not None else "Pillow + torch (torchvision's recipe)"
+        if self.recipe != "classic":
+            self.kind += f" v2, {self.recipe} recipe"
         torch = load_torch()
         self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-        if self.T is not None:
+        self.mix = None
+        if self.T is not None and self.recipe == "classic":
             T = self.T
             head = ([T.RandomResizedCrop(self.size), T.RandomHorizontalFlip()] if train
                     else [T.Resize(self.resize), T.CenterCrop(self.size)])
             self.tf = T.Compose(head + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        elif self.T is not None:
+            self.tf, self.mix = self._v2(self.options, IMAGENET_MEAN, IMAGENET_STD, torch)
+
+    def _v2(self, o, mean, std, torch):
+        from torchvision.transforms import InterpolationMode, v2
+
+        interp = InterpolationMode.BICUBIC if o.get("interpolation") == "bicubic" \
+            else InterpolationMode.BILINEAR
+        ops = [v2.RandomResizedCrop(self.size, interpolation=interp, antialias=True),
+               v2.RandomHorizontalFlip()]
+        if o.get("auto_augment") == "ta_wide":
+            ops.append(v2.TrivialAugmentWide())
+        elif o.get("auto_augment") == "ra":
+            ops.append(v2.RandAugment(num_ops=2, magnitude=o.get("ra_magnitude", 9)))
+        if o.get("color_jitter"):
+            ops.append(v2.ColorJitter(*o["color_jitter"]))
+        ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(mean, std)]
+        if o.get("random_erase"):
+            ops.append(v2.RandomErasing(o["random_erase"]))
+        mixes = []
+        if o.get("mixup_alpha"):
+            mixes.append(v2.MixUp(alpha=o["mixup_alpha"], num_classes=o["num_classes"]))
+        if o.get("cutmix_alpha"):
+            mixes.append(v2.CutMix(alpha=o["cutmix_alpha"], num_classes=o["num_classes"]))
+        mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
+        return v2.Compose(ops), mix
+
+    def batch(self, images, labels, key):
+        """The recipe's batch ops (MixUp / CutMix, as torchvision's reference applies them in
+        its ``collate_fn``) on stacked ``images`` (B, 3, H, W) and int64 ``labels`` (B,):
+        returns the images and float32 (B, num_classes) labels, or both unchanged."""
+        if self.mix is None:
+            return images, labels
+        load_torch().manual_seed(key)
+        return self.mix(images, labels)
 
     def __call__(self, data, key):
         from PIL import Image
@@ -197,7 +243,7 @@ def run_serial(job, train_src, val_src):
     """Configuration 1: the recipe in the training loop."""
     run = Run(job, 1)
     torch = run.torch
-    train_rec, val_rec = Recipe(job["size"], True), Recipe(job["size"], False)
+    train_rec, val_rec = _recipes(job)
     ds_val = RecipeDataset(val_src, val_rec, job["seed"], 0)
     B = job["batch_size"]
     busy = [0.0]
@@ -206,8 +252,10 @@ def run_serial(job, train_src, val_src):
         ds = RecipeDataset(train_src, train_rec, job["seed"], epoch)
         order = _order(len(ds), job["seed"], epoch)
         for s in range(len(order) // B):
+            t = now()
             images, labels, sec = stack(torch, [ds[int(i)] for i in order[s * B:(s + 1) * B]])
-            busy[0] += sec
+            images, labels = train_rec.batch(images, labels, _key(job["seed"], epoch, -1 - s))
+            busy[0] += sec + (now() - t)
             yield images, labels
 
     def val_batches():
@@ -224,6 +272,13 @@ def run_serial(job, train_src, val_src):
                        "producers": 0, "name": f"host serial + {train_rec.kind}"})
 
 
+def _recipes(job):
+    """(train, val) :class:`Recipe` of a bench-train job."""
+    classes = job["model_kwargs"]["classes"]
+    return (Recipe(job["size"], True, job.get("recipe", "classic"), classes),
+            Recipe(job["size"], False))
+
+
 def _pin_worker(_):
     pin(HOST_CORE)
     import torch
@@ -236,17 +291,21 @@ def run_dataloader(job, train_src, val_src):
     torch = run.torch
     from torch.utils.data import DataLoader
 
-    train_rec, val_rec = Recipe(job["size"], True), Recipe(job["size"], False)
+    train_rec, val_rec = _recipes(job)
     busy = [0.0]
 
-    def collate(items):
+    def collate(items, rec=None):
+        t = now()
         images, labels, sec = stack(torch, items)
-        return images, labels, torch.tensor(sec)
+        if rec is not None:     # the batch ops in the worker, as torchvision's reference does
+            images, labels = rec.batch(images, labels, int(torch.randint(1 << 62, ())))
+        return images, labels, torch.tensor(sec + (now() - t) if rec is not None else sec)
 
     def loader(ds, shuffle, epoch):
         g = torch.Generator().manual_seed(job["seed"] * 1000 + epoch)
+        fn = functools.partial(collate, rec=train_rec) if shuffle else collate
         return DataLoader(ds, batch_size=job["batch_size"], shuffle=shuffle, generator=g,
-                          num_workers=1, worker_init_fn=_pin_worker, collate_fn=collate,
+                          num_workers=1, worker_init_fn=_pin_worker, collate_fn=fn,
                           drop_last=shuffle, prefetch_factor=2)
 
     def strip(it):

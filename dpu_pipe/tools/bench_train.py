@@ -40,8 +40,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .baselines import Recipe, run_dataloader, run_serial
-from .harness import (CONFIGS, HOST_CONFIGS, HOST_CORE, MPI_CONFIGS, PRODUCER_CORE, load_torch,
-                      launch_mpi, now, pin, run_loader, write_plots)
+from .harness import (CONFIGS, HOST_CONFIGS, HOST_CORE, MPI_CONFIGS, PRODUCER_CORE, RECIPES,
+                      launch_mpi, load_torch, now, pin, run_loader, write_plots)
 from .progress import bar
 
 POINTS = {"aug-bound": 2.0, "research": 0.175 / 0.825}
@@ -83,6 +83,13 @@ def add_args(p):
     add_seed(p)
     add_json(p)
     add_plots(p)
+    p.add_argument("--recipe", default="classic", choices=sorted(RECIPES),
+                   help="training recipe of every configuration: classic (RandomResizedCrop + "
+                        "flip), tv-new (torchvision's new recipe: + TrivialAugmentWide, "
+                        "RandomErasing 0.1, MixUp/CutMix) or vit (timm's: bicubic, "
+                        "RandAugment m9, ColorJitter 0.4, RandomErasing 0.25, MixUp/CutMix); "
+                        "the models are calibrated on the classic recipe, so two recipes' "
+                        "runs train the same model (default: classic)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
@@ -239,7 +246,7 @@ def summarize(point_results, point):
 
 
 def table(results):
-    lines = []
+    lines = [f"Training recipe: {results.get('recipe_name', 'classic')} ({results['recipe']})."]
     for point, res in results["points"].items():
         p = results["calibration"][point]
         lines.append(f"\n### {point}: width {p['width']}, blocks {p['blocks']}, augmentation "
@@ -331,7 +338,8 @@ def run(args):
                "machine": {"cores": os.cpu_count(), "host_core": HOST_CORE,
                            "producer_core": PRODUCER_CORE, "torch": torch.__version__,
                            "torch_threads": torch.get_num_threads()},
-               "recipe": Recipe(args.size, True).kind,
+               "recipe": Recipe(args.size, True, args.recipe, classes).kind,
+               "recipe_name": args.recipe,
                "data": data_desc, "calibration": calibration, "points": {}}
     host_runs = {1: run_serial, 2: run_dataloader, 3: run_loader}
     for point in args.points:
@@ -339,7 +347,7 @@ def run(args):
         val_src = val_of(point)
         job = {"point": point, "epochs": args.epochs, "steps": args.steps,
                "batch_size": args.batch_size, "size": args.size, "seed": args.seed,
-               "lr": 0.05, "producers": args.producers,
+               "lr": 0.05, "producers": args.producers, "recipe": args.recipe,
                # The MPI job's stderr is a pipe; its bars show when ours would.
                "progress": not args.quiet and sys.stderr.isatty(),
                "model_kwargs": {"classes": classes, "width": cal["width"],

@@ -58,6 +58,32 @@ now = time.perf_counter
 
 # -- training ---------------------------------------------------------------------------------
 
+#: The training recipes ``bench-train --recipe`` compares: dpu_pipe's transform options
+#: (``TransformConfig`` keywords; mixing also needs ``num_classes``) and what torchvision runs.
+#: ``tv-new`` is torchvision's classification reference "new recipe" (TrivialAugmentWide,
+#: RandomErasing 0.1, MixUp 0.2 / CutMix 1.0); ``vit`` the timm/DeiT one (bicubic, RandAugment
+#: m9 — timm's mstd 0.5, which torchvision lacks, only in dpu_pipe —, ColorJitter 0.4,
+#: RandomErasing 0.25, MixUp 0.8 / CutMix 1.0).
+RECIPES = {
+    "classic": {},
+    "tv-new": {"auto_augment": "ta_wide", "random_erase": 0.1, "mixup_alpha": 0.2,
+               "cutmix_alpha": 1.0},
+    "vit": {"interpolation": "bicubic", "auto_augment": "ra", "ra_magnitude": 9,
+            "ra_mstd": 0.5, "color_jitter": (0.4, 0.4, 0.4, 0.0), "random_erase": 0.25,
+            "mixup_alpha": 0.8, "cutmix_alpha": 1.0},
+}
+
+
+def recipe_options(name, num_classes):
+    """dpu_pipe's transform keywords for training recipe ``name`` (see :data:`RECIPES`)."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
+    opts = dict(RECIPES[name])
+    if opts.get("mixup_alpha") or opts.get("cutmix_alpha"):
+        opts["num_classes"] = int(num_classes)
+    return opts
+
+
 class Run:
     """One configuration's training run: the model, its optimizer, the per-step timeline
     and per-epoch accuracy."""
@@ -156,13 +182,18 @@ def stack(torch, items):
 
 
 
+def train_options(job):
+    """The job's training recipe as dpu_pipe transform keywords."""
+    return recipe_options(job.get("recipe", "classic"), job["model_kwargs"]["classes"])
+
+
 def run_loader(job, train_src, val_src):
     """Configuration 3: dpu_pipe's Loader, its thread on the host's core."""
     from ..loader import Loader
 
     run = Run(job, 3)
     kw = dict(size=job["size"], seed=job["seed"], output="torch", num_threads=1)
-    train = Loader(train_src, job["batch_size"], train=True, **kw)
+    train = Loader(train_src, job["batch_size"], train=True, **kw, **train_options(job))
     val = Loader(val_src, job["batch_size"], train=False, shuffle=False, drop_last=False, **kw)
 
     def made():
@@ -191,7 +222,8 @@ def run_offload(job, train_src, val_src, config):
     extra = {"producers": job["producers"]}
     if config == 6:
         kw["host_threads"] = 1
-    train = DPULoader(train_src, job["batch_size"], train=True, mode=mode, **kw)
+    train = DPULoader(train_src, job["batch_size"], train=True, mode=mode, **kw,
+                      **train_options(job))
     rv = val = None
     if config == 4:
         val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,

@@ -7,7 +7,7 @@ tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an 
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
 records, the per-image transform, the fused batch kernel, the epoch permutation and the
-samplers' shards, and the local Loader; a section whose entry point this build lacks is recorded
+samplers' shards, the local Loader, and the batch ops (MixUp, CutMix, soft labels); a section whose entry point this build lacks is recorded
 as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
@@ -99,6 +99,7 @@ def ops_section(paths, put):
 
 def batch_section(paths, put):
     from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.errors import ConfigError
     from dpu_pipe.transforms import TransformConfig
 
     bufs = [open(p, "rb").read() for p in paths]
@@ -120,11 +121,14 @@ def batch_section(paths, put):
                                         fill=(128, 0, 255), dtype="float16",
                                         random_erase=0.25, erase_value=(0.5, -0.5, 1.0)),
         "val-bicubic-u8": dict(train=False, size=48, interpolation="bicubic", dtype="uint8"),
+        "train-ta-erase-random-f16": dict(train=True, size=48, auto_augment="ta_wide",
+                                          random_erase=0.6, erase_value="random",
+                                          dtype="float16"),
     }
     for cname, kw in configs.items():
         try:
             cfg = TransformConfig(**kw)
-        except TypeError:  # a keyword this build does not take: skip the config
+        except (TypeError, ConfigError):  # a keyword or value this build does not take: skip
             continue
         for threads in (1, 2):
             proc = BatchProcessor(cfg, num_threads=threads)
@@ -179,6 +183,46 @@ def loader_section(root, put):
         put(f"loader/val/b{b}/labels", np.asarray(labels))
 
 
+def mix_section(root, put):
+    """The batch ops: MixUp and CutMix batches and soft labels (the Beta draw uses the portable
+    exp/log, so λ has the same bits everywhere), each output dtype and layout, and the kernel
+    alone at fixed λ and box."""
+    import dpu_pipe
+    from dpu_pipe import _mix, mix, rng
+
+    src = dpu_pipe.ImageFolder(root)
+    configs = {
+        "mix-f32-chw": dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1),
+        "mixup-u8-hwc": dict(mixup_alpha=0.2, dtype="uint8", layout="HWC"),
+        "cutmix-f16-p": dict(cutmix_alpha=1.0, mix_p=0.6, dtype="float16"),
+        "mix-f32-hwc-switch": dict(mixup_alpha=0.4, cutmix_alpha=0.7, mix_switch_p=0.8,
+                                   layout="HWC"),
+    }
+    classes = int(np.max(src.labels)) + 1
+    for cname, kw in configs.items():
+        loader = dpu_pipe.Loader(src, 3, size=(24, 32), seed=5, num_classes=classes, **kw)
+        for epoch in (0, 3):
+            loader.set_epoch(epoch)
+            for b, (images, labels) in enumerate(loader):
+                put(f"mix/{cname}/e{epoch}/b{b}/images", np.asarray(images))
+                put(f"mix/{cname}/e{epoch}/b{b}/labels", np.asarray(labels))
+        cfg = loader.transform
+        put(f"mix/{cname}/params", np.array(
+            [[mix.mix_params(cfg, 5, e, s)["lam"] for s in range(40)] for e in (0, 9)]))
+        loader.close()
+    put("mix/beta", np.array([rng.beta_variate(3, 1, i, rng.STREAM_MIX, a, a, 2)
+                              for a in (0.1, 0.5, 1.0, 3.0) for i in range(50)]))
+    r = np.random.default_rng(1)
+    x = r.standard_normal((4, 3, 9, 11)).astype(np.float32)
+    put("mix/kernel/mixup", _mix.mixup(x.copy(), 0.3141))
+    bits = (x.view(np.uint32) >> 16).astype(np.uint16)      # bfloat16 bits
+    put("mix/kernel/mixup-bf16", _mix.mixup(bits, 0.3141, "bfloat16"))
+    put("mix/kernel/mixup-f16", _mix.mixup(x.astype(np.float16), 0.3141))
+    put("mix/kernel/mixup-u8", _mix.mixup((np.abs(x) * 60).astype(np.uint8), 0.3141))
+    put("mix/kernel/cutmix", _mix.cutmix(x.copy(), (2, 1, 9, 7)))
+    put("mix/kernel/labels", _mix.soft_labels(np.array([0, 4, 2, 4]), 6, 0.377, 0.1))
+
+
 def main(root, out_path):
     import dpu_pipe
 
@@ -194,7 +238,8 @@ def main(root, out_path):
                 ("ops", lambda: ops_section(paths, put)),
                 ("batch", lambda: batch_section(paths, put)),
                 ("permutation", lambda: permutation_section(put)),
-                ("loader", lambda: loader_section(root, put))]
+                ("loader", lambda: loader_section(root, put)),
+                ("mix", lambda: mix_section(root, put))]
     for name, fn in sections:
         before = len(arrays)
         try:

@@ -5,10 +5,12 @@
 #                jitter order and factors, grayscale, the erasing box — from the counter-based
 #                RNG, one stream per purpose (RNG_STREAM_AUGMENT ... RNG_STREAM_ERASE), so that
 #                turning one on never changes the crop, the flip or another op's draws;
-#   aug_apply    the ops of an AugParams, in order, on an (h, w, 3) uint8 image, in place;
-#   aug_convert  uint8 (h, w, 3) -> one output sample (dtype, layout, normalize), as ops_run's
-#                conversion does;
-#   aug_erase    RandomErasing's box set to a constant in the output sample.
+#   aug_apply_convert  the ops of an AugParams, in order, on an (h, w, 3) uint8 image, in
+#                place, then uint8 (h, w, 3) -> one output sample (dtype, layout, normalize)
+#                as ops_run's conversion does; runs of value maps are composed into tables,
+#                a final run folded into the conversion;
+#   aug_erase    RandomErasing's box set to a constant, or to standard normal values, in the
+#                output sample.
 # One table of ops (AUG_OP_NAMES in _augment.pyx, torchvision's names) and one dispatcher
 # (aug_apply_op). Every kernel is integer arithmetic or float32 in a fixed order (the build has
 # -ffp-contract=off), so results are bit-identical on x86-64 and aarch64.
@@ -86,6 +88,7 @@ ctypedef struct AugConfig:
     double erase_scale[2]
     double erase_log_ratio[2]
     float erase_value[3]     # in output units (normalized for float outputs)
+    int erase_random         # erase_value="random": standard normal values instead
 
 ctypedef struct AugStep:
     int op
@@ -96,14 +99,16 @@ ctypedef struct AugParams:
     AugStep step[AUG_MAX_STEPS]
     int erase                # 1 when the box below is erased
     int32_t ebox[4]          # i, j, h, w in output pixels
+    uint64_t seed            # the sample's key (erase_random draws its values from it)
+    uint32_t epoch
+    uint64_t index
 
 
 cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64_t index,
                      AugParams* out) noexcept nogil
-cdef int aug_apply(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
-                   int h, int w) noexcept nogil
-cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
-                      void* out) noexcept nogil
+cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* img,
+                           uint8_t* tmp, int h, int w, const OpsOutput* o,
+                           void* out) noexcept nogil
 cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
                     const OpsOutput* o, void* out) noexcept nogil
 cdef int aug_config_from(AugConfig* cfg, dict spec) except -1

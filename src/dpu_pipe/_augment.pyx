@@ -13,12 +13,17 @@ from libc.math cimport floor, fmod, sqrt, rint
 
 from dpu_pipe._ops cimport (OpsOutput, OPS_FLOAT32, OPS_UINT8, OPS_FLOAT16, OPS_BFLOAT16,
                             OPS_CHW, _to_f16, _to_bf16)
-from dpu_pipe._rng cimport (rng_uniform2, portable_log, portable_exp, RNG_STREAM_AUGMENT,
-                            RNG_STREAM_JITTER, RNG_STREAM_GRAYSCALE, RNG_STREAM_ERASE)
+from dpu_pipe._rng cimport (rng_block, rng_uniform2, portable_log, portable_exp,
+                            RNG_STREAM_AUGMENT, RNG_STREAM_JITTER, RNG_STREAM_GRAYSCALE,
+                            RNG_STREAM_ERASE, RNG_STREAM_ERASE_NOISE)
 
 import numpy as np
 
 from dpu_pipe.errors import ConfigError
+
+cdef extern from *:
+    # A row written while other rows are read: no aliasing (lets the compiler vectorize).
+    ctypedef uint8_t* u8_restrict "uint8_t* __restrict__"
 
 cdef extern from "math.h" nogil:
     float rintf(float x)
@@ -137,6 +142,7 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
     cdef double fac[4]
     out.n = 0
     out.erase = 0
+    out.seed, out.epoch, out.index = seed, epoch, index
     if cfg.mode == AUG_MODE_TA_WIDE:
         rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 0, &u0, &u1)
         sp = &cfg.space[_randint(u0, cfg.n_space)]
@@ -225,50 +231,79 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
 
 # --- geometric ops: torchvision's affine grid, nearest, in float32 --------------------------
 
+DEF AFFINE_CHUNK = 256      # pixels whose source offsets one pass of _affine computes at once
+DEF ROUND_MAGIC = 12582912.0  # 1.5 * 2**23: (x + M) - M is x rounded half to even, |x| <= 2**22
+
+
 cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* m,
                   const uint8_t* fill) noexcept nogil:
     """dst = src sampled at the inverse affine map m (torchvision's _get_inverse_affine_matrix
     layout) the way v2's _affine_grid + grid_sample(nearest, zeros, align_corners=False) does:
     theta in float32 divided by half the size, base grid (x - (w-1)/2, y - (h-1)/2), then
-    ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill."""
+    ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill.
+
+    Each row runs in two passes: the source offsets of AFFINE_CHUNK pixels (a branch-free
+    float32 loop: the same products and sums in the same order as the per-pixel formula, the
+    row's y terms hoisted, rounding half to even by the 1.5 * 2**23 trick, exact for
+    coordinates below 2**22; GCC 12 does not vectorize it yet), then the copies."""
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
     cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
     cdef float sx = <float>w / <float>2.0, sy = <float>h / <float>2.0
-    cdef float xb, yb, gx, gy, ix, iy
-    cdef int x, y, xi, yi
+    cdef float cw = <float>((w - 1) * 0.5)
+    cdef float magic = <float>ROUND_MAGIC
+    cdef float yb, cx, cy, xb, ix, iy
+    cdef int32_t off[AFFINE_CHUNK]
+    cdef int32_t xi, yi, inside
+    cdef int x, y, x0, n
+    cdef Py_ssize_t j
     cdef const uint8_t* p
     cdef uint8_t* q
     for y in range(h):
         yb = <float>(y - (h - 1) * 0.5)
+        cx = yb * r10
+        cy = yb * r11
         q = dst + <Py_ssize_t>y * w * 3
-        for x in range(w):
-            xb = <float>(x - (w - 1) * 0.5)
-            gx = (xb * r00 + yb * r10) + r20
-            gy = (xb * r01 + yb * r11) + r21
-            ix = (gx + <float>1.0) * sx - <float>0.5
-            iy = (gy + <float>1.0) * sy - <float>0.5
-            xi = <int>rintf(ix)
-            yi = <int>rintf(iy)
-            if 0 <= xi < w and 0 <= yi < h and ix == ix and iy == iy:
-                p = src + (<Py_ssize_t>yi * w + xi) * 3
-                q[3 * x], q[3 * x + 1], q[3 * x + 2] = p[0], p[1], p[2]
-            else:
-                q[3 * x], q[3 * x + 1], q[3 * x + 2] = fill[0], fill[1], fill[2]
+        for x0 in range(0, w, AFFINE_CHUNK):
+            n = w - x0 if w - x0 < AFFINE_CHUNK else AFFINE_CHUNK
+            for j in range(n):
+                xb = <float>(x0 + j) - cw
+                ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
+                iy = ((xb * r01 + cy) + r21 + <float>1.0) * sy - <float>0.5
+                # |ix|, |iy| stay below a few times the size (|shear| < 1, finite matrices):
+                # the rounding is exact below 2**22, and anything beyond is outside anyway.
+                xi = <int32_t>((ix + magic) - magic)
+                yi = <int32_t>((iy + magic) - magic)
+                inside = (<uint32_t>xi < <uint32_t>w) & (<uint32_t>yi < <uint32_t>h)
+                off[j] = ((yi * w + xi) * 3 + 1) * inside - 1      # -1: outside
+            for j in range(n):
+                x = 3 * (x0 + j)
+                p = src + off[j] if off[j] >= 0 else fill
+                q[x], q[x + 1], q[x + 2] = p[0], p[1], p[2]
 
 
 cdef void _rot90(const uint8_t* src, uint8_t* dst, int h, int w, int k) noexcept nogil:
     """torch.rot90(k) over (H, W) for k = 1, 2, 3 (k = 1, 3 need h == w)."""
     cdef int x, y, sy, sx
+    cdef Py_ssize_t r = <Py_ssize_t>w * 3
+    cdef const uint8_t* p
+    cdef uint8_t* q
     for y in range(h):
+        q = dst + y * r
+        if k == 2:                # row h-1-y reversed
+            p = src + (h - 1 - y) * r
+            for x in range(w):
+                q[3 * x] = p[3 * (w - 1 - x)]
+                q[3 * x + 1] = p[3 * (w - 1 - x) + 1]
+                q[3 * x + 2] = p[3 * (w - 1 - x) + 2]
+            continue
         for x in range(w):
             if k == 1:
                 sy, sx = x, w - 1 - y
-            elif k == 2:
-                sy, sx = h - 1 - y, w - 1 - x
             else:
                 sy, sx = h - 1 - x, y
-            memcpy(dst + (<Py_ssize_t>y * w + x) * 3, src + (<Py_ssize_t>sy * w + sx) * 3, 3)
+            p = src + sy * r + 3 * sx
+            q[3 * x], q[3 * x + 1], q[3 * x + 2] = p[0], p[1], p[2]
 
 
 cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w,
@@ -305,6 +340,29 @@ cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w
 
 
 # --- colour ops: v2.functional's uint8 arithmetic -----------------------------------------
+#
+# Every op whose result is a function of the value alone (per channel) is a 256-entry map
+# built with torchvision's float32 formula (so it gives the same bits as computing per pixel):
+# Brightness, Posterize, Solarize, Invert, and — once their statistics of the image are known —
+# Contrast, AutoContrast, Equalize. aug_apply composes consecutive maps and applies them in one
+# pass. The grayscale of a pixel, (0.2989 r + 0.587 g) + 0.114 b in float32, takes its products
+# from tables (the same float32 products).
+
+cdef float GRAY_R[256]
+cdef float GRAY_G[256]
+cdef float GRAY_B[256]
+
+
+cdef void _gray_tables() noexcept nogil:
+    cdef int v
+    for v in range(256):
+        GRAY_R[v] = <float>v * <float>0.2989
+        GRAY_G[v] = <float>0.587 * <float>v
+        GRAY_B[v] = <float>0.114 * <float>v
+
+
+_gray_tables()
+
 
 cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
     # clamp_(0, 255) then .to(uint8): truncation toward zero.
@@ -317,138 +375,220 @@ cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
 
 cdef inline float _gray(const uint8_t* p) noexcept nogil:
     # r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), float32
-    return (<float>p[0] * <float>0.2989 + <float>0.587 * <float>p[1]) + <float>0.114 * <float>p[2]
+    return (GRAY_R[p[0]] + GRAY_G[p[1]]) + GRAY_B[p[2]]
 
 
-cdef void _brightness(uint8_t* img, Py_ssize_t n, double factor) noexcept nogil:
-    cdef float f = <float>factor
+cdef void _lut_apply(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
+    """img[., c] = lut[256 c + img[., c]] (lut: 3 x 256)."""
+    cdef const uint8_t* l1 = lut + 256
+    cdef const uint8_t* l2 = lut + 512
     cdef Py_ssize_t i
-    for i in range(n):
-        img[i] = _trunc_u8(<float>img[i] * f)
+    for i in range(npix):
+        img[3 * i] = lut[img[3 * i]]
+        img[3 * i + 1] = l1[img[3 * i + 1]]
+        img[3 * i + 2] = l2[img[3 * i + 2]]
 
 
-cdef void _blend_const(uint8_t* img, Py_ssize_t n, double ratio, float other) noexcept nogil:
+cdef void _map_same(uint8_t* lut, const uint8_t* m) noexcept nogil:
+    """The 256-entry map m for all three channels."""
+    memcpy(lut, m, 256)
+    memcpy(lut + 256, m, 256)
+    memcpy(lut + 512, m, 256)
+
+
+cdef void _blend_map(uint8_t* lut, double ratio, float other) noexcept nogil:
+    # _blend(img, other, ratio) with a constant other: img * r + (1 - r) * other, float32
     cdef float r = <float>ratio, a = <float>(1.0 - ratio)
     cdef float o = a * other
-    cdef Py_ssize_t i
-    for i in range(n):
-        img[i] = _trunc_u8(<float>img[i] * r + o)
+    cdef int v
+    for v in range(256):
+        lut[v] = _trunc_u8(<float>v * r + o)
+    _map_same(lut, lut)
 
 
 cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
+    # img * r + (1 - r) * floor(gray): both products from tables of the same float32 values.
     cdef float r = <float>ratio, a = <float>(1.0 - ratio), g
+    cdef float vr[256]
+    cdef float ag[256]
     cdef Py_ssize_t i
-    cdef int c
+    cdef int v
+    for v in range(256):
+        vr[v] = <float>v * r
+        ag[v] = a * <float>v
     for i in range(npix):
-        g = a * floorf(_gray(img + 3 * i))
-        for c in range(3):
-            img[3 * i + c] = _trunc_u8(<float>img[3 * i + c] * r + g)
+        g = ag[<int>_gray(img + 3 * i)]      # gray >= 0: truncation is its floor
+        img[3 * i] = _trunc_u8(vr[img[3 * i]] + g)
+        img[3 * i + 1] = _trunc_u8(vr[img[3 * i + 1]] + g)
+        img[3 * i + 2] = _trunc_u8(vr[img[3 * i + 2]] + g)
 
 
-cdef void _contrast(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
+cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix) noexcept nogil:
     # The mean of the floored grayscale: integers below 2**24 in total, so float32 sums of
     # them are exact in any order and the sum here equals torch's.
     cdef int64_t total = 0
     cdef Py_ssize_t i
     for i in range(npix):
-        total += <int64_t>floorf(_gray(img + 3 * i))
-    _blend_const(img, 3 * npix, ratio, <float>total / <float>npix)
+        total += <int>_gray(img + 3 * i)     # gray >= 0: truncation is its floor
+    return <float>total / <float>npix
 
 
 cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) noexcept nogil:
-    cdef float ka = <float>(1.0 / 13.0), kb = <float>(5.0 / 13.0)
-    cdef float alpha = <float>(1.0 - factor), blur, v
-    cdef int x, y, c
-    cdef Py_ssize_t r = <Py_ssize_t>w * 3
+    """adjust_sharpness: the 3x3 blur [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13 rounded, blended
+    with the image in float32 (v + (1 - factor) * (blur - v)), borders kept.
+
+    torchvision sums the nine float32 products and rounds; the exact sum S / 13 is never within
+    1/26 of a half-integer (13 is odd) while the float32 sum is off by under 1e-3, so the
+    rounded blur is round(S / 13) = (2 S + 13) // 26 = ((2 S + 13) * 10083) >> 18 (exact for
+    S <= 13 * 255): an integer pass over contiguous bytes, then the blend in float32."""
+    cdef float alpha = <float>(1.0 - factor), v, f
+    cdef int y, s, blur
+    cdef Py_ssize_t j, r = <Py_ssize_t>w * 3
     cdef const uint8_t* p
     cdef const uint8_t* u
     cdef const uint8_t* d
+    cdef u8_restrict t
     if h <= 2 or w <= 2:
         return
-    memcpy(tmp, img, <size_t>h * r)
     for y in range(1, h - 1):
-        for x in range(1, w - 1):
-            for c in range(3):
-                p = img + y * r + 3 * x + c      # rows above (u) and below (d)
-                u = p - r
-                d = p + r
-                blur = ((((((((<float>u[-3] * ka + <float>u[0] * ka) + <float>u[3] * ka)
-                             + <float>p[-3] * ka) + <float>p[0] * kb) + <float>p[3] * ka)
-                          + <float>d[-3] * ka) + <float>d[0] * ka) + <float>d[3] * ka)
-                blur = rintf(blur)
-                v = <float>p[0]
-                tmp[y * r + 3 * x + c] = _trunc_u8(v + alpha * (blur - v))
-    memcpy(img, tmp, <size_t>h * r)
+        p = img + y * r
+        u = p - r
+        d = p + r
+        t = tmp + y * r
+        for j in range(3, r - 3):
+            s = ((<int>u[j - 3] + u[j] + u[j + 3]) + (<int>p[j - 3] + 5 * <int>p[j] + p[j + 3])
+                 + (<int>d[j - 3] + d[j] + d[j + 3]))
+            blur = ((2 * s + 13) * 10083) >> 18
+            v = <float>p[j]
+            f = v + alpha * (<float>blur - v)
+            f = f if f > <float>0.0 else <float>0.0
+            f = f if f < <float>255.0 else <float>255.0
+            t[j] = <uint8_t><int>f
+    # The pass reads img and writes tmp (a row's blur needs the rows around it unchanged).
+    for y in range(1, h - 1):
+        memcpy(img + y * r + 3, tmp + y * r + 3, <size_t>(r - 6))
 
 
-cdef void _posterize(uint8_t* img, Py_ssize_t n, double mag) noexcept nogil:
-    cdef int bits = <int>mag
-    cdef uint8_t mask
-    cdef Py_ssize_t i
-    if bits >= 8:
-        return
-    bits = bits if bits > 0 else 0
-    mask = <uint8_t>(((1 << bits) - 1) << (8 - bits))
-    for i in range(n):
-        img[i] = img[i] & mask
+cdef void _posterize_map(uint8_t* lut, double mag) noexcept nogil:
+    cdef int bits = <int>mag, v
+    bits = 8 if bits > 8 else (bits if bits > 0 else 0)
+    cdef uint8_t mask = <uint8_t>(((1 << bits) - 1) << (8 - bits))
+    for v in range(256):
+        lut[v] = <uint8_t>v & mask
+    _map_same(lut, lut)
 
 
-cdef void _solarize(uint8_t* img, Py_ssize_t n, double mag) noexcept nogil:
+cdef void _solarize_map(uint8_t* lut, double mag) noexcept nogil:
     cdef float thr = <float>(255.0 * mag)
-    cdef Py_ssize_t i
-    for i in range(n):
-        if <float>img[i] >= thr:
-            img[i] = 255 - img[i]
+    cdef int v
+    for v in range(256):
+        lut[v] = <uint8_t>(255 - v) if <float>v >= thr else <uint8_t>v
+    _map_same(lut, lut)
 
 
-cdef void _autocontrast(uint8_t* img, Py_ssize_t npix) noexcept nogil:
+cdef void _brightness_map(uint8_t* lut, double factor) noexcept nogil:
+    cdef float f = <float>factor
+    cdef int v
+    for v in range(256):
+        lut[v] = _trunc_u8(<float>v * f)
+    _map_same(lut, lut)
+
+
+cdef void _autocontrast_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexcept nogil:
     cdef int lo[3]
     cdef int hi[3]
-    cdef float mn[3]
-    cdef float inv[3]
+    cdef float mn, inv
     cdef Py_ssize_t i
-    cdef int c
+    cdef int c, v, x
     for c in range(3):
         lo[c], hi[c] = 255, 0
     for i in range(npix):
         for c in range(3):
-            lo[c] = img[3 * i + c] if img[3 * i + c] < lo[c] else lo[c]
-            hi[c] = img[3 * i + c] if img[3 * i + c] > hi[c] else hi[c]
+            x = img[3 * i + c]
+            lo[c] = x if x < lo[c] else lo[c]
+            hi[c] = x if x > hi[c] else hi[c]
     for c in range(3):
         if lo[c] == hi[c]:
-            mn[c], inv[c] = 0.0, 1.0
+            mn, inv = 0.0, 1.0
         else:
-            mn[c] = <float>lo[c]
-            inv[c] = (<float>hi[c] - <float>lo[c]) * <float>(1.0 / 255.0)
-    for i in range(npix):
-        for c in range(3):
-            img[3 * i + c] = _trunc_u8((<float>img[3 * i + c] - mn[c]) / inv[c])
+            mn = <float>lo[c]
+            inv = (<float>hi[c] - <float>lo[c]) * <float>(1.0 / 255.0)
+        for v in range(256):
+            lut[256 * c + v] = _trunc_u8((<float>v - mn) / inv)
 
 
-cdef void _equalize(uint8_t* img, Py_ssize_t npix) noexcept nogil:
-    cdef int64_t hist[256]
+cdef void _equalize_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    cdef int64_t hist[768]
     cdef int64_t cum, step, last
-    cdef uint8_t lut[256]
+    cdef int64_t* hc
     cdef Py_ssize_t i
     cdef int c, v
+    memset(hist, 0, sizeof(hist))
+    for i in range(npix):
+        hist[img[3 * i]] += 1
+        hist[256 + img[3 * i + 1]] += 1
+        hist[512 + img[3 * i + 2]] += 1
     for c in range(3):
-        memset(hist, 0, sizeof(hist))
-        for i in range(npix):
-            hist[img[3 * i + c]] += 1
+        hc = hist + 256 * c
         last = 0
         for v in range(256):
-            if hist[v]:
+            if hc[v]:
                 last = v
-        step = (npix - hist[last]) // 255
+        step = (npix - hc[last]) // 255
         if step == 0:
+            for v in range(256):
+                lut[256 * c + v] = <uint8_t>v
             continue
-        lut[0] = 0
+        lut[256 * c] = 0
         cum = 0
         for v in range(255):
-            cum += hist[v]
-            lut[v + 1] = <uint8_t>min(255, (cum + step // 2) // step)
-        for i in range(npix):
-            img[3 * i + c] = lut[img[3 * i + c]]
+            cum += hc[v]
+            lut[256 * c + v + 1] = <uint8_t>min(255, (cum + step // 2) // step)
+
+
+cdef void _bitwise(uint8_t* img, Py_ssize_t n, int op, double mag) noexcept nogil:
+    """Posterize (x & mask) or Invert (255 - x) on its own: a vectorized loop beats a table."""
+    cdef uint8_t lut[768]
+    cdef uint8_t mask
+    cdef Py_ssize_t i
+    if op == AUG_INVERT:
+        for i in range(n):
+            img[i] = 255 - img[i]
+        return
+    _posterize_map(lut, mag)
+    mask = lut[255]
+    for i in range(n):
+        img[i] = img[i] & mask
+
+
+cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
+                 uint8_t* lut) noexcept nogil:
+    """The op as a per-channel map of values (3 x 256 into lut), statistics taken from img;
+    0 when the op is not one."""
+    if op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS:
+        _brightness_map(lut, 1.0 + mag if op == AUG_BRIGHTNESS else mag)
+    elif op == AUG_CONTRAST or op == AUG_J_CONTRAST:
+        _blend_map(lut, 1.0 + mag if op == AUG_CONTRAST else mag, _gray_mean(img, npix))
+    elif op == AUG_POSTERIZE:
+        _posterize_map(lut, mag)
+    elif op == AUG_SOLARIZE:
+        _solarize_map(lut, mag)
+    elif op == AUG_INVERT:
+        _solarize_map(lut, 0.0)
+    elif op == AUG_AUTOCONTRAST:
+        _autocontrast_map(lut, img, npix)
+    elif op == AUG_EQUALIZE:
+        _equalize_map(lut, img, npix)
+    else:
+        return 0
+    return 1
+
+
+cdef inline int _pure_map(int op) noexcept nogil:
+    """Whether the op is a map of values that does not look at the image (composable with
+    pending maps before they are applied)."""
+    return op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS or op == AUG_POSTERIZE \
+        or op == AUG_SOLARIZE or op == AUG_INVERT
 
 
 cdef void _grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil:
@@ -519,28 +659,19 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
                       const uint8_t* fill) noexcept nogil:
     """The dispatcher: one op of the table with torchvision's magnitude (jitter: factor)."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w
+    cdef uint8_t lut[768]
     if op == AUG_IDENTITY:
         return 0
     if AUG_SHEAR_X <= op <= AUG_ROTATE:
         return _geometric(op, mag, img, tmp, h, w, fill)
-    if op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS:
-        _brightness(img, 3 * npix, 1.0 + mag if op == AUG_BRIGHTNESS else mag)
+    if op == AUG_POSTERIZE or op == AUG_INVERT:
+        _bitwise(img, 3 * npix, op, mag)
+    elif _op_map(op, mag, img, npix, lut):
+        _lut_apply(img, npix, lut)
     elif op == AUG_COLOR or op == AUG_J_SATURATION:
         _saturation(img, npix, 1.0 + mag if op == AUG_COLOR else mag)
-    elif op == AUG_CONTRAST or op == AUG_J_CONTRAST:
-        _contrast(img, npix, 1.0 + mag if op == AUG_CONTRAST else mag)
     elif op == AUG_SHARPNESS:
         _sharpness(img, tmp, h, w, 1.0 + mag)
-    elif op == AUG_POSTERIZE:
-        _posterize(img, 3 * npix, mag)
-    elif op == AUG_SOLARIZE:
-        _solarize(img, 3 * npix, mag)
-    elif op == AUG_AUTOCONTRAST:
-        _autocontrast(img, npix)
-    elif op == AUG_EQUALIZE:
-        _equalize(img, npix)
-    elif op == AUG_INVERT:
-        _solarize(img, 3 * npix, 0.0)
     elif op == AUG_J_HUE:
         _hue(img, npix, mag)
     elif op == AUG_GRAYSCALE:
@@ -550,72 +681,166 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
     return 0
 
 
-cdef int aug_apply(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
-                   int h, int w) noexcept nogil:
-    cdef int k, rc
-    for k in range(prm.n):
-        rc = aug_apply_op(prm.step[k].op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
+cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
+                int h, int w, uint8_t* tail) noexcept nogil:
+    """The steps of prm in order; runs of value maps are composed and applied in one pass (a
+    map that takes statistics of the image first applies the pending ones). With tail, a
+    final run of maps is left in it (3 x 256) for the caller's conversion to absorb: returns 1
+    then, 0 when nothing is left, or an op's error code."""
+    cdef Py_ssize_t npix = <Py_ssize_t>h * w
+    cdef uint8_t lut[768]
+    cdef uint8_t m[768]
+    cdef int k, v, op, rc, pending = 0, first = 0
+    for k in range(prm.n + 1):
+        op = prm.step[k].op if k < prm.n else AUG_IDENTITY
+        if op == AUG_IDENTITY and k < prm.n:
+            continue
+        if pending and k == prm.n and tail != NULL:
+            memcpy(tail, lut, 768)
+            return 1
+        if pending and (k == prm.n or not _pure_map(op)):
+            if pending == 1 and (prm.step[first].op == AUG_POSTERIZE
+                                 or prm.step[first].op == AUG_INVERT):
+                _bitwise(img, 3 * npix, prm.step[first].op, prm.step[first].mag)
+            else:
+                _lut_apply(img, npix, lut)
+            pending = 0
+        if k == prm.n:
+            break
+        if _op_map(op, prm.step[k].mag, img, npix, m):
+            if pending:
+                for v in range(768):
+                    lut[v] = m[(v & ~255) + lut[v]]
+            else:
+                memcpy(lut, m, 768)
+                first = k
+            pending += 1
+            continue
+        rc = aug_apply_op(op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
         if rc != 0:
             return rc
     return 0
 
 
+cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* img,
+                           uint8_t* tmp, int h, int w, const OpsOutput* o,
+                           void* out) noexcept nogil:
+    """The steps of prm on img (in place), then the output sample from it; a final run of
+    value maps is folded into the conversion's tables (one pass less; the same bits)."""
+    cdef uint8_t tail[768]
+    cdef int rc = _steps(cfg, prm, img, tmp, h, w, tail)
+    if rc < 0:
+        return rc
+    _convert(img, h, w, o, out, tail if rc == 1 else NULL)
+    return 0
+
+
 # --- output conversion and erasing ----------------------------------------------------------
 
-cdef void aug_convert(const uint8_t* img, int h, int w, const OpsOutput* o,
-                      void* out) noexcept nogil:
-    """One output sample from the uint8 image: value * scale + bias per channel in float32
-    (ops_run's formula), as o.dtype in o.layout."""
-    cdef Py_ssize_t npix = <Py_ssize_t>h * w, i, plane
-    cdef int c
-    cdef float v
+cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* out,
+                   const uint8_t* maps) noexcept nogil:
+    """One output sample from the uint8 image, through maps[256 c + value] (3 x 256, or NULL):
+    value * scale + bias per channel in float32 (ops_run's formula), as o.dtype in o.layout.
+    The formula depends on (channel, value) only: a 3 x 256 table of the converted values,
+    then one lookup per element."""
+    cdef Py_ssize_t npix = <Py_ssize_t>h * w, i
+    cdef int c, v
+    cdef float lf[768]
+    cdef uint16_t lh[768]
     cdef float* f32 = <float*>out
     cdef uint16_t* u16 = <uint16_t*>out
     cdef uint8_t* u8 = <uint8_t*>out
+    if o.dtype == OPS_UINT8 and maps != NULL:
+        for i in range(npix):
+            u8[i if o.layout == OPS_CHW else 3 * i] = maps[img[3 * i]]
+            u8[npix + i if o.layout == OPS_CHW else 3 * i + 1] = maps[256 + img[3 * i + 1]]
+            u8[2 * npix + i if o.layout == OPS_CHW else 3 * i + 2] = maps[512 + img[3 * i + 2]]
+        return
     if o.dtype == OPS_UINT8:
         if o.layout == OPS_CHW:
-            for c in range(3):
-                for i in range(npix):
-                    u8[c * npix + i] = img[3 * i + c]
+            for i in range(npix):
+                u8[i] = img[3 * i]
+                u8[npix + i] = img[3 * i + 1]
+                u8[2 * npix + i] = img[3 * i + 2]
         else:
             memcpy(u8, img, <size_t>npix * 3)
         return
     for c in range(3):
+        for v in range(256):
+            lf[256 * c + v] = <float>(maps[256 * c + v] if maps != NULL else v) * o.scale[c] \
+                + o.bias[c]
+    if o.dtype == OPS_FLOAT32:
+        if o.layout == OPS_CHW:
+            for i in range(npix):
+                f32[i] = lf[img[3 * i]]
+                f32[npix + i] = lf[256 + img[3 * i + 1]]
+                f32[2 * npix + i] = lf[512 + img[3 * i + 2]]
+        else:
+            for i in range(npix):
+                f32[3 * i] = lf[img[3 * i]]
+                f32[3 * i + 1] = lf[256 + img[3 * i + 1]]
+                f32[3 * i + 2] = lf[512 + img[3 * i + 2]]
+        return
+    for v in range(768):
+        lh[v] = _to_f16(lf[v]) if o.dtype == OPS_FLOAT16 else _to_bf16(lf[v])
+    if o.layout == OPS_CHW:
         for i in range(npix):
-            v = <float>img[3 * i + c] * o.scale[c] + o.bias[c]
-            plane = c * npix + i if o.layout == OPS_CHW else 3 * i + c
-            if o.dtype == OPS_FLOAT32:
-                f32[plane] = v
-            elif o.dtype == OPS_FLOAT16:
-                u16[plane] = _to_f16(v)
-            else:
-                u16[plane] = _to_bf16(v)
+            u16[i] = lh[img[3 * i]]
+            u16[npix + i] = lh[256 + img[3 * i + 1]]
+            u16[2 * npix + i] = lh[512 + img[3 * i + 2]]
+    else:
+        for i in range(npix):
+            u16[3 * i] = lh[img[3 * i]]
+            u16[3 * i + 1] = lh[256 + img[3 * i + 1]]
+            u16[3 * i + 2] = lh[512 + img[3 * i + 2]]
+
+
+cdef inline void _erase_put(const OpsOutput* o, void* out, Py_ssize_t at, float v) noexcept nogil:
+    cdef int32_t vi
+    if o.dtype == OPS_FLOAT32:
+        (<float*>out)[at] = v
+    elif o.dtype == OPS_FLOAT16:
+        (<uint16_t*>out)[at] = _to_f16(v)
+    elif o.dtype == OPS_BFLOAT16:
+        (<uint16_t*>out)[at] = _to_bf16(v)
+    else:
+        vi = <int32_t>rint(v)
+        (<uint8_t*>out)[at] = <uint8_t>(0 if vi < 0 else (255 if vi > 255 else vi))
+
+
+cdef inline double _unit32(uint32_t x) noexcept nogil:
+    # (x + 1/2) / 2**32: in (0, 1), exact
+    return (<double>x + 0.5) * 2.3283064365386963e-10
 
 
 cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
                     const OpsOutput* o, void* out) noexcept nogil:
-    """RandomErasing after normalize: the box of prm set to cfg.erase_value (output units)."""
-    cdef int y, x, c
-    cdef Py_ssize_t at, npix = <Py_ssize_t>h * w
+    """RandomErasing after normalize: the box of prm set to cfg.erase_value (output units), or
+    with erase_random to standard normal values (torchvision's value="random": one per
+    element of the (3, bh, bw) box, in that order). Element k's value is the Acklam quantile
+    of word k % 4 of block (k // 4) % 2**16 of stream RNG_STREAM_ERASE_NOISE + k // 2**18 —
+    float64 arithmetic from + - * / sqrt and portable_log, the same on every machine."""
+    cdef int y, x, c, bh = prm.ebox[2], bw = prm.ebox[3]
+    cdef Py_ssize_t at, npix = <Py_ssize_t>h * w, k = 0
+    cdef uint32_t words[4]
     cdef float v
-    cdef int32_t vi
     if not prm.erase:
         return
     for c in range(3):
         v = cfg.erase_value[c]
-        for y in range(prm.ebox[0], prm.ebox[0] + prm.ebox[2]):
-            for x in range(prm.ebox[1], prm.ebox[1] + prm.ebox[3]):
-                at = c * npix + <Py_ssize_t>y * w + x if o.layout == OPS_CHW \
-                    else (<Py_ssize_t>y * w + x) * 3 + c
-                if o.dtype == OPS_FLOAT32:
-                    (<float*>out)[at] = v
-                elif o.dtype == OPS_FLOAT16:
-                    (<uint16_t*>out)[at] = _to_f16(v)
-                elif o.dtype == OPS_BFLOAT16:
-                    (<uint16_t*>out)[at] = _to_bf16(v)
-                else:
-                    vi = <int32_t>rint(v)
-                    (<uint8_t*>out)[at] = <uint8_t>(0 if vi < 0 else (255 if vi > 255 else vi))
+        for y in range(prm.ebox[0], prm.ebox[0] + bh):
+            at = c * npix + <Py_ssize_t>y * w + prm.ebox[1] if o.layout == OPS_CHW \
+                else (<Py_ssize_t>y * w + prm.ebox[1]) * 3 + c
+            for x in range(bw):
+                if cfg.erase_random:
+                    if k % 4 == 0:
+                        rng_block(prm.seed, prm.epoch, prm.index,
+                                  RNG_STREAM_ERASE_NOISE + <uint32_t>(k >> 18),
+                                  <uint32_t>((k >> 2) & 0xFFFF), words)
+                    v = <float>_normal(_unit32(words[k % 4]))
+                    k += 1
+                _erase_put(o, out, at, v)
+                at += 1 if o.layout == OPS_CHW else 3
 
 
 # --- configuration from dpu_pipe/augment.py's spec ------------------------------------------
@@ -656,6 +881,7 @@ cdef int aug_config_from(AugConfig* cfg, dict spec) except -1:
     for k in range(3):
         cfg.fill[k] = spec["fill"][k]
         cfg.erase_value[k] = spec["erase_value"][k]
+    cfg.erase_random = spec["erase_random"]
     for k in range(4):
         cfg.jitter[k] = spec["jitter"][k] is not None
         if cfg.jitter[k]:

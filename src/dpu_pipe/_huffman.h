@@ -64,6 +64,10 @@ typedef struct {
     hp_comp comp[HP_MAX_COMPS];
     uint16_t qt[4][64];     /* natural order */
     int qt_defined[4];
+    /* What libjpeg-turbo infers the colour space from (B.2.4.6 leaves it to the application):
+     * a JFIF APP0, an Adobe APP14 and its transform flag (the last one read), and whether
+     * bytes that are not a marker preceded one (libjpeg-turbo warns about those). */
+    int saw_jfif, saw_adobe, adobe_transform, junk;
     hp_table dc[4], ac[4];
 } hp_header;
 
@@ -145,6 +149,7 @@ static int hp_read_header(hp_header* h, const uint8_t* data, size_t size) {
     for (;;) {
         int marker, len;
         const uint8_t* seg;
+        if (pos < size && data[pos] != 0xFF) h->junk = 1;
         while (pos < size && data[pos] != 0xFF) pos++;   /* junk before a marker */
         while (pos < size && data[pos] == 0xFF) pos++;   /* fill bytes */
         if (pos >= size) return HP_EDATA;
@@ -244,6 +249,15 @@ static int hp_read_header(hp_header* h, const uint8_t* data, size_t size) {
             h->scan_start = pos;
             goto header_done;
         }
+        case 0xE0:                          /* APP0: JFIF when at least 14 bytes long */
+            if (len >= 14 && !memcmp(seg, "JFIF", 5)) h->saw_jfif = 1;
+            break;
+        case 0xEE:                          /* APP14: Adobe when at least 12 bytes long */
+            if (len >= 12 && !memcmp(seg, "Adobe", 5)) {
+                h->saw_adobe = 1;
+                h->adobe_transform = seg[11];
+            }
+            break;
         default:
             break;
         }
@@ -274,6 +288,24 @@ header_done:
     h->n_int = h->restart_interval ? (h->n_mcu + h->restart_interval - 1) / h->restart_interval
                                    : 1;
     return HP_OK;
+}
+
+enum { HP_GREY = 1, HP_YCC = 2, HP_RGB = 3 };
+
+/* The colour space libjpeg-turbo decodes the frame as (its default_decompress_parms): grey for
+ * one component; for three, YCbCr when a JFIF marker is present, else as an Adobe marker's
+ * transform says (0 RGB, 1 YCbCr), else RGB only for component ids 'R','G','B'. An Adobe
+ * transform libjpeg-turbo warns about is HP_UNSUPPORTED. */
+static int hp_colour_space(const hp_header* h) {
+    if (h->ncomp == 1) return HP_GREY;
+    if (h->ncomp != 3) return HP_UNSUPPORTED;
+    if (h->saw_jfif) return HP_YCC;
+    if (h->saw_adobe) {
+        if (h->adobe_transform == 0) return HP_RGB;
+        return h->adobe_transform == 1 ? HP_YCC : HP_UNSUPPORTED;
+    }
+    if (h->comp[0].id == 'R' && h->comp[1].id == 'G' && h->comp[2].id == 'B') return HP_RGB;
+    return HP_YCC;
 }
 
 /* Offset of the next marker (its first 0xFF, fill bytes included) at or after pos in

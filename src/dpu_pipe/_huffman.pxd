@@ -39,3 +39,32 @@ cdef extern from "_huffman.h" nogil:
     int hp_decode_rect(const hp_header* h, const uint8_t* data, const size_t* starts,
                        const size_t* ends, int r0, int r1, int c0, int c1,
                        int16_t* const* out) noexcept
+
+
+# Dequantization, IDCTs, upsampling and colour conversion bit-identical to libjpeg-turbo, and
+# the region decode over hp_decode_rect (_idct.h).
+cdef extern from "_idct.h" nogil:
+    enum:
+        PX_OK
+        PX_FALLBACK
+
+    ctypedef struct px_plan:
+        int scale
+        int out_w, out_h
+        int colour
+
+    ctypedef struct px_rect:
+        int r0, r1, c0, c1
+        size_t coef_bytes, plane_bytes
+
+    size_t PX_ROW_BYTES(int width)
+    void px_init_tables() noexcept
+    int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
+                     px_plan* p) noexcept
+    void px_make_rect(const hp_header* h, const px_plan* p, int top, int left, int height,
+                      int width, px_rect* r) noexcept
+    int64_t px_intervals_needed(const hp_header* h, const px_rect* r) noexcept
+    int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
+                      const uint8_t* data, const size_t* starts, const size_t* ends,
+                      int top, int left, int height, int width, uint8_t* coef,
+                      uint8_t* planes, uint8_t* rows, uint8_t* out, size_t out_stride) noexcept

@@ -1,8 +1,12 @@
-# Python face of the baseline Huffman entropy decoder (_huffman.h): coefficient blocks of a
-# JPEG, or of the MCU rectangle covering a region, for tests, fuzzing and measurements. The
-# pixel path calls the C functions of _huffman.pxd directly.
+# Python face of the baseline Huffman entropy decoder (_huffman.h) and of the region decode
+# built on it (_idct.h): coefficient blocks of a JPEG, or of the MCU rectangle covering a
+# region; the pixels of a box, bit-identical to libjpeg-turbo's region decode (or None where
+# libjpeg-turbo must decode). For tests, fuzzing and measurements; a pixel path calls the C
+# functions of _huffman.pxd directly.
 from libc.stdint cimport uint8_t, int16_t, int64_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
+cimport dpu_pipe._libjpeg as lj
+from dpu_pipe._jpeg cimport choose_scale, scale_region, JpegInfo, Region, DP_OK
 
 import numpy as np
 
@@ -104,3 +108,123 @@ def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 <
         free(h)
         free(starts)
         free(ends)
+
+
+px_init_tables()
+
+# libjpeg-turbo 2.1 and later upsample 1x2 chroma (4:4:0) with the triangle filter; whether
+# 2.0 does is not established here, so there the region decode leaves 4:4:0 to libjpeg-turbo.
+cdef int _FANCY_H1V2 = lj.LIBJPEG_TURBO_VERSION_NUMBER >= 2001000
+
+
+cdef class _Scratch:
+    """Buffers one region decode needs, owned here so that every exit frees them."""
+    cdef hp_header* h
+    cdef size_t* starts
+    cdef size_t* ends
+    cdef uint8_t* coef
+    cdef uint8_t* planes
+    cdef uint8_t* rows
+
+    def __cinit__(self):
+        self.h = <hp_header*>malloc(sizeof(hp_header))
+        if self.h == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.h)
+        free(self.starts)
+        free(self.ends)
+        free(self.coef)
+        free(self.planes)
+        free(self.rows)
+
+
+def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
+               int64_t max_pixels=1 << 28):
+    """The pixels of ``box = (top, left, height, width)`` (pixels of the image at DCT scale
+    scale/8, scale in 1, 2, 4, 8) decoded by dpu_pipe's own decoder: a uint8 array (height,
+    width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and
+    fancy upsampling, or with ``fast`` the fast IDCT and plain upsampling), or None where that
+    equality is not established or the data are damaged or beyond ``max_pixels`` (width x
+    height): the caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
+    box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
+    MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
+    freed on return. Raises ConfigError for a box outside the scaled image."""
+    cdef _Scratch sc = _Scratch()
+    cdef px_plan plan
+    cdef px_rect r
+    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+    cdef size_t n = data.shape[0]
+    cdef int rc, top, left, height, width
+    cdef int64_t need
+    cdef uint8_t[:, :, ::1] out
+    top, left, height, width = box
+    with nogil:
+        rc = hp_read_header(sc.h, p, n)
+    if rc != HP_OK:
+        return None
+    if <int64_t>sc.h.width * sc.h.height > max_pixels:
+        return None
+    rc = px_make_plan(sc.h, scale, fast, _FANCY_H1V2, &plan)
+    if rc == HP_ESIZE:
+        raise ConfigError(f"DCT scale {scale}/8 is not one of 1/8, 2/8, 4/8, 8/8")
+    if rc != PX_OK:
+        return None
+    if (top < 0 or left < 0 or height <= 0 or width <= 0 or top + height > plan.out_h
+            or left + width > plan.out_w):
+        raise ConfigError(f"box {tuple(box)} is not inside the {plan.out_w}x{plan.out_h} "
+                          f"image at scale {scale}/8")
+    px_make_rect(sc.h, &plan, top, left, height, width, &r)
+    need = px_intervals_needed(sc.h, &r)
+    sc.starts = <size_t*>malloc(need * sizeof(size_t))
+    sc.ends = <size_t*>malloc(need * sizeof(size_t))
+    sc.coef = <uint8_t*>calloc(r.coef_bytes, 1)
+    sc.planes = <uint8_t*>malloc(r.plane_bytes)
+    sc.rows = <uint8_t*>malloc(PX_ROW_BYTES(width))
+    if (sc.starts == NULL or sc.ends == NULL or sc.coef == NULL or sc.planes == NULL
+            or sc.rows == NULL):
+        raise MemoryError()
+    arr = np.empty((height, width, 3), np.uint8)
+    out = arr
+    with nogil:
+        rc = hp_find_intervals(sc.h, p, n, need, sc.starts, sc.ends)
+        if rc == HP_OK:
+            rc = px_decode_box(sc.h, &plan, &r, p, sc.starts, sc.ends, top, left, height, width,
+                               sc.coef, sc.planes, sc.rows, &out[0, 0, 0], out.strides[0])
+    return arr if rc == PX_OK else None
+
+
+def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bint strict,
+           int64_t max_pixels, int max_scans):
+    """dpu_pipe._jpeg.decode with dpu_pipe's own decoder first: the region (top, left,
+    height, width; full-resolution pixels, None for the whole image) at the smallest
+    power-of-two DCT scale keeping it at least min_h x min_w. Returns (uint8 array (h, w, 3),
+    scale in eighths, whether the own decoder produced it); where decode_box answers None,
+    libjpeg-turbo decodes (and raises DecodeError for damaged data)."""
+    from dpu_pipe import _jpeg
+
+    cdef hp_header* h
+    cdef JpegInfo info
+    cdef Region r
+    cdef int rc, scale, top, left, height, width
+    h = <hp_header*>malloc(sizeof(hp_header))
+    if h == NULL:
+        raise MemoryError()
+    try:
+        rc = hp_read_header(h, &data[0] if data.shape[0] else NULL, data.shape[0])
+        info.width, info.height = h.width, h.height
+    finally:
+        free(h)
+    if rc == HP_OK:
+        if region is None:
+            top, left, height, width = 0, 0, info.height, info.width
+        else:
+            top, left, height, width = region
+        scale = choose_scale(height, width, min_h, min_w)
+        if scale_region(&info, scale, top, left, height, width, &r) == DP_OK:
+            arr = decode_box(data, (r.top, r.left, r.height, r.width), scale, fast, max_pixels)
+            if arr is not None:
+                return arr, scale, True
+    arr, scale = _jpeg.decode(data, region, min_h, min_w, fast, strict, max_pixels, max_scans)
+    return arr, scale, False

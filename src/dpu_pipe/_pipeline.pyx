@@ -17,8 +17,8 @@ from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UI
                             ops_output_init, ops_resize_crop, ops_center_crop_box,
                             OPS_BILINEAR, OPS_BICUBIC)
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
-from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample, aug_apply,
-                                aug_convert, aug_erase)
+from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample,
+                                aug_apply_convert, aug_erase)
 
 import numpy as np
 
@@ -130,10 +130,10 @@ cdef int _resample(Worker* w, const BatchConfig* cfg, const uint8_t* src, Py_ssi
     if cfg.augmented:
         aug_sample(&cfg.aug, seed, epoch, index, &prm)
         if cfg.uint8_pass:
-            if aug_apply(&cfg.aug, &prm, w.crop, w.scratch, cfg.oh, cfg.ow) != 0:
+            if aug_apply_convert(&cfg.aug, &prm, w.crop, w.scratch, cfg.oh, cfg.ow,
+                                 &cfg.output, out) != 0:
                 strncpy(message, b"augmentation kernel rejected an op", MSG_LEN - 1)
                 return ST_OPS
-            aug_convert(w.crop, cfg.oh, cfg.ow, &cfg.output, out)
         aug_erase(&cfg.aug, &prm, cfg.oh, cfg.ow, &cfg.output, out)
     return DP_OK
 

@@ -28,7 +28,11 @@ cdef enum:
     RNG_STREAM_JITTER = 257    # colour jitter order and factors
     RNG_STREAM_GRAYSCALE = 258 # random grayscale
     RNG_STREAM_ERASE = 259     # random erasing
-    RNG_STREAM_USER = 260
+    RNG_STREAM_MIX = 260       # batch ops: mix, switch, CutMix box, Beta draw (dpu_pipe/mix.py)
+    RNG_STREAM_HOOK = 261      # batch_hook's Generator seed (dpu_pipe/mix.py)
+    RNG_STREAM_USER = 262
+    RNG_STREAM_ERASE_NOISE = 512  # erase_value="random": streams 512..527 (_augment: aug_erase)
+    RNG_ERASE_NOISE_STREAMS = 16
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
     RNG_PERM_ROUNDS = 8        # Feistel rounds of the epoch permutation
     RNG_PERM_MIN_BITS = 8      # smallest Feistel domain: 2**8 (see perm_init)

@@ -336,7 +336,8 @@ def entropy(data):
     """The baseline Huffman entropy decoder's own entry point (dpu_pipe._huffman) on a JPEG
     followed by an MCU rectangle: the whole image's coefficients have the shapes its header
     implies, and the rectangle's (read from the covering restart intervals only) are the
-    slice of the whole when both decode."""
+    slice of the whole when both decode; then the own region decode of a box the same four
+    bytes choose (see _own_box)."""
     from dpu_pipe import _huffman
 
     n = struct.calcsize(ENTROPY_TRAILER_FMT)
@@ -372,10 +373,37 @@ def entropy(data):
     try:
         part = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS)
     except EXPECTED:
-        return
-    if whole is not None:
+        part = None
+    if whole is not None and part is not None:
         for p_, w, (h, v) in zip(part, whole, factors):
             assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
+    _own_box(img, hdr, a, b, c, d)
+
+
+def _own_box(img, hdr, a, b, c, d):
+    """The own region decode (dpu_pipe._huffman.decode_box) of a box chosen by the trailer, at
+    one of the four DCT scales, fast or not: None (libjpeg-turbo's to decode) or an RGB array
+    of the box's shape, equal to libjpeg-turbo's decode of the image at that scale whenever
+    libjpeg-turbo reads the stream without a single warning (strict)."""
+    from dpu_pipe import _huffman, _jpeg
+
+    scale = (8, 4, 2, 1)[(a + d) & 3]
+    fast = bool(b & 1)
+    H, W = hdr["height"], hdr["width"]
+    oh, ow = -(-H * scale // 8), -(-W * scale // 8)
+    top, left = min(a * oh // 256, oh - 1), min(c * ow // 256, ow - 1)
+    h, w = max(1, (b * (oh - top)) // 255), max(1, (d * (ow - left)) // 255)
+    got = _huffman.decode_box(img, (top, left, h, w), scale, fast, max_pixels=MAX_PIXELS)
+    if got is None:
+        return
+    assert got.shape == (h, w, 3) and got.dtype == np.uint8
+    try:
+        ref, ref_scale = _jpeg.decode(img, None, H * scale // 8, W * scale // 8, fast, True,
+                                      MAX_PIXELS, MAX_SCANS)
+    except EXPECTED:
+        return
+    if ref_scale == scale:
+        assert np.array_equal(got, ref[top:top + h, left:left + w]), (top, left, h, w, scale)
 
 
 def _check_source(src, path_size=None):

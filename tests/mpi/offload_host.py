@@ -582,6 +582,52 @@ def run_matrix(args, src, warnings):
     return {"runs": runs}
 
 
+def run_mix(args, src, warnings):
+    """A mixing recipe (``--recipe``; num_classes defaults to the dataset's size, a class per
+    sample) in offload and hybrid mode: every batch of two epochs equal to the Loader's,
+    images and float32 labels, each sample once per epoch; then, per mode, a batch_hook that
+    raises: the error the host raises names the hook and the batch."""
+    from dpu_pipe import DPULoader, Loader
+    from dpu_pipe.errors import DpuPipeError
+
+    kw = dict(loader_kwargs(args), return_meta=True)
+    kw.setdefault("num_classes", len(src))
+
+    def stream(loader):
+        out = []
+        for e in range(args.epochs):
+            loader.set_epoch(e)
+            out.append([(x.copy(), y.copy(), np.array(m["index"])) for x, y, m in loader])
+        return out
+
+    with Loader(src, args.batch, **kw) as ref:
+        want = stream(ref)
+    runs, errors = [], {}
+    for mode in ("offload", "hybrid"):
+        with DPULoader(src, args.batch, mode=mode, **kw) as dl:
+            got = stream(dl)
+            s = dl.stats()
+        for e, (g, w) in enumerate(zip(got, want)):
+            assert len(g) == len(w), (mode, e, len(g), len(w))
+            for j, (b, r) in enumerate(zip(g, w)):
+                check_same(b[:2], r[:2], f"{mode} epoch {e} batch {j}")
+                assert b[1].dtype == np.float32 and b[1].shape[1] == kw["num_classes"]
+            flat = sorted(v for b in g for v in b[2].tolist())
+            assert flat == list(range(len(src))), f"{mode} epoch {e}: not exactly once"
+        runs.append({"mode": mode, "host_samples": s["host_samples"],
+                     "producer_samples": s["producer_samples"]})
+        bad = dict(kw, batch_hook="tests.batch_hooks:always_fails")
+        t0 = time.monotonic()
+        with DPULoader(src, args.batch, mode=mode, **bad) as dl:
+            try:
+                next(iter(dl))
+                errors[mode] = None
+            except DpuPipeError as exc:
+                errors[mode] = {"type": type(exc).__name__, "message": str(exc),
+                                "seconds": time.monotonic() - t0}
+    return {"runs": runs, "errors": errors}
+
+
 def run_concurrency(args, src, warnings):
     """Batches/s of a DPULoader whose producers take ``--fixed-delay`` s per batch (the
     worker wrapper), the host consuming as fast as it can, after one warm-up batch."""
@@ -793,7 +839,7 @@ def run_worker(args):
 
 
 SCENARIOS = {"stream": run_stream, "resume": run_resume, "bad": run_bad, "kill": run_kill,
-             "interleave": run_interleave, "matrix": run_matrix, "labels": run_labels, "concurrency": run_concurrency, "misc": run_misc,
+             "interleave": run_interleave, "matrix": run_matrix, "mix": run_mix, "labels": run_labels, "concurrency": run_concurrency, "misc": run_misc,
              "takeover": run_takeover, "close-early": run_close_early,
              "hybrid-stats": run_hybrid_stats}
 

@@ -496,6 +496,28 @@ def test_recipe_stream_equals_loader(data, tmp_path, producers):
     assert len(read(out, "host0.json")["runs"]) == 4
 
 
+MIX_RECIPE = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1,
+              "batch_hook": "tests.batch_hooks:noise", "auto_augment": "ta_wide"}
+
+
+@pytest.mark.parametrize("producers", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
+def test_mixed_stream_equals_loader(data, tmp_path, producers):
+    """MixUp/CutMix with label smoothing and a batch_hook, offload and hybrid: the producers'
+    batches (float32 (B, num_classes) labels through the payload layout) equal the Loader's;
+    a hook that raises ends the iteration with an error naming the hook and the batch."""
+    out = str(tmp_path)
+    job = launch(1, producers, "mix", out, "--data", data, "--recipe", json.dumps(MIX_RECIPE),
+                 "--dtype", "float32", limit=150)
+    assert job.returncode == 0, job.explain()
+    res = read(out, "host0.json")
+    assert [r["mode"] for r in res["runs"]] == ["offload", "hybrid"]
+    assert res["runs"][0]["host_samples"] == 0 and res["runs"][0]["producer_samples"] > 0
+    for mode, err in res["errors"].items():
+        assert err is not None, mode
+        assert "batch_hook 'tests.batch_hooks:always_fails' raised on batch" in \
+            err["message"] and "broken hook" in err["message"], (mode, err)
+
+
 def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):
     """DPU_PIPE_HOSTMAP wins over hostnames; one that names a host no rank runs on is a
     ConfigError on every rank, and the job ends promptly."""

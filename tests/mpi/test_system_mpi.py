@@ -7,6 +7,7 @@ and its launcher in DPU_PIPE_SYSTEM_MPIEXEC; scripts/check_system_mpi.sh sets bo
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,19 @@ def test_dpuloader_over_system_mpi(tmp_path, osc):
     argv = ["timeout", "-k", "5", "240", MPIEXEC, "--oversubscribe",
             "-n", "1", PYTHON, "-m", "mpi4py", str(ROOT / "tests/mpi/system_mpi_host.py"),
             str(data), ":", "-n", "2", PYTHON, "-m", "mpi4py", "-m", "dpu_pipe.worker"]
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    ok = [line for line in proc.stdout.splitlines() if line.startswith("OK ")]
-    assert len(ok) == 6, proc.stdout
     lib = subprocess.run([PYTHON, "-c", "from mpi4py import MPI; "
                           "print(MPI.Get_library_version().split(',')[0])"],
-                         capture_output=True, text=True, env=env).stdout.strip()
-    print(f"{lib}: {ok}")
+                         capture_output=True, text=True, env=env, timeout=60).stdout.strip()
+    assert lib.startswith("Open MPI"), f"{PYTHON}'s mpi4py runs {lib!r}, not Open MPI"
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    seconds = time.monotonic() - start
+    ok = [line for line in proc.stdout.splitlines() if line.startswith("OK ")]
+    # 124: timeout(1) ended the job at its deadline; with every check passed, a rank did
+    # not leave MPI_Finalize (the osc=ucx hang of a window still allocated there).
+    assert proc.returncode != 124, (f"killed at the 240 s deadline after {len(ok)} of 6 "
+                                    f"checks:\n{proc.stdout}{proc.stderr[-3000:]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert len(ok) == 6, proc.stdout
+    print(f"{lib}, osc={osc}: every rank gone after {seconds:.1f} s; {ok}")

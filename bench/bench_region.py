@@ -1,0 +1,95 @@
+"""dpu_pipe's own region decode (dpu_pipe._huffman.decode: the entropy decoder of _huffman.h
+and the IDCT, upsampling and colour conversion of _idct.h) against today's region decode over
+libjpeg-turbo (dpu_pipe._jpeg.decode), on the crop boxes a training Loader decodes.
+
+    python bench/bench_region.py [--n 200] [--rounds 3] [--seed 0] [--size 224] [--fast]
+
+One core (the calling thread), on the ImageNet-like dataset of real photographs
+(dpu_pipe.tools.sample_data), each file transcoded as a pack stores it (baseline, a restart
+marker every MCU); each box is torchvision's RandomResizedCrop box of (seed, epoch 0, sample
+index), decoded at the smallest power-of-two DCT scale keeping it at least --size pixels (as
+the Loader does). Methods interleaved image by image within each round, so machine load falls
+on all of them alike. Columns (µs per image, median over rounds):
+
+  box/libjpeg      today's region decode (covering restart intervals assembled into a
+                   sub-stream, libjpeg-turbo's Huffman + IDCT + upsampling + colour)
+  box/own          the own decoder (libjpeg-turbo for the boxes it hands over: the fast IDCT,
+                   progressive files - none here, every record is transcoded)
+  box/own-entropy  the own entropy decoder alone on the MCUs covering the box
+  idct+colour      box/own - box/own-entropy: dequantization, IDCT, upsampling, colour
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from dpu_pipe import _huffman, _jpeg, jpeg
+from dpu_pipe.rng import random_resized_crop
+from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
+
+MAX_PIXELS = 1 << 28
+
+
+def _mcu_rect(hdr, top, left, height, width):
+    comps = hdr["components"]
+    mh = 8 * (max(v for _, _, v, _ in comps) if len(comps) > 1 else 1)
+    mw = 8 * (max(h for _, h, _, _ in comps) if len(comps) > 1 else 1)
+    return top // mh, -(-(top + height) // mh), left // mw, -(-(left + width) // mw)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--fast", action="store_true", help="fast IDCT and plain upsampling")
+    args = ap.parse_args(argv)
+    paths, _ = dataset_files(sample_dataset(args.n, progress=False))
+    items = []
+    for i, p in enumerate(paths[:args.n]):
+        packed = np.frombuffer(jpeg.transcode(p.read_bytes(), restart_interval=1), np.uint8)
+        hdr = _huffman.header(packed)
+        box = tuple(int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
+                                                         hdr["width"]))
+        items.append((packed, box, _mcu_rect(hdr, *box)))
+    s, fast = args.size, args.fast
+    own_count = 0
+    for packed, box, _ in items:
+        ref, _ = _jpeg.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
+        got, _, own = _huffman.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
+        assert np.array_equal(got, ref), box
+        own_count += own
+    methods = {
+        "box/libjpeg": lambda it: _jpeg.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
+                                               100),
+        "box/own": lambda it: _huffman.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
+                                              100),
+        "box/own-entropy": lambda it: _huffman.read_coefficients(it[0], it[2]),
+    }
+    totals = {m: [] for m in methods}
+    for _ in range(args.rounds):
+        acc = dict.fromkeys(methods, 0.0)
+        for it in items:
+            for m, fn in methods.items():
+                t0 = time.perf_counter()
+                fn(it)
+                acc[m] += time.perf_counter() - t0
+        for m in methods:
+            totals[m].append(acc[m] / len(items) * 1e6)
+    totals["idct+colour"] = [a - b for a, b in zip(totals["box/own"], totals["box/own-entropy"])]
+    print(f"{len(items)} transcoded records (restart every MCU), {own_count} decoded by the own "
+          f"decoder (bit-identical, checked), {args.rounds} rounds, one core, methods "
+          f"interleaved per image, min size {s}, fast={fast}")
+    print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
+    for m, v in totals.items():
+        print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))
+    med = {m: statistics.median(v) for m, v in totals.items()}
+    print(f"own / libjpeg speed = {med['box/libjpeg'] / med['box/own']:.2f}x; entropy is "
+          f"{med['box/own-entropy'] / med['box/own']:.0%} of the own decode")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Batch ops: what happens to a finished batch, on whichever side made it (a local loader
+thread, a hybrid host thread, a producer rank) — MixUp / CutMix with soft, smoothed labels,
+and the user's ``batch_hook``.
+
+Semantics
+    torchvision.transforms.v2's ``MixUp`` and ``CutMix``: row ``j`` is paired with row
+    ``j - 1`` (row 0 with the last row: the batch rolled by one), λ ~ Beta(α, α); MixUp
+    blends the images ``x_j λ + x_{j-1} (1 - λ)``; CutMix pastes the partner's box, the box
+    computed from λ as ``v2.CutMix.make_params`` does (centre uniform over the pixels, half
+    sides ``int(0.5 sqrt(1 - λ) W)`` and ``… H``, clipped to the image), and λ is then corrected
+    to ``1 - box area / image area``. timm's ``Mixup`` for the rest: with both α set, each
+    batch is CutMix with probability ``mix_switch_p`` and MixUp otherwise; a batch is mixed
+    at all with probability ``mix_p`` (λ = 1 otherwise); labels are timm's ``mixup_target``:
+    the one-hot of the row's class smoothed to ``on = 1 - s + s / K``, ``off = s / K``
+    (``s = label_smoothing``, ``K = num_classes``), times λ, plus the partner's times 1 - λ —
+    float32 (B, num_classes).
+
+Randomness
+    Keyed by the batch: stream ``STREAM_MIX`` of :mod:`dpu_pipe.rng` with the index words
+    ``step | rank << 32`` (each rank its own λ, as each DDP rank of a timm run draws its
+    own), so the pairing and λ of batch ``s`` of epoch ``e`` are the same whoever makes the
+    batch, whatever the threads and producers. Validation loaders never mix.
+
+Hook
+    ``batch_hook="module:function"``: ``function(images, labels, rng)`` with the batch's
+    arrays (``images`` (n, *sample_shape) of the output dtype — bfloat16 as its uint16 bits;
+    ``labels`` (n,) or (n, K), after mixing) and a ``numpy.random.Generator`` seeded from
+    (seed, epoch, rank, step). It modifies the arrays in place and returns None, or returns
+    ``(images, labels)`` arrays of the same shapes and dtypes, copied into the batch. It runs
+    where the batch is made — on the DPU for offloaded batches — after mixing, once per
+    batch; to keep the stream deterministic it must depend only on its arguments.
+"""
+
+import importlib
+import math
+
+import numpy as np
+
+from . import _mix
+from . import _validate as _v
+from . import rng
+from .errors import ConfigError, DpuPipeError
+
+__all__ = ["MixParams", "mix_params", "cutmix_box", "BatchOps", "load_hook", "hook_rng"]
+
+
+class MixParams(dict):
+    """One batch's mix: ``mode`` ("mixup", "cutmix" or None), ``lam`` (each row's own label
+    weight, after the CutMix correction), ``box`` (CutMix: ``(x1, y1, x2, y2)`` in output
+    pixels, torchvision's order, end exclusive; else None)."""
+
+
+def mix_params(config, seed, epoch, step, rank=0):
+    """The :class:`MixParams` of batch ``step`` of ``epoch`` for ``config`` (a train
+    TransformConfig; the output size gives the CutMix box)."""
+    h, w = config.size
+    index = int(step) | int(rank) << 32
+    # The kernel twins of rng.uniforms and rng.beta_variate (tests hold them equal): a few
+    # microseconds per batch instead of numpy's per-call overheads.
+    u_mix, u_switch = _mix.uniforms(seed, epoch, index, rng.STREAM_MIX, 0)
+    a_mix, a_cut = config.mixup_alpha, config.cutmix_alpha
+    if not (a_mix > 0 or a_cut > 0) or not u_mix < config.mix_p:
+        return MixParams(mode=None, lam=1.0, box=None)
+    cut = a_cut > 0 and (a_mix == 0 or u_switch < config.mix_switch_p)
+    alpha = a_cut if cut else a_mix
+    lam = _mix.beta_variate(seed, epoch, index, rng.STREAM_MIX, alpha, alpha, first_block=2)
+    if not cut:
+        return MixParams(mode="mixup", lam=lam, box=None)
+    ux, uy = _mix.uniforms(seed, epoch, index, rng.STREAM_MIX, 1)
+    box, lam = cutmix_box(lam, int(math.floor(ux * w)), int(math.floor(uy * h)), h, w)
+    return MixParams(mode="cutmix", lam=lam, box=box)
+
+
+def cutmix_box(lam, r_x, r_y, height, width):
+    """``((x1, y1, x2, y2), corrected λ)`` of CutMix for λ and the box centre
+    ``(r_x, r_y)`` (pixels) in a ``height`` x ``width`` image, as ``v2.CutMix.make_params``."""
+    r = 0.5 * math.sqrt(1.0 - lam)
+    r_w, r_h = int(r * width), int(r * height)
+    x1, y1 = max(r_x - r_w, 0), max(r_y - r_h, 0)
+    x2, y2 = min(r_x + r_w, width), min(r_y + r_h, height)
+    return (x1, y1, x2, y2), float(1.0 - (x2 - x1) * (y2 - y1) / (width * height))
+
+
+def load_hook(path):
+    """The function ``path`` ("module:function") names; ConfigError naming it otherwise."""
+    path = _v.hook_path(path, "batch_hook")
+    module, _, name = path.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's setting
+        raise ConfigError(f"batch_hook {path!r}: cannot import {module!r} "
+                          f"({type(exc).__name__}: {exc})") from exc
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ConfigError(f"batch_hook {path!r}: module {module!r} has no function {name!r}")
+    return fn
+
+
+def hook_rng(seed, epoch, step, rank=0):
+    """The ``numpy.random.Generator`` batch ``step`` of ``epoch`` gives ``batch_hook``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+        [int(seed), int(epoch), int(rank), int(step), rng.STREAM_HOOK])))
+
+
+class BatchOps:
+    """The batch ops of one stream: mixing (train only) and the hook.
+
+    Parameters
+    ----------
+    config : TransformConfig
+    seed, rank : int
+        The stream's seed and rank (they key the mix and the hook's Generator).
+    """
+
+    def __init__(self, config, seed, rank):
+        self.config = config
+        self.seed, self.rank = int(seed), int(rank)
+        self.soft = config.soft_labels
+        self.hook_path = config.batch_hook
+        self.hook = load_hook(config.batch_hook) if config.batch_hook else None
+
+    @property
+    def active(self):
+        return self.soft or self.hook is not None
+
+    def params(self, epoch, step):
+        return mix_params(self.config, self.seed, epoch, step, self.rank)
+
+    def apply(self, epoch, step, images, classes, labels, indices):
+        """Mix ``images`` (n rows) and write the soft labels of ``classes`` (int64 (n,))
+        into ``labels`` (float32 (n, num_classes)) when mixing or smoothing; then run the
+        hook on ``(images, labels)``. ``indices`` (the rows' samples) name a failing batch."""
+        cfg = self.config
+        if self.soft:
+            p = self.params(epoch, step)
+            if p["mode"] == "mixup":
+                _mix.mixup(images, p["lam"], cfg.dtype)
+            elif p["mode"] == "cutmix":
+                _mix.cutmix(images, p["box"], cfg.layout)
+            bad = np.flatnonzero((classes < 0) | (classes >= cfg.num_classes))
+            if bad.size:
+                j = int(bad[0])
+                raise ConfigError(f"sample {int(indices[j])} has label {int(classes[j])}, "
+                                  f"outside 0..{cfg.num_classes - 1} (num_classes="
+                                  f"{cfg.num_classes})")
+            _mix.soft_labels(classes, cfg.num_classes, p["lam"], cfg.label_smoothing,
+                             out=labels)
+        if self.hook is not None:
+            self._run_hook(epoch, step, images, labels, indices)
+
+    def _run_hook(self, epoch, step, images, labels, indices):
+        try:
+            result = self.hook(images, labels, hook_rng(self.seed, epoch, step, self.rank))
+        except Exception as exc:  # noqa: BLE001 - named with its batch, cause kept
+            raise DpuPipeError(
+                f"batch_hook {self.hook_path!r} raised on batch {step} of epoch {epoch} "
+                f"(rank {self.rank}, samples {_few(indices)}): {type(exc).__name__}: "
+                f"{exc}") from exc
+        if result is None:
+            return
+        try:
+            new_images, new_labels = result
+        except (TypeError, ValueError):
+            new_images = new_labels = None
+        for name, new, old in (("images", new_images, images), ("labels", new_labels, labels)):
+            if not (isinstance(new, np.ndarray) and new.shape == old.shape
+                    and new.dtype == old.dtype):
+                raise DpuPipeError(
+                    f"batch_hook {self.hook_path!r} on batch {step} of epoch {epoch}: must "
+                    f"return None or (images, labels) arrays; its {name} are not "
+                    f"{old.dtype}{old.shape}")
+            if new is not old:
+                np.copyto(old, new)
+
+
+def _few(indices, count=4):
+    idx = [int(i) for i in indices[:count]]
+    return ", ".join(map(str, idx)) + (", ..." if len(indices) > count else "")
