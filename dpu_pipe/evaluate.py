@@ -29,7 +29,7 @@ from .transforms import TransformConfig
 from .weights import load_state
 
 __all__ = ["Metrics", "require_torch", "load_factory", "build_model", "evaluate_batch",
-           "evaluate_steps", "check_topk", "ShardEvaluator"]
+           "evaluate_steps", "evaluate_loader", "check_topk", "ShardEvaluator"]
 
 
 def require_torch():
@@ -144,14 +144,20 @@ def build_model(spec, kwargs=None):
     return model.eval()
 
 
-def evaluate_batch(model, images, labels, metrics):
+def evaluate_batch(model, images, labels, metrics, valid=None):
     """Add one batch to ``metrics``: ``images`` a float tensor or array (B, 3, H, W) or
     whatever the model takes, ``labels`` int64 (B,). The forward runs under
-    ``torch.no_grad``; the model must already be in eval mode."""
+    ``torch.no_grad``; the model must already be in eval mode.
+
+    ``valid`` says which rows count (the padding of ``shard_tail="mask"`` does not): None
+    (all), an int k (the first k rows: a loader's ``valid_rows``) or a bool array or tensor
+    (B,) (``meta["valid"]``). The model still sees the whole batch, so every rank's forward
+    has the same shape."""
     torch = require_torch()
     images = torch.as_tensor(images)
     labels = torch.as_tensor(labels, dtype=torch.int64)
     n = int(labels.shape[0])
+    keep = _rows(valid, n, labels.device)
     if n == 0:
         return metrics
     with torch.no_grad():
@@ -159,6 +165,9 @@ def evaluate_batch(model, images, labels, metrics):
         if logits.dim() != 2 or logits.shape[0] != n:
             raise ConfigError(f"the model returned logits of shape {tuple(logits.shape)} "
                               f"for a batch of {n}; expected ({n}, classes)")
+        if keep is not None:
+            logits, labels = logits[keep], labels[keep]
+            n = int(labels.shape[0])
         # Per-sample losses summed in float64: partial sums over different batchings (hosts,
         # producers) then agree to float64 rounding, not float32's.
         losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
@@ -172,12 +181,47 @@ def evaluate_batch(model, images, labels, metrics):
     return metrics
 
 
+def _rows(valid, n, device):
+    """``valid`` of :func:`evaluate_batch` as None (every row) or a bool tensor (n,)."""
+    torch = require_torch()
+    if valid is None:
+        return None
+    if isinstance(valid, (int, np.integer)) and not isinstance(valid, bool):
+        if not 0 <= valid <= n:
+            raise ConfigError(f"valid={valid} rows of a batch of {n}")
+        return None if valid == n else torch.arange(n, device=device) < int(valid)
+    keep = torch.as_tensor(valid, device=device)
+    if keep.dtype != torch.bool or tuple(keep.shape) != (n,):
+        raise ConfigError(f"valid must be None, a row count or a bool mask of shape ({n},), "
+                          f"got {keep.dtype} {tuple(keep.shape)}")
+    return keep
+
+
+def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
+    """:class:`Metrics` of ``model`` over what is left of ``loader``'s current epoch on
+    this rank, counting each batch's valid rows only (``loader.valid_rows``: the padding
+    of ``shard_tail="mask"``, the default of ``Loader(train=False)``, does not count).
+
+    Every rank of a distributed evaluation runs the same number of batches; the sums of
+    all ranks (``count``, ``loss_sum``, ``correct``; an all-reduce, or :meth:`Metrics.merge`)
+    count every sample of the dataset once. ``device``: where images and labels go
+    before the forward (default: where the loader yields them). The model must be in eval
+    mode."""
+    metrics = Metrics(topk)
+    for batch in loader:
+        images, labels = batch[0], batch[1]
+        if device is not None:
+            images, labels = images.to(device), labels.to(device)
+        evaluate_batch(model, images, labels, metrics, valid=loader.valid_rows)
+    return metrics
+
+
 def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
                    progress=None):
     """Evaluate batches ``steps`` (iterable of step numbers) of ``maker`` (a
     :class:`~dpu_pipe.steps.BatchMaker` built with the validation transform) with
-    ``model``; returns (:class:`Metrics`, seconds spent making batches, seconds in the
-    model).
+    ``model``, counting the valid rows of each (:meth:`~dpu_pipe.steps.BatchMaker.valid_rows`);
+    returns (:class:`Metrics`, seconds spent making batches, seconds in the model).
 
     ``images``/``labels``: optional batch buffers (``maker.batch_shape`` of the
     transform's dtype, int64 (batch_size,)) reused across calls. ``progress(n)`` is called
@@ -195,7 +239,7 @@ def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, la
         n = maker.make(epoch, step, images, labels)
         t1 = time.perf_counter()
         evaluate_batch(model, torch.from_numpy(images[:n]), torch.from_numpy(labels[:n]),
-                       metrics)
+                       metrics, valid=maker.valid_rows(epoch, step))
         model_s += time.perf_counter() - t1
         make_s += t1 - t0
         if progress is not None:
@@ -211,6 +255,7 @@ class ShardEvaluator:
     A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
     :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``, the
     validation transform), ``batch_size``, ``rank``/``world_size`` (the host's shard),
+    ``shard_tail`` (``"mask"`` when absent, as ``Loader(train=False)``, or ``"uneven"``),
     ``model`` (``"module:factory"``), ``model_kwargs``, ``topk`` and ``num_threads``.
     """
 
@@ -227,15 +272,21 @@ class ShardEvaluator:
 
     def maker(self, spec):
         """The :class:`~dpu_pipe.steps.BatchMaker` of validation spec ``spec``."""
+        tail = spec.get("shard_tail", "mask")
+        if tail not in ("mask", "uneven"):
+            raise ConfigError(f"validation shard_tail must be 'mask' or 'uneven' (every sample "
+                              f"once), got {tail!r}")
         key = json.dumps({k: spec[k] for k in ("source", "transform", "batch_size", "rank",
-                                               "world_size", "num_threads")}, sort_keys=True)
+                                               "world_size", "num_threads")}
+                         | {"shard_tail": tail}, sort_keys=True)
         maker = self._makers.get(key)
         if maker is None:
             transform = TransformConfig.from_dict(spec["transform"])
-            # Loader(train=False)'s sharding: in order, uneven shards, nothing padded or
-            # dropped, so every sample counts once over the hosts.
+            # Loader(train=False)'s sharding: in order, nothing dropped; "mask" pads the
+            # shards to equal lengths and evaluate_steps counts the valid rows only, so every
+            # sample counts once over the hosts.
             stream = StreamSpec(open_source(spec["source"]), spec["batch_size"], transform,
-                                shuffle=False, shard_tail="uneven", drop_last=False,
+                                shuffle=False, shard_tail=tail, drop_last=False,
                                 rank=spec["rank"], world_size=spec["world_size"])
             maker = BatchMaker(stream, spec.get("num_threads", 1))
             maker.buffers = (np.empty(maker.batch_shape, transform.np_dtype),

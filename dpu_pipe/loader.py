@@ -17,6 +17,7 @@ Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec`
 
 import collections
 import contextlib
+import dataclasses
 import os
 import queue
 import sys
@@ -32,6 +33,7 @@ from .device import OutputSpec, torch_module
 from .rng import check_epoch
 from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
                      format_traceback)
+from .sampler import EpochSampler
 from .sources import as_source
 from .spec import StreamSpec
 from .steps import BatchMaker, MakerStats
@@ -41,7 +43,15 @@ __all__ = ["Loader", "Engine", "LocalEngine"]
 
 # 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
 # a state of version 1 would resume into a different stream.
-STATE_VERSION = 2
+# 3: a state carries the resume point of an elastic resume (which an older dpu_pipe would
+# ignore, resuming into another stream), and train=False streams default to
+# shard_tail="mask" (equal batch counts on every rank, padding masked) instead of "uneven".
+# A version-2 state has no resume point and means what it meant: it is still read.
+STATE_VERSION = 3
+_READABLE_STATES = (2, STATE_VERSION)
+
+#: State fields an elastic resume may change: how the rest of an epoch is sharded.
+_ELASTIC_FIELDS = ("world_size", "rank", "batch_size")
 
 #: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
 DEFAULT_TIMEOUT = 300.0
@@ -268,12 +278,13 @@ class _EpochIter:
         loader._wait_s += time.monotonic() - t0
         loader._check_bad()
         loader._yielded += len(labels)
+        loader.valid_rows = loader.maker.valid_rows(self.epoch, self.next_step)
         self.next_step += 1
         loader._step += 1
         loader._fetched.append((loader._epoch, loader._step))
         x, y = loader.out.emit(images, labels)
         if loader.return_meta:
-            return x, y, loader._meta(indices)
+            return x, y, loader._meta(indices, loader.valid_rows)
         return x, y
 
 
@@ -298,13 +309,16 @@ class Loader:
         Keys the epoch permutation and every sample's augmentation.
     shuffle : bool, optional
         Shuffle every epoch (default: ``train``; evaluation reads in index order).
-    shard_tail : "pad", "drop" or "uneven", optional
+    shard_tail : "pad", "drop", "uneven" or "mask", optional
         The samples left over when ``world_size`` does not divide the dataset (see
         :class:`dpu_pipe.sampler.EpochSampler`, with a worked table): ``"pad"`` repeats a
         few (``DistributedSampler``'s default), ``"drop"`` leaves a few out, ``"uneven"``
         gives the first ranks one sample more so every sample is read exactly once across
-        ranks. Default: ``"pad"`` when ``train``, ``"uneven"`` otherwise — distributed
-        evaluation counts every sample once, with nothing padded or duplicated.
+        ranks (but ranks may differ by one batch), ``"mask"`` pads as ``"pad"`` and marks
+        the padded rows not valid (:attr:`valid_rows`, ``meta["valid"]``). Default:
+        ``"pad"`` when ``train``, ``"mask"`` otherwise — every rank runs the same number of
+        batches (per-batch collectives of a DDP validation loop never hang) and counting
+        the valid rows counts every sample once.
     drop_last : bool
         Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last`` (default
         False: the last batch is kept, shorter). ``len()`` counts batches accordingly.
@@ -352,7 +366,18 @@ class Loader:
         list per key of the source's ``metadata(i)`` (``"path"``: the path relative to the
         dataset root; a :class:`~dpu_pipe.FileList`'s ``meta_columns``). With
         ``on_error="skip"`` a replaced row names its replacement, the sample whose image and
-        label it holds. Looked up on the consumer's thread from the in-memory index.
+        label it holds. ``meta["valid"]``: bool per row (array, or tensor with torch
+        output), False for the padding of ``shard_tail="mask"``. Looked up on the
+        consumer's thread from the in-memory index.
+
+    Exact distributed evaluation
+    ----------------------------
+    With ``shard_tail="mask"`` (the default of ``train=False``) every rank has
+    ``ceil(n / world_size)`` samples; the last row of some ranks is padding (a sample read
+    again). After each batch, :attr:`valid_rows` is the number of rows that count — always
+    the *first* rows, so ``images[:loader.valid_rows]`` are the real samples — and
+    ``meta["valid"]`` flags them. Summing metrics over valid rows and all-reducing counts
+    every sample exactly once.
 
     Buffers and aliasing
     --------------------
@@ -403,10 +428,11 @@ class Loader:
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
                                          dtype=self.out.kernel_dtype,
                                          layout=self.out.kernel_layout, **transform_options)
-        # Evaluation reads every sample once, in order: no shuffle, no padding, no drop.
+        # Evaluation reads in order, nothing dropped; the padding that gives every rank as
+        # many batches is flagged (valid_rows), so every sample counts once.
         shuffle = self.transform.train if shuffle is None else shuffle
         if shard_tail is None:
-            shard_tail = "pad" if self.transform.train else "uneven"
+            shard_tail = "pad" if self.transform.train else "mask"
         self.prefetch = _v.positive_int(prefetch, "prefetch")
         self.num_threads = _v.positive_int(num_threads, "num_threads")
         self.source = as_source(source)
@@ -439,6 +465,9 @@ class Loader:
         self._fetched = collections.deque([(0, 0)], maxlen=self.lookahead + 1)
         self._wait_s = 0.0
         self._yielded = 0         # samples handed to the caller, all epochs
+        #: Rows of the batch last yielded that count: its first ``valid_rows`` rows (all of
+        #: them, except the padding of ``shard_tail="mask"``); 0 before the first batch.
+        self.valid_rows = 0
         self._created = time.monotonic()
         self._mark = None         # (time, counters) of the last stats(interval=True)
 
@@ -449,8 +478,10 @@ class Loader:
     # --- position in the stream ---------------------------------------------------------
 
     def __len__(self):
-        """Batches per epoch on this rank."""
-        return self.maker.num_batches
+        """Batches of the loader's current epoch on this rank: the same every epoch, except
+        the epoch continued by an elastic resume (see :meth:`load_state_dict`), which has
+        what is left of it."""
+        return self.maker.batches_in(self._epoch)
 
     @property
     def epoch(self):
@@ -491,12 +522,15 @@ class Loader:
         """Position in the stream: restoring it (in this or a new process, with the same
         dataset and arguments) makes the remaining stream bit-identical to an uninterrupted
         run. With ``lookahead`` it is the position of the training step, behind what was
-        fetched ahead of it."""
+        fetched ahead of it. JSON-serialisable; ``"resume"`` is the resume point of an
+        elastic resume when the position is in the epoch it applies to (else None)."""
         epoch, step = self._epoch, self._step
         if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
             epoch, step = self._fetched[0]
         state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
         state.update(self.stream_spec.state())
+        resume = self.stream_spec.resume
+        state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
         state["source"] = self._source_identity()
         return state
 
@@ -510,9 +544,59 @@ class Loader:
                 "location": args.get("path", args.get("root")),
                 "num_samples": len(self.source), "fingerprint": fp() if fp else None}
 
-    def load_state_dict(self, state):
-        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+    def load_state_dict(self, state, elastic=False):
+        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
+
+        The state must come from a loader of the same dataset and arguments. With
+        ``elastic=True`` it may come from a job of another size — other ``world_size``,
+        ``rank`` or ``batch_size`` — whose ranks all stood at the same step, as DDP's do:
+        the rest of the saved epoch (the positions of its order no rank had read) is
+        sharded over this job's ranks, so every sample of that epoch is delivered once
+        across the two jobs (with ``shard_tail="pad"`` the few padded rows of the rest
+        repeat samples of the epoch's start; ``"mask"`` marks them not valid); the epochs
+        after it are this job's whole epochs. That epoch then has fewer batches (``len()``
+        tells) and its steps count from 0 again; a state saved in it carries the resume
+        point. Every rank of the new job loads the same state: one rank's (its step stands
+        for every rank's) or the list of every saved rank's states, which is checked: ranks
+        at different steps, a missing rank or different epochs raise :class:`ConfigError`.
+        With the same geometry (world size, batch size) an elastic load is a plain resume.
+        """
+        elastic = _v.boolean(elastic, "elastic")
+        states = state if isinstance(state, (list, tuple)) else [state]
+        if isinstance(state, (list, tuple)) and not (elastic and state):
+            raise ConfigError("a list of states is for load_state_dict(states, elastic=True) "
+                              "(an elastic resume from every rank's state); pass this rank's "
+                              "state to resume on as many ranks as were saved")
+        for st in states:
+            self._check_state(st, elastic)
+        first = states[0]
+        epoch = check_epoch(first.get("epoch"))
+        resume = self._state_resume(first, epoch)
+        if not elastic or self._same_geometry(first):
+            if len(states) > 1:
+                self._elastic_point(states, epoch, resume)    # checks the ranks agree
+                first = next(st for st in states if st["rank"] == self.stream_spec.rank)
+            step = self._state_step(first, epoch, resume)
+            if elastic:
+                # Another rank's state (they stood at one step): a rank of an uneven shard
+                # with one batch less is at its end.
+                spec = self.stream_spec
+                mine = self._sampler(spec.world_size, spec.rank, resume)
+                step = min(step, mine.num_batches(spec.batch_size, spec.drop_last, epoch))
+        else:
+            epoch, start = self._elastic_point(states, epoch, resume)
+            resume, step = (epoch, start), 0
+        self._end_iteration()
+        spec = dataclasses.replace(self.stream_spec, resume=resume)
+        if spec != self.stream_spec:
+            self._set_stream(spec)
+        self._epoch = epoch
+        self._step = int(step)
+
+    def _check_state(self, state, elastic):
+        """ConfigError unless ``state`` is a loader state of this dataset and of these
+        arguments (the re-sharding ones excepted when ``elastic``)."""
+        if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
             raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
         theirs, ours = state.get("source"), self._source_identity()
         # A state saved before the dataset was recorded carries no "source": not checked.
@@ -525,19 +609,125 @@ class Loader:
                 f"fingerprint {ours['fingerprint']}); build the loader with the same dataset "
                 f"and arguments to resume")
         for key, mine in self.stream_spec.state().items():
+            if elastic and key in _ELASTIC_FIELDS:
+                continue
             if state.get(key) != mine:
+                hint = ""
+                if key in _ELASTIC_FIELDS:
+                    hint = (" — or, to continue on a different number of ranks, "
+                            "load_state_dict(state, elastic=True) (every rank of the saved "
+                            "job must have stood at the same step, as under DDP)")
                 raise ConfigError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
                     f"{key}={mine!r}; build the loader with the same dataset and "
-                    f"arguments to resume")
-        epoch = check_epoch(state.get("epoch"))
+                    f"arguments to resume{hint}")
+        if elastic:
+            for key, low in (("world_size", 1), ("batch_size", 1), ("rank", 0)):
+                value = state.get(key)
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                        or value < low:
+                    raise ConfigError(f"state {key} {value!r} is not an integer >= {low}")
+            if state["rank"] >= state["world_size"]:
+                raise ConfigError(f"state rank {state['rank']} outside its world_size "
+                                  f"{state['world_size']}")
+
+    def _state_resume(self, state, epoch):
+        """The resume point ``state`` was saved with, (epoch, start) or None."""
+        resume = state.get("resume")
+        if resume is None:
+            return None
+        try:
+            resume = tuple(resume)
+            ok = len(resume) == 2 and check_epoch(resume[0]) == epoch
+        except (TypeError, ConfigError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"state resume point {state.get('resume')!r} is not "
+                              f"[epoch {epoch}, start]")
+        return resume
+
+    def _same_geometry(self, state):
+        return all(state.get(k) == getattr(self.stream_spec, k)
+                   for k in ("world_size", "batch_size"))
+
+    def _sampler(self, world_size, rank, resume):
+        """The sampler of this stream's rank ``rank`` of ``world_size`` with ``resume``."""
+        spec = self.stream_spec
+        return EpochSampler(len(self.source), seed=spec.seed, shuffle=spec.shuffle,
+                            rank=rank, world_size=world_size, shard_tail=spec.shard_tail,
+                            resume=resume)
+
+    def _state_step(self, state, epoch, resume):
+        """The step of ``state``, checked against its own geometry."""
         step = state.get("step")
+        saved = self._sampler(state.get("world_size", self.stream_spec.world_size),
+                              state.get("rank", self.stream_spec.rank), resume)
+        batches = saved.num_batches(state.get("batch_size", self.batch_size),
+                                    self.stream_spec.drop_last, epoch)
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not 0 <= step <= len(self):
-            raise ConfigError(f"state step {step!r} outside 0..{len(self)}")
-        self._end_iteration()
-        self._epoch = epoch
-        self._step = int(step)
+                or not 0 <= step <= batches:
+            raise ConfigError(f"state step {step!r} outside 0..{batches}")
+        return int(step)
+
+    def _elastic_point(self, states, epoch, resume):
+        """Where the rest of ``epoch`` starts after the saved ranks' steps: ``(epoch,
+        start)`` with the positions ``0 .. start - 1`` of its order read, or ``(epoch + 1,
+        0)`` when the epoch was read to its end.
+
+        Saved rank ``r`` with ``per_r`` indices in the epoch at step ``s_r`` has read its
+        first ``c_r = min(s_r * batch_size, per_r)`` indices: positions ``r, r + W, ...``.
+        The ranks read a prefix of the order — what the rest can continue from — when every
+        ``c_r`` is ``min(K, per_r)`` for one K; one state stands for every rank at its step.
+        """
+        ref = states[0]
+        world, bs = ref["world_size"], ref["batch_size"]
+        base = resume[1] if resume is not None else 0
+        if len(states) > 1:
+            ranks = sorted(st["rank"] for st in states)
+            if ranks != list(range(world)) or any(
+                    (st["world_size"], st["batch_size"]) != (world, bs) for st in states):
+                raise ConfigError(f"an elastic resume from a list of states needs the state "
+                                  f"of every rank 0..{world - 1} of one job, once each; got "
+                                  f"ranks {ranks}")
+            epochs = {st.get("epoch") for st in states}
+            if len(epochs) > 1:
+                raise ConfigError(f"the saved ranks stood in different epochs {sorted(epochs)}: "
+                                  f"an elastic resume needs every rank at the same step")
+            if any(self._state_resume(st, epoch) != resume for st in states):
+                raise ConfigError("the saved ranks' states have different resume points: "
+                                  "they are not the states of one job")
+            steps = {st["rank"]: self._state_step(st, epoch, resume) for st in states}
+        else:
+            step = self._state_step(ref, epoch, resume)
+            steps = {r: step for r in range(world)}
+        samplers = [self._sampler(world, r, resume) for r in range(world)]
+        drop_last = self.stream_spec.drop_last
+        if all(steps[r] >= s.num_batches(bs, drop_last, epoch)
+               for r, s in enumerate(samplers)):
+            return epoch + 1, 0
+        read = [min(steps[r] * bs, s.count(epoch)) for r, s in enumerate(samplers)]
+        k = max(read)
+        if any(c != min(k, s.count(epoch)) for c, s in zip(read, samplers)):
+            raise ConfigError(
+                "the saved ranks stood at different steps ("
+                + ", ".join(f"rank {r} at step {steps[r]}" for r in range(world))
+                + f") of epoch {epoch}: an elastic resume needs every rank at the same step, "
+                  f"as under DDP")
+        start = base + min(k * world, len(self.source) - base)
+        if start >= len(self.source):
+            return epoch + 1, 0
+        return epoch, start
+
+    def _set_stream(self, spec):
+        """Make ``spec`` this loader's stream: a new maker (keeping the counters and bad
+        samples met so far) and, on the next iteration, a new engine."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        old = self.maker
+        self.stream_spec = spec
+        self.maker = BatchMaker(spec, self.num_threads)
+        self.maker.stats, self.maker.bad_samples = old.stats, old.bad_samples
 
     def iterable_dataset(self):
         """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
@@ -628,19 +818,23 @@ class Loader:
         """(seconds the batch makers spent reading and decoding, how many makers)."""
         return stats["read_s"] + stats["process_s"], self.num_threads
 
-    def _meta(self, indices):
-        """The ``meta`` of a batch whose rows are the samples ``indices``: a dict of columns,
-        ``"index"`` (int64, a fresh array or CPU tensor) and one list per key of the
-        source's ``metadata(i)``."""
+    def _meta(self, indices, valid_rows):
+        """The ``meta`` of a batch whose rows are the samples ``indices``, the first
+        ``valid_rows`` of them valid: a dict of columns, ``"index"`` (int64, a fresh array
+        or CPU tensor), ``"valid"`` (bool, likewise) and one list per key of the source's
+        ``metadata(i)``."""
         index = np.array(indices, dtype=np.int64)    # a copy: ``indices`` is a ring buffer
+        valid = np.arange(len(index)) < valid_rows
         lookup = getattr(self.source, "metadata", None)
         rows = [lookup(i) for i in index.tolist()] if lookup is not None else []
-        meta = {"index": index}
+        meta = {"index": index, "valid": valid}
         for key in (rows[0] if rows else ()):
-            if key != "index":
+            if key not in meta:
                 meta[key] = [r[key] for r in rows]
         if self.output == "torch":
-            meta["index"] = torch_module("output='torch'").from_numpy(index)
+            torch = torch_module("output='torch'")
+            meta["index"] = torch.from_numpy(index)
+            meta["valid"] = torch.from_numpy(valid)
         return meta
 
     # --- lifecycle ----------------------------------------------------------------------

@@ -7,6 +7,10 @@ No rank ever holds the permutation: a batch costs memory and time for its own in
 whatever the size of the dataset (up to 2**40 samples), and every rank, thread or producer
 computes the same order without talking to the others. Each rank takes every
 ``world_size``-th position starting at ``rank``, as PyTorch's ``DistributedSampler`` does.
+
+An elastic resume (``resume=(epoch, start)``) shards only positions ``start .. n - 1`` of that
+one epoch — the part the ranks of a job of another size had not read — over this job's ranks:
+rank ``r`` reads positions ``start + r, start + r + world_size, ...``; other epochs are whole.
 """
 
 import numpy as np
@@ -21,7 +25,7 @@ __all__ = ["EpochSampler", "SHARD_TAILS", "MAX_SAMPLES"]
 MAX_SAMPLES = 1 << 40
 
 #: How shards treat the samples left over when ``world_size`` does not divide the dataset.
-SHARD_TAILS = ("pad", "drop", "uneven")
+SHARD_TAILS = ("pad", "drop", "uneven", "mask")
 
 # Positions go to the kernel this many at a time: bounded memory for whole-shard requests.
 _CHUNK = 1 << 16
@@ -40,7 +44,7 @@ class EpochSampler:
         False keeps index order (0, 1, 2, ...) in every epoch.
     rank, world_size : int
         This rank and the number of ranks sharing the dataset, 0 <= rank < world_size.
-    shard_tail : "pad", "drop" or "uneven"
+    shard_tail : "pad", "drop", "uneven" or "mask"
         What happens to the ``num_samples % world_size`` samples left over when the ranks
         stride through the epoch's order:
 
@@ -55,6 +59,17 @@ class EpochSampler:
           index more than the others and **every sample is read exactly once across
           ranks**: exact distributed evaluation. A rank may have no index at all when
           ``n < world_size``.
+        * ``"mask"``: the shards of ``"pad"`` — every rank the same count, so the same number
+          of batches — with the padding marked: :meth:`valid` is False for the positions
+          past the end of the order (at most one per rank, always the rank's last). Counting
+          only the valid rows reads **every sample exactly once across ranks** while every
+          rank runs the same number of steps: exact evaluation under DDP, whose per-batch
+          collectives would hang on ``"uneven"``'s unequal batch counts.
+    resume : (epoch, start), optional
+        Epoch ``epoch`` covers only positions ``start .. num_samples - 1`` of its order (0 <=
+        start < num_samples), sharded as above over ``num_samples - start`` positions
+        (padding wraps around to the start of the whole order): the rest of an epoch that
+        ranks of another job size had read up to ``start``. Other epochs are whole.
 
     The last partial *batch* is a separate choice, ``drop_last`` of :meth:`batches` (as
     ``DataLoader``'s ``drop_last``, default False: kept, shorter).
@@ -73,6 +88,8 @@ class EpochSampler:
     ``"uneven"``  0 3 .. 63 / 1 4 .. 61 / 2 5 .. 62   22 /   5 (.. 2) / 5 (.. 1) /        4 / 4 / 4
                                                       21 /   5 (.. 1)
                                                       21
+    ``"mask"``    as ``"pad"``, the **0** and **1**   22     5 (5 5 5 5 2)                4
+                  marked not valid (:meth:`valid`)
     ============  ==================================  =====  ===========================  ==========
 
     And with 7 samples over 2 ranks, batch size 3: ``"uneven"`` gives rank 0 ``[0 2 4]
@@ -88,25 +105,43 @@ class EpochSampler:
     """
 
     def __init__(self, num_samples, *, seed=0, shuffle=True, rank=0, world_size=1,
-                 shard_tail="pad"):
+                 shard_tail="pad", resume=None):
         self.num_samples = _v.integer(num_samples, "num_samples", 1, MAX_SAMPLES)
         self.seed = check_seed(seed)
         self.world_size = _v.positive_int(world_size, "world_size")
         self.rank = _v.integer(rank, "rank", 0, self.world_size - 1)
         self.shuffle = _v.boolean(shuffle, "shuffle")
         self.shard_tail = _v.choice(shard_tail, "shard_tail", SHARD_TAILS)
-        n, ws = self.num_samples, self.world_size
-        if shard_tail == "pad":
-            self._per_rank = -(-n // ws)
-        elif shard_tail == "drop":
-            self._per_rank = n // ws
-            if self._per_rank == 0:
-                raise ConfigError(
-                    f"shard_tail='drop' with {n} samples over world_size={ws} leaves every "
-                    f"rank empty; use shard_tail='pad' or 'uneven', or fewer ranks")
-        else:
-            self._per_rank = -(-(n - self.rank) // ws) if n > self.rank else 0
+        self.resume = check_resume(resume, self.num_samples)
+        self._per_rank = self._count(self.num_samples)
+        if self._per_rank == 0 and shard_tail == "drop":
+            raise ConfigError(
+                f"shard_tail='drop' with {self.num_samples} samples over world_size="
+                f"{self.world_size} leaves every rank empty; use shard_tail='pad', 'uneven' "
+                f"or 'mask', or fewer ranks")
         self.epoch = 0
+
+    def _count(self, length):
+        """This rank's share of ``length`` positions."""
+        ws = self.world_size
+        if self.shard_tail in ("pad", "mask"):
+            return -(-length // ws)
+        if self.shard_tail == "drop":
+            return length // ws
+        return -(-(length - self.rank) // ws) if length > self.rank else 0
+
+    def _span(self, epoch):
+        """(first position, positions) of ``epoch``'s order that the shards cover."""
+        if self.resume is not None and epoch == self.resume[0]:
+            return self.resume[1], self.num_samples - self.resume[1]
+        return 0, self.num_samples
+
+    def count(self, epoch=None):
+        """Number of indices this rank reads in ``epoch`` (default: the current one):
+        ``len(self)``, or fewer in the epoch of ``resume``."""
+        epoch = self._epoch(epoch)
+        start, length = self._span(epoch)
+        return self._per_rank if start == 0 else self._count(length)
 
     def set_epoch(self, epoch):
         """Make ``epoch`` (0 <= epoch < 2**32) the one :meth:`indices`, :meth:`batches` and
@@ -114,8 +149,8 @@ class EpochSampler:
         self.epoch = check_epoch(epoch)
 
     def __len__(self):
-        """Number of indices this rank reads per epoch (the same on every rank unless
-        ``shard_tail="uneven"``)."""
+        """Number of indices this rank reads per whole epoch (the same on every rank unless
+        ``shard_tail="uneven"``); see :meth:`count` for the epoch of ``resume``."""
         return self._per_rank
 
     def _epoch(self, epoch):
@@ -143,50 +178,97 @@ class EpochSampler:
         :meth:`set_epoch`), in reading order, from shard position ``start`` to ``stop``
         (default: the whole shard): int64, shape (stop - start,)."""
         epoch = self._epoch(epoch)
-        stop = self._per_rank if stop is None else stop
+        per_rank = self.count(epoch)
+        first, _ = self._span(epoch)
+        stop = per_rank if stop is None else stop
         start = _v.integer(start, "start", 0)
-        stop = _v.integer(stop, "stop", start, self._per_rank)
+        stop = _v.integer(stop, "stop", start, per_rank)
         out = np.empty(stop - start, np.int64)
         for lo in range(start, stop, _CHUNK):
             hi = min(stop, lo + _CHUNK)
             # Padding wraps around to the start of the order, as often as needed.
-            pos = (self.rank + np.arange(lo, hi, dtype=np.int64) * self.world_size) \
+            pos = (first + self.rank + np.arange(lo, hi, dtype=np.int64) * self.world_size) \
                 % self.num_samples
             out[lo - start:hi - start] = self._at(pos, epoch)
         return out
 
-    def num_batches(self, batch_size, drop_last=False):
-        """Number of batches :meth:`batches` yields per epoch on this rank."""
+    def num_valid(self, epoch=None, start=0, stop=None):
+        """How many of this rank's shard positions ``start .. stop - 1`` of ``epoch`` are
+        valid: all of them, except with ``shard_tail="mask"`` the padding (positions past
+        the end of the order). The valid positions of a rank come first, so batch rows
+        ``0 .. num_valid - 1`` are the valid ones. O(1)."""
+        epoch = self._epoch(epoch)
+        per_rank = self.count(epoch)
+        stop = per_rank if stop is None else stop
+        start = _v.integer(start, "start", 0)
+        stop = _v.integer(stop, "stop", start, per_rank)
+        if self.shard_tail != "mask":
+            return stop - start
+        _, length = self._span(epoch)
+        real = -(-(length - self.rank) // self.world_size) if length > self.rank else 0
+        return max(0, min(stop, real) - start)
+
+    def valid(self, epoch=None, start=0, stop=None):
+        """Which of this rank's shard positions ``start .. stop - 1`` of ``epoch`` are valid
+        (see :meth:`num_valid`): bool, shape (stop - start,)."""
+        epoch = self._epoch(epoch)
+        stop = self.count(epoch) if stop is None else stop
+        k = self.num_valid(epoch, start, stop)      # checks start and stop
+        out = np.zeros(stop - start, bool)
+        out[:k] = True
+        return out
+
+    def num_batches(self, batch_size, drop_last=False, epoch=None):
+        """Number of batches :meth:`batches` yields in ``epoch`` (default: a whole epoch,
+        not the one of ``resume``) on this rank."""
         batch_size = _v.positive_int(batch_size, "batch_size")
         drop_last = _v.boolean(drop_last, "drop_last")
-        return self._per_rank // batch_size if drop_last else -(-self._per_rank // batch_size)
+        per_rank = self._per_rank if epoch is None else self.count(epoch)
+        return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
     def batch(self, epoch, step, batch_size, drop_last=False):
         """Indices of batch ``step`` (0-based) of ``epoch`` on this rank: int64, shape
         (batch_size,), or shorter for the last batch when it is kept. O(batch_size) time
         and memory."""
-        n = self.num_batches(batch_size, drop_last)
+        epoch = self._epoch(epoch)
+        n = self.num_batches(batch_size, drop_last, epoch)
         step = _v.integer(step, "step", 0)
         if step >= n:
-            raise ConfigError(f"step {step} is past the last batch of the epoch ({n} batches "
-                              f"of {batch_size})")
+            raise ConfigError(f"step {step} is past the last batch of epoch {epoch} ({n} "
+                              f"batches of {batch_size})")
         start = step * batch_size
-        return self.indices(epoch, start, min(start + batch_size, self._per_rank))
+        return self.indices(epoch, start, min(start + batch_size, self.count(epoch)))
 
     def batches(self, epoch=None, batch_size=1, drop_last=False):
         """This rank's batches of ``epoch``: a list of int64 arrays of ``batch_size`` indices
         each; the last one is shorter, or left out when ``drop_last``."""
-        n = self.num_batches(batch_size, drop_last)
-        idx = self.indices(epoch, 0, min(n * batch_size, self._per_rank))
+        epoch = self._epoch(epoch)
+        n = self.num_batches(batch_size, drop_last, epoch)
+        idx = self.indices(epoch, 0, min(n * batch_size, self.count(epoch)))
         return [idx[s * batch_size:(s + 1) * batch_size] for s in range(n)]
 
     def __iter__(self):
         """The indices of the current epoch, as Python ints (computed a chunk at a time)."""
         epoch = self.epoch
-        for lo in range(0, self._per_rank, _CHUNK):
-            yield from self.indices(epoch, lo, min(self._per_rank, lo + _CHUNK)).tolist()
+        per_rank = self.count(epoch)
+        for lo in range(0, per_rank, _CHUNK):
+            yield from self.indices(epoch, lo, min(per_rank, lo + _CHUNK)).tolist()
 
     def __repr__(self):
         return (f"EpochSampler(num_samples={self.num_samples}, seed={self.seed}, "
                 f"shuffle={self.shuffle}, rank={self.rank}, world_size={self.world_size}, "
-                f"shard_tail={self.shard_tail!r}, epoch={self.epoch})")
+                f"shard_tail={self.shard_tail!r}, resume={self.resume}, epoch={self.epoch})")
+
+
+def check_resume(resume, num_samples):
+    """``resume`` as ``(epoch, start)`` ints with 0 <= start < num_samples, or None (also
+    for a start of 0: the whole epoch)."""
+    if resume is None:
+        return None
+    try:
+        epoch, start = resume
+    except (TypeError, ValueError):
+        raise ConfigError(f"resume must be (epoch, start) or None, got {resume!r}") from None
+    epoch = check_epoch(epoch)
+    start = _v.integer(start, "resume start", 0, num_samples - 1)
+    return None if start == 0 else (epoch, start)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import _validate as _v
 from .rng import check_seed
-from .sampler import SHARD_TAILS
+from .sampler import SHARD_TAILS, check_resume
 from .sources import open_source
 from .transforms import TransformConfig
 
@@ -39,6 +39,10 @@ class StreamSpec:
         Drop the rank's last partial batch.
     on_error : "raise" or "skip"
         See :class:`~dpu_pipe.steps.BatchMaker`.
+    resume : (epoch, start), optional
+        The resume point of an elastic resume: epoch ``epoch`` holds only positions
+        ``start ..`` of its order, sharded over this job's ranks (see
+        :class:`~dpu_pipe.sampler.EpochSampler`). None: every epoch whole.
 
     Every field is checked and normalized here (``seed`` to its int, booleans to bool), so
     two specs of one stream compare equal.
@@ -54,6 +58,7 @@ class StreamSpec:
     shard_tail: str = "pad"
     drop_last: bool = False
     on_error: str = "raise"
+    resume: tuple = None
 
     def __post_init__(self):
         put = object.__setattr__
@@ -68,6 +73,7 @@ class StreamSpec:
         put(self, "shard_tail", _v.choice(self.shard_tail, "shard_tail", SHARD_TAILS))
         put(self, "drop_last", _v.boolean(self.drop_last, "drop_last"))
         put(self, "on_error", _v.choice(self.on_error, "on_error", ON_ERROR))
+        put(self, "resume", check_resume(self.resume, len(self.source)))
 
     def state(self):
         """The fields a loader state saves and a resume must match (JSON-serialisable)."""
@@ -81,6 +87,10 @@ class StreamSpec:
         d = {k: getattr(self, k) for k in _STATE_FIELDS}
         d.update(source=self.source.spec(), transform=self.transform.to_dict(),
                  on_error=self.on_error)
+        if self.resume is not None:
+            # Only when set: the specs (and the producers' stream keys) of every stream
+            # without a resume point stay what they were.
+            d["resume"] = list(self.resume)
         return d
 
     @classmethod
@@ -91,4 +101,4 @@ class StreamSpec:
                    transform=TransformConfig.from_dict(d["transform"]), seed=d["seed"],
                    shuffle=d["shuffle"], rank=d["rank"], world_size=d["world_size"],
                    shard_tail=d["shard_tail"], drop_last=d["drop_last"],
-                   on_error=d.get("on_error", "raise"))
+                   on_error=d.get("on_error", "raise"), resume=d.get("resume"))

@@ -72,7 +72,9 @@ class BatchMaker:
         self.on_error = spec.on_error
         self.sampler = EpochSampler(len(source), seed=spec.seed, shuffle=spec.shuffle,
                                     rank=spec.rank, world_size=spec.world_size,
-                                    shard_tail=spec.shard_tail)
+                                    shard_tail=spec.shard_tail, resume=spec.resume)
+        #: Batches of a whole epoch; :meth:`batches_in` counts those of any epoch (fewer in
+        #: the epoch of an elastic resume).
         self.num_batches = self.sampler.num_batches(self.batch_size, spec.drop_last)
         self.drop_last = spec.drop_last
         self.seed = spec.seed
@@ -109,6 +111,11 @@ class BatchMaker:
     def batch_shape(self):
         return (self.batch_size,) + self.transform.sample_shape
 
+    def batches_in(self, epoch):
+        """Number of batches of ``epoch``: :attr:`num_batches`, or fewer in the epoch of
+        ``spec.resume``."""
+        return self.sampler.num_batches(self.batch_size, self.drop_last, epoch)
+
     @property
     def label_dtype(self):
         """dtype of the batches' labels: float32 when mixing or smoothing, else the
@@ -135,7 +142,7 @@ class BatchMaker:
             return None
         pos = int(where[0])
         step, row = divmod(pos, self.batch_size)
-        if step >= self.num_batches:
+        if step >= self.batches_in(epoch):
             return None
         batch = self.step_indices(epoch, step)
         p = self.batch_ops.params(epoch, step)
@@ -148,6 +155,14 @@ class BatchMaker:
     def step_indices(self, epoch, step):
         """Sample indices of batch ``step`` of ``epoch``: int64 (n,), n <= batch_size."""
         return self.sampler.batch(epoch, step, self.batch_size, self.drop_last)
+
+    def valid_rows(self, epoch, step):
+        """How many rows of batch ``step`` of ``epoch`` count: its first rows, all but the
+        padding of ``shard_tail="mask"`` (see :meth:`~dpu_pipe.sampler.EpochSampler.num_valid`).
+        """
+        start = step * self.batch_size
+        stop = min(start + self.batch_size, self.sampler.count(epoch))
+        return self.sampler.num_valid(epoch, start, stop)
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
@@ -216,7 +231,7 @@ class BatchMaker:
         if self.on_error == "raise":
             j = min(errors)
             raise self._named(errors[j], indices[j])
-        shard_len = len(self.sampler)
+        shard_len = self.sampler.count(epoch)
         for j in sorted(errors):
             self._record_bad(int(indices[j]), self._named(errors[j], indices[j]))
             pos = step * self.batch_size + j

@@ -120,15 +120,11 @@ class Stopper:
 
 def validate_on_host(model, loader, device):
     """Exact metrics of the whole validation set over every rank: each rank evaluates its
-    shard, the sums are added with one all-reduce."""
+    shard — the same number of batches on every rank, the padding rows not counted
+    (``Loader(train=False)``'s ``shard_tail="mask"``) — the sums are added with one
+    all-reduce."""
     model.eval()
-    m = evaluate.Metrics((1, 5))
-    for batch in loader:
-        images, labels, meta = batch
-        valid = meta.get("valid")
-        if valid is not None:
-            images, labels = images[valid], labels[valid]
-        evaluate.evaluate_batch(model, images.to(device), labels.to(device), m)
+    m = evaluate.evaluate_loader(model, loader, device=device)
     sums = torch.tensor([m.count, m.loss_sum, m.correct[1], m.correct[5]], dtype=torch.float64)
     dist.all_reduce(sums)
     count, loss, c1, c5 = sums.tolist()
@@ -187,10 +183,9 @@ def main(argv=None):
                                            size=args.size, timeout=args.timeout)
         val_loader = None
     else:
-        val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size,
-                                     return_meta=True, **out)
+        val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size, **out)
 
-    steps = len(loader)
+    full_steps = len(loader)        # of a whole epoch: the learning-rate schedule's unit
     start_epoch, partial, records = 0, None, []
     ckpt = os.path.join(args.checkpoint, "last.pt") if args.checkpoint else None
     if args.resume and ckpt and os.path.exists(ckpt):
@@ -198,10 +193,17 @@ def main(argv=None):
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
-        if len(state["loader"]) != world:
-            raise SystemExit(f"checkpoint of {len(state['loader'])} ranks, job of {world}")
-        loader.load_state_dict(state["loader"][rank])
-        partial = state["partial"][rank]
+        if len(state["loader"]) == world:
+            loader.load_state_dict(state["loader"][rank])
+            partial = state["partial"][rank]
+        else:
+            # A job of another size (a node lost or added): the rest of the saved epoch is
+            # sharded over this job's ranks, each sample once; its partial sums go to rank 0.
+            loader.load_state_dict(state["loader"], elastic=True)
+            parts = [p for p in state["partial"] if p is not None]
+            partial = None
+            if parts:
+                partial = tuple(map(sum, zip(*parts))) if rank == 0 else (0.0, 0, 0.0, 0.0)
         records = state["records"]
         start_epoch = loader.epoch
         resubmit = state["pending_record"]
@@ -269,6 +271,8 @@ def main(argv=None):
         loader.set_epoch(epoch)     # keeps a restored position within this epoch
         loss_sum, seen, wait_s, train_s = partial if partial else (0.0, 0, 0.0, 0.0)
         partial = None
+        steps = len(loader)         # fewer in an epoch continued by an elastic resume
+        skipped = full_steps - steps
         first = loader.state_dict()["step"]
         it = iter(loader)
         bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch}", unit="step",
@@ -278,7 +282,7 @@ def main(argv=None):
             images, labels = next(it)
             t1 = time.perf_counter()
             for g in opt.param_groups:
-                g["lr"] = learning_rate(args, epoch, step, steps)
+                g["lr"] = learning_rate(args, epoch, skipped + step, full_steps)
             with torch.autocast(device.type, dtype=torch.float16 if cuda else torch.bfloat16,
                                 enabled=args.amp):
                 loss = criterion(ddp(images), labels)

@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dpu_pipe import ConfigError, Loader  # noqa: E402
+from dpu_pipe.batch import BatchProcessor  # noqa: E402
 from dpu_pipe.evaluate import (Metrics, ShardEvaluator, build_model, check_topk,  # noqa: E402
-                               evaluate_batch, load_factory, require_torch)
+                               evaluate_batch, evaluate_loader, load_factory, require_torch)
 from dpu_pipe.models import resnet_tiny  # noqa: E402
 from dpu_pipe.sources import ImageFolder  # noqa: E402
 from dpu_pipe.weights import (TENSOR_ENTRY, WEIGHTS_HEADER, load_state,  # noqa: E402
@@ -215,15 +216,13 @@ def test_without_torch_a_clear_error(monkeypatch):
 
 # --- the producer's shard evaluation against the host's Loader(train=False) -------------------
 
-def host_reference(model, folder, batch_size, rank=0, world_size=1, ks=(1, 5), src=None):
+def host_reference(model, folder, batch_size, rank=0, world_size=1, ks=(1, 5), src=None,
+                   **kw):
     """The snapshot evaluated on the host through Loader(train=False) and its defaults."""
     loader = Loader(src or ImageFolder(folder), batch_size, train=False, size=32, rank=rank,
-                    world_size=world_size, output="torch")
-    m = Metrics(ks)
+                    world_size=world_size, output="torch", **kw)
     with loader:
-        for images, labels in loader:
-            evaluate_batch(model, images, labels, m)
-    return m
+        return evaluate_loader(model, loader, topk=ks)
 
 
 @pytest.mark.parametrize("batch_size,parts", [(4, 3), (32, 2)])
@@ -254,9 +253,11 @@ def test_shard_evaluation_equals_host_loader(val_folder, batch_size, parts):
     assert len(ev._models) == 1
 
 
-def test_exact_counts_on_uneven_shards(val_folder, tmp_path):
-    """7 samples, 2 ranks, batch 3: ranks evaluate 4 and 3 samples (batches 3+1 and 3), every
-    sample once, and the merged metrics equal the whole set's."""
+@pytest.mark.parametrize("tail", ["mask", "uneven"])
+def test_exact_counts_on_two_ranks(val_folder, tail):
+    """7 samples, 2 ranks, batch 3: ranks evaluate 4 and 3 samples (batches 3+1 and 3, or
+    with the default "mask" 3+1 and 3+1 with rank 1's last row padding), every sample once,
+    and the merged metrics equal the whole set's."""
     from dpu_pipe.sources import FileList
 
     src = ImageFolder(val_folder)
@@ -267,20 +268,115 @@ def test_exact_counts_on_uneven_shards(val_folder, tmp_path):
     spec = {"source": seven.spec(),
             "transform": Loader(seven, 1, train=False, size=32).transform.to_dict(),
             "batch_size": 3, "world_size": 2, "model": MODEL, "model_kwargs": MODEL_KW,
-            "topk": [1, 5], "num_threads": 1}
+            "topk": [1, 5], "num_threads": 1, "shard_tail": tail}
     weights = pack_state(snapshot.state_dict())
     ev = ShardEvaluator()
     total, seen = Metrics((1, 5)), []
     for rank in range(2):
-        loader = Loader(seven, 3, train=False, size=32, rank=rank, world_size=2)
+        loader = Loader(seven, 3, train=False, size=32, rank=rank, world_size=2,
+                        shard_tail=tail)
         sizes = [len(labels) for _, labels in loader]
-        assert sizes == ([3, 1] if rank == 0 else [3])
-        seen += loader.maker.sampler.indices(0).tolist()
+        assert sizes == ([3, 1] if rank == 0 or tail == "mask" else [3])
+        seen += loader.maker.sampler.indices(0)[:loader.maker.sampler.num_valid(0)].tolist()
         m, _, _ = ev.run(dict(spec, rank=rank), weights)
         assert m.count == (4 if rank == 0 else 3)
-        ref = host_reference(snapshot, None, 3, rank=rank, world_size=2, src=seven)
+        ref = host_reference(snapshot, None, 3, rank=rank, world_size=2, src=seven,
+                             shard_tail=tail)
         assert m.correct == ref.correct and m.count == ref.count
         total.merge(m)
     assert sorted(seen) == list(range(7))
     assert total.count == 7 and total.correct == whole.correct
     assert total.loss_sum == pytest.approx(whole.loss_sum, rel=1e-6)
+
+
+# --- DDP-safe exact evaluation: shard_tail="mask" ----------------------------------------------
+
+def _dataset(folder, n):
+    """n samples over the folder's photos (cycled), labels 0..CLASSES-1 cycled."""
+    from dpu_pipe.sources import FileList
+
+    src = ImageFolder(folder)
+    return FileList([(src.describe(i % len(src)), (i * 3) % CLASSES) for i in range(n)])
+
+
+@pytest.fixture(scope="module")
+def masked_case(val_folder):
+    """(model, {n: (dataset, reference metrics, single-rank Metrics)}): the reference
+    computed directly — every sample made alone by the validation kernel, the logits of all
+    of them at once, torch's CrossEntropyLoss and topk — and the evaluation of one rank with
+    evaluate_loader (batch 5)."""
+    from dpu_pipe.transforms import TransformConfig
+
+    # Tiny convolutions: one thread, as on a producer, is faster than two that contend.
+    torch.set_num_threads(1)
+    model = trained_model()
+    out = {}
+    for n in (1, 7, 64):
+        src = _dataset(val_folder, n)
+        kernel = BatchProcessor(TransformConfig(train=False, size=32), 1)
+        rows = [kernel.run([src.read(i)], np.array([i], np.int64), epoch=0, seed=0)[0][0]
+                for i in range(n)]
+        with torch.no_grad():
+            logits = model(torch.from_numpy(np.stack(rows)))
+        out[n] = (src, reference(logits, torch.tensor(np.asarray(src.labels)), (1, 5)),
+                  host_reference(model, None, 5, src=src))
+    return model, out
+
+
+@pytest.mark.parametrize("n", [1, 7, 64], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4], ids=lambda w: f"world{w}")
+def test_masked_evaluation_is_exact_with_equal_batches(masked_case, n, world_size):
+    """Loader(train=False) on 1-4 ranks: every rank has the same batch lengths (per-batch
+    collectives cannot hang), the valid rows are every sample once, and the summed metrics
+    equal the single-rank evaluation and the direct reference."""
+    model, cases = masked_case
+    src, ref, single = cases[n]
+    batch_size = 5
+    lengths, total, valid_index = [], Metrics((1, 5)), []
+    for rank in range(world_size):
+        with Loader(src, batch_size, train=False, size=32, rank=rank, world_size=world_size,
+                    output="torch", return_meta=True) as loader:
+            assert loader.stream_spec.shard_tail == "mask"
+            mine, m = [], Metrics((1, 5))
+            for images, labels, meta in loader:
+                mine.append(len(labels))
+                assert meta["valid"].dtype == torch.bool
+                assert int(meta["valid"].sum()) == loader.valid_rows
+                assert meta["valid"][:loader.valid_rows].all()
+                valid_index += meta["index"][meta["valid"]].tolist()
+                evaluate_batch(model, images, labels, m, valid=meta["valid"])
+            lengths.append(mine)
+        total.merge(m)
+    assert all(x == lengths[0] for x in lengths), lengths
+    assert sorted(valid_index) == list(range(n))
+    assert total.count == single.count == ref["count"] == n
+    assert total.correct == single.correct
+    got = total.result()
+    assert got["top1"] == ref["top1"] and got["top5"] == ref["top5"]
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert total.loss_sum == pytest.approx(single.loss_sum, rel=1e-6)
+    # The producer side (RemoteValidation) shards and counts the same way.
+    spec = {"source": src.spec(),
+            "transform": Loader(src, 1, train=False, size=32).transform.to_dict(),
+            "batch_size": batch_size, "world_size": world_size, "model": MODEL,
+            "model_kwargs": MODEL_KW, "topk": [1, 5], "num_threads": 1}
+    weights = pack_state(model.state_dict())
+    ev, remote = ShardEvaluator(), Metrics((1, 5))
+    for rank in range(world_size):
+        for part in range(2):
+            remote.merge(ev.run(dict(spec, rank=rank), weights, part, 2)[0])
+    assert remote.count == n and remote.correct == total.correct
+
+
+def test_evaluate_batch_valid_argument():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    labels = torch.tensor([0, 0, 1])
+    model = Fixed(logits)
+    rows = torch.arange(3)
+    assert evaluate_batch(model, rows, labels, Metrics((1,)), valid=1).correct == {1: 1}
+    m = evaluate_batch(model, rows, labels, Metrics((1,)), valid=np.array([False, True, True]))
+    assert m.count == 2 and m.correct == {1: 0}
+    assert evaluate_batch(model, rows, labels, Metrics((1,)), valid=0).count == 0
+    for bad in (4, -1, np.array([1, 0, 1]), np.ones(2, bool)):
+        with pytest.raises(ConfigError, match="valid"):
+            evaluate_batch(model, rows, labels, Metrics((1,)), valid=bad)

@@ -231,7 +231,8 @@ def test_no_shuffle_reads_in_index_order(folder):
 
 # (shard_tail, drop_last): the torch pairs' (DistributedSampler drop_last, DataLoader
 # drop_last) = (True, True) and (False, False), and exact evaluation.
-SHARDING = [("drop", True), ("pad", False), ("uneven", False), ("uneven", True)]
+SHARDING = [("drop", True), ("pad", False), ("uneven", False), ("uneven", True),
+            ("mask", False)]
 
 
 @pytest.mark.parametrize("shard_tail,drop_last", SHARDING,
@@ -247,13 +248,17 @@ def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, shard_tail,
         for epoch in range(2):
             perm = EpochSampler(n, seed=SEED).permutation(epoch)
             assert sorted(perm.tolist()) == list(range(n))
-            union = []
+            union, counted = [], []
             for r, loader in enumerate(loaders):
                 per_rank = {"drop": n // world_size, "pad": -(-n // world_size),
+                            "mask": -(-n // world_size),
                             "uneven": len(range(r, n, world_size))}[shard_tail]
                 batches = per_rank // bs if drop_last else -(-per_rank // bs)
                 assert len(loader) == batches
-                stream = one_epoch(loader)
+                stream = []
+                for x, y in loader:
+                    stream.append((x.copy(), y.copy()))
+                    counted += y[:loader.valid_rows].tolist()
                 assert len(stream) == batches
                 got = labels_of(stream)
                 for images, labels in stream:
@@ -270,7 +275,11 @@ def test_ranks_cover_the_dataset_exactly_once(folder, world_size, n, shard_tail,
                     assert len(union) == world_size * (n // world_size // bs) * bs
             elif shard_tail == "uneven":
                 assert sorted(union) == list(range(n))          # every sample exactly once
+            if shard_tail == "mask":
+                assert sorted(counted) == list(range(n))        # valid rows: exactly once
             else:
+                assert counted == union                         # every row valid
+            if not drop_last and shard_tail in ("pad", "mask"):
                 per_rank = -(-n // world_size)
                 assert sorted(set(union)) == list(range(n))     # every sample read
                 assert len(union) == per_rank * world_size
@@ -305,12 +314,13 @@ def test_evaluation_defaults_read_everything_in_order(folder):
         assert sorted(labels_of(one_epoch(shuffled))) == list(range(N))
 
 
-def test_exact_evaluation_seven_samples_two_ranks_batch_three(folder):
-    """Evaluation on several ranks counts each sample once: no padding, no duplicate."""
+def test_uneven_evaluation_seven_samples_two_ranks_batch_three(folder):
+    """shard_tail='uneven' counts each sample once: no padding, no duplicate, but rank 1 has
+    one batch less."""
     src = subset(folder, 7)
     per_rank = []
     for r in range(2):
-        with make(src, 3, train=False, rank=r, world_size=2) as loader:
+        with make(src, 3, train=False, rank=r, world_size=2, shard_tail="uneven") as loader:
             stream = one_epoch(loader)
             per_rank.append([y.tolist() for _, y in stream])
             for images, labels in stream:
@@ -318,11 +328,34 @@ def test_exact_evaluation_seven_samples_two_ranks_batch_three(folder):
     assert per_rank == [[[0, 2, 4], [6]], [[1, 3, 5]]]
 
 
+def test_masked_evaluation_seven_samples_two_ranks_batch_three(folder):
+    """train=False's default, shard_tail='mask': both ranks run two batches; rank 1's last
+    row is padding (sample 0 again), flagged not valid in meta and by valid_rows."""
+    src = subset(folder, 7)
+    per_rank, valid, counts = [], [], []
+    for r in range(2):
+        with make(src, 3, train=False, rank=r, world_size=2, return_meta=True) as loader:
+            assert loader.stream_spec.shard_tail == "mask" and len(loader) == 2
+            rows, flags, vr = [], [], []
+            for images, labels, meta in loader:
+                assert np.array_equal(images, kernel_reference(src, labels, 0, train=False))
+                assert meta["valid"].dtype == bool and len(meta["valid"]) == len(labels)
+                rows.append(labels.tolist())
+                flags.append(meta["valid"].tolist())
+                vr.append(loader.valid_rows)
+            per_rank.append(rows)
+            valid.append(flags)
+            counts.append(vr)
+    assert per_rank == [[[0, 2, 4], [6]], [[1, 3, 5], [0]]]
+    assert valid == [[[True] * 3, [True]], [[True] * 3, [False]]]
+    assert counts == [[3, 1], [3, 0]]
+
+
 def test_exact_evaluation_with_more_ranks_than_samples(folder):
     src = subset(folder, 2)
     seen = []
     for r in range(3):
-        with make(src, 3, train=False, rank=r, world_size=3) as loader:
+        with make(src, 3, train=False, rank=r, world_size=3, shard_tail="uneven") as loader:
             assert len(loader) == (0 if r == 2 else 1)
             for epoch in range(2):
                 got = labels_of(one_epoch(loader))

@@ -36,7 +36,9 @@ def check_rows(src, images, labels, meta, epoch):
     assert np.array_equal(np.asarray(labels), src.labels[index])
     assert meta["path"] == [src.relpath(i) for i in index.tolist()]
     assert meta["caption"] == [f"sample {i}" for i in index.tolist()]
-    assert sorted(meta) == ["caption", "index", "path"]
+    assert sorted(meta) == ["caption", "index", "path", "valid"]
+    valid = np.asarray(meta["valid"])
+    assert valid.dtype == bool and valid.shape == (len(labels),) and valid.all()
     assert np.array_equal(np.asarray(images), kernel_reference(src, index, epoch))
 
 
@@ -97,7 +99,7 @@ def test_meta_without_source_metadata_is_the_indices(listed):
 
     with Loader(Bare(listed), 4, **KW, on_error="skip", return_meta=True) as loader:
         for x, y, meta in loader:
-            assert list(meta) == ["index"]
+            assert list(meta) == ["index", "valid"]
             assert np.array_equal(listed.labels[meta["index"]], y)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import ConfigError, rng
-from dpu_pipe.sampler import EpochSampler
+from dpu_pipe.sampler import SHARD_TAILS, EpochSampler
 
 GRID = [(n, ws) for n in (1, 2, 7, 10, 64, 1001) for ws in (1, 2, 3, 8) if n >= ws]
 
@@ -337,3 +337,59 @@ def test_bad_epoch_and_batch_arguments():
         s.batches(0, 2, drop_last="yes")
     with pytest.raises(ConfigError, match="stop"):
         s.indices(0, 0, 11)
+
+
+# --- shard_tail="mask" and the resume point of an elastic resume --------------------------------
+
+def _brute_shard(n, world_size, rank, tail, start=0):
+    """Rank ``rank``'s positions of an epoch covering positions start..n-1, and which are
+    valid, by enumeration: stride from start + rank, pad by wrapping around the whole order."""
+    length = n - start
+    per_rank = {"pad": -(-length // world_size), "mask": -(-length // world_size),
+                "drop": length // world_size,
+                "uneven": len(range(rank, length, world_size))}[tail]
+    offsets = [rank + k * world_size for k in range(per_rank)]
+    pos = [(start + o) % n for o in offsets]
+    valid = [tail != "mask" or o < length for o in offsets]
+    return pos, valid
+
+
+@pytest.mark.parametrize("tail", SHARD_TAILS)
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 65])
+def test_shards_with_and_without_a_resume_point_equal_enumeration(n, tail):
+    for world_size in (1, 2, 3, 4):
+        for start in sorted({0, min(1, n - 1), n // 3, n - 1}):
+            if tail == "drop" and n < world_size:
+                continue
+            for epoch in (0, 3):
+                for rank in range(world_size):
+                    s = EpochSampler(n, seed=9, rank=rank, world_size=world_size,
+                                     shard_tail=tail, resume=(3, start))
+                    where = start if epoch == 3 else 0
+                    pos, valid = _brute_shard(n, world_size, rank, tail, where)
+                    perm = s.permutation(epoch)
+                    assert s.count(epoch) == len(pos)
+                    assert s.indices(epoch).tolist() == perm[pos].tolist()
+                    assert s.valid(epoch).tolist() == valid
+                    assert s.num_valid(epoch) == sum(valid)
+                    if len(pos) > 2:
+                        assert s.num_valid(epoch, 1, len(pos) - 1) == sum(valid[1:-1])
+                    batches = s.batches(epoch, 2)
+                    assert len(batches) == s.num_batches(2, epoch=epoch) == -(-len(pos) // 2)
+                    assert len(s) == len(_brute_shard(n, world_size, rank, tail)[0])
+
+
+def test_mask_shards_are_pads_with_the_padding_flagged():
+    for r in range(3):
+        pad = EpochSampler(64, seed=1, rank=r, world_size=3, shard_tail="pad")
+        mask = EpochSampler(64, seed=1, rank=r, world_size=3, shard_tail="mask")
+        assert mask.indices(2).tolist() == pad.indices(2).tolist()
+        assert mask.valid(2).tolist() == [True] * 21 + [r == 0]
+        assert pad.valid(2).all()
+
+
+def test_resume_point_checks():
+    for bad in ((0, 10), (0, -1), (-1, 2), (0,), "ab", 5):
+        with pytest.raises(ConfigError):
+            EpochSampler(10, resume=bad)
+    assert EpochSampler(10, resume=(4, 0)).resume is None

@@ -284,7 +284,6 @@ class OffloadEngine(Engine):
         self.payload_bytes = loader.payload_bytes
         self.wire_spec = loader.spec()
         self.stream_spec = loader.stream_spec
-        self.num_batches = len(loader)
         self.host_threads = loader.host_threads if self.takeover else 0
         self.num_threads = loader.num_threads
         self.first_maker = loader.maker
@@ -359,7 +358,7 @@ class OffloadEngine(Engine):
         ahead = self.slots + QUEUE * (t.size - 1 if t else 0) + self.host_threads
         while len(self.pending) < ahead:
             epoch, step = self.feed
-            if step >= self.num_batches:
+            if step >= self.first_maker.batches_in(epoch):
                 epoch, step = epoch + 1, 0
             ticket = t.submit(self.id, epoch, step) if t else None
             self.pending.append((ticket, epoch, step))
@@ -414,7 +413,7 @@ class OffloadEngine(Engine):
         t = self.transport
         if self.hostgroup.active is not self:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
-            self.start(epoch, step, self.num_batches)
+            self.start(epoch, step, self.first_maker.batches_in(epoch))
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):

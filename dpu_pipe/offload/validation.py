@@ -15,7 +15,8 @@ Channel (one per host group, set up with the group, alive for the job):
   one-sided ``Rget`` (deadline: ``rma_timeout``), loads them into the model it built from the
   ``"module:factory"`` spec (built once, names/shapes/dtypes checked), evaluates its part of
   the host's validation shard (steps ``part, part + parts, ...``) with the same
-  :class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)``, and sends back the sums
+  :class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)`` (``shard_tail="mask"``:
+  the padding rows of the host's shard are made but not counted), and sends back the sums
   of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback.
 * with several hosts, each host evaluates its own shard (``rank`` = host index,
   ``world_size`` = hosts) and sends its sums to the other hosts point to point, so every
@@ -220,8 +221,9 @@ class RemoteValidation:
     Parameters
     ----------
     val_source : ImageFolder, FileList or PackedSource
-        The validation set; each host evaluates its shard of it (no padding, no drop: every
-        sample counted once over all hosts and producers).
+        The validation set; each host evaluates its shard of it, sharded as
+        ``Loader(train=False)`` (``shard_tail="mask"``: the padding rows are not counted,
+        nothing is dropped): every sample counted once over all hosts and producers.
     batch_size : int
     model : str
         ``"module:factory"`` importable on the producers; ``factory(**model_kwargs)`` returns
@@ -272,7 +274,7 @@ class RemoteValidation:
         self.timeout = float(timeout)
         self.spec = {"source": val_source.spec(), "transform": transform.to_dict(),
                      "batch_size": int(batch_size), "rank": self.host_index,
-                     "world_size": self.num_hosts, "model": model,
+                     "world_size": self.num_hosts, "shard_tail": "mask", "model": model,
                      "model_kwargs": model_kwargs or {}, "topk": list(self.topk),
                      "num_threads": int(producer_threads)}
         self._hosts_world = list(self._session.roles.hosts)

@@ -153,11 +153,17 @@ def permutation_section(put):
         for seed, epoch in ((0, 0), (2**64 - 1, 2**32 - 1), (20240611, 3)):
             put(f"perm/n{n}/s{seed}/e{epoch}/kernel", _rng.permute(pos, n, seed, epoch))
         put(f"perm/n{n}/twin", rng.permutation_at(pos[:300], n, 7, 1))
-    for tail in ("pad", "drop", "uneven"):
+    for tail in ("pad", "drop", "uneven", "mask"):
         for r in range(3):
             s = EpochSampler(1000, seed=5, rank=r, world_size=3, shard_tail=tail)
             put(f"shard/{tail}/r{r}", s.indices(2))
             put(f"shard/{tail}/r{r}/batches", np.concatenate(s.batches(2, 64, drop_last=True)))
+            put(f"shard/{tail}/r{r}/valid", s.valid(2))
+            # The rest of epoch 2 after an elastic resume at position 337, over 3 ranks.
+            s = EpochSampler(1000, seed=5, rank=r, world_size=3, shard_tail=tail,
+                             resume=(2, 337))
+            put(f"shard/{tail}/r{r}/resumed", s.indices(2))
+            put(f"shard/{tail}/r{r}/resumed-valid", s.valid(2))
 
 
 def loader_section(root, put):

@@ -114,8 +114,10 @@ def check_meta(meta, ref, src, labels, where):
     index = as_numpy(meta["index"])
     assert np.array_equal(index, as_numpy(ref["index"])), \
         f"{where}: indices {index.tolist()}, Loader gives {as_numpy(ref['index']).tolist()}"
-    assert {k: v for k, v in meta.items() if k != "index"} == \
-        {k: v for k, v in ref.items() if k != "index"}, f"{where}: metadata differs"
+    assert np.array_equal(as_numpy(meta["valid"]), as_numpy(ref["valid"])), \
+        f"{where}: valid rows differ"
+    assert {k: v for k, v in meta.items() if k not in ("index", "valid")} == \
+        {k: v for k, v in ref.items() if k not in ("index", "valid")}, f"{where}: metadata differs"
     assert np.array_equal(src.labels[index], as_numpy(labels)), f"{where}: index vs label"
     assert meta["caption"] == [f"sample {i}" for i in index.tolist()], where
     assert meta["path"] == [src.relpath(i) for i in index.tolist()], where
@@ -257,12 +259,15 @@ def run_stream(args, src, warnings):
     # Partial last batch (drop_last=False), float32 HWC, validation transform, other batch size.
     other = dict(kw, dtype="float32", layout="HWC", train=False, drop_last=False)
     ref_other = reference_epochs(src, 5, 1, rank=hosts.index, world_size=hosts.count, **other)[0]
+    got, counted = [], []
     with DPULoader(src, 5, slots=2, **other) as dl:
-        got = [(x.copy(), y.copy()) for x, y in dl]
+        for x, y in dl:
+            got.append((x.copy(), y.copy()))
+            counted += y[:dl.valid_rows].tolist()   # train=False: the padding does not count
     assert len(got) == len(ref_other), (len(got), len(ref_other))
     for j, b in enumerate(got):
         check_same(b, ref_other[j], f"float32 HWC drop_last=False step {j}")
-    everyone = hosts.all_labels([v for _, y in got for v in y.tolist()])
+    everyone = hosts.all_labels(counted)
     assert sorted(everyone) == list(range(n)), f"drop_last=False: {sorted(everyone)}"
     result["partial_batch"] = [len(y) for _, y in got]
     if args.local:

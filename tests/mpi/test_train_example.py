@@ -45,13 +45,13 @@ def data(tmp_path_factory):
     return root
 
 
-def argv(data, run_dir, mode="offload", producers=2, extra=()):
+def argv(data, run_dir, mode="offload", producers=2, extra=(), hosts=2):
     host = [sys.executable, "-m", "mpi4py", str(SCRIPT), "--train", str(data / "train"),
             "--val", str(data / "val"), "--epochs", "2", "--batch-size", "8", "--size", "32",
             "--arch", "resnet_tiny", "--width", "4", "--lr", "0.05", "--seed", "3",
             "--mode", mode, "--checkpoint", str(run_dir), "--json", str(run_dir / "log.json"),
             "--log-every", "1", "--timeout", "120", *extra]
-    line = [mpiexec_path(), "-n", "2", *host]
+    line = [mpiexec_path(), "-n", str(hosts), *host]
     if producers:
         line += [":", "-n", str(producers), sys.executable, "-m", "mpi4py", "-m",
                  "dpu_pipe.worker"]
@@ -169,3 +169,24 @@ def test_modes_give_the_same_metrics(data, tmp_path, uninterrupted, mode):
     assert_weights = weights(uninterrupted), weights(tmp_path)
     for k in assert_weights[0]:
         assert torch.equal(assert_weights[0][k], assert_weights[1][k]), k
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_ranks_resumes_on_three(data, tmp_path):
+    """Stopped after 2 of epoch 0's 3 steps on 2 hosts (32 of 48 samples trained on), resumed
+    on 3 hosts: the loaders continue elastically (the rest of epoch 0, 16 samples, over 3
+    ranks: one batch each), then epoch 1 of 3 ranks; validation over 3 ranks counts the 21
+    samples once."""
+    proc = run(data, tmp_path, mode="local", producers=0, extra=("--stop-after-steps", "2"))
+    assert "stopped after epoch 0 step 2" in proc.stdout, proc.stdout
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert [s["world_size"] for s in ckpt["loader"]] == [2, 2]
+    proc = run(data, tmp_path, mode="local", producers=0, hosts=3, extra=("--resume",))
+    assert "epoch 0 step 1/1" in proc.stdout, proc.stdout     # the rest: one step
+    assert "epoch 1 step 2/2" in proc.stdout, proc.stdout     # 48 over 3 ranks of 8
+    recs = records(tmp_path)
+    assert [r["epoch"] for r in recs] == [0, 1]
+    for r in recs:
+        assert set(r) == KEYS and r["world_size"] == 3 and r["val_count"] == 21
+        assert np.isfinite(r["train_loss"]) and 0 <= r["val_top1"] <= r["val_top5"] <= 1
+    assert (tmp_path / "final_weights.pt").exists()
