@@ -33,7 +33,10 @@ __all__ = [
 
 #: Version of every layout in this module (and of the pipeline spec's meaning).
 #: 3: payloads carry each row's sample index, and labels of the source's dtype and shape.
-WIRE_VERSION = 3
+#: 4: the stream spec carries an elastic resume point and the batch ops (MixUp/CutMix, label
+#: smoothing, ``batch_hook``), whose labels are float32 (B, num_classes); a producer of
+#: version 3 would drop the resume point and make another stream.
+WIRE_VERSION = 4
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3
