@@ -33,7 +33,8 @@ from dpu_pipe.rng import random_resized_crop  # noqa: E402
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset  # noqa: E402
 
 
-def _mcu_rect(hdr, top, left, height, width):
+def mcu_rect(hdr, top, left, height, width):
+    """The MCU rectangle (row0, row1, col0, col1), ends exclusive, covering a pixel box."""
     comps = hdr["components"]
     mh = 8 * (max(v for _, _, v, _ in comps) if len(comps) > 1 else 1)
     mw = 8 * (max(h for _, h, _, _ in comps) if len(comps) > 1 else 1)
@@ -57,7 +58,7 @@ def main(argv=None):
         hdr = _huffman.header(packed)
         top, left, h, w = (int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
                                                                 hdr["width"]))
-        items.append((data, packed, (top, left, h, w), _mcu_rect(hdr, top, left, h, w)))
+        items.append((data, packed, (top, left, h, w), mcu_rect(hdr, top, left, h, w)))
     methods = {
         "whole/libjpeg": lambda it: probe.coefficients(it[0]),
         "whole/own": lambda it: _huffman.read_coefficients(it[0]),

@@ -29,14 +29,9 @@ from dpu_pipe import _huffman, _jpeg, jpeg
 from dpu_pipe.rng import random_resized_crop
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
 
+from bench_entropy import mcu_rect  # bench/, beside this script
+
 MAX_PIXELS = 1 << 28
-
-
-def _mcu_rect(hdr, top, left, height, width):
-    comps = hdr["components"]
-    mh = 8 * (max(v for _, _, v, _ in comps) if len(comps) > 1 else 1)
-    mw = 8 * (max(h for _, h, _, _ in comps) if len(comps) > 1 else 1)
-    return top // mh, -(-(top + height) // mh), left // mw, -(-(left + width) // mw)
 
 
 def main(argv=None):
@@ -54,7 +49,7 @@ def main(argv=None):
         hdr = _huffman.header(packed)
         box = tuple(int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
                                                          hdr["width"]))
-        items.append((packed, box, _mcu_rect(hdr, *box)))
+        items.append((packed, box, mcu_rect(hdr, *box)))
     s, fast = args.size, args.fast
     own_count = 0
     for packed, box, _ in items:
