@@ -92,6 +92,17 @@ def test_build_prints_no_deprecation_warning(sdist_build):
     assert _deprecations(sdist_build[1]) == []
 
 
+def test_pyproject_lists_every_package_of_the_tree():
+    # The package list is explicit: a subpackage left out of it is missing from every wheel
+    # and sdist install, while an editable install still finds it.
+    text = open(os.path.join(REPO, "pyproject.toml")).read()
+    block = re.search(r"^packages = \[(.*?)\]", text, re.M | re.S).group(1)
+    listed = set(re.findall(r'"([\w.]+)"', block))
+    tree = {os.path.relpath(d, REPO).replace(os.sep, ".")
+            for d, _, files in os.walk(os.path.join(REPO, "dpu_pipe")) if "__init__.py" in files}
+    assert listed == tree
+
+
 def test_pyproject_asks_for_the_setuptools_that_reads_its_license():
     # `license = "BSD-3-Clause"` (an SPDX expression) needs setuptools >= 77; an older one
     # fails to make the metadata ("project.license must be valid exactly by one definition").
