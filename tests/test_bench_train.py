@@ -1,6 +1,7 @@
 """``dpu-pipe bench-train``: the JSON and PNG outputs are written with their keys and names (one
-local configuration, quick tier), and with ``--quick`` every configuration runs, the MPI ones
-under mpiexec (slow tier). Values are measurements, not checked here."""
+local configuration), and with ``--quick`` every configuration runs, the MPI ones under
+mpiexec; the recipes' options and baselines are checked without a run
+(quick tier). Values are measurements, not checked here."""
 import json
 import os
 import subprocess
@@ -48,6 +49,7 @@ CONFIG_KEYS = {"config", "name", "epoch_s", "images_per_s", "wait_s", "wait_shar
                "producers"}
 
 
+@pytest.mark.slow
 def test_bench_train_one_local_configuration_writes_json_and_plots(tmp_path):
     proc, results, plots = _bench_train(tmp_path, "--points", "aug-bound", "--configs", "3",
                                         "--epochs", "1", timeout=300)

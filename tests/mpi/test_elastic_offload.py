@@ -35,8 +35,9 @@ def job(hosts, producers, *args):
     return j
 
 
-@pytest.mark.parametrize("before,after", [((2, 1), (3, 3)), ((3, 1), (2, 2))],
-                         ids=["2to3", "3to2"])
+@pytest.mark.parametrize("before,after", [
+    pytest.param((2, 1), (3, 3), id="2to3"),
+    pytest.param((3, 1), (2, 2), id="3to2", marks=pytest.mark.slow)])
 def test_dpuloader_resumes_elastically(data, tmp_path, before, after):
     from dpu_pipe.sampler import EpochSampler
 

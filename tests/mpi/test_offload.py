@@ -409,7 +409,8 @@ def test_producers_fill_the_window_while_the_host_holds_the_gil(misc_run):
     assert res["granted"] == 2 and res["ready_after_hold"] == res["granted"], res
 
 
-@pytest.mark.parametrize("where", ["mid-epoch", "between-epochs"])
+@pytest.mark.parametrize("where", ["mid-epoch",
+                                   pytest.param("between-epochs", marks=pytest.mark.slow)])
 def test_hybrid_takes_over_a_stopped_producer(data, tmp_path, where):
     """Hybrid mode: a producer SIGSTOPped (mid-epoch, or between epochs) loses its work to
     the host's thread; every epoch equals the Loader's, every sample once; after SIGCONT the
@@ -427,6 +428,7 @@ def test_hybrid_takes_over_a_stopped_producer(data, tmp_path, where):
     assert gone(res["stopped"]), "the stopped producer outlived the job"
 
 
+@pytest.mark.slow
 def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
     """Hybrid mode: one producer's batch takes 3 s where the others take 0.05 s (its
     heartbeat goes on): the host takes its work over, the streams stay the Loader's."""
@@ -441,6 +443,7 @@ def test_hybrid_takes_over_a_producer_ten_times_slower(data, tmp_path):
     assert f"pid {res['stopped']}" in res["takeover_warnings"][0], res
 
 
+@pytest.mark.slow
 def test_hybrid_stats_count_every_host_thread(data, tmp_path):
     """Hybrid mode, three host threads, producers at 0.3 s per batch: every host thread makes
     batches, and stats()["samples"] is the producers' samples plus every host thread's (not

@@ -132,6 +132,7 @@ def test_stale_serve_file_is_a_timeout_naming_it(tmp_path):
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_producer_job_without_hosts_ends_at_its_deadline(tmp_path):
     """No host ever comes: the producer job ends at --accept-timeout with a message naming
     the file, and removes it."""

@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
 
+@pytest.mark.slow
 def test_offload_under_torchrun_without_producers_is_a_config_error(tmp_path):
     from PIL import Image
     import numpy as np
