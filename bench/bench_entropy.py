@@ -41,6 +41,30 @@ def mcu_rect(hdr, top, left, height, width):
     return top // mh, -(-(top + height) // mh), left // mw, -(-(left + width) // mw)
 
 
+def time_interleaved(methods, items, rounds):
+    """{method: [µs per item of each round]}: every method runs on an item before the next
+    item, so machine noise falls on all of them alike."""
+    totals = {m: [] for m in methods}
+    for _ in range(rounds):
+        acc = dict.fromkeys(methods, 0.0)
+        for it in items:
+            for m, fn in methods.items():
+                t0 = time.perf_counter()
+                fn(it)
+                acc[m] += time.perf_counter() - t0
+        for m in methods:
+            totals[m].append(acc[m] / len(items) * 1e6)
+    return totals
+
+
+def print_table(totals):
+    """Print the median and every round of each method; returns {method: median µs}."""
+    print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
+    for m, v in totals.items():
+        print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))
+    return {m: statistics.median(v) for m, v in totals.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200)
@@ -65,22 +89,10 @@ def main(argv=None):
         "box/region": lambda it: jpeg.decode(it[1], region=it[2]),
         "box/own-entropy": lambda it: _huffman.read_coefficients(it[1], it[3]),
     }
-    totals = {m: [] for m in methods}
-    for _ in range(args.rounds):
-        acc = dict.fromkeys(methods, 0.0)
-        for it in items:
-            for m, fn in methods.items():
-                t0 = time.perf_counter()
-                fn(it)
-                acc[m] += time.perf_counter() - t0
-        for m in methods:
-            totals[m].append(acc[m] / len(items) * 1e6)
+    totals = time_interleaved(methods, items, args.rounds)
     print(f"{len(items)} baseline images of {args.n} (progressive ones left out), "
           f"{args.rounds} rounds, one core, methods interleaved per image")
-    print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
-    for m, v in totals.items():
-        print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))
-    med = {m: statistics.median(v) for m, v in totals.items()}
+    med = print_table(totals)
     print(f"whole: own / libjpeg speed = {med['whole/libjpeg'] / med['whole/own']:.2f}x; "
           f"box: own entropy is {med['box/own-entropy'] / med['box/region']:.0%} of today's "
           f"region decode")

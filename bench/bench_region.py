@@ -20,8 +20,6 @@ on all of them alike. Columns (µs per image, median over rounds):
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
@@ -29,7 +27,7 @@ from dpu_pipe import _huffman, _jpeg, jpeg
 from dpu_pipe.rng import random_resized_crop
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
 
-from bench_entropy import mcu_rect  # bench/, beside this script
+from bench_entropy import mcu_rect, print_table, time_interleaved  # bench/, beside this one
 
 MAX_PIXELS = 1 << 28
 
@@ -64,24 +62,12 @@ def main(argv=None):
                                               100),
         "box/own-entropy": lambda it: _huffman.read_coefficients(it[0], it[2]),
     }
-    totals = {m: [] for m in methods}
-    for _ in range(args.rounds):
-        acc = dict.fromkeys(methods, 0.0)
-        for it in items:
-            for m, fn in methods.items():
-                t0 = time.perf_counter()
-                fn(it)
-                acc[m] += time.perf_counter() - t0
-        for m in methods:
-            totals[m].append(acc[m] / len(items) * 1e6)
+    totals = time_interleaved(methods, items, args.rounds)
     totals["idct+colour"] = [a - b for a, b in zip(totals["box/own"], totals["box/own-entropy"])]
     print(f"{len(items)} transcoded records (restart every MCU), {own_count} decoded by the own "
           f"decoder (bit-identical, checked), {args.rounds} rounds, one core, methods "
           f"interleaved per image, min size {s}, fast={fast}")
-    print(f"{'method':<18}{'median µs/img':>14}{'rounds':>30}")
-    for m, v in totals.items():
-        print(f"{m:<18}{statistics.median(v):>14.0f}   " + " ".join(f"{x:.0f}" for x in v))
-    med = {m: statistics.median(v) for m, v in totals.items()}
+    med = print_table(totals)
     print(f"own / libjpeg speed = {med['box/libjpeg'] / med['box/own']:.2f}x; entropy is "
           f"{med['box/own-entropy'] / med['box/own']:.0%} of the own decode")
 
