@@ -446,12 +446,49 @@ static inline int hp_receive_extend(hp_bits* b, int s) {
     return hp_extend(v, s);
 }
 
+/* One block (F.2.2.1 DC, F.2.2.2 AC) into blk (64 coefficients, zeroed by the caller). */
+static inline void hp_decode_block(hp_bits* b, const hp_table* dc, const hp_table* ac,
+                                   int32_t* pred, int16_t* blk) {
+    int s, k;
+    hp_refill(b);
+    s = hp_decode(b, dc);
+    *pred = (int32_t)((uint32_t)*pred + (uint32_t)hp_receive_extend(b, s));
+    blk[0] = (int16_t)*pred;
+    for (k = 1; k < 64; ) {
+        int32_t e;
+        if (b->nbits < 32) hp_refill(b);
+        e = ac->acfast[b->acc >> (64 - HP_LOOKAHEAD)];
+        if (e) {
+            int run = (e >> 8) & 0xFF;
+            hp_consume(b, e & 0xFF);
+            if (run == 0xFF) break;             /* EOB */
+            k += run - 1;
+            blk[hp_natural[k]] = (int16_t)(e >> 16);
+            k++;
+        } else {
+            int rs = hp_decode(b, ac), r = rs >> 4;
+            s = rs & 15;
+            if (s) {
+                k += r;
+                blk[hp_natural[k]] = (int16_t)hp_receive_extend(b, s);
+                k++;
+            } else if (r == 15) {
+                k += 16;                         /* ZRL */
+            } else {
+                break;                           /* EOB (and 0x10..0xE0 as libjpeg reads them) */
+            }
+        }
+    }
+}
+
 /* --- several bit streams interleaved in one thread ------------------------------------------
  * Decoding one stream is a serial chain: where a code ends decides where the next one starts.
  * Independent streams (the restart intervals of a rectangle, or the scans of several images)
  * have independent chains, so the decoder keeps up to HP_MAX_LANES bit readers ("lanes") and
- * advances them round-robin one symbol at a time: while one lane waits for its table lookup and
- * shift, the CPU executes the others'. Each lane decodes one work item, an interval (or a
+ * advances them round-robin one block at a time, so that an out-of-order core can overlap one
+ * lane's block with the next lane's. (One symbol at a time was measured too: keeping every
+ * lane's state in memory and a state machine per symbol cost more than the overlap gained,
+ * docs/design/entropy.md.) Each lane decodes one work item, an interval (or a
  * marker-less scan) from its first MCU up to its last MCU in the rectangle, exactly as a single
  * reader would; when it is done the lane takes the next item. Results do not depend on the
  * number of lanes: each item writes only its own MCUs' blocks. */
@@ -489,7 +526,6 @@ typedef struct {
     int16_t* blk;           /* block being decoded */
     const hp_table* dc;
     const hp_table* ac;
-    int k;                  /* next coefficient (zigzag index) of blk */
     int bi;                 /* block of the MCU */
     int ci;                 /* its component */
     int keep;               /* the MCU lies in the rectangle */
@@ -585,17 +621,6 @@ static inline void hp_lane_block(hp_lane* L, int bi) {
     }
 }
 
-/* F.2.2.1: the DC difference of the lane's block, which then expects its first AC code. */
-static inline void hp_lane_dc(hp_lane* L) {
-    hp_bits* b = &L->b;
-    int s;
-    if (b->nbits < 32) hp_refill(b);
-    s = hp_decode(b, L->dc);
-    L->pred[L->ci] = (int32_t)((uint32_t)L->pred[L->ci] + (uint32_t)hp_receive_extend(b, s));
-    L->blk[0] = (int16_t)L->pred[L->ci];
-    L->k = 1;
-}
-
 /* Give lane L the next work item of jobs[*next..n): 1, or 0 when every job is exhausted.
  * Items of a job already failed are skipped. */
 static int hp_lane_take(hp_lane* L, hp_job* jobs, int n, int* next) {
@@ -611,7 +636,6 @@ static int hp_lane_take(hp_lane* L, hp_job* jobs, int n, int* next) {
             L->to_end = to_end;
             L->pred[0] = L->pred[1] = L->pred[2] = L->pred[3] = 0;
             hp_lane_block(L, 0);
-            hp_lane_dc(L);
             return 1;
         }
         ++*next;
@@ -626,14 +650,12 @@ static inline int hp_lane_advance(hp_lane* L) {
     hp_bits* b = &L->b;
     if (L->bi + 1 < h->blocks_in_mcu) {
         hp_lane_block(L, L->bi + 1);
-        hp_lane_dc(L);
         return 1;
     }
     if (b->bad) { L->job->status = HP_EDATA; return 0; }
     if (L->m < L->last) {
         L->m++;
         hp_lane_block(L, 0);
-        hp_lane_dc(L);
         return 1;
     }
     /* Bits taken from the zero padding past the interval's data: it was truncated. */
@@ -645,32 +667,10 @@ static inline int hp_lane_advance(hp_lane* L) {
     return 0;
 }
 
-/* One AC symbol (F.2.2.2) of lane L; 0 when its item is done. */
+/* One block of lane L (F.2.2.1 DC, F.2.2.2 AC); 0 when its item is done. */
 static inline int hp_lane_step(hp_lane* L) {
-    hp_bits* b = &L->b;
-    int32_t e;
-    if (b->nbits < 32) hp_refill(b);
-    e = L->ac->acfast[b->acc >> (64 - HP_LOOKAHEAD)];
-    if (e) {
-        int run = (e >> 8) & 0xFF;
-        hp_consume(b, e & 0xFF);
-        if (run == 0xFF) return hp_lane_advance(L);      /* EOB */
-        L->k += run - 1;
-        L->blk[hp_natural[L->k]] = (int16_t)(e >> 16);
-        L->k++;
-    } else {
-        int rs = hp_decode(b, L->ac), r = rs >> 4, s = rs & 15;
-        if (s) {
-            L->k += r;
-            L->blk[hp_natural[L->k]] = (int16_t)hp_receive_extend(b, s);
-            L->k++;
-        } else if (r == 15) {
-            L->k += 16;                                   /* ZRL */
-        } else {
-            return hp_lane_advance(L);  /* EOB (and 0x10..0xE0 as libjpeg reads them) */
-        }
-    }
-    return L->k < 64 ? 1 : hp_lane_advance(L);
+    hp_decode_block(&L->b, L->dc, L->ac, &L->pred[L->ci], L->blk);
+    return hp_lane_advance(L);
 }
 
 /* Decode jobs[0..n) (see hp_job; each one's rectangle checked, its status set) with `lanes`
