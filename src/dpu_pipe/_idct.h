@@ -28,8 +28,8 @@
 #define DPU_PIPE_IDCT_H
 
 #include <math.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif
@@ -47,6 +47,10 @@ static uint8_t px_range[1024];            /* IDCT output (10 low bits) -> sample
 static uint8_t px_limit_tab[1024];        /* v + 384 -> v clamped to [0, 255] */
 static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
 
+/* Byte shuffles interleaving three rows of 16 bytes into 16 pixels (SSSE3 pshufb): for
+ * output bytes [16 p, 16 p + 16), channel c's mask px_ilv_mask[p][c] (-128: not this one). */
+static int8_t px_ilv_mask[3][3][16] __attribute__((aligned(16)));
+
 /* The highest level of px_kern (below) this CPU runs: set once by px_init_tables. */
 static int px_simd_max = 1;
 
@@ -62,6 +66,10 @@ static void px_init_simd(void);
 static void px_init_tables(void) {
     int i;
     px_init_simd();
+    for (i = 0; i < 48; i++) {
+        int c;
+        for (c = 0; c < 3; c++) px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
+    }
     for (i = 0; i < 64; i++) {
         double su = (i >> 3) ? sqrt(2.0) * cos((i >> 3) * 3.14159265358979323846 / 16) : 1.0;
         double sv = (i & 7) ? sqrt(2.0) * cos((i & 7) * 3.14159265358979323846 / 16) : 1.0;

@@ -302,29 +302,75 @@ static const uint8_t* PXV(px_upsample_row)(const px_plan* p, const px_rect* r, i
     }
 }
 
-/* One output row of RGB from the upsampled component rows c (colour HP_GREY, HP_RGB or
- * HP_YCC). YCbCr -> RGB computes what px_ycc_row's tables hold: y + (round(c 2^16) x +
- * 2^15) >> 16, clamped to [0, 255]. */
-static void PXV(px_rgb_row)(int colour, const uint8_t* const* c, uint8_t* o, int n) {
+/* Three rows of 16 bytes into 16 interleaved pixels (48 bytes). */
+PXI void PXV(interleave16)(const uint8_t* r, const uint8_t* g, const uint8_t* b, uint8_t* o) {
+#if defined(__ARM_NEON)
+    uint8x16x3_t v;
+    v.val[0] = vld1q_u8(r);
+    v.val[1] = vld1q_u8(g);
+    v.val[2] = vld1q_u8(b);
+    vst3q_u8(o, v);
+#elif defined(__SSSE3__)
+    __m128i vr = _mm_loadu_si128((const __m128i*)r), vg = _mm_loadu_si128((const __m128i*)g);
+    __m128i vb = _mm_loadu_si128((const __m128i*)b);
+    int part;
+    for (part = 0; part < 3; part++) {
+        const __m128i* m = (const __m128i*)px_ilv_mask[part];
+        _mm_storeu_si128((__m128i*)(o + 16 * part),
+                         _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(vr, _mm_load_si128(m)),
+                                                   _mm_shuffle_epi8(vg, _mm_load_si128(m + 1))),
+                                      _mm_shuffle_epi8(vb, _mm_load_si128(m + 2))));
+    }
+#else
+    int i;
+    for (i = 0; i < 16; i++) {
+        o[3 * i] = r[i]; o[3 * i + 1] = g[i]; o[3 * i + 2] = b[i];
+    }
+#endif
+}
+
+/* YCbCr -> RGB of n pixels into planar rows: what px_rgb_row_ref's tables hold, y + (round(c
+ * 2^16) x + 2^15) >> 16 clamped to [0, 255], in int32 lanes. */
+PXI void PXV(ycc_planar)(const uint8_t* y, const uint8_t* cb, const uint8_t* cr, uint8_t* pr,
+                         uint8_t* pg, uint8_t* pb, int n) {
     int x;
-    if (colour == HP_GREY) {
-        const uint8_t* g = c[0];
-        for (x = 0; x < n; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = g[x];
-    } else if (colour == HP_RGB) {
-        const uint8_t *r = c[0], *g = c[1], *b = c[2];
-        for (x = 0; x < n; x++) {
-            o[3 * x] = r[x]; o[3 * x + 1] = g[x]; o[3 * x + 2] = b[x];
+    for (x = 0; x < n; x++) {
+        int32_t yy = y[x], b = cb[x] - 128, r = cr[x] - 128;
+        int32_t vr = yy + ((91881 * r + PX_HALF) >> PX_SCALEBITS);
+        int32_t vg = yy + ((-22554 * b - 46802 * r + PX_HALF) >> PX_SCALEBITS);
+        int32_t vb = yy + ((116130 * b + PX_HALF) >> PX_SCALEBITS);
+        pr[x] = (uint8_t)(vr < 0 ? 0 : vr > 255 ? 255 : vr);
+        pg[x] = (uint8_t)(vg < 0 ? 0 : vg > 255 ? 255 : vg);
+        pb[x] = (uint8_t)(vb < 0 ? 0 : vb > 255 ? 255 : vb);
+    }
+}
+
+/* One output row of RGB (n pixels) from the upsampled component rows c (colour HP_GREY,
+ * HP_RGB or HP_YCC), 16 pixels at a time. */
+static void PXV(px_rgb_row)(int colour, const uint8_t* const* c, uint8_t* o, int n) {
+    uint8_t pl[3][16];
+    int x = 0, i;
+    for (; x + 16 <= n; x += 16, o += 48) {
+        if (colour == HP_GREY) {
+            PXV(interleave16)(c[0] + x, c[0] + x, c[0] + x, o);
+        } else if (colour == HP_RGB) {
+            PXV(interleave16)(c[0] + x, c[1] + x, c[2] + x, o);
+        } else {
+            PXV(ycc_planar)(c[0] + x, c[1] + x, c[2] + x, pl[0], pl[1], pl[2], 16);
+            PXV(interleave16)(pl[0], pl[1], pl[2], o);
+        }
+    }
+    n -= x;
+    if (colour == HP_YCC) {
+        PXV(ycc_planar)(c[0] + x, c[1] + x, c[2] + x, pl[0], pl[1], pl[2], n);
+        for (i = 0; i < n; i++) {
+            o[3 * i] = pl[0][i]; o[3 * i + 1] = pl[1][i]; o[3 * i + 2] = pl[2][i];
         }
     } else {
-        const uint8_t *y = c[0], *cb = c[1], *cr = c[2];
-        for (x = 0; x < n; x++) {
-            int32_t yy = y[x], b = cb[x] - 128, r = cr[x] - 128;
-            int32_t vr = yy + ((91881 * r + PX_HALF) >> PX_SCALEBITS);
-            int32_t vg = yy + ((-22554 * b - 46802 * r + PX_HALF) >> PX_SCALEBITS);
-            int32_t vb = yy + ((116130 * b + PX_HALF) >> PX_SCALEBITS);
-            o[3 * x] = (uint8_t)(vr < 0 ? 0 : vr > 255 ? 255 : vr);
-            o[3 * x + 1] = (uint8_t)(vg < 0 ? 0 : vg > 255 ? 255 : vg);
-            o[3 * x + 2] = (uint8_t)(vb < 0 ? 0 : vb > 255 ? 255 : vb);
+        const uint8_t* g = c[colour == HP_GREY ? 0 : 1];
+        const uint8_t* b = c[colour == HP_GREY ? 0 : 2];
+        for (i = 0; i < n; i++) {
+            o[3 * i] = c[0][x + i]; o[3 * i + 1] = g[x + i]; o[3 * i + 2] = b[x + i];
         }
     }
 }
