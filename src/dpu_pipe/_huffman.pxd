@@ -67,12 +67,17 @@ cdef extern from "_idct.h" nogil:
         int scale
         int out_w, out_h
         int colour
+        int simd            # px_kern level: 0 scalar reference, 1 baseline SIMD, 2 AVX2
 
     ctypedef struct px_rect:
         int r0, r1, c0, c1
         size_t coef_bytes, plane_bytes
 
     size_t PX_ROW_BYTES(int width)
+    int px_simd_max
+    int px_ifast_multipliers(const uint16_t* q, int32_t* mq) noexcept
+    int px_idct_block(int simd, int size, const int16_t* input, const uint16_t* q,
+                      const int32_t* mq, uint8_t* out, size_t stride) noexcept
     void px_init_tables() noexcept
     int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                      px_plan* p) noexcept

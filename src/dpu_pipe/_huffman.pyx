@@ -3,7 +3,7 @@
 # region; the pixels of a box, bit-identical to libjpeg-turbo's region decode (or None where
 # libjpeg-turbo must decode). For tests, fuzzing and measurements; a pixel path calls the C
 # functions of _huffman.pxd directly.
-from libc.stdint cimport uint8_t, int16_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
 cimport dpu_pipe._libjpeg as lj
 from dpu_pipe._jpeg cimport choose_scale, scale_region, JpegInfo, Region, DP_OK
@@ -235,8 +235,53 @@ cdef class _Scratch:
         free(self.rows)
 
 
+def simd_levels():
+    """Kernel levels of the pixel stages this CPU runs: 0 the scalar reference, 1 the build's
+    baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64 CPUs that have it). The
+    region decode uses the highest; every level gives the same pixels."""
+    return list(range(px_simd_max + 1))
+
+
+def _check_simd(int simd):
+    if simd > px_simd_max:
+        raise ConfigError(f"kernel level {simd} is not one this CPU runs "
+                          f"(simd_levels() = {simd_levels()})")
+
+
+def idct_blocks(const int16_t[:, ::1] coef, const uint16_t[::1] q, int size, bint fast=False,
+                int simd=-1):
+    """The IDCT of each block of ``coef`` (n, 64) (quantized, natural order) with quantizers
+    ``q`` (64, natural order), as the region decode computes it at kernel level ``simd``
+    (simd_levels(); -1 the highest): ``size`` 8 the accurate IDCT (``fast``: the fast one),
+    4, 2 or 1 the reduced ones. Returns (pixels uint8 (n, size, size), fallback bool (n,)):
+    fallback marks blocks for which the region decode hands the image to libjpeg-turbo;
+    their pixels are not defined. For tests comparing the levels."""
+    cdef int32_t mq[64]
+    cdef int i, level = px_simd_max if simd < 0 else simd
+    cdef Py_ssize_t n = coef.shape[0]
+    cdef uint8_t[:, :, ::1] out
+    cdef uint8_t[::1] bad
+    _check_simd(level)
+    if coef.shape[1] != 64 or q.shape[0] != 64:
+        raise ConfigError(f"coef must be (n, 64) and q (64,), got ({coef.shape[0]}, {coef.shape[1]}) "
+                          f"and {q.shape[0]}")
+    if size not in (1, 2, 4, 8):
+        raise ConfigError(f"IDCT size {size} is not one of 1, 2, 4, 8")
+    if fast and (size != 8 or px_ifast_multipliers(&q[0], mq)):
+        raise ConfigError("the fast IDCT is 8x8 only, with multipliers within 32767")
+    pixels = np.zeros((n, size, size), np.uint8)
+    fallback = np.zeros(n, np.bool_)
+    out = pixels
+    bad = fallback.view(np.uint8)
+    with nogil:
+        for i in range(n):
+            bad[i] = px_idct_block(level, size, &coef[i, 0], &q[0], mq if fast else NULL,
+                                   &out[i, 0, 0], size) != 0
+    return pixels, fallback
+
+
 def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
-               int64_t max_pixels=1 << 28):
+               int64_t max_pixels=1 << 28, int simd=-1):
     """The pixels of ``box = (top, left, height, width)`` (pixels of the image at DCT scale
     scale/8, scale in 1, 2, 4, 8) decoded by dpu_pipe's own decoder: a uint8 array (height,
     width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and
@@ -245,7 +290,9 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
     height): the caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
     box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
     MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
-    freed on return. Raises ConfigError for a box outside the scaled image."""
+    freed on return. ``simd``: the pixel stages' kernel level (simd_levels(); -1 the highest,
+    as the region decode runs). Raises ConfigError for a box outside the scaled image or a
+    level this CPU does not run."""
     cdef _Scratch sc = _Scratch()
     cdef px_plan plan
     cdef px_rect r
@@ -266,6 +313,9 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
         raise ConfigError(f"DCT scale {scale}/8 is not one of 1/8, 2/8, 4/8, 8/8")
     if rc != PX_OK:
         return None
+    if simd >= 0:
+        _check_simd(simd)
+        plan.simd = simd
     if (top < 0 or left < 0 or height <= 0 or width <= 0 or top + height > plan.out_h
             or left + width > plan.out_w):
         raise ConfigError(f"box {tuple(box)} is not inside the {plan.out_w}x{plan.out_h} "
@@ -291,12 +341,13 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
 
 
 def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bint strict,
-           int64_t max_pixels, int max_scans):
+           int64_t max_pixels, int max_scans, int simd=-1):
     """dpu_pipe._jpeg.decode with dpu_pipe's own decoder first: the region (top, left,
     height, width; full-resolution pixels, None for the whole image) at the smallest
     power-of-two DCT scale keeping it at least min_h x min_w. Returns (uint8 array (h, w, 3),
     scale in eighths, whether the own decoder produced it); where decode_box answers None,
-    libjpeg-turbo decodes (and raises DecodeError for damaged data)."""
+    libjpeg-turbo decodes (and raises DecodeError for damaged data). ``simd``: as for
+    decode_box."""
     from dpu_pipe import _jpeg
 
     cdef hp_header* h
@@ -318,7 +369,8 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
             top, left, height, width = region
         scale = choose_scale(height, width, min_h, min_w)
         if scale_region(&info, scale, top, left, height, width, &r) == DP_OK:
-            arr = decode_box(data, (r.top, r.left, r.height, r.width), scale, fast, max_pixels)
+            arr = decode_box(data, (r.top, r.left, r.height, r.width), scale, fast, max_pixels,
+                             simd)
             if arr is not None:
                 return arr, scale, True
     arr, scale = _jpeg.decode(data, region, min_h, min_w, fast, strict, max_pixels, max_scans)
