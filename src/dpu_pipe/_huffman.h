@@ -30,7 +30,9 @@ enum {
     HP_UNSUPPORTED = -6   /* valid perhaps, but not a stream this decoder takes */
 };
 
-#define HP_LOOKAHEAD 9
+/* Bits resolved by one table lookup: 10 measured faster than 9 (fewer codes and values
+ * left to the slow path) and than 11 (larger tables to build per image), entropy.md. */
+#define HP_LOOKAHEAD 10
 #define HP_MAX_COMPS 4
 #define HP_MAX_BLOCKS_IN_MCU 10   /* T.81 B.2.3: at most 10 blocks in an interleaved MCU */
 
@@ -494,10 +496,12 @@ static inline void hp_decode_block(hp_bits* b, const hp_table* dc, const hp_tabl
  * number of lanes: each item writes only its own MCUs' blocks. */
 
 #define HP_MAX_LANES 8
-/* Lanes hp_decode_rect and hp_decode_jobs use: the fastest of 1, 2, 3, 4, 6, 8 measured with
- * bench/bench_entropy.py --lanes (docs/design/entropy.md, "Interleaving"). */
+/* Lanes hp_decode_rect uses. 1, 2, 3, 4, 6 and 8 measured alike on x86-64 (within 2 %,
+ * bench/bench_entropy.py --lanes): the decoder is bound by its instruction count, not by the
+ * latency of one stream's chain, so 1 (the least state). Cortex-A72: 1 as well until measured
+ * there (docs/design/entropy.md, "Interleaving"). */
 #ifndef HP_LANES
-#define HP_LANES 4
+#define HP_LANES 1
 #endif
 
 /* One rectangle of one image to decode: the MCU rows [r0, r1) x columns [c0, c1) into out
