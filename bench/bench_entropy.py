@@ -20,7 +20,8 @@ With --lanes L1,L2,... the box is decoded once per lane count instead (box/K=<L>
 restart intervals interleaved per thread), and the original files (no restart markers) are
 decoded from their scan start up to the bottom of each crop box, one image at a time
 (orig-crop/1) and --group images at a time interleaved (orig-crop/batch=<L>,
-read_coefficients_batch with L lanes; µs per image).
+read_coefficients_batch with L lanes; µs per image). These two tables are CPU time of the
+process (time.process_time), so other jobs on a shared machine do not inflate them.
 """
 
 import argparse
@@ -47,17 +48,22 @@ def mcu_rect(hdr, top, left, height, width):
     return top // mh, -(-(top + height) // mh), left // mw, -(-(left + width) // mw)
 
 
-def time_interleaved(methods, items, rounds):
+def time_interleaved(methods, items, rounds, clock=time.perf_counter):
     """{method: [µs per item of each round]}: every method runs on an item before the next
-    item, so machine noise falls on all of them alike."""
+    item, so machine noise falls on all of them alike; the order rotates from item to item,
+    so no method is always the one that brings the item into the cache. ``clock``: wall
+    time, or ``time.process_time`` for the CPU time of this process alone (other jobs
+    excluded)."""
     totals = {m: [] for m in methods}
+    names = list(methods)
     for _ in range(rounds):
         acc = dict.fromkeys(methods, 0.0)
-        for it in items:
-            for m, fn in methods.items():
-                t0 = time.perf_counter()
+        for j, it in enumerate(items):
+            for m in names[j % len(names):] + names[:j % len(names)]:
+                fn = methods[m]
+                t0 = clock()
                 fn(it)
-                acc[m] += time.perf_counter() - t0
+                acc[m] += clock() - t0
         for m in methods:
             totals[m].append(acc[m] / len(items) * 1e6)
     return totals
@@ -118,9 +124,9 @@ def compare_lanes(items, lanes, args):
             assert all(np.array_equal(a, b) for a, b in zip(ref, got))
     methods = {f"box/K={k}": (lambda it, k=k: _huffman.read_coefficients(it[1], it[3], lanes=k))
                for k in lanes}
-    totals = time_interleaved(methods, items, args.rounds)
+    totals = time_interleaved(methods, items, args.rounds, time.process_time)
     print(f"{len(items)} transcoded records (restart every MCU), crop boxes' MCUs, entropy "
-          f"only, {args.rounds} rounds, one core, methods interleaved per image")
+          f"only, {args.rounds} rounds, one core, methods interleaved per image, CPU time")
     print_table(totals)
     g = args.group
     groups = [([it[0] for it in items[i:i + g]], [it[4] for it in items[i:i + g]])
@@ -129,7 +135,7 @@ def compare_lanes(items, lanes, args):
                                           for d, r in zip(*gr)]}
     methods.update({f"orig-crop/batch={k}": (lambda gr, k=k: _huffman.read_coefficients_batch(
         gr[0], gr[1], lanes=k)) for k in lanes if k > 1})
-    totals = time_interleaved(methods, groups, args.rounds)
+    totals = time_interleaved(methods, groups, args.rounds, time.process_time)
     totals = {m: [x / g for x in v] for m, v in totals.items()}
     print(f"{len(groups) * g} original files (no restart markers) in groups of {g}, scan start "
           f"to the bottom of the crop box, µs per image")
