@@ -51,8 +51,9 @@ static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
  * output bytes [16 p, 16 p + 16), channel c's mask px_ilv_mask[p][c] (-128: not this one). */
 static int8_t px_ilv_mask[3][3][16] __attribute__((aligned(16)));
 
-/* The highest level of px_kern (below) this CPU runs: set once by px_init_tables. */
-static int px_simd_max = 1;
+/* The highest level of px_kern (below) this CPU runs, and the one the region decode uses:
+ * set once by px_init_tables. */
+static int px_simd_max = 1, px_simd_default = 1;
 
 #define PX_SCALEBITS 16
 #define PX_HALF ((int32_t)1 << (PX_SCALEBITS - 1))
@@ -396,7 +397,7 @@ typedef struct {
     int up[HP_MAX_COMPS];       /* PX_UP_* */
     int ifast;                  /* 8x8 IDCTs are the fast one (fast mode) */
     int32_t mq[HP_MAX_COMPS][64];   /* its prescaled quantizers */
-    int simd;                   /* px_kern level: px_simd_max (tests may lower it) */
+    int simd;                   /* px_kern level: px_simd_default (tests pick others) */
 } px_plan;
 
 /* The fast IDCT's multipliers for quantizers q: libjpeg-turbo's 16-bit tables, round(q * aan
@@ -422,7 +423,7 @@ static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                         px_plan* p) {
     int ci, fancy = !fast && scale > 1;
     p->ifast = fast;
-    p->simd = px_simd_max;
+    p->simd = px_simd_default;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) return HP_ESIZE;
     p->scale = scale;
     p->colour = hp_colour_space(h);
@@ -520,8 +521,8 @@ static void px_make_rect(const hp_header* h, const px_plan* p, int top, int left
 /* --- kernels per instruction set ----------------------------------------------------------
  * px_kern[level]: 0 the scalar reference (the IDCTs above, table colour conversion), 1 the
  * build's baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64, when the CPU has
- * it). px_make_plan picks the highest this CPU runs (px_simd_max); tests pick each. The
- * upsampling of levels 0 and 1 is the same code. */
+ * it). px_make_plan picks px_simd_default (the fastest level this CPU runs); tests pick
+ * each. The upsampling of levels 0 and 1 is the same code. */
 
 typedef int32_t px_i32x8 __attribute__((vector_size(32)));
 typedef uint32_t px_u32x8 __attribute__((vector_size(32)));
@@ -594,8 +595,14 @@ static void px_init_simd(void) {
 #if PX_HAVE_AVX2
     __builtin_cpu_init();
     px_simd_max = __builtin_cpu_supports("avx2") ? 2 : 1;
-#else
+    /* SSE2 has no 32-bit multiply: there the int32 lanes of level 1 cost more than the
+     * scalar reference (measured: docs/design/entropy.md), so without AVX2 x86 runs level 0. */
+    px_simd_default = px_simd_max == 2 ? 2 : 0;
+#elif defined(__x86_64__)
     px_simd_max = 1;
+    px_simd_default = 0;
+#else
+    px_simd_max = px_simd_default = 1;
 #endif
 }
 
