@@ -574,6 +574,8 @@ static void px_rgb_row_ref(int colour, const uint8_t* const* c, uint8_t* o, int 
 typedef struct {
     int (*islow)(const int16_t*, const uint16_t*, uint8_t*, size_t);
     int (*ifast)(const int16_t*, const int32_t*, uint8_t*, size_t);
+    int (*idct4)(const int16_t*, const uint16_t*, uint8_t*, size_t);
+    int (*idct2)(const int16_t*, const uint16_t*, uint8_t*, size_t);
     const uint8_t* (*upsample_row)(const px_plan*, const px_rect*, int, const uint8_t*, int,
                                    int, int, uint8_t*, int16_t*);
     void (*rgb_row)(int, const uint8_t* const*, uint8_t*, int);
@@ -582,12 +584,16 @@ typedef struct {
 enum { PX_SIMD_LEVELS = 3 };
 
 static const px_kernels px_kern[PX_SIMD_LEVELS] = {
-    {px_idct_islow, px_idct_ifast, px_upsample_row_base, px_rgb_row_ref},
-    {px_idct_islow_base, px_idct_ifast_base, px_upsample_row_base, px_rgb_row_base},
+    {px_idct_islow, px_idct_ifast, px_idct_4x4, px_idct_2x2, px_upsample_row_base,
+     px_rgb_row_ref},
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
 #if PX_HAVE_AVX2
-    {px_idct_islow_avx2, px_idct_ifast_avx2, px_upsample_row_avx2, px_rgb_row_avx2},
+    {px_idct_islow_avx2, px_idct_ifast_avx2, px_idct_4x4_avx2, px_idct_2x2_avx2,
+     px_upsample_row_avx2, px_rgb_row_avx2},
 #else
-    {px_idct_islow_base, px_idct_ifast_base, px_upsample_row_base, px_rgb_row_base},
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
 #endif
 };
 
@@ -615,8 +621,8 @@ static int px_idct_block(int simd, int size, const int16_t* in, const uint16_t* 
     const px_kernels* k = &px_kern[simd];
     switch (size) {
     case 8: return mq ? k->ifast(in, mq, out, stride) : k->islow(in, q, out, stride);
-    case 4: return px_idct_4x4(in, q, out, stride);
-    case 2: return px_idct_2x2(in, q, out, stride);
+    case 4: return k->idct4(in, q, out, stride);
+    case 2: return k->idct2(in, q, out, stride);
     default: return px_idct_1x1(in, q, out, stride);
     }
 }
@@ -646,7 +652,7 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         uint8_t* plane = planes + r->plane_off[ci];
         const int16_t* b = blocks[ci];
         int over = 0, by, bx;
-        idct = ds == 8 ? k->islow : ds == 4 ? px_idct_4x4 : ds == 2 ? px_idct_2x2
+        idct = ds == 8 ? k->islow : ds == 4 ? k->idct4 : ds == 2 ? k->idct2
                                                                 : px_idct_1x1;
         for (by = 0; by < bh; by++)
             for (bx = 0; bx < bw; bx++, b += 64) {
