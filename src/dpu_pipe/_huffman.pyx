@@ -176,6 +176,9 @@ def idct_blocks(const int16_t[:, ::1] coef, const uint16_t[::1] q, int size, bin
     if coef.shape[1] != 64 or q.shape[0] != 64:
         raise ConfigError(f"coef must be (n, 64) and q (64,), got ({coef.shape[0]}, {coef.shape[1]}) "
                           f"and {q.shape[0]}")
+    if max(q) > 32767:
+        raise ConfigError("quantizers above 32767 (the region decode hands those to "
+                          "libjpeg-turbo)")
     if size not in (1, 2, 4, 8):
         raise ConfigError(f"IDCT size {size} is not one of 1, 2, 4, 8")
     if fast and (size != 8 or px_ifast_multipliers(&q[0], mq)):

@@ -227,6 +227,16 @@ PXI void PXV(storen)(uint8_t* out, const px_i32x8* v, int n) {
  * columns the scale discards (keep: 0 there) left out of the range checks, as the
  * reference never dequantizes them. The row pass runs on the transposed column outputs
  * (lanes beyond the output rows hold zeros, which pass every check). */
+
+/* v where it lies in [-lo, span - lo] and its lane is kept, else 0 (the reference's px_deq
+ * and px_ws: a failed value goes on as 0, so nothing downstream overflows); a failure in a
+ * kept lane is set in *bad. */
+PXI void PXV(checked)(px_i32x8* v, int32_t lo, uint32_t span, const px_u32x8* keep,
+                      px_u32x8* bad) {
+    px_i32x8 fail = (px_i32x8)PXV_OUTSIDE(*v, lo, span) >> 31;
+    *bad |= (px_u32x8)fail & *keep;
+    *v &= ~fail & (px_i32x8)*keep;
+}
 PXI void PXV(r4_1d)(px_i32x8* c, px_i32x8* o) {
     px_i32x8 e0 = c[0] * (1 << (PX_CB + 1));
     px_i32x8 e2 = c[2] * PX_F1_847 - c[6] * PX_F0_765;
@@ -248,12 +258,12 @@ static int PXV(px_idct_4x4)(const int16_t* in, const uint16_t* q, uint8_t* out,
         PXV(ld16)(&v[k], in + 8 * k);
         PXV(ldq)(&m, q + 8 * k);
         v[k] *= m;
-        bad |= PXV_OUTSIDE(v[k], 8191, 16382u) & keep;
+        PXV(checked)(&v[k], 8191, 16382u, &keep, &bad);
     }
     PXV(r4_1d)(v, v);                   /* columns: v[0..3] the four output rows */
     for (k = 0; k < 4; k++) {
         v[k] = (v[k] + (1 << (PX_CB - PX_P1))) >> (PX_CB - PX_P1 + 1);
-        bad |= PXV_OUTSIDE(v[k], 16383, 32766u) & keep;
+        PXV(checked)(&v[k], 16383, 32766u, &keep, &bad);
         v[k + 4] = (px_i32x8){0};
     }
     PXV(transpose)(v);
@@ -285,12 +295,12 @@ static int PXV(px_idct_2x2)(const int16_t* in, const uint16_t* q, uint8_t* out,
         PXV(ld16)(&v[k], in + 8 * k);
         PXV(ldq)(&m, q + 8 * k);
         v[k] *= m;
-        bad |= PXV_OUTSIDE(v[k], 8191, 16382u) & keep;
+        PXV(checked)(&v[k], 8191, 16382u, &keep, &bad);
     }
     PXV(r2_1d)(v, v);
     for (k = 0; k < 2; k++) {
         v[k] = (v[k] + (1 << (PX_CB - PX_P1 + 1))) >> (PX_CB - PX_P1 + 2);
-        bad |= PXV_OUTSIDE(v[k], 16383, 32766u) & keep;
+        PXV(checked)(&v[k], 16383, 32766u, &keep, &bad);
     }
     for (k = 2; k < 8; k++) v[k] = (px_i32x8){0};
     PXV(transpose)(v);
