@@ -21,6 +21,10 @@
  * > 511; fast IDCT: see px_idct_ifast; a multiplier above 32767) makes the region decode answer PX_FALLBACK: the caller then decodes
  * with libjpeg-turbo, so what is returned never differs from what it would return.
  *
+ * The functions below are the scalar reference; _pxsimd.h holds the same computations in
+ * vector form (SSE2 / NEON, AVX2), lane for lane equal to them, and px_kern picks the level
+ * a decode runs (see "kernels per instruction set").
+ *
  * Pure C over caller-owned buffers, no global state but constant tables filled once
  * (px_init_tables, before any thread runs): safe without the GIL on any number of threads.
  */
@@ -69,7 +73,8 @@ static void px_init_tables(void) {
     px_init_simd();
     for (i = 0; i < 48; i++) {
         int c;
-        for (c = 0; c < 3; c++) px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
+        for (c = 0; c < 3; c++)
+            px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
     }
     for (i = 0; i < 64; i++) {
         double su = (i >> 3) ? sqrt(2.0) * cos((i >> 3) * 3.14159265358979323846 / 16) : 1.0;
