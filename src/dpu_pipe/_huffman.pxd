@@ -13,6 +13,8 @@ cdef extern from "_huffman.h" nogil:
         HP_ESIZE
         HP_UNSUPPORTED
         HP_MAX_COMPS
+        HP_MAX_LANES
+        HP_LANES
 
     ctypedef struct hp_table:
         int defined
@@ -33,12 +35,25 @@ cdef extern from "_huffman.h" nogil:
         uint16_t qt[4][64]
         int qt_defined[4]
 
+    ctypedef struct hp_job:
+        const hp_header* h
+        const uint8_t* data
+        const size_t* starts
+        const size_t* ends
+        int r0, r1, c0, c1
+        int16_t* const* out
+        int status
+
     int hp_read_header(hp_header* h, const uint8_t* data, size_t size) noexcept
     int hp_find_intervals(const hp_header* h, const uint8_t* data, size_t size, int64_t n,
                           size_t* starts, size_t* ends) noexcept
     int hp_decode_rect(const hp_header* h, const uint8_t* data, const size_t* starts,
                        const size_t* ends, int r0, int r1, int c0, int c1,
                        int16_t* const* out) noexcept
+    int hp_decode_rect_lanes(const hp_header* h, const uint8_t* data, const size_t* starts,
+                             const size_t* ends, int r0, int r1, int c0, int c1,
+                             int16_t* const* out, int lanes) noexcept
+    int hp_decode_jobs(hp_job* jobs, int n, int lanes) noexcept
 
 
 # Dequantization, IDCTs, upsampling and colour conversion bit-identical to libjpeg-turbo, and

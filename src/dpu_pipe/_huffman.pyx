@@ -44,70 +44,165 @@ def header(const uint8_t[::1] data):
         free(h)
 
 
-def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28):
-    """DCT coefficients of a baseline Huffman JPEG, as libjpeg-turbo's jpeg_read_coefficients
-    gives them: one int16 array per component of shape (block rows, block columns, 64),
-    natural order, quantized. With ``rect = (r0, r1, c0, c1)`` (MCU rows [r0, r1) and columns
-    [c0, c1)) only that rectangle's blocks, reading only the restart intervals that cover it
-    and stopping after its last MCU. Returns None for streams this decoder does not take
-    (libjpeg-turbo's path applies); raises DecodeError for damaged data and ConfigError for a
-    rectangle outside the image. Memory: 2 bytes per coefficient of the rectangle (about
-    2 x 64 x blocks), bounded by ``max_pixels`` (width x height, checked from the header;
-    DecodeError beyond it)."""
-    cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
-    cdef size_t* starts = NULL
-    cdef size_t* ends = NULL
+cdef class _CoefJob:
+    """One image's part of a coefficient decode: its header, interval offsets and output
+    arrays, owned here so that every exit frees them."""
+    cdef hp_header* h
+    cdef size_t* starts
+    cdef size_t* ends
     cdef int16_t* outs[4]
-    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
-    cdef size_t n = data.shape[0]
-    cdef int rc, i, r0, r1, c0, c1, hh, vv
-    cdef int64_t need
-    cdef int16_t[:, :, ::1] view
-    if h == NULL:
-        raise MemoryError()
-    try:
+    cdef object arrays
+    cdef object data
+    cdef int r0, r1, c0, c1
+
+    def __cinit__(self):
+        self.h = <hp_header*>malloc(sizeof(hp_header))
+        if self.h == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.h)
+        free(self.starts)
+        free(self.ends)
+
+    cdef int prepare(self, const uint8_t[::1] data, rect, int64_t max_pixels) except -1:
+        """Header, rectangle, zeroed arrays and interval offsets; 0, or 1 for a stream the
+        decoder does not take."""
+        cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+        cdef size_t n = data.shape[0]
+        cdef int rc, i, hh, vv
+        cdef int64_t need
+        cdef int16_t[:, :, ::1] view
+        self.data = data
         with nogil:
-            rc = hp_read_header(h, p, n)
+            rc = hp_read_header(self.h, p, n)
         if rc == HP_UNSUPPORTED:
-            return None
+            return 1
         if rc != HP_OK:
             raise DecodeError("cannot parse the JPEG markers")
+        h = self.h
         if <int64_t>h.width * h.height > max_pixels:
             raise DecodeError(f"image of {h.width} x {h.height} pixels exceeds the pixel "
                               f"budget (max_pixels={max_pixels})")
         if rect is None:
-            r0, r1, c0, c1 = 0, h.mcuy, 0, h.mcux
+            self.r0, self.r1, self.c0, self.c1 = 0, h.mcuy, 0, h.mcux
         else:
-            r0, r1, c0, c1 = rect
-            if not (0 <= r0 < r1 <= h.mcuy and 0 <= c0 < c1 <= h.mcux):
+            self.r0, self.r1, self.c0, self.c1 = rect
+            if not (0 <= self.r0 < self.r1 <= h.mcuy and 0 <= self.c0 < self.c1 <= h.mcux):
                 raise ConfigError(f"MCU rectangle {tuple(rect)} is not inside the "
                                   f"{h.mcuy} x {h.mcux} MCUs of the image")
-        arrays = []
+        self.arrays = []
         for i in range(h.ncomp):
             hh = h.comp[i].h if h.interleaved else 1
             vv = h.comp[i].v if h.interleaved else 1
-            arrays.append(np.zeros(((r1 - r0) * vv, (c1 - c0) * hh, 64), np.int16))
-            view = arrays[i]
-            outs[i] = &view[0, 0, 0]
+            self.arrays.append(np.zeros(((self.r1 - self.r0) * vv, (self.c1 - self.c0) * hh,
+                                         64), np.int16))
+            view = self.arrays[i]
+            self.outs[i] = &view[0, 0, 0]
         # Intervals up to the one holding the rectangle's last MCU.
         need = 1
         if h.restart_interval:
-            need = ((<int64_t>r1 - 1) * h.mcux + c1 - 1) // h.restart_interval + 1
-        starts = <size_t*>malloc(need * sizeof(size_t))
-        ends = <size_t*>malloc(need * sizeof(size_t))
-        if starts == NULL or ends == NULL:
+            need = ((<int64_t>self.r1 - 1) * h.mcux + self.c1 - 1) // h.restart_interval + 1
+        self.starts = <size_t*>malloc(need * sizeof(size_t))
+        self.ends = <size_t*>malloc(need * sizeof(size_t))
+        if self.starts == NULL or self.ends == NULL:
             raise MemoryError()
         with nogil:
-            rc = hp_find_intervals(h, p, n, need, starts, ends)
-            if rc == HP_OK:
-                rc = hp_decode_rect(h, p, starts, ends, r0, r1, c0, c1, outs)
+            rc = hp_find_intervals(h, p, n, need, self.starts, self.ends)
         if rc != HP_OK:
             raise DecodeError(_MESSAGES.get(rc, f"entropy decoder status {rc}"))
-        return arrays
+        return 0
+
+    cdef void fill(self, hp_job* j) noexcept:
+        cdef const uint8_t[::1] d = self.data
+        j.h = self.h
+        j.data = &d[0]
+        j.starts = self.starts
+        j.ends = self.ends
+        j.r0, j.r1, j.c0, j.c1 = self.r0, self.r1, self.c0, self.c1
+        j.out = self.outs
+
+
+cdef int _lanes(int lanes) except -1:
+    if not 1 <= lanes <= HP_MAX_LANES:
+        raise ConfigError(f"lanes must be in 1..{HP_MAX_LANES}, not {lanes}")
+    return lanes
+
+
+def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28,
+                      int lanes=HP_LANES):
+    """DCT coefficients of a baseline Huffman JPEG, as libjpeg-turbo's jpeg_read_coefficients
+    gives them: one int16 array per component of shape (block rows, block columns, 64),
+    natural order, quantized. With ``rect = (r0, r1, c0, c1)`` (MCU rows [r0, r1) and columns
+    [c0, c1)) only that rectangle's blocks, reading only the restart intervals that cover it
+    and stopping after its last MCU. ``lanes`` (1..8): restart intervals decoded interleaved
+    (the result does not depend on it). Returns None for streams this decoder does not take
+    (libjpeg-turbo's path applies); raises DecodeError for damaged data and ConfigError for a
+    rectangle outside the image. Memory: 2 bytes per coefficient of the rectangle (about
+    2 x 64 x blocks), bounded by ``max_pixels`` (width x height, checked from the header;
+    DecodeError beyond it)."""
+    cdef _CoefJob cj = _CoefJob()
+    cdef hp_job j
+    cdef int rc
+    _lanes(lanes)
+    if cj.prepare(data, rect, max_pixels):
+        return None
+    cj.fill(&j)
+    with nogil:
+        rc = hp_decode_jobs(&j, 1, lanes)
+    if rc != HP_OK:
+        raise DecodeError(_MESSAGES.get(rc, f"entropy decoder status {rc}"))
+    return cj.arrays
+
+
+def read_coefficients_batch(datas, rects, int64_t max_pixels=1 << 28, int lanes=HP_LANES):
+    """read_coefficients of several images at once, their bit streams interleaved in one
+    thread: ``lanes`` (1..8) streams in flight, taken from the images in order (for files
+    without restart markers each image's scan is one stream, read from its start up to its
+    rectangle's last MCU, so several images make the independent streams). ``datas``: uint8
+    buffers; ``rects``: one MCU rectangle (or None for the whole image) per buffer. Returns
+    one entry per image: its arrays, or None for a stream the decoder does not take. Raises
+    DecodeError naming the first damaged image (by position), ConfigError for a bad
+    rectangle. Memory: read_coefficients' for every image at once."""
+    cdef list jobs_py = []
+    cdef list results = []
+    cdef _CoefJob cj
+    cdef hp_job* jobs
+    cdef int i, n, rc
+    _lanes(lanes)
+    if len(datas) != len(rects):
+        raise ConfigError(f"{len(datas)} buffers but {len(rects)} rectangles")
+    for i in range(len(datas)):
+        cj = _CoefJob()
+        try:
+            skip = cj.prepare(datas[i], rects[i], max_pixels)
+        except DecodeError as e:
+            raise DecodeError(f"image {i}: {e}") from None
+        results.append(None if skip else cj)
+        if not skip:
+            jobs_py.append(cj)
+    n = len(jobs_py)
+    jobs = <hp_job*>calloc(max(n, 1), sizeof(hp_job))
+    if jobs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            (<_CoefJob>jobs_py[i]).fill(&jobs[i])
+        with nogil:
+            hp_decode_jobs(jobs, n, lanes)
+        i = 0
+        for pos in range(len(results)):
+            if results[pos] is None:
+                continue
+            rc = jobs[i].status
+            i += 1
+            if rc != HP_OK:
+                raise DecodeError(f"image {pos}: "
+                                  + _MESSAGES.get(rc, f"entropy decoder status {rc}"))
+            results[pos] = (<_CoefJob>results[pos]).arrays
+        return results
     finally:
-        free(h)
-        free(starts)
-        free(ends)
+        free(jobs)
 
 
 px_init_tables()
