@@ -74,7 +74,7 @@ cdef extern from "_idct.h" nogil:
         size_t coef_bytes, plane_bytes
 
     size_t PX_ROW_BYTES(int width)
-    int px_simd_max
+    int px_simd_max, px_simd_default
     int px_ifast_multipliers(const uint16_t* q, int32_t* mq) noexcept
     int px_idct_block(int simd, int size, const int16_t* input, const uint16_t* q,
                       const int32_t* mq, uint8_t* out, size_t stride) noexcept

@@ -237,9 +237,15 @@ cdef class _Scratch:
 
 def simd_levels():
     """Kernel levels of the pixel stages this CPU runs: 0 the scalar reference, 1 the build's
-    baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64 CPUs that have it). The
-    region decode uses the highest; every level gives the same pixels."""
+    baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64 CPUs that have it). Every
+    level gives the same pixels; the region decode runs simd_default()."""
     return list(range(px_simd_max + 1))
+
+
+def simd_default():
+    """The kernel level the region decode runs (the fastest measured on this architecture:
+    2 with AVX2, else 1 on aarch64 and 0 on x86-64)."""
+    return px_simd_default
 
 
 def _check_simd(int simd):
@@ -252,12 +258,12 @@ def idct_blocks(const int16_t[:, ::1] coef, const uint16_t[::1] q, int size, bin
                 int simd=-1):
     """The IDCT of each block of ``coef`` (n, 64) (quantized, natural order) with quantizers
     ``q`` (64, natural order), as the region decode computes it at kernel level ``simd``
-    (simd_levels(); -1 the highest): ``size`` 8 the accurate IDCT (``fast``: the fast one),
+    (simd_levels(); -1 simd_default()): ``size`` 8 the accurate IDCT (``fast``: the fast one),
     4, 2 or 1 the reduced ones. Returns (pixels uint8 (n, size, size), fallback bool (n,)):
     fallback marks blocks for which the region decode hands the image to libjpeg-turbo;
     their pixels are not defined. For tests comparing the levels."""
     cdef int32_t mq[64]
-    cdef int i, level = px_simd_max if simd < 0 else simd
+    cdef int i, level = px_simd_default if simd < 0 else simd
     cdef Py_ssize_t n = coef.shape[0]
     cdef uint8_t[:, :, ::1] out
     cdef uint8_t[::1] bad
@@ -265,6 +271,9 @@ def idct_blocks(const int16_t[:, ::1] coef, const uint16_t[::1] q, int size, bin
     if coef.shape[1] != 64 or q.shape[0] != 64:
         raise ConfigError(f"coef must be (n, 64) and q (64,), got ({coef.shape[0]}, {coef.shape[1]}) "
                           f"and {q.shape[0]}")
+    if max(q) > 32767:
+        raise ConfigError("quantizers above 32767 (the region decode hands those to "
+                          "libjpeg-turbo)")
     if size not in (1, 2, 4, 8):
         raise ConfigError(f"IDCT size {size} is not one of 1, 2, 4, 8")
     if fast and (size != 8 or px_ifast_multipliers(&q[0], mq)):
@@ -290,8 +299,8 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
     height): the caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
     box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
     MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
-    freed on return. ``simd``: the pixel stages' kernel level (simd_levels(); -1 the highest,
-    as the region decode runs). Raises ConfigError for a box outside the scaled image or a
+    freed on return. ``simd``: the pixel stages' kernel level (simd_levels(); -1
+    simd_default(), as the region decode runs). Raises ConfigError for a box outside the scaled image or a
     level this CPU does not run."""
     cdef _Scratch sc = _Scratch()
     cdef px_plan plan

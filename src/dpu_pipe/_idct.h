@@ -21,6 +21,10 @@
  * > 511; fast IDCT: see px_idct_ifast; a multiplier above 32767) makes the region decode answer PX_FALLBACK: the caller then decodes
  * with libjpeg-turbo, so what is returned never differs from what it would return.
  *
+ * The functions below are the scalar reference; _pxsimd.h holds the same computations in
+ * vector form (SSE2 / NEON, AVX2), lane for lane equal to them, and px_kern picks the level
+ * a decode runs (see "kernels per instruction set").
+ *
  * Pure C over caller-owned buffers, no global state but constant tables filled once
  * (px_init_tables, before any thread runs): safe without the GIL on any number of threads.
  */
@@ -51,8 +55,9 @@ static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
  * output bytes [16 p, 16 p + 16), channel c's mask px_ilv_mask[p][c] (-128: not this one). */
 static int8_t px_ilv_mask[3][3][16] __attribute__((aligned(16)));
 
-/* The highest level of px_kern (below) this CPU runs: set once by px_init_tables. */
-static int px_simd_max = 1;
+/* The highest level of px_kern (below) this CPU runs, and the one the region decode uses:
+ * set once by px_init_tables. */
+static int px_simd_max = 1, px_simd_default = 1;
 
 #define PX_SCALEBITS 16
 #define PX_HALF ((int32_t)1 << (PX_SCALEBITS - 1))
@@ -68,7 +73,8 @@ static void px_init_tables(void) {
     px_init_simd();
     for (i = 0; i < 48; i++) {
         int c;
-        for (c = 0; c < 3; c++) px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
+        for (c = 0; c < 3; c++)
+            px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
     }
     for (i = 0; i < 64; i++) {
         double su = (i >> 3) ? sqrt(2.0) * cos((i >> 3) * 3.14159265358979323846 / 16) : 1.0;
@@ -396,7 +402,7 @@ typedef struct {
     int up[HP_MAX_COMPS];       /* PX_UP_* */
     int ifast;                  /* 8x8 IDCTs are the fast one (fast mode) */
     int32_t mq[HP_MAX_COMPS][64];   /* its prescaled quantizers */
-    int simd;                   /* px_kern level: px_simd_max (tests may lower it) */
+    int simd;                   /* px_kern level: px_simd_default (tests pick others) */
 } px_plan;
 
 /* The fast IDCT's multipliers for quantizers q: libjpeg-turbo's 16-bit tables, round(q * aan
@@ -422,7 +428,7 @@ static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                         px_plan* p) {
     int ci, fancy = !fast && scale > 1;
     p->ifast = fast;
-    p->simd = px_simd_max;
+    p->simd = px_simd_default;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) return HP_ESIZE;
     p->scale = scale;
     p->colour = hp_colour_space(h);
@@ -520,8 +526,8 @@ static void px_make_rect(const hp_header* h, const px_plan* p, int top, int left
 /* --- kernels per instruction set ----------------------------------------------------------
  * px_kern[level]: 0 the scalar reference (the IDCTs above, table colour conversion), 1 the
  * build's baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64, when the CPU has
- * it). px_make_plan picks the highest this CPU runs (px_simd_max); tests pick each. The
- * upsampling of levels 0 and 1 is the same code. */
+ * it). px_make_plan picks px_simd_default (the fastest level this CPU runs); tests pick
+ * each. The upsampling of levels 0 and 1 is the same code. */
 
 typedef int32_t px_i32x8 __attribute__((vector_size(32)));
 typedef uint32_t px_u32x8 __attribute__((vector_size(32)));
@@ -573,6 +579,8 @@ static void px_rgb_row_ref(int colour, const uint8_t* const* c, uint8_t* o, int 
 typedef struct {
     int (*islow)(const int16_t*, const uint16_t*, uint8_t*, size_t);
     int (*ifast)(const int16_t*, const int32_t*, uint8_t*, size_t);
+    int (*idct4)(const int16_t*, const uint16_t*, uint8_t*, size_t);
+    int (*idct2)(const int16_t*, const uint16_t*, uint8_t*, size_t);
     const uint8_t* (*upsample_row)(const px_plan*, const px_rect*, int, const uint8_t*, int,
                                    int, int, uint8_t*, int16_t*);
     void (*rgb_row)(int, const uint8_t* const*, uint8_t*, int);
@@ -581,12 +589,16 @@ typedef struct {
 enum { PX_SIMD_LEVELS = 3 };
 
 static const px_kernels px_kern[PX_SIMD_LEVELS] = {
-    {px_idct_islow, px_idct_ifast, px_upsample_row_base, px_rgb_row_ref},
-    {px_idct_islow_base, px_idct_ifast_base, px_upsample_row_base, px_rgb_row_base},
+    {px_idct_islow, px_idct_ifast, px_idct_4x4, px_idct_2x2, px_upsample_row_base,
+     px_rgb_row_ref},
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
 #if PX_HAVE_AVX2
-    {px_idct_islow_avx2, px_idct_ifast_avx2, px_upsample_row_avx2, px_rgb_row_avx2},
+    {px_idct_islow_avx2, px_idct_ifast_avx2, px_idct_4x4_avx2, px_idct_2x2_avx2,
+     px_upsample_row_avx2, px_rgb_row_avx2},
 #else
-    {px_idct_islow_base, px_idct_ifast_base, px_upsample_row_base, px_rgb_row_base},
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
 #endif
 };
 
@@ -594,8 +606,14 @@ static void px_init_simd(void) {
 #if PX_HAVE_AVX2
     __builtin_cpu_init();
     px_simd_max = __builtin_cpu_supports("avx2") ? 2 : 1;
-#else
+    /* SSE2 has no 32-bit multiply: there the int32 lanes of level 1 cost more than the
+     * scalar reference (measured: docs/design/entropy.md), so without AVX2 x86 runs level 0. */
+    px_simd_default = px_simd_max == 2 ? 2 : 0;
+#elif defined(__x86_64__)
     px_simd_max = 1;
+    px_simd_default = 0;
+#else
+    px_simd_max = px_simd_default = 1;
 #endif
 }
 
@@ -608,8 +626,8 @@ static int px_idct_block(int simd, int size, const int16_t* in, const uint16_t* 
     const px_kernels* k = &px_kern[simd];
     switch (size) {
     case 8: return mq ? k->ifast(in, mq, out, stride) : k->islow(in, q, out, stride);
-    case 4: return px_idct_4x4(in, q, out, stride);
-    case 2: return px_idct_2x2(in, q, out, stride);
+    case 4: return k->idct4(in, q, out, stride);
+    case 2: return k->idct2(in, q, out, stride);
     default: return px_idct_1x1(in, q, out, stride);
     }
 }
@@ -639,7 +657,7 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         uint8_t* plane = planes + r->plane_off[ci];
         const int16_t* b = blocks[ci];
         int over = 0, by, bx;
-        idct = ds == 8 ? k->islow : ds == 4 ? px_idct_4x4 : ds == 2 ? px_idct_2x2
+        idct = ds == 8 ? k->islow : ds == 4 ? k->idct4 : ds == 2 ? k->idct2
                                                                 : px_idct_1x1;
         for (by = 0; by < bh; by++)
             for (bx = 0; bx < bw; bx++, b += 64) {

@@ -216,6 +216,105 @@ static int PXV(px_idct_ifast)(const int16_t* in, const int32_t* mq, uint8_t* out
 #undef PXV_C16
 #undef PXV_CM
 
+/* v + 128 clamped to [0, 255] (as store8), the first n bytes stored. */
+PXI void PXV(storen)(uint8_t* out, const px_i32x8* v, int n) {
+    uint8_t b[8];
+    PXV(store8)(b, v);
+    memcpy(out, b, (size_t)n);
+}
+
+/* The reduced IDCTs with the columns in lanes: rows of the block in v[0..7], the lanes of
+ * columns the scale discards (keep: 0 there) left out of the range checks, as the
+ * reference never dequantizes them. The row pass runs on the transposed column outputs
+ * (lanes beyond the output rows hold zeros, which pass every check). */
+
+/* v where it lies in [-lo, span - lo] and its lane is kept, else 0 (the reference's px_deq
+ * and px_ws: a failed value goes on as 0, so nothing downstream overflows); a failure in a
+ * kept lane is set in *bad. */
+PXI void PXV(checked)(px_i32x8* v, int32_t lo, uint32_t span, const px_u32x8* keep,
+                      px_u32x8* bad) {
+    px_i32x8 fail = (px_i32x8)PXV_OUTSIDE(*v, lo, span) >> 31;
+    *bad |= (px_u32x8)fail & *keep;
+    *v &= ~fail & (px_i32x8)*keep;
+}
+PXI void PXV(r4_1d)(px_i32x8* c, px_i32x8* o) {
+    px_i32x8 e0 = c[0] * (1 << (PX_CB + 1));
+    px_i32x8 e2 = c[2] * PX_F1_847 - c[6] * PX_F0_765;
+    px_i32x8 t10 = e0 + e2, t12 = e0 - e2;
+    px_i32x8 a0 = -c[7] * PX_F0_211 + c[5] * PX_F1_451 - c[3] * PX_F2_172 + c[1] * PX_F1_061;
+    px_i32x8 a2 = -c[7] * PX_F0_509 - c[5] * PX_F0_601 + c[3] * PX_F0_899 + c[1] * PX_F2_562;
+    o[0] = t10 + a2; o[3] = t10 - a2;
+    o[1] = t12 + a0; o[2] = t12 - a0;
+}
+
+static int PXV(px_idct_4x4)(const int16_t* in, const uint16_t* q, uint8_t* out,
+                            size_t stride) {
+    const px_u32x8 keep = {~0u, ~0u, ~0u, ~0u, 0, ~0u, ~0u, ~0u};     /* column 4 discarded */
+    px_i32x8 v[8], m;
+    px_u32x8 bad = {0};
+    int k;
+    for (k = 0; k < 8; k++) {
+        if (k == 4) { v[k] = (px_i32x8){0}; continue; }     /* row 4 discarded */
+        PXV(ld16)(&v[k], in + 8 * k);
+        PXV(ldq)(&m, q + 8 * k);
+        v[k] *= m;
+        PXV(checked)(&v[k], 8191, 16382u, &keep, &bad);
+    }
+    PXV(r4_1d)(v, v);                   /* columns: v[0..3] the four output rows */
+    for (k = 0; k < 4; k++) {
+        v[k] = (v[k] + (1 << (PX_CB - PX_P1))) >> (PX_CB - PX_P1 + 1);
+        PXV(checked)(&v[k], 16383, 32766u, &keep, &bad);
+        v[k + 4] = (px_i32x8){0};
+    }
+    PXV(transpose)(v);
+    PXV(r4_1d)(v, v);                   /* rows: lane i is row i */
+    for (k = 0; k < 4; k++) {
+        v[k] = (v[k] + (1 << (PX_CB + PX_P1 + 3))) >> (PX_CB + PX_P1 + 3 + 1);
+        bad |= PXV_OUTSIDE(v[k], 512, 1023u);
+        v[k + 4] = (px_i32x8){0};
+    }
+    PXV(transpose)(v);
+    for (k = 0; k < 4; k++) PXV(storen)(out + k * stride, &v[k], 4);
+    return PXV(any)(&bad);
+}
+
+PXI void PXV(r2_1d)(px_i32x8* c, px_i32x8* o) {
+    px_i32x8 e = c[0] * (1 << (PX_CB + 2));
+    px_i32x8 a = -c[7] * PX_F0_720 + c[5] * PX_F0_850 - c[3] * PX_F1_272 + c[1] * PX_F3_624;
+    o[0] = e + a; o[1] = e - a;
+}
+
+static int PXV(px_idct_2x2)(const int16_t* in, const uint16_t* q, uint8_t* out,
+                            size_t stride) {
+    const px_u32x8 keep = {~0u, ~0u, 0, ~0u, 0, ~0u, 0, ~0u};     /* columns 0, 1, 3, 5, 7 */
+    px_i32x8 v[8], m;
+    px_u32x8 bad = {0};
+    int k;
+    for (k = 0; k < 8; k++) {
+        if (k == 2 || k == 4 || k == 6) { v[k] = (px_i32x8){0}; continue; }
+        PXV(ld16)(&v[k], in + 8 * k);
+        PXV(ldq)(&m, q + 8 * k);
+        v[k] *= m;
+        PXV(checked)(&v[k], 8191, 16382u, &keep, &bad);
+    }
+    PXV(r2_1d)(v, v);
+    for (k = 0; k < 2; k++) {
+        v[k] = (v[k] + (1 << (PX_CB - PX_P1 + 1))) >> (PX_CB - PX_P1 + 2);
+        PXV(checked)(&v[k], 16383, 32766u, &keep, &bad);
+    }
+    for (k = 2; k < 8; k++) v[k] = (px_i32x8){0};
+    PXV(transpose)(v);
+    PXV(r2_1d)(v, v);
+    for (k = 0; k < 2; k++) {
+        v[k] = (v[k] + (1 << (PX_CB + PX_P1 + 3 + 1))) >> (PX_CB + PX_P1 + 3 + 2);
+        bad |= PXV_OUTSIDE(v[k], 512, 1023u);
+    }
+    for (k = 2; k < 8; k++) v[k] = (px_i32x8){0};
+    PXV(transpose)(v);
+    for (k = 0; k < 2; k++) PXV(storen)(out + k * stride, &v[k], 2);
+    return PXV(any)(&bad);
+}
+
 /* Triangle filter by 2 along a row (see px_upsample_row): output x (x0 <= x < x0 + n) from
  * e[j], the value at sample x / 2 = c0 + j - 1, and its neighbour on x's side. The pairs'
  * loop reads and writes contiguous runs, so it vectorizes. */
