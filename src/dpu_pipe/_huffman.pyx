@@ -44,7 +44,90 @@ def header(const uint8_t[::1] data):
         free(h)
 
 
-def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28):
+cdef inline const uint8_t* _index_ptr(const uint8_t[::1] index) noexcept nogil:
+    # A zero-length view has no element 0; hp_index_intervals reads nothing then.
+    return &index[0] if index.shape[0] else <const uint8_t*>""
+
+
+cdef int _locate(const hp_header* h, const uint8_t* p, size_t n, intervals, int64_t need,
+                 size_t* starts, size_t* ends) except? -100:
+    """starts/ends of the first ``need`` intervals: from the index entry ``intervals`` when
+    given, else by the marker scan."""
+    cdef const uint8_t[::1] index
+    cdef int rc
+    if intervals is None:
+        with nogil:
+            rc = hp_find_intervals(h, p, n, need, starts, ends)
+        return rc
+    index = intervals
+    with nogil:
+        rc = hp_index_intervals(h, p, n, _index_ptr(index), index.shape[0], need, starts, ends)
+    return rc
+
+
+def find_intervals(const uint8_t[::1] data):
+    """The restart-interval offsets a packed dataset's index records for ``data``: uint32
+    array of ``intervals + 1`` byte offsets (each interval's first entropy-coded byte, then the
+    end of the last one), found by the marker scan; None for a stream without restart markers,
+    one this decoder does not take, damaged markers, or a record of 4 GiB or more."""
+    cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
+    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+    cdef size_t n = data.shape[0]
+    cdef int rc
+    cdef size_t[::1] starts, ends
+    if h == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            rc = hp_read_header(h, p, n)
+        if rc != HP_OK or not h.restart_interval or n >= 1 << 32:
+            return None
+        starts = np.empty(h.n_int + 1, np.uintp)
+        ends = np.empty(h.n_int, np.uintp)
+        with nogil:
+            rc = hp_find_intervals(h, p, n, h.n_int, &starts[0], &ends[0])
+        if rc != HP_OK:
+            return None
+        starts[h.n_int] = ends[h.n_int - 1]
+        return np.asarray(starts).astype(np.uint32)
+    finally:
+        free(h)
+
+
+def interval_offsets(const uint8_t[::1] data, const uint8_t[::1] index):
+    """The offsets (uint32 array, as :func:`find_intervals` gives them) that the packed index
+    entry ``index`` (varints, see dpu_pipe.packed.format) records for the JPEG ``data``,
+    validated against its header and markers as the decoder validates them; DecodeError when
+    the entry does not describe this stream's intervals."""
+    cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
+    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+    cdef size_t n = data.shape[0]
+    cdef int rc
+    cdef size_t[::1] starts, ends
+    if h == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            rc = hp_read_header(h, p, n)
+        if rc != HP_OK or not h.restart_interval:
+            raise DecodeError("the record has an interval index but no restart markers this "
+                              "decoder reads")
+        starts = np.empty(h.n_int + 1, np.uintp)
+        ends = np.empty(h.n_int, np.uintp)
+        with nogil:
+            rc = hp_index_intervals(h, p, n, _index_ptr(index), index.shape[0], h.n_int,
+                                    &starts[0], &ends[0])
+        if rc != HP_OK:
+            raise DecodeError(f"the record's interval index ({index.shape[0]} bytes) does not "
+                              f"match its {h.n_int} restart intervals")
+        starts[h.n_int] = ends[h.n_int - 1]
+        return np.asarray(starts).astype(np.uint32)
+    finally:
+        free(h)
+
+
+def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28,
+                      intervals=None):
     """DCT coefficients of a baseline Huffman JPEG, as libjpeg-turbo's jpeg_read_coefficients
     gives them: one int16 array per component of shape (block rows, block columns, 64),
     natural order, quantized. With ``rect = (r0, r1, c0, c1)`` (MCU rows [r0, r1) and columns
@@ -53,7 +136,9 @@ def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 <
     (libjpeg-turbo's path applies); raises DecodeError for damaged data and ConfigError for a
     rectangle outside the image. Memory: 2 bytes per coefficient of the rectangle (about
     2 x 64 x blocks), bounded by ``max_pixels`` (width x height, checked from the header;
-    DecodeError beyond it)."""
+    DecodeError beyond it). ``intervals``: a packed index entry (bytes-like, see
+    :func:`interval_offsets`) locating the restart intervals instead of the marker scan; one
+    that does not match the stream is a DecodeError."""
     cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
     cdef size_t* starts = NULL
     cdef size_t* ends = NULL
@@ -97,9 +182,12 @@ def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 <
         ends = <size_t*>malloc(need * sizeof(size_t))
         if starts == NULL or ends == NULL:
             raise MemoryError()
-        with nogil:
-            rc = hp_find_intervals(h, p, n, need, starts, ends)
-            if rc == HP_OK:
+        rc = _locate(h, p, n, intervals, need, starts, ends)
+        if rc != HP_OK and intervals is not None:
+            raise DecodeError("the interval index does not match the stream's restart "
+                              "intervals")
+        if rc == HP_OK:
+            with nogil:
                 rc = hp_decode_rect(h, p, starts, ends, r0, r1, c0, c1, outs)
         if rc != HP_OK:
             raise DecodeError(_MESSAGES.get(rc, f"entropy decoder status {rc}"))
@@ -141,7 +229,7 @@ cdef class _Scratch:
 
 
 def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
-               int64_t max_pixels=1 << 28):
+               int64_t max_pixels=1 << 28, intervals=None):
     """The pixels of ``box = (top, left, height, width)`` (pixels of the image at DCT scale
     scale/8, scale in 1, 2, 4, 8) decoded by dpu_pipe's own decoder: a uint8 array (height,
     width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and
@@ -150,7 +238,10 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
     height): the caller's libjpeg-turbo decode applies and reports. Only the restart intervals covering the
     box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
     MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
-    freed on return. Raises ConfigError for a box outside the scaled image."""
+    freed on return. Raises ConfigError for a box outside the scaled image. ``intervals``: a
+    packed index entry (bytes-like, see :func:`interval_offsets`) locating the restart
+    intervals instead of the marker scan; one that does not match the stream gives None, as
+    damaged data do."""
     cdef _Scratch sc = _Scratch()
     cdef px_plan plan
     cdef px_rect r
@@ -187,8 +278,8 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
         raise MemoryError()
     arr = np.empty((height, width, 3), np.uint8)
     out = arr
+    rc = _locate(sc.h, p, n, intervals, need, sc.starts, sc.ends)
     with nogil:
-        rc = hp_find_intervals(sc.h, p, n, need, sc.starts, sc.ends)
         if rc == HP_OK:
             rc = px_decode_box(sc.h, &plan, &r, p, sc.starts, sc.ends, top, left, height, width,
                                sc.coef, sc.planes, sc.rows, &out[0, 0, 0], out.strides[0])
