@@ -337,7 +337,8 @@ def entropy(data):
     followed by an MCU rectangle: the whole image's coefficients have the shapes its header
     implies, and the rectangle's (read from the covering restart intervals only) are the
     slice of the whole when both decode; then the own region decode of a box the same four
-    bytes choose (see _own_box)."""
+    bytes choose (see _own_box), with the restart intervals found by the marker scan and
+    from a packed index entry, intact and damaged (see _indexed)."""
     from dpu_pipe import _huffman
 
     n = struct.calcsize(ENTROPY_TRAILER_FMT)
@@ -377,14 +378,40 @@ def entropy(data):
     if whole is not None and part is not None:
         for p_, w, (h, v) in zip(part, whole, factors):
             assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
-    _own_box(img, hdr, a, b, c, d)
+    _indexed(img, a, b, c, _own_box(img, hdr, a, b, c, d))
+
+
+def _indexed(img, a, b, c, box):
+    """The packed index path: the entry the writer stores for ``img`` gives the offsets the
+    scan finds and the same pixels for ``box``; the entry with one byte changed (position
+    and value from the trailer) gives offsets and pixels, a DecodeError, or None, never a
+    read outside the record."""
+    from dpu_pipe import _huffman
+    from dpu_pipe.packed import format as fmt
+
+    offsets = _huffman.find_intervals(img)
+    if offsets is None:
+        return
+    entry = fmt.encode_intervals(offsets)
+    assert np.array_equal(_huffman.interval_offsets(img, _exact(entry)), offsets)
+    bad = bytearray(entry)
+    bad[a * len(bad) // 256] ^= b | 1
+    bad = _exact(bytes(bad[:len(bad) - (c & 1)]))
+    with contextlib.suppress(DecodeError):
+        _huffman.interval_offsets(img, bad)
+    args, want = box
+    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=_exact(entry))
+    assert (got is None) == (want is None) and (got is None or np.array_equal(got, want))
+    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=bad)
+    assert got is None or got.shape == args[1][2:] + (3,)
 
 
 def _own_box(img, hdr, a, b, c, d):
     """The own region decode (dpu_pipe._huffman.decode_box) of a box chosen by the trailer, at
     one of the four DCT scales, fast or not: None (libjpeg-turbo's to decode) or an RGB array
     of the box's shape, equal to libjpeg-turbo's decode of the image at that scale whenever
-    libjpeg-turbo reads the stream without a single warning (strict)."""
+    libjpeg-turbo reads the stream without a single warning (strict). Returns the decode_box
+    arguments and its result."""
     from dpu_pipe import _huffman, _jpeg
 
     scale = (8, 4, 2, 1)[(a + d) & 3]
@@ -394,16 +421,18 @@ def _own_box(img, hdr, a, b, c, d):
     top, left = min(a * oh // 256, oh - 1), min(c * ow // 256, ow - 1)
     h, w = max(1, (b * (oh - top)) // 255), max(1, (d * (ow - left)) // 255)
     got = _huffman.decode_box(img, (top, left, h, w), scale, fast, max_pixels=MAX_PIXELS)
+    done = (img, (top, left, h, w), scale, fast), got
     if got is None:
-        return
+        return done
     assert got.shape == (h, w, 3) and got.dtype == np.uint8
     try:
         ref, ref_scale = _jpeg.decode(img, None, H * scale // 8, W * scale // 8, fast, True,
                                       MAX_PIXELS, MAX_SCANS)
     except EXPECTED:
-        return
+        return done
     if ref_scale == scale:
         assert np.array_equal(got, ref[top:top + h, left:left + w]), (top, left, h, w, scale)
+    return done
 
 
 def _check_source(src, path_size=None):
