@@ -55,7 +55,9 @@ Records are the sample's encoded bytes: a JPEG (transcoded losslessly to baselin
 markers when ``flags & TRANSCODED``, its original size in ``orig_length``) or whatever the
 source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` marks a record
 whose header its decoder could not read when it was packed; its bytes are kept, so a loader
-reports it as it would the original file.
+reports it as it would the original file. ``flags & RESIZED`` (version 3) marks a JPEG that
+``max_side`` downscaled and re-encoded when it was packed (lossy; ``orig_length`` is still the
+source's size).
 
 The manifest's JSON object (``classes``, ``data_bytes``, ``orig_bytes``, ``formats``,
 ``unreadable``, ``label_range`` and ``num_labels`` are required, checked when the manifest
@@ -90,7 +92,7 @@ from ..errors import ConfigError
 __all__ = [
     "VERSION", "READ_VERSIONS", "MAGIC", "SHARD_MAGIC", "HEADER_SIZE", "MANIFEST_NAME", "DEFAULT_ALIGNMENT",
     "DEFAULT_BLOCK_RECORDS", "MANIFEST_HEADER", "SHARD_HEADER", "SHARD_ENTRY", "RECORD",
-    "TRANSCODED", "UNREADABLE", "FORMATS", "shard_name", "detect_format", "encode_header",
+    "TRANSCODED", "UNREADABLE", "RESIZED", "FORMATS", "shard_name", "detect_format", "encode_header",
     "parse_prefix", "parse_manifest_header", "parse_shard_header", "check_shard_table",
     "check_records", "check_interval_ends", "encode_intervals", "block_crc", "parse_manifest",
     "parse_shard",
@@ -176,7 +178,8 @@ for _dt, _size in ((MANIFEST_HEADER, HEADER_SIZE), (SHARD_HEADER, HEADER_SIZE),
 #: RECORD flags.
 TRANSCODED = 1
 UNREADABLE = 2
-_KNOWN_FLAGS = TRANSCODED | UNREADABLE
+RESIZED = 4          # downscaled at pack time (``max_side``): not the source's pixels
+_KNOWN_FLAGS = TRANSCODED | UNREADABLE | RESIZED
 
 #: RECORD format codes, by what a record's first bytes say.
 FORMATS = ("unknown", "jpeg", "png", "gif", "webp", "bmp", "tiff")

@@ -158,19 +158,35 @@ def _fixed_shard(b):
     h = np.frombuffer(bytes(b[:fmt.HEADER_SIZE]), fmt.SHARD_HEADER)[0]
     n, per = int(h["count"]), max(int(h["block_records"]), 1)
     idx, blk, pth = int(h["index_offset"]), int(h["blocks_offset"]), int(h["paths_offset"])
+    io, isz = int(h["intervals_offset"]), int(h["intervals_size"])
     nblocks = -(-n // per)
     if n <= 4096 and idx + 48 * n <= len(b) and blk + 4 * nblocks <= len(b) <= 2**24:
         recs = np.frombuffer(bytes(b[idx:idx + 48 * n]), fmt.RECORD)
-        paths, lo = bytes(b[pth:]), 0
+        paths, lo = bytes(b[pth:pth + int(h["paths_size"])]), 0
+        ends = entries = None
+        if int(h["version"]) >= 3 and 8 * n <= isz and io + isz <= len(b):
+            ends = np.frombuffer(bytes(b[io:io + 8 * n]), "<u8")
+            entries = bytes(b[io + 8 * n:io + isz])
         for k in range(nblocks):
             block = recs[k * per:(k + 1) * per]
             hi = int(block["path_end"][-1])
-            crc = fmt.block_crc(block.tobytes(), paths[lo:hi] if lo <= hi else b"")
+            parts = ()
+            if ends is not None:
+                ilo = int(ends[k * per - 1]) if k else 0
+                parts = (ends[k * per:(k + 1) * per].tobytes(),
+                         entries[ilo:int(ends[min((k + 1) * per, n) - 1])])
+            crc = fmt.block_crc(block.tobytes(), paths[lo:hi] if lo <= hi else b"", parts)
             b[blk + 4 * k:blk + 4 * k + 4] = struct.pack("<I", crc)
             lo = hi
-        b[116:120] = struct.pack("<I", zlib.crc32(bytes(b[blk:blk + 4 * nblocks])))
+        _put(b, fmt.SHARD_HEADER, "blocks_crc32", zlib.crc32(bytes(b[blk:blk + 4 * nblocks])))
     b[124:128] = struct.pack("<I", zlib.crc32(bytes(b[:124])))
     return b
+
+
+def _put(buf, dtype, field, value):
+    """Write ``value`` into the header field ``field`` of ``dtype`` at the start of ``buf``."""
+    ft, off = dtype.fields[field][:2]
+    buf[off:off + ft.itemsize] = np.array(value, ft).tobytes()
 
 
 def _fixed_manifest(m, shard_header_crc):
@@ -182,10 +198,10 @@ def _fixed_manifest(m, shard_header_crc):
     s, so = int(h["num_shards"]), int(h["shards_offset"])
     if 1 <= s <= 64 and so + 64 * s <= len(m):
         m[so + 48:so + 52] = struct.pack("<I", shard_header_crc)
-        m[88:92] = struct.pack("<I", zlib.crc32(bytes(m[so:so + 64 * s])))
+        _put(m, fmt.MANIFEST_HEADER, "shards_crc32", zlib.crc32(bytes(m[so:so + 64 * s])))
     mo, ms = int(h["meta_offset"]), int(h["meta_size"])
     if mo + ms <= len(m):
-        m[92:96] = struct.pack("<I", zlib.crc32(bytes(m[mo:mo + ms])))
+        _put(m, fmt.MANIFEST_HEADER, "meta_crc32", zlib.crc32(bytes(m[mo:mo + ms])))
     m[124:128] = struct.pack("<I", zlib.crc32(bytes(m[:124])))
     return m
 
@@ -211,6 +227,28 @@ def _first_batch(src, n):
         maker.make(0, 0, images, labels)
     except DecodeError:
         pass  # no decodable sample left to replace a bad one with
+
+
+def _packed_intervals(ds, i):
+    """A record's restart-interval index, however mutated: offsets inside the record (or a
+    DecodeError naming it), and the own decoder given the entry decodes or falls back."""
+    from dpu_pipe import _huffman
+
+    try:
+        offsets = ds.intervals(i)
+    except DecodeError as e:
+        assert e.index == i, e
+        offsets = None
+    rec = np.frombuffer(ds.record(i), np.uint8)
+    if offsets is None:
+        return
+    assert offsets[-1] <= len(rec) and (np.diff(offsets.astype(np.int64)) >= 0).all()
+    hdr = _huffman.header(rec)
+    if hdr is not None and hdr["width"] * hdr["height"] <= MAX_PIXELS:
+        box = (0, 0, min(hdr["height"], 16), min(hdr["width"], 16))
+        got = _huffman.decode_box(rec, box, 8, False, max_pixels=MAX_PIXELS,
+                                  intervals=ds.interval_entry(i))
+        assert got is None or got.shape == box[2:] + (3,)
 
 
 def open_packed(path):
@@ -268,6 +306,7 @@ def packed(data):
         lo = int(entry["offset"])
         assert ln == int(entry["length"]) and 0 <= lo and lo + ln <= len(sh.buffer), \
             f"record {i} ({lo}+{ln}) outside its {len(sh.buffer)}-byte shard"
+        _packed_intervals(src.dataset, i)
         good.append(i)
         src.describe(i)
     src.classes
