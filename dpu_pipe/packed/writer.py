@@ -6,6 +6,7 @@ The writer sits above :mod:`dpu_pipe.sources` (it reads any source and returns a
 """
 
 import concurrent.futures
+import io
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .. import _huffman, jpeg
+from .. import _huffman, _validate, jpeg
 from ..errors import ConfigError, DecodeError, DpuPipeError
 from ..sources import PackedSource, open_path
 from . import format as fmt
@@ -67,23 +68,67 @@ def _transcoder(restart_interval):
     return apply
 
 
-def _prepare(data, transform):
+#: JPEG quality of the records ``max_side`` re-encodes (FFCV's default for its JPEGs too).
+RESIZE_QUALITY = 90
+
+
+def _downscaler(max_side):
+    """The per-record transform of ``pack(max_side=N)``: (JPEG bytes, width, height) -> JPEG
+    bytes whose longer side is N, or None when the image already fits. Pillow does it: an
+    antialiased Lanczos resize (its filter support widens with the reduction, as the
+    project's own resize kernel's does) and a JPEG encoder, which the decoding kernels do not
+    have and do not need; packing is not a hot path."""
+    if max_side is None:
+        return None
+    max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
+    try:
+        from PIL import Image, JpegImagePlugin
+    except ImportError:
+        raise ConfigError("max_side needs Pillow to resize and re-encode JPEGs: pip install "
+                          "pillow (or dpu_pipe[tools])") from None
+
+    def apply(data, width, height):
+        if max(width, height) <= max_side:
+            return None
+        scale = max_side / max(width, height)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        with Image.open(io.BytesIO(data)) as im:
+            sampling = JpegImagePlugin.get_sampling(im)
+            icc = im.info.get("icc_profile")
+            im = im.convert("L" if im.mode in ("L", "1") else "RGB")
+        small = im.resize(size, Image.Resampling.LANCZOS)
+        out = io.BytesIO()
+        small.save(out, "JPEG", quality=RESIZE_QUALITY,
+                   subsampling=sampling if sampling >= 0 else 2, icc_profile=icc)
+        return out.getvalue()
+    apply.max_side = max_side
+    return apply
+
+
+def _prepare(data, transform, downscale=None):
     """``(bytes to store, flags, format code, restart-interval index entry)`` of one source
     record."""
     code = fmt.detect_format(data)
     flags = 0
     if code == 1:
         try:
-            jpeg.read_header(data)
+            hdr = jpeg.read_header(data)
         except DecodeError:
             return data, fmt.UNREADABLE, code, b""
+        if downscale is not None:
+            try:
+                small = downscale(data, hdr.width, hdr.height)
+            except (OSError, ValueError):  # Pillow cannot read what libjpeg's header did
+                return data, fmt.UNREADABLE, code, b""
+            if small is not None:
+                data, flags = small, fmt.RESIZED
         if transform is not None:
             try:
                 out = transform(data)
             except DecodeError:  # the header reads, the coefficients do not
                 return data, fmt.UNREADABLE, code, b""
             if out is not None:
-                data, flags = out, fmt.TRANSCODED
+                data, flags = out, flags | fmt.TRANSCODED
         return data, flags, code, _interval_entry(data)
     elif code == 0:
         flags = fmt.UNREADABLE
@@ -241,7 +286,7 @@ def _progress_bar(progress, total, desc):
 
 def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_interval=1,
          threads=None, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
-         block_records=fmt.DEFAULT_BLOCK_RECORDS):
+         block_records=fmt.DEFAULT_BLOCK_RECORDS, max_side=None):
     """Write every record of ``source`` into the packed dataset directory ``out``.
 
     ``source`` is any source (built in or following the protocol of
@@ -259,7 +304,15 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     with their format recorded. With ``transcode`` each readable JPEG is rewritten losslessly by
     :func:`dpu_pipe.jpeg.transcode` (``restart_interval`` MCUs, optimized Huffman tables) —
     same decoded pixels, restart markers a region decode can enter at; a file it does not take
-    stays as it is. ``threads`` (default: the CPUs this process may run on) read and
+    stays as it is.
+
+    ``max_side`` (pixels, default None: off) downscales, before transcoding, every readable
+    JPEG whose longer side exceeds it so that its longer side is ``max_side`` (aspect ratio
+    kept to within rounding): a lossy pack-time resize, as FFCV's ``max_resolution``, with
+    Pillow (antialiased Lanczos, re-encoded at quality :data:`RESIZE_QUALITY` with the
+    source's chroma subsampling; needs Pillow). Such records are flagged ``RESIZED`` and the
+    manifest records the setting; other formats, and JPEGs that fit, are not touched.
+    ``threads`` (default: the CPUs this process may run on) read and
     transcode records in parallel; the output does not depend on their number.
 
     The dataset is written into a temporary directory next to ``out`` (files and directory
@@ -311,6 +364,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     if not isinstance(transcode, bool):
         raise ConfigError(f"transcode must be True or False, got {transcode!r}")
     transform = _transcoder(restart_interval) if transcode else None
+    downscale = _downscaler(max_side)
     count = len(source)
     if count == 0:
         raise ConfigError(f"nothing to pack: the source has no records ({source!r})")
@@ -330,11 +384,12 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     try:
         table, formats = [], np.zeros(len(fmt.FORMATS), dtype=np.int64)
         interval_bytes = [0]
+        resized = 0
         unreadable = []
 
         def prepared(i):
             data = source.read(i)
-            return (len(data),) + _prepare(data, transform)
+            return (len(data),) + _prepare(data, transform, downscale)
 
         def chunks():
             step = 64 * int(threads)
@@ -362,6 +417,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                                           len(table), i, alignment, int(block_records))
                 writer.add(data, labels[i], orig_length, flags, code, rel, intervals)
                 formats[code] += 1
+                resized += bool(flags & fmt.RESIZED)
                 if flags & fmt.UNREADABLE:
                     unreadable.append(relpath(i))
                 if bar is not None:
@@ -392,6 +448,9 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
             "data_bytes": int(table["data_bytes"].sum()),
             "orig_bytes": int(table["orig_bytes"].sum()),
             "interval_bytes": interval_bytes[0],
+            "max_side": ({"max_side": downscale.max_side, "resized": resized,
+                          "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
+                         if downscale is not None else None),
         }
         _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, table,
                         json.dumps(meta, sort_keys=True).encode("utf-8"))
