@@ -102,6 +102,10 @@ static int hp_build_table(hp_table* t, const uint8_t* bits, const uint8_t* vals,
             for (i = 0; i < n; i++, k++, code++) {
                 int sym = vals[k];
                 if (is_dc && sym > 15) return HP_EDATA;
+                /* A length-l code must fit in l bits (C.2 assigns codes in increasing
+                 * order): checked before the code indexes the lookahead table, which an
+                 * overflowing code of length <= HP_LOOKAHEAD would write past. */
+                if (code >= (1 << l)) return HP_EDATA;
                 if (l <= HP_LOOKAHEAD) {
                     int shift = HP_LOOKAHEAD - l, base = code << shift;
                     for (j = 0; j < (1 << shift); j++)
@@ -109,9 +113,6 @@ static int hp_build_table(hp_table* t, const uint8_t* bits, const uint8_t* vals,
                 }
             }
             t->maxcode[l] = code - 1;
-            /* A length-l code must fit in l bits (C.2: codes are assigned in increasing
-             * order, so the last one is the largest). */
-            if (code - 1 >= (1 << l)) return HP_EDATA;
         } else {
             t->maxcode[l] = -1;
         }
