@@ -5,8 +5,9 @@ marker scan and from the record's index entry.
     python bench/bench_interval_index.py [--n 200] [--rounds 3] [--seed 0]
 
 One core (the calling thread), on the ImageNet-like dataset of real photographs packed with a
-restart marker every MCU, methods interleaved image by image within each round (the timing
-loop of bench_entropy). Columns (µs per image, median over rounds):
+restart marker every MCU, methods interleaved image by image within each round; CPU time of
+the thread, so that a shared machine's preemptions do not land on one method. Columns (µs per
+image, median over rounds):
 
   locate/scan    hp_find_intervals over the whole record (_huffman.find_intervals)
   locate/index   the index entry decoded and checked against the record (interval_offsets)
@@ -19,17 +20,33 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_entropy import print_table, time_interleaved  # noqa: E402
+from bench_entropy import print_table  # noqa: E402
 from dpu_pipe import _huffman, jpeg  # noqa: E402
 from dpu_pipe.packed.writer import pack  # noqa: E402
 from dpu_pipe.rng import random_resized_crop  # noqa: E402
 from dpu_pipe.sources import FileList  # noqa: E402
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset  # noqa: E402
+
+
+def time_interleaved(methods, items, rounds):
+    """{method: [CPU µs per item of each round]}, every method on an item before the next."""
+    totals = {m: [] for m in methods}
+    for _ in range(rounds):
+        acc = dict.fromkeys(methods, 0)
+        for it in items:
+            for m, fn in methods.items():
+                t0 = time.thread_time_ns()
+                fn(it)
+                acc[m] += time.thread_time_ns() - t0
+        for m in methods:
+            totals[m].append(acc[m] / len(items) / 1e3)
+    return totals
 
 
 def main(argv=None):
