@@ -26,27 +26,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_entropy import print_table  # noqa: E402
+from bench_entropy import print_table, time_interleaved  # noqa: E402
 from dpu_pipe import _huffman, jpeg  # noqa: E402
 from dpu_pipe.packed.writer import pack  # noqa: E402
 from dpu_pipe.rng import random_resized_crop  # noqa: E402
 from dpu_pipe.sources import FileList  # noqa: E402
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset  # noqa: E402
-
-
-def time_interleaved(methods, items, rounds):
-    """{method: [CPU µs per item of each round]}, every method on an item before the next."""
-    totals = {m: [] for m in methods}
-    for _ in range(rounds):
-        acc = dict.fromkeys(methods, 0)
-        for it in items:
-            for m, fn in methods.items():
-                t0 = time.thread_time_ns()
-                fn(it)
-                acc[m] += time.thread_time_ns() - t0
-        for m in methods:
-            totals[m].append(acc[m] / len(items) / 1e3)
-    return totals
 
 
 def main(argv=None):
@@ -84,7 +69,7 @@ def main(argv=None):
             a = _huffman.decode_box(it[0], it[2], it[3])
             b = _huffman.decode_box(it[0], it[2], it[3], intervals=it[1])
             assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
-        totals = time_interleaved(methods, items, args.rounds)
+        totals = time_interleaved(methods, items, args.rounds, clock=time.thread_time)
         print(f"{len(items)} records with an interval index of {len(ds)}, {args.rounds} "
               f"rounds, one core, methods interleaved per image; load average "
               f"{os.getloadavg()[0]:.1f}")

@@ -65,11 +65,10 @@ cdef int _locate(const hp_header* h, const uint8_t* p, size_t n, intervals, int6
     return rc
 
 
-def find_intervals(const uint8_t[::1] data):
-    """The restart-interval offsets a packed dataset's index records for ``data``: uint32
-    array of ``intervals + 1`` byte offsets (each interval's first entropy-coded byte, then the
-    end of the last one), found by the marker scan; None for a stream without restart markers,
-    one this decoder does not take, damaged markers, or a record of 4 GiB or more."""
+cdef _all_intervals(const uint8_t[::1] data, index):
+    """(uint32 offsets of every interval, then the last one's end) or the failing status:
+    HP_UNSUPPORTED for a stream without restart markers this decoder reads, else the status
+    of the marker scan (index None) or of the index entry's checks."""
     cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
     cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
     cdef size_t n = data.shape[0]
@@ -81,17 +80,25 @@ def find_intervals(const uint8_t[::1] data):
         with nogil:
             rc = hp_read_header(h, p, n)
         if rc != HP_OK or not h.restart_interval or n >= 1 << 32:
-            return None
+            return HP_UNSUPPORTED
         starts = np.empty(h.n_int + 1, np.uintp)
         ends = np.empty(h.n_int, np.uintp)
-        with nogil:
-            rc = hp_find_intervals(h, p, n, h.n_int, &starts[0], &ends[0])
+        rc = _locate(h, p, n, index, h.n_int, &starts[0], &ends[0])
         if rc != HP_OK:
-            return None
+            return rc
         starts[h.n_int] = ends[h.n_int - 1]
         return np.asarray(starts).astype(np.uint32)
     finally:
         free(h)
+
+
+def find_intervals(const uint8_t[::1] data):
+    """The restart-interval offsets a packed dataset's index records for ``data``: uint32
+    array of ``intervals + 1`` byte offsets (each interval's first entropy-coded byte, then the
+    end of the last one), found by the marker scan; None for a stream without restart markers,
+    one this decoder does not take, damaged markers, or a record of 4 GiB or more."""
+    got = _all_intervals(data, None)
+    return None if isinstance(got, int) else got
 
 
 def interval_offsets(const uint8_t[::1] data, const uint8_t[::1] index):
@@ -99,31 +106,14 @@ def interval_offsets(const uint8_t[::1] data, const uint8_t[::1] index):
     entry ``index`` (varints, see dpu_pipe.packed.format) records for the JPEG ``data``,
     validated against its header and markers as the decoder validates them; DecodeError when
     the entry does not describe this stream's intervals."""
-    cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
-    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
-    cdef size_t n = data.shape[0]
-    cdef int rc
-    cdef size_t[::1] starts, ends
-    if h == NULL:
-        raise MemoryError()
-    try:
-        with nogil:
-            rc = hp_read_header(h, p, n)
-        if rc != HP_OK or not h.restart_interval:
+    got = _all_intervals(data, index)
+    if isinstance(got, int):
+        if got == HP_UNSUPPORTED:
             raise DecodeError("the record has an interval index but no restart markers this "
                               "decoder reads")
-        starts = np.empty(h.n_int + 1, np.uintp)
-        ends = np.empty(h.n_int, np.uintp)
-        with nogil:
-            rc = hp_index_intervals(h, p, n, _index_ptr(index), index.shape[0], h.n_int,
-                                    &starts[0], &ends[0])
-        if rc != HP_OK:
-            raise DecodeError(f"the record's interval index ({index.shape[0]} bytes) does not "
-                              f"match its {h.n_int} restart intervals")
-        starts[h.n_int] = ends[h.n_int - 1]
-        return np.asarray(starts).astype(np.uint32)
-    finally:
-        free(h)
+        raise DecodeError(f"the record's interval index ({index.shape[0]} bytes) does not "
+                          f"match its restart intervals")
+    return got
 
 
 def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28,
