@@ -381,7 +381,8 @@ def _make_dataset(root):
 def _make_photos(root):
     """Real photographs (scikit-image's) cut to sizes off the MCU grid, in 4:2:0, 4:2:2,
     4:4:4, 4:4:0 and grey: the own decoder's section of the digest. Small, so that decoding
-    them at every scale under emulation stays a few seconds."""
+    them at every scale and packing them stays cheap: 12 s under emulation on the loaded
+    2-core development machine (of the bit-identity test's 164 s), 1.2 s natively."""
     from PIL import Image
 
     sys.path.insert(0, str(REPO / "tests"))
