@@ -55,9 +55,30 @@ python_env() {
     "$PY" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
     echo "$want" > "$stamp"
   fi
+  # The editable build recompiles every kernel (about 90 s here) even when nothing changed, so
+  # it is skipped when the build inputs and the built extensions are those of the last build.
+  # A build made outside this script (the debug build, say) changes the extensions' hashes.
+  local built="$VENV/.dpu_pipe_build"
+  if [ "$(cat "$built" 2>/dev/null)" = "$(build_stamp)" ]; then
+    log "dpu_pipe's kernels are up to date"
+    return
+  fi
   log "building dpu_pipe (Cython kernels)"
   "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
     || { log "build failed"; exit 1; }
+  build_stamp > "$built"
+}
+
+# What the kernels are built from (sources, build scripts, build options) and what they
+# became (the extensions in place), as one hash.
+build_stamp() {
+  {
+    find src setup.py pyproject.toml -type f -print0 | LC_ALL=C sort -z | xargs -0 sha1sum
+    find dpu_pipe -maxdepth 1 -name '*.so' -print0 | LC_ALL=C sort -z | xargs -0 -r sha1sum
+    env | grep -E '^(DPU_PIPE_[A-Z_]*|CC|CFLAGS|CPPFLAGS|LDFLAGS)=' | LC_ALL=C sort || true
+    cat "$VENV/.dpu_pipe_deps" 2>/dev/null || true
+    "$PY" -c 'import sys; print(sys.version)'
+  } | sha1sum | cut -d' ' -f1
 }
 
 setup() { system_deps; python_env; }

@@ -9,6 +9,7 @@ Environment switches (read once, here):
   DPU_PIPE_LIMITED_API=0|1  the stable ABI (one cp311-abi3 wheel for CPython 3.11 and later);
                        unset: on when the building interpreter is 3.11 or later. Cross-builds set
                        it for their target version (scripts/build_wheels.sh).
+  DPU_PIPE_BUILD_JOBS=N  extensions compiled at once (default: the CPUs this process may use).
   JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
 """
 import glob
@@ -35,6 +36,14 @@ LIMITED_API = os.environ.get("DPU_PIPE_LIMITED_API",
                              "1" if sys.version_info >= LIMITED_API_MIN else "0") not in ("", "0")
 if LIMITED_API and sys.version_info < LIMITED_API_MIN:
     sys.exit("dpu_pipe: DPU_PIPE_LIMITED_API=1 needs CPython >= 3.11 to build")
+# Seven extensions of similar size: compiled one at a time, a build leaves all CPUs but one idle.
+try:
+    BUILD_JOBS = int(os.environ.get("DPU_PIPE_BUILD_JOBS", "0"))
+except ValueError:
+    sys.exit("dpu_pipe: DPU_PIPE_BUILD_JOBS must be a whole number of jobs")
+if BUILD_JOBS < 1:
+    BUILD_JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
 
 
 def _pkg_config(*args):
@@ -140,4 +149,6 @@ if __name__ == "__main__":  # as setuptools runs it; tests/kernel_probes.py only
         [kernel_extension(f"dpu_pipe.{os.path.basename(p)[:-4]}", os.path.relpath(p))
          for p in sources]),
         # The wheel's tag: cp311-abi3 (installs on 3.11 and later) rather than cp3X-cp3X.
-        options={"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_MIN}} if LIMITED_API else {})
+        options={"build_ext": {"parallel": BUILD_JOBS},
+                 **({"bdist_wheel": {"py_limited_api": "cp%d%d" % LIMITED_API_MIN}}
+                    if LIMITED_API else {})})

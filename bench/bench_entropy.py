@@ -15,6 +15,13 @@ load falls on all of them alike. Columns (µs per image, median over rounds):
                    Huffman + IDCT + colour, full scale)
   box/own-entropy  dpu_pipe._huffman's coefficients of the MCUs covering that box, read from
                    the covering intervals (entropy only; no IDCT or colour yet)
+
+With --lanes L1,L2,... the box is decoded once per lane count instead (box/K=<L>: that many
+restart intervals interleaved per thread), and the original files (no restart markers) are
+decoded from their scan start up to the bottom of each crop box, one image at a time
+(orig-crop/1) and --group images at a time interleaved (orig-crop/batch=<L>,
+read_coefficients_batch with L lanes; µs per image). These two tables are CPU time of the
+process (time.process_time), so other jobs on a shared machine do not inflate them.
 """
 
 import argparse
@@ -43,13 +50,17 @@ def mcu_rect(hdr, top, left, height, width):
 
 def time_interleaved(methods, items, rounds, clock=time.perf_counter):
     """{method: [µs per item of each round]}: every method runs on an item before the next
-    item, so machine noise falls on all of them alike. ``clock``: seconds, wall time by
-    default (``time.thread_time`` for CPU time of the thread)."""
+    item, so machine noise falls on all of them alike; the order rotates from item to item,
+    so no method is always the one that brings the item into the cache. ``clock``: wall
+    time, or ``time.process_time`` for the CPU time of this process alone (other jobs
+    excluded)."""
     totals = {m: [] for m in methods}
+    names = list(methods)
     for _ in range(rounds):
         acc = dict.fromkeys(methods, 0.0)
-        for it in items:
-            for m, fn in methods.items():
+        for j, it in enumerate(items):
+            for m in names[j % len(names):] + names[:j % len(names)]:
+                fn = methods[m]
                 t0 = clock()
                 fn(it)
                 acc[m] += clock() - t0
@@ -71,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lanes", help="comma-separated lane counts to compare, e.g. 1,2,4,8")
+    ap.add_argument("--group", type=int, default=8, help="images per batch (with --lanes)")
     args = ap.parse_args(argv)
     probe = kernel_probes.load("_coef_probe")
     paths, _ = dataset_files(sample_dataset(args.n, progress=False))
@@ -83,7 +96,10 @@ def main(argv=None):
         hdr = _huffman.header(packed)
         top, left, h, w = (int(x) for x in random_resized_crop(args.seed, 0, i, hdr["height"],
                                                                 hdr["width"]))
-        items.append((data, packed, (top, left, h, w), mcu_rect(hdr, top, left, h, w)))
+        items.append((data, packed, (top, left, h, w), mcu_rect(hdr, top, left, h, w),
+                      mcu_rect(_huffman.header(data), top, left, h, w)))
+    if args.lanes:
+        return compare_lanes(items, [int(x) for x in args.lanes.split(",")], args)
     methods = {
         "whole/libjpeg": lambda it: probe.coefficients(it[0]),
         "whole/own": lambda it: _huffman.read_coefficients(it[0]),
@@ -97,6 +113,33 @@ def main(argv=None):
     print(f"whole: own / libjpeg speed = {med['whole/libjpeg'] / med['whole/own']:.2f}x; "
           f"box: own entropy is {med['box/own-entropy'] / med['box/region']:.0%} of today's "
           f"region decode")
+
+
+def compare_lanes(items, lanes, args):
+    """box/K=<L> over the transcoded files, orig-crop/* over groups of the original files."""
+    for it in items:     # every lane count gives the same coefficients
+        ref = _huffman.read_coefficients(it[1], it[3], lanes=1)
+        for k in lanes:
+            got = _huffman.read_coefficients(it[1], it[3], lanes=k)
+            assert all(np.array_equal(a, b) for a, b in zip(ref, got))
+    methods = {f"box/K={k}": (lambda it, k=k: _huffman.read_coefficients(it[1], it[3], lanes=k))
+               for k in lanes}
+    totals = time_interleaved(methods, items, args.rounds, time.process_time)
+    print(f"{len(items)} transcoded records (restart every MCU), crop boxes' MCUs, entropy "
+          f"only, {args.rounds} rounds, one core, methods interleaved per image, CPU time")
+    print_table(totals)
+    g = args.group
+    groups = [([it[0] for it in items[i:i + g]], [it[4] for it in items[i:i + g]])
+              for i in range(0, len(items) - g + 1, g)]
+    methods = {"orig-crop/1": lambda gr: [_huffman.read_coefficients(d, r, lanes=1)
+                                          for d, r in zip(*gr)]}
+    methods.update({f"orig-crop/batch={k}": (lambda gr, k=k: _huffman.read_coefficients_batch(
+        gr[0], gr[1], lanes=k)) for k in lanes if k > 1})
+    totals = time_interleaved(methods, groups, args.rounds, time.process_time)
+    totals = {m: [x / g for x in v] for m, v in totals.items()}
+    print(f"{len(groups) * g} original files (no restart markers) in groups of {g}, scan start "
+          f"to the bottom of the crop box, µs per image")
+    print_table(totals)
 
 
 if __name__ == "__main__":

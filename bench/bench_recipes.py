@@ -11,7 +11,16 @@ Methods run interleaved, one round each per repeat, on the same files: the ratio
 under the same machine load. Data: dpu_pipe.tools.sample_data (ImageNet-like JPEGs made from
 real photographs).
 
-    .venv/bin/python bench/bench_recipes.py --n 256 --repeat 3
+DALI's CPU pipeline (device_id=None, one thread) is a third column when nvidia.dali imports:
+decoders.image_random_crop + resize (antialiased bilinear; bicubic for timm-vit) +
+crop_mirror_normalize with a random mirror; tv-new adds auto_aug.trivial_augment_wide and
+erasing (p 0.1, scale 0.02-0.33, ratio 0.3-3.3, zeros after normalize); timm-vit adds
+auto_aug.rand_augment(n=2, m=9) (no magnitude noise: DALI has no mstd), color_twist with
+brightness, contrast and saturation in [0.6, 1.4] and erasing with p 0.25. Install it with
+``pip install nvidia-dali-cuda120`` (its CPU operators need no GPU), or point ``--dali-path``
+at a directory holding it. Without it the column is skipped with a message.
+
+    taskset -c 0 .venv/bin/python bench/bench_recipes.py --n 256 --repeat 3
 """
 
 import argparse
@@ -77,11 +86,78 @@ def _torchvision_method(bufs, recipe):
     return run
 
 
+def _dali_method(bufs, recipe):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import math as dmath, pipeline_def
+    from nvidia.dali.auto_aug import rand_augment, trivial_augment
+
+    def erase(imgs, p):
+        # RandomErasing's box: area scale in [0.02, 0.33] and log-uniform ratio in [0.3, 3.3],
+        # in units of the side; DALI clips a box that leaves the image.
+        if fn.random.coin_flip(probability=p):
+            scale = fn.random.uniform(range=[0.02, 0.33])
+            ratio = dmath.exp(fn.random.uniform(range=[float(np.log(0.3)), float(np.log(3.3))]))
+            bh = dmath.min(dmath.sqrt(scale * ratio), 0.99)
+            bw = dmath.min(dmath.sqrt(scale / ratio), 0.99)
+            anchor = fn.stack(fn.random.uniform(range=[0.0, 1.0]) * (1.0 - bh),
+                              fn.random.uniform(range=[0.0, 1.0]) * (1.0 - bw))
+            imgs = fn.erase(imgs, anchor=anchor, shape=fn.stack(bh, bw), axis_names="HW",
+                            normalized_anchor=True, normalized_shape=True, fill_value=0.0)
+        return imgs
+
+    arrays = [np.frombuffer(b, np.uint8) for b in bufs]
+
+    # Synchronous: a pipelined executor would compute batches ahead while the other methods
+    # run, and its timed round would only collect them.
+    @pipeline_def(batch_size=64, num_threads=1, device_id=None, seed=1,
+                  enable_conditionals=True, exec_async=False, exec_pipelined=False)
+    def pipe():
+        jpegs = fn.external_source(source=lambda info: arrays[info.idx_in_epoch % len(arrays)],
+                                   batch=False, dtype=types.UINT8)
+        imgs = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        interp = types.INTERP_CUBIC if recipe == "timm-vit" else types.INTERP_LINEAR
+        imgs = fn.resize(imgs, size=(224, 224), interp_type=interp, antialias=True)
+        if recipe == "tv-new":
+            imgs = trivial_augment.trivial_augment_wide(imgs)
+        elif recipe == "timm-vit":
+            imgs = rand_augment.rand_augment(imgs, n=2, m=9)
+            imgs = fn.color_twist(imgs, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                                  contrast=fn.random.uniform(range=[0.6, 1.4]),
+                                  saturation=fn.random.uniform(range=[0.6, 1.4]))
+        out = fn.crop_mirror_normalize(imgs, dtype=types.FLOAT, output_layout="CHW",
+                                       mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                       std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+                                       mirror=fn.random.coin_flip())
+        if recipe != "classic":
+            out = erase(out, 0.1 if recipe == "tv-new" else 0.25)
+        return out
+
+    p = pipe()
+    p.build()
+
+    def run():
+        for _ in range(0, len(bufs), 64):
+            p.run()
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dali-path", default=None,
+                    help="directory appended to sys.path to import nvidia.dali from")
     args = ap.parse_args()
+    if args.dali_path:
+        import sys
+        sys.path.append(args.dali_path)
+    try:
+        import nvidia.dali  # noqa: F401
+        have_dali = True
+    except ImportError:
+        have_dali = False
+        print("DALI not installed (pip install nvidia-dali-cuda120): its column is skipped")
 
     from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
 
@@ -92,6 +168,8 @@ def main():
     for recipe in ("classic", "tv-new", "timm-vit"):
         methods[("dpu_pipe", recipe)] = _dpu_pipe_method(bufs, recipe)
         methods[("torchvision", recipe)] = _torchvision_method(bufs, recipe)
+        if have_dali:
+            methods[("dali", recipe)] = _dali_method(bufs, recipe)
     for run in methods.values():        # warm-up: worker start, first allocations
         run()
     times = {k: [] for k in methods}
@@ -104,10 +182,17 @@ def main():
     load = os.getloadavg()
     print(f"{len(bufs)} images, best of {args.repeat}, img/s on one core; load average "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
-    print(f"{'recipe':10s} {'dpu_pipe':>9s} {'torchvision':>12s} {'ratio':>6s} {'cost vs classic':>16s}")
+    dali = " (DALI CPU: the same recipe in its own operators)" if have_dali else ""
+    print(f"{'recipe':10s} {'dpu_pipe':>9s} {'torchvision':>12s} {'ratio':>6s}"
+          + (f" {'DALI':>6s} {'ratio':>6s}" if have_dali else "")
+          + f" {'cost vs classic':>16s}{dali}")
     for recipe in ("classic", "tv-new", "timm-vit"):
         d, t = rate[("dpu_pipe", recipe)], rate[("torchvision", recipe)]
-        print(f"{recipe:10s} {d:9.0f} {t:12.0f} {d / t:6.2f} "
+        extra = ""
+        if have_dali:
+            g = rate[("dali", recipe)]
+            extra = f" {g:6.0f} {d / g:6.2f}"
+        print(f"{recipe:10s} {d:9.0f} {t:12.0f} {d / t:6.2f}{extra} "
               f"{rate[('dpu_pipe', 'classic')] / d:16.2f}")
 
 

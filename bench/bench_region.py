@@ -13,10 +13,12 @@ on all of them alike. Columns (µs per image, median over rounds):
 
   box/libjpeg      today's region decode (covering restart intervals assembled into a
                    sub-stream, libjpeg-turbo's Huffman + IDCT + upsampling + colour)
-  box/own          the own decoder (libjpeg-turbo for the boxes it hands over: the fast IDCT,
-                   progressive files - none here, every record is transcoded)
   box/own-entropy  the own entropy decoder alone on the MCUs covering the box
-  idct+colour      box/own - box/own-entropy: dequantization, IDCT, upsampling, colour
+  box/own Ln       the own decoder with the pixel stages' kernels of level n
+                   (dpu_pipe._huffman.simd_levels: 0 the scalar reference, 1 the build's
+                   baseline SIMD - SSE2 / NEON, 2 AVX2; the decoder runs the highest), falling
+                   back to libjpeg-turbo for the boxes it hands over (none here)
+  pixels Ln        box/own Ln - box/own-entropy: dequantization, IDCT, upsampling, colour
 """
 
 import argparse
@@ -49,27 +51,34 @@ def main(argv=None):
                                                          hdr["width"]))
         items.append((packed, box, mcu_rect(hdr, *box)))
     s, fast = args.size, args.fast
+    levels = _huffman.simd_levels()
     own_count = 0
     for packed, box, _ in items:
         ref, _ = _jpeg.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
-        got, _, own = _huffman.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100)
-        assert np.array_equal(got, ref), box
+        for lv in levels:
+            got, _, own = _huffman.decode(packed, box, s, s, fast, False, MAX_PIXELS, 100, lv)
+            assert np.array_equal(got, ref), (box, lv)
         own_count += own
     methods = {
         "box/libjpeg": lambda it: _jpeg.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
                                                100),
-        "box/own": lambda it: _huffman.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
-                                              100),
         "box/own-entropy": lambda it: _huffman.read_coefficients(it[0], it[2]),
     }
+    for lv in levels:
+        methods[f"box/own L{lv}"] = (lambda lv: lambda it: _huffman.decode(
+            it[0], it[1], s, s, fast, False, MAX_PIXELS, 100, lv))(lv)
     totals = time_interleaved(methods, items, args.rounds)
-    totals["idct+colour"] = [a - b for a, b in zip(totals["box/own"], totals["box/own-entropy"])]
+    for lv in levels:
+        totals[f"pixels L{lv}"] = [a - b for a, b in zip(totals[f"box/own L{lv}"],
+                                                         totals["box/own-entropy"])]
+
     print(f"{len(items)} transcoded records (restart every MCU), {own_count} decoded by the own "
           f"decoder (bit-identical, checked), {args.rounds} rounds, one core, methods "
           f"interleaved per image, min size {s}, fast={fast}")
     med = print_table(totals)
-    print(f"own / libjpeg speed = {med['box/libjpeg'] / med['box/own']:.2f}x; entropy is "
-          f"{med['box/own-entropy'] / med['box/own']:.0%} of the own decode")
+    own = f"box/own L{levels[-1]}"
+    print(f"own / libjpeg speed = {med['box/libjpeg'] / med[own]:.2f}x; entropy is "
+          f"{med['box/own-entropy'] / med[own]:.0%} of the own decode ({own})")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class StreamSpec:
         d = {k: getattr(self, k) for k in _STATE_FIELDS}
         d["num_samples"] = len(self.source)
         d["transform"] = self.transform.to_dict()
+        # The decoder changes no pixel: a stream saved with one resumes with the other.
+        d["transform"].pop("jpeg_decoder", None)
         return d
 
     def to_wire(self):

@@ -31,6 +31,9 @@ DTYPES = ("float32", "float16", "bfloat16", "uint8")
 LAYOUTS = ("CHW", "HWC")
 INTERPOLATIONS = ("bilinear", "bicubic")
 AUTO_AUGMENT = ("ta_wide", "ra", "imagenet")
+#: Who decodes the JPEG crop boxes: libjpeg-turbo, or dpu_pipe's own baseline decoder
+#: (bit-identical; it hands every stream it does not take, and damaged data, to libjpeg-turbo).
+JPEG_DECODERS = ("libjpeg", "own")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class TransformConfig:
     layout: str = "CHW"
     fast: bool = False                  # decode with the fast IDCT and plain upsampling
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # "libjpeg" or "own" (JPEG_DECODERS): the same pixels either way, only the speed differs.
+    jpeg_decoder: str = "libjpeg"
     # Recipes (train only, except interpolation), in torchvision's vocabulary:
     interpolation: str = "bilinear"     # crop and validation resize, antialiased (Pillow)
     auto_augment: object = None         # None, "ta_wide", "ra" or "imagenet"
@@ -110,6 +115,8 @@ class TransformConfig:
         object.__setattr__(self, "train", _v.boolean(self.train, "train"))
         object.__setattr__(self, "fast", _v.boolean(self.fast, "fast"))
         object.__setattr__(self, "max_pixels", _v.positive_int(self.max_pixels, "max_pixels"))
+        object.__setattr__(self, "jpeg_decoder", _v.choice(self.jpeg_decoder, "jpeg_decoder",
+                                                           JPEG_DECODERS))
         self._check_recipe()
 
     def _check_recipe(self):
@@ -183,8 +190,12 @@ class TransformConfig:
         return int(np.prod(self.sample_shape)) * self.np_dtype.itemsize
 
     def to_dict(self):
-        """JSON-serialisable form, for shipping to producers."""
+        """JSON-serialisable form, for shipping to producers. ``jpeg_decoder`` only when it
+        is not the default, so the specs (and producers' stream keys) of every other stream
+        stay what they were."""
         d = asdict(self)
+        if d["jpeg_decoder"] == "libjpeg":
+            del d["jpeg_decoder"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @property

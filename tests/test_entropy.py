@@ -182,6 +182,95 @@ def test_damaged_data_raises_or_matches_libjpeg(probe, restart):
     assert decoded and raised
 
 
+LANES = [1, 2, 3, 4, 6, 8]
+
+
+@pytest.mark.parametrize("restart", ["none", 1, 3, "row"])
+@pytest.mark.parametrize("sub", ["444", "420", "411", "grey"])
+def test_interleaved_lanes_give_the_same_coefficients(probe, sub, restart):
+    """Any number of restart intervals decoded interleaved: libjpeg-turbo's coefficients for
+    the whole image, the slices for rectangles (edges, single MCUs, random)."""
+    img = jc.photo_sized("chelsea", 83, 149)
+    if sub == "grey":
+        data = jc.pil_jpeg(np.ascontiguousarray(img[..., 2]), quality=90)
+    else:
+        data = jc.cv_jpeg(img, quality=90, subsampling=sub)
+    data = _restarts(data, restart)
+    whole = assert_same_coefficients(probe, data)
+    h = _huffman.header(_u8(data))
+    mcuy, mcux = h["mcus"]
+    comps = [(1, 1)] if len(whole) == 1 else [c[1:3] for c in h["components"]]
+    rects = list(_random_rects(np.random.default_rng(3), mcuy, mcux, 12))
+    rects += [(0, 1, 0, 1), (mcuy - 1, mcuy, mcux - 1, mcux), (0, mcuy, 0, mcux)]
+    for lanes in LANES:
+        for r0, r1, c0, c1 in rects:
+            got = _huffman.read_coefficients(_u8(data), (r0, r1, c0, c1), lanes=lanes)
+            for a, full, (hh, vv) in zip(got, whole, comps):
+                np.testing.assert_array_equal(a, full[r0 * vv:r1 * vv, c0 * hh:c1 * hh],
+                                              err_msg=f"lanes {lanes} rect {(r0, r1, c0, c1)}")
+
+
+@pytest.mark.parametrize("restart", ["none", 1])
+def test_interleaved_lanes_detect_damage(restart):
+    """A truncated stream, or one with a restart marker out of its order, is DecodeError
+    with every lane count (each interval's end is a hard bound)."""
+    data = _restarts(jc.pil_jpeg(jc.photo_sized("astronaut", 64, 96), quality=90), restart)
+    start = _huffman.header(_u8(data))["scan_start"]
+    for lanes in LANES:
+        for cut in (start + 1, (start + len(data)) // 2, len(data) - 40):
+            with pytest.raises(DecodeError):
+                _huffman.read_coefficients(_u8(data[:cut]), lanes=lanes)
+    if restart == 1:
+        at = data.index(b"\xff\xd3", start)
+        bad = data[:at] + b"\xff\xd5" + data[at + 2:]
+        for lanes in LANES:
+            with pytest.raises(DecodeError):
+                _huffman.read_coefficients(_u8(bad), lanes=lanes)
+    with pytest.raises(ConfigError, match="lanes"):
+        _huffman.read_coefficients(_u8(data), lanes=0)
+    with pytest.raises(ConfigError, match="lanes"):
+        _huffman.read_coefficients(_u8(data), lanes=9)
+
+
+def test_batch_of_images_interleaved(probe):
+    """Several images' rectangles decoded in one thread, their scans interleaved: each equals
+    its own read_coefficients (so libjpeg-turbo's), streams the decoder does not take are
+    None, and a damaged image raises naming its position."""
+    imgs = [jc.cv_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 40 + 13 * i, 70 - 5 * i),
+                       quality=70 + 3 * i, subsampling=("420", "444", "422")[i % 3])
+            for i in range(7)]
+    imgs[2] = jpeg.transcode(imgs[2], restart_interval=1)
+    imgs[4] = jc.pil_jpeg(jc.photo_sized("coffee", 40, 56), progressive=True)
+    datas = [_u8(d) for d in imgs]
+    rects = []
+    for i, d in enumerate(datas):
+        h = _huffman.header(d)
+        if h is None:
+            rects.append(None)
+            continue
+        mcuy, mcux = h["mcus"]
+        rects.append(None if i == 0 else (mcuy // 3, mcuy, mcux // 4, mcux - mcux // 4))
+    want = [_huffman.read_coefficients(d, r, lanes=1) for d, r in zip(datas, rects)]
+    assert want[4] is None and all(w is not None for i, w in enumerate(want) if i != 4)
+    for lanes in LANES:
+        got = _huffman.read_coefficients_batch(datas, rects, lanes=lanes)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if w is None:
+                assert g is None
+                continue
+            for a, b in zip(g, w):
+                np.testing.assert_array_equal(a, b)
+    start = _huffman.header(datas[5])["scan_start"]
+    cut = list(datas)
+    cut[5] = _u8(imgs[5][:start + 30])
+    for lanes in (1, 4):
+        with pytest.raises(DecodeError, match="image 5"):
+            _huffman.read_coefficients_batch(cut, rects, lanes=lanes)
+    with pytest.raises(ConfigError):
+        _huffman.read_coefficients_batch(datas, rects[:3])
+
+
 @pytest.mark.slow
 def test_imagenet_like_photographs(probe, tmp_path):
     """Real-photo ImageNet-like files (sizes, qualities, 4:2:0/4:2:2/4:4:4, grey, progressive

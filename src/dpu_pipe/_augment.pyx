@@ -25,6 +25,15 @@ cdef extern from *:
     # A row written while other rows are read: no aliasing (lets the compiler vectorize).
     ctypedef uint8_t* u8_restrict "uint8_t* __restrict__"
 
+cdef extern from *:
+    # Cython lowers a conditional expression to if/else, which GCC does not vectorize here.
+    """
+    static inline uint8_t dp_u8min(uint8_t a, uint8_t b) { return a < b ? a : b; }
+    static inline uint8_t dp_u8max(uint8_t a, uint8_t b) { return a > b ? a : b; }
+    """
+    uint8_t dp_u8min(uint8_t a, uint8_t b) noexcept nogil
+    uint8_t dp_u8max(uint8_t a, uint8_t b) noexcept nogil
+
 cdef extern from "math.h" nogil:
     float rintf(float x)
     float floorf(float x)
@@ -242,10 +251,13 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     theta in float32 divided by half the size, base grid (x - (w-1)/2, y - (h-1)/2), then
     ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill.
 
-    Each row runs in two passes: the source offsets of AFFINE_CHUNK pixels (a branch-free
-    float32 loop: the same products and sums in the same order as the per-pixel formula, the
-    row's y terms hoisted, rounding half to even by the 1.5 * 2**23 trick, exact for
-    coordinates below 2**22; GCC 12 does not vectorize it yet), then the copies."""
+    Each row runs in two passes over AFFINE_CHUNK pixels: their source coordinates (a
+    branch-free float32 loop over an int counter, so it vectorizes: the same products and sums
+    in the same order as the per-pixel formula, the row's y terms hoisted, rounding half to
+    even by the 1.5 * 2**23 trick, exact for coordinates below 2**22), then the copies. When
+    the map's source row does not depend on x (ShearX, TranslateX/Y: m[3] == 0) the row's
+    source row is one, and the copies are runs of consecutive source pixels (memcpy); else
+    (Rotate, ShearY) they are per-pixel gathers."""
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
     cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
@@ -255,15 +267,44 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     cdef float yb, cx, cy, xb, ix, iy
     cdef int32_t off[AFFINE_CHUNK]
     cdef int32_t xi, yi, inside
-    cdef int x, y, x0, n
-    cdef Py_ssize_t j
+    cdef int x, y, x0, n, j, k
     cdef const uint8_t* p
+    cdef const uint8_t* srow
     cdef uint8_t* q
     for y in range(h):
         yb = <float>(y - (h - 1) * 0.5)
         cx = yb * r10
         cy = yb * r11
         q = dst + <Py_ssize_t>y * w * 3
+        if r01 == <float>0.0:
+            # xb * r01 is +-0 for every x, and cy + (+-0) has cy's value: one yi per row.
+            iy = ((<float>0.0 + cy) + r21 + <float>1.0) * sy - <float>0.5
+            yi = <int32_t>((iy + magic) - magic)
+            if <uint32_t>yi >= <uint32_t>h:
+                for x in range(w):
+                    q[3 * x], q[3 * x + 1], q[3 * x + 2] = fill[0], fill[1], fill[2]
+                continue
+            srow = src + <Py_ssize_t>yi * w * 3
+            for x0 in range(0, w, AFFINE_CHUNK):
+                n = w - x0 if w - x0 < AFFINE_CHUNK else AFFINE_CHUNK
+                for j in range(n):
+                    xb = <float>(x0 + j) - cw
+                    ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
+                    off[j] = <int32_t>((ix + magic) - magic)
+                j = 0
+                while j < n:
+                    xi = off[j]
+                    if <uint32_t>xi >= <uint32_t>w:
+                        x = 3 * (x0 + j)
+                        q[x], q[x + 1], q[x + 2] = fill[0], fill[1], fill[2]
+                        j += 1
+                        continue
+                    k = j + 1
+                    while k < n and off[k] == off[k - 1] + 1 and off[k] < w:
+                        k += 1
+                    memcpy(q + 3 * (x0 + j), srow + 3 * xi, <size_t>(3 * (k - j)))
+                    j = k
+            continue
         for x0 in range(0, w, AFFINE_CHUNK):
             n = w - x0 if w - x0 < AFFINE_CHUNK else AFFINE_CHUNK
             for j in range(n):
@@ -495,18 +536,33 @@ cdef void _brightness_map(uint8_t* lut, double factor) noexcept nogil:
 
 
 cdef void _autocontrast_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    # Per-channel min and max over 48-byte blocks (16 pixels: a whole number of them, so byte
+    # j of a block is channel j % 3) kept element-wise, which vectorizes, then folded.
+    cdef uint8_t blo[48]
+    cdef uint8_t bhi[48]
     cdef int lo[3]
     cdef int hi[3]
     cdef float mn, inv
-    cdef Py_ssize_t i
-    cdef int c, v, x
+    cdef Py_ssize_t i, n = 3 * npix, nb = n - n % 48
+    cdef const uint8_t* blk
+    cdef int c, v, x, j
+    memset(blo, 255, 48)
+    memset(bhi, 0, 48)
+    for i in range(0, nb, 48):
+        blk = img + i
+        for j in range(48):
+            blo[j] = dp_u8min(blk[j], blo[j])
+            bhi[j] = dp_u8max(blk[j], bhi[j])
     for c in range(3):
         lo[c], hi[c] = 255, 0
-    for i in range(npix):
-        for c in range(3):
-            x = img[3 * i + c]
-            lo[c] = x if x < lo[c] else lo[c]
-            hi[c] = x if x > hi[c] else hi[c]
+    for j in range(48):
+        lo[j % 3] = blo[j] if blo[j] < lo[j % 3] else lo[j % 3]
+        hi[j % 3] = bhi[j] if bhi[j] > hi[j % 3] else hi[j % 3]
+    for i in range(nb, n):
+        x = img[i]
+        c = <int>(i % 3)
+        lo[c] = x if x < lo[c] else lo[c]
+        hi[c] = x if x > hi[c] else hi[c]
     for c in range(3):
         if lo[c] == hi[c]:
             mn, inv = 0.0, 1.0
@@ -518,16 +574,36 @@ cdef void _autocontrast_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) n
 
 
 cdef void _equalize_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexcept nogil:
+    # Four banks of counts, pixel i in bank i % 4: runs of equal values (smooth images) then
+    # do not make each increment wait for the one before.
+    cdef uint32_t banks[4][768]
     cdef int64_t hist[768]
     cdef int64_t cum, step, last
     cdef int64_t* hc
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n4 = npix - npix % 4
+    cdef const uint8_t* px
     cdef int c, v
-    memset(hist, 0, sizeof(hist))
-    for i in range(npix):
-        hist[img[3 * i]] += 1
-        hist[256 + img[3 * i + 1]] += 1
-        hist[512 + img[3 * i + 2]] += 1
+    memset(banks, 0, sizeof(banks))
+    for i in range(0, n4, 4):
+        px = img + 3 * i
+        banks[0][px[0]] += 1
+        banks[0][256 + px[1]] += 1
+        banks[0][512 + px[2]] += 1
+        banks[1][px[3]] += 1
+        banks[1][256 + px[4]] += 1
+        banks[1][512 + px[5]] += 1
+        banks[2][px[6]] += 1
+        banks[2][256 + px[7]] += 1
+        banks[2][512 + px[8]] += 1
+        banks[3][px[9]] += 1
+        banks[3][256 + px[10]] += 1
+        banks[3][512 + px[11]] += 1
+    for i in range(n4, npix):
+        banks[0][img[3 * i]] += 1
+        banks[0][256 + img[3 * i + 1]] += 1
+        banks[0][512 + img[3 * i + 2]] += 1
+    for v in range(768):
+        hist[v] = <int64_t>banks[0][v] + banks[1][v] + banks[2][v] + banks[3][v]
     for c in range(3):
         hc = hist + 256 * c
         last = 0

@@ -30,7 +30,9 @@ enum {
     HP_UNSUPPORTED = -6   /* valid perhaps, but not a stream this decoder takes */
 };
 
-#define HP_LOOKAHEAD 9
+/* Bits resolved by one table lookup: 10 measured faster than 9 (fewer codes and values
+ * left to the slow path) and than 11 (larger tables to build per image), entropy.md. */
+#define HP_LOOKAHEAD 10
 #define HP_MAX_COMPS 4
 #define HP_MAX_BLOCKS_IN_MCU 10   /* T.81 B.2.3: at most 10 blocks in an interleaved MCU */
 
@@ -538,91 +540,249 @@ static inline void hp_decode_block(hp_bits* b, const hp_table* dc, const hp_tabl
     }
 }
 
-/* Decode restart interval k (or the whole scan when there are no restart markers) up to and
- * including MCU `last` (an absolute MCU index inside the interval), storing the MCUs that fall
- * in the rectangle rows [r0, r1) x columns [c0, c1) of MCUs. out[c] holds component c's blocks
- * of the rectangle, row-major, (r1 - r0) * v rows of (c1 - c0) * h blocks (one block per MCU
- * for a single component), zeroed by the caller. `to_end`: `last` is the interval's own last
- * MCU, so its data must end there too. */
-static int hp_decode_interval(const hp_header* h, const uint8_t* start, const uint8_t* end,
-                              int64_t first, int64_t last, int to_end, int r0, int r1, int c0,
-                              int c1, int16_t* const* out) {
+/* --- several bit streams interleaved in one thread ------------------------------------------
+ * Decoding one stream is a serial chain: where a code ends decides where the next one starts.
+ * Independent streams (the restart intervals of a rectangle, or the scans of several images)
+ * have independent chains, so the decoder keeps up to HP_MAX_LANES bit readers ("lanes") and
+ * advances them round-robin one block at a time, so that an out-of-order core can overlap one
+ * lane's block with the next lane's. (One symbol at a time was measured too: keeping every
+ * lane's state in memory and a state machine per symbol cost more than the overlap gained,
+ * docs/design/entropy.md.) Each lane decodes one work item, an interval (or a
+ * marker-less scan) from its first MCU up to its last MCU in the rectangle, exactly as a single
+ * reader would; when it is done the lane takes the next item. Results do not depend on the
+ * number of lanes: each item writes only its own MCUs' blocks. */
+
+#define HP_MAX_LANES 8
+/* Lanes hp_decode_rect uses. 1, 2, 3, 4, 6 and 8 measured alike on x86-64 (within 2 %,
+ * bench/bench_entropy.py --lanes): the decoder is bound by its instruction count, not by the
+ * latency of one stream's chain, so 1 (the least state). Cortex-A72: 1 as well until measured
+ * there (docs/design/entropy.md, "Interleaving"). */
+#ifndef HP_LANES
+#define HP_LANES 1
+#endif
+
+/* One rectangle of one image to decode: the MCU rows [r0, r1) x columns [c0, c1) into out
+ * (out[c]: component c's blocks of the rectangle, row-major, (r1 - r0) * v rows of
+ * (c1 - c0) * h blocks, one block per MCU for a single component, zeroed by the caller).
+ * starts/ends locate every interval up to the one holding the rectangle's last MCU
+ * (hp_find_intervals, or a packed index); without restart markers starts[0]/ends[0] is the
+ * scan. status is the job's result after hp_decode_jobs. The remaining fields are the
+ * decoder's. */
+typedef struct {
+    const hp_header* h;
+    const uint8_t* data;
+    const size_t* starts;
+    const size_t* ends;
+    int r0, r1, c0, c1;
+    int16_t* const* out;
+    int status;
+    int row;                /* next MCU row whose intervals are issued */
+    int64_t k, z, prev;     /* next interval of that row, its last, the last issued */
+    int done;
+} hp_job;
+
+typedef struct {
     hp_bits b;
-    int32_t pred[HP_MAX_COMPS] = {0, 0, 0, 0};
-    int16_t scratch[64];
-    int64_t m;
-    int ci, y, x;
-    const int ncomp = h->ncomp, mcux = h->mcux;
-    const int rw = c1 - c0;
-    hp_bits_init(&b, start, end);
-    for (m = first; m <= last; m++) {
-        int row = (int)(m / mcux), col = (int)(m % mcux);
-        int keep = row >= r0 && row < r1 && col >= c0 && col < c1;
-        for (ci = 0; ci < ncomp; ci++) {
-            const hp_comp* c = &h->comp[ci];
-            const hp_table* dc = &h->dc[c->td];
-            const hp_table* ac = &h->ac[c->ta];
-            int hh = h->interleaved ? c->h : 1, vv = h->interleaved ? c->v : 1;
-            size_t stride = (size_t)rw * hh;     /* blocks per row of the rectangle */
-            for (y = 0; y < vv; y++) {
-                for (x = 0; x < hh; x++) {
-                    int16_t* blk;
-                    if (keep) {
-                        blk = out[ci] + 64 * (((size_t)(row - r0) * vv + y) * stride
-                                              + (size_t)(col - c0) * hh + x);
-                    } else {
-                        memset(scratch, 0, sizeof(scratch));
-                        blk = scratch;
-                    }
-                    hp_decode_block(&b, dc, ac, &pred[ci], blk);
-                }
-            }
-        }
-        if (b.bad) return HP_EDATA;
+    hp_job* job;
+    int16_t* blk;           /* block being decoded */
+    const hp_table* dc;
+    const hp_table* ac;
+    int bi;                 /* block of the MCU */
+    int ci;                 /* its component */
+    int keep;               /* the MCU lies in the rectangle */
+    int64_t m, last;        /* MCU being decoded, last one to decode */
+    int to_end;             /* last is the interval's own last MCU */
+    int16_t* base[HP_MAX_COMPS];   /* the MCU's first block of each component in out */
+    int32_t pred[HP_MAX_COMPS];
+    int16_t scratch[64];    /* blocks of MCUs outside the rectangle */
+} hp_lane;
+
+/* The next work item of job j: interval *k from MCU *first to *last. 0 when none is left. */
+static int hp_job_next(hp_job* j, int64_t* k, int64_t* first, int64_t* last, int* to_end) {
+    const hp_header* h = j->h;
+    const int64_t R = h->restart_interval, mcux = h->mcux;
+    int64_t own_last, row_last;
+    if (j->done) return 0;
+    if (!R) {
+        j->done = 1;
+        *k = 0; *first = 0;
+        *last = (int64_t)(j->r1 - 1) * mcux + j->c1 - 1;
+        *to_end = *last == h->n_mcu - 1;
+        return 1;
     }
-    /* Bits taken from the zero padding past the interval's data: it was truncated. */
-    if (b.pad_bits > b.nbits) return HP_EDATA;
-    /* Whole bytes left over after the interval's last MCU: damaged data that libjpeg-turbo
-     * reports ("extraneous bytes before marker"); its path decides what that means. */
-    if (to_end && ((b.nbits - b.pad_bits) >= 8 || b.p < b.end)) return HP_EDATA;
+    while (j->k > j->z) {
+        int64_t a;
+        if (j->row >= j->r1) { j->done = 1; return 0; }
+        a = (j->row * mcux + j->c0) / R;
+        j->z = (j->row * mcux + j->c1 - 1) / R;
+        j->k = a > j->prev ? a : j->prev + 1;
+        j->row++;
+    }
+    *k = j->k;
+    *first = j->k * R;
+    own_last = *first + R - 1;
+    if (own_last >= h->n_mcu) own_last = h->n_mcu - 1;
+    *last = own_last;
+    /* Stop inside the interval at the rectangle's last MCU it holds. */
+    row_last = (own_last / mcux) * mcux + j->c1 - 1;
+    if (own_last / mcux >= j->r1) row_last = (int64_t)(j->r1 - 1) * mcux + j->c1 - 1;
+    if (row_last < own_last && row_last >= *first) *last = row_last;
+    *to_end = *last == own_last;
+    j->prev = j->k++;
+    return 1;
+}
+
+static int hp_job_start(hp_job* j) {
+    const hp_header* h = j->h;
+    if (j->r0 < 0 || j->c0 < 0 || j->r1 > h->mcuy || j->c1 > h->mcux || j->r0 >= j->r1
+        || j->c0 >= j->c1)
+        return HP_ESIZE;
+    j->status = HP_OK;
+    j->row = j->r0;
+    j->k = 1; j->z = 0; j->prev = -1;
+    j->done = 0;
     return HP_OK;
 }
 
-/* Decode the MCUs of rows [r0, r1) x columns [c0, c1) into out (see hp_decode_interval).
- * With restart markers, starts/ends locate every interval up to the one holding the last
- * MCU needed (hp_find_intervals) and only intervals overlapping the rectangle are read, each
- * up to its last MCU inside it; without, the scan is read from its start up to the
- * rectangle's last MCU (starts[0]/ends[0]). */
+/* Position lane L on block bi of MCU L->m (bi 0: the MCU's output addresses first). */
+static inline void hp_lane_block(hp_lane* L, int bi) {
+    const hp_header* h = L->job->h;
+    int ci, y, x, n = 0, hh = 1, vv = 1;
+    if (bi == 0) {
+        const hp_job* j = L->job;
+        int row = (int)(L->m / h->mcux), col = (int)(L->m % h->mcux);
+        L->keep = row >= j->r0 && row < j->r1 && col >= j->c0 && col < j->c1;
+        if (L->keep)
+            for (ci = 0; ci < h->ncomp; ci++) {
+                hh = h->interleaved ? h->comp[ci].h : 1;
+                vv = h->interleaved ? h->comp[ci].v : 1;
+                L->base[ci] = j->out[ci] + 64 * ((size_t)(row - j->r0) * vv
+                                                 * (size_t)(j->c1 - j->c0) * hh
+                                                 + (size_t)(col - j->c0) * hh);
+            }
+    }
+    /* Block bi is block (y, x) of component ci in the MCU (A.2.3: components in scan order,
+     * each one's blocks row by row). */
+    for (ci = 0; ci < h->ncomp; ci++) {
+        hh = h->interleaved ? h->comp[ci].h : 1;
+        vv = h->interleaved ? h->comp[ci].v : 1;
+        if (bi < n + hh * vv) break;
+        n += hh * vv;
+    }
+    y = (bi - n) / hh; x = (bi - n) % hh;
+    L->bi = bi;
+    L->ci = ci;
+    L->dc = &h->dc[h->comp[ci].td];
+    L->ac = &h->ac[h->comp[ci].ta];
+    if (L->keep) {
+        L->blk = L->base[ci] + 64 * ((size_t)y * (size_t)(L->job->c1 - L->job->c0) * hh + x);
+    } else {
+        memset(L->scratch, 0, sizeof(L->scratch));
+        L->blk = L->scratch;
+    }
+}
+
+/* Give lane L the next work item of jobs[*next..n): 1, or 0 when every job is exhausted.
+ * Items of a job already failed are skipped. */
+static int hp_lane_take(hp_lane* L, hp_job* jobs, int n, int* next) {
+    int64_t k, first, last;
+    int to_end;
+    while (*next < n) {
+        hp_job* j = &jobs[*next];
+        if (j->status == HP_OK && hp_job_next(j, &k, &first, &last, &to_end)) {
+            L->job = j;
+            hp_bits_init(&L->b, j->data + j->starts[k], j->data + j->ends[k]);
+            L->m = first;
+            L->last = last;
+            L->to_end = to_end;
+            L->pred[0] = L->pred[1] = L->pred[2] = L->pred[3] = 0;
+            hp_lane_block(L, 0);
+            return 1;
+        }
+        ++*next;
+    }
+    return 0;
+}
+
+/* The lane finished its block: the next block, the next MCU, or the item's end (checked as
+ * a single reader checks it). Returns 0 when the item is done. */
+static inline int hp_lane_advance(hp_lane* L) {
+    const hp_header* h = L->job->h;
+    hp_bits* b = &L->b;
+    if (L->bi + 1 < h->blocks_in_mcu) {
+        hp_lane_block(L, L->bi + 1);
+        return 1;
+    }
+    if (b->bad) { L->job->status = HP_EDATA; return 0; }
+    if (L->m < L->last) {
+        L->m++;
+        hp_lane_block(L, 0);
+        return 1;
+    }
+    /* Bits taken from the zero padding past the interval's data: it was truncated. */
+    if (b->pad_bits > b->nbits) { L->job->status = HP_EDATA; return 0; }
+    /* Whole bytes left over after the interval's last MCU: damaged data that libjpeg-turbo
+     * reports ("extraneous bytes before marker"); its path decides what that means. */
+    if (L->to_end && ((b->nbits - b->pad_bits) >= 8 || b->p < b->end))
+        L->job->status = HP_EDATA;
+    return 0;
+}
+
+/* One block of lane L (F.2.2.1 DC, F.2.2.2 AC); 0 when its item is done. */
+static inline int hp_lane_step(hp_lane* L) {
+    hp_decode_block(&L->b, L->dc, L->ac, &L->pred[L->ci], L->blk);
+    return hp_lane_advance(L);
+}
+
+/* Decode jobs[0..n) (see hp_job; each one's rectangle checked, its status set) with `lanes`
+ * (1..HP_MAX_LANES) bit streams in flight. Returns HP_OK when every job decoded, else the
+ * first failing job's status; each job's own result is in its status. Memory: the lanes,
+ * about 300 bytes each, on the stack. */
+static int hp_decode_jobs(hp_job* jobs, int n, int lanes) {
+    hp_lane L[HP_MAX_LANES];
+    int i, active = 0, next = 0, rc = HP_OK;
+    if (lanes < 1 || lanes > HP_MAX_LANES) return HP_ESIZE;
+    for (i = 0; i < n; i++) {
+        int s = hp_job_start(&jobs[i]);
+        if (s != HP_OK) { jobs[i].status = s; jobs[i].done = 1; }
+    }
+    while (active < lanes && hp_lane_take(&L[active], jobs, n, &next)) active++;
+    while (active) {
+        for (i = 0; i < active; i++) {
+            if (hp_lane_step(&L[i])) continue;
+            /* Item done: the lane takes the next one, or the last lane moves into its place. */
+            if (!hp_lane_take(&L[i], jobs, n, &next)) {
+                active--;
+                if (i < active) {
+                    L[i] = L[active];
+                    if (L[i].blk == L[active].scratch) L[i].blk = L[i].scratch;
+                }
+                i--;
+            }
+        }
+    }
+    for (i = 0; i < n; i++)
+        if (jobs[i].status != HP_OK) { rc = jobs[i].status; break; }
+    return rc;
+}
+
+/* Decode the MCUs of rows [r0, r1) x columns [c0, c1) into out (see hp_job) with `lanes`
+ * intervals interleaved. With restart markers only the intervals overlapping the rectangle
+ * are read, each up to its last MCU inside it; without, the scan is read from its start up
+ * to the rectangle's last MCU. */
+static int hp_decode_rect_lanes(const hp_header* h, const uint8_t* data, const size_t* starts,
+                                const size_t* ends, int r0, int r1, int c0, int c1,
+                                int16_t* const* out, int lanes) {
+    hp_job j;
+    j.h = h; j.data = data; j.starts = starts; j.ends = ends;
+    j.r0 = r0; j.r1 = r1; j.c0 = c0; j.c1 = c1; j.out = out;
+    return hp_decode_jobs(&j, 1, lanes);
+}
+
 static int hp_decode_rect(const hp_header* h, const uint8_t* data, const size_t* starts,
                           const size_t* ends, int r0, int r1, int c0, int c1,
                           int16_t* const* out) {
-    const int64_t R = h->restart_interval, mcux = h->mcux;
-    int64_t prev = -1;
-    int r, status;
-    if (r0 < 0 || c0 < 0 || r1 > h->mcuy || c1 > h->mcux || r0 >= r1 || c0 >= c1)
-        return HP_ESIZE;
-    if (!R) {
-        int64_t last = (int64_t)(r1 - 1) * mcux + c1 - 1;
-        return hp_decode_interval(h, data + starts[0], data + ends[0], 0, last,
-                                  last == h->n_mcu - 1, r0, r1, c0, c1, out);
-    }
-    for (r = r0; r < r1; r++) {
-        int64_t a = (r * mcux + c0) / R, z = (r * mcux + c1 - 1) / R, k;
-        for (k = a > prev ? a : prev + 1; k <= z; k++) {
-            int64_t first = k * R, last = first + R - 1, own_last, row_last;
-            if (last >= h->n_mcu) last = h->n_mcu - 1;
-            own_last = last;
-            /* Stop inside the interval at the rectangle's last MCU it holds. */
-            row_last = (last / mcux) * mcux + c1 - 1;
-            if (last / mcux >= r1) row_last = (int64_t)(r1 - 1) * mcux + c1 - 1;
-            if (row_last < last && row_last >= first) last = row_last;
-            status = hp_decode_interval(h, data + starts[k], data + ends[k], first, last,
-                                        last == own_last, r0, r1, c0, c1, out);
-            if (status != HP_OK) return status;
-            prev = k;
-        }
-    }
-    return HP_OK;
+    return hp_decode_rect_lanes(h, data, starts, ends, r0, r1, c0, c1, out, HP_LANES);
 }
 
 #endif

@@ -14,6 +14,8 @@ cdef extern from "_huffman.h" nogil:
         HP_ESIZE
         HP_UNSUPPORTED
         HP_MAX_COMPS
+        HP_MAX_LANES
+        HP_LANES
 
     ctypedef struct hp_table:
         int defined
@@ -34,6 +36,15 @@ cdef extern from "_huffman.h" nogil:
         uint16_t qt[4][64]
         int qt_defined[4]
 
+    ctypedef struct hp_job:
+        const hp_header* h
+        const uint8_t* data
+        const size_t* starts
+        const size_t* ends
+        int r0, r1, c0, c1
+        int16_t* const* out
+        int status
+
     int hp_read_header(hp_header* h, const uint8_t* data, size_t size) noexcept
     int hp_find_intervals(const hp_header* h, const uint8_t* data, size_t size, int64_t n,
                           size_t* starts, size_t* ends) noexcept
@@ -43,6 +54,10 @@ cdef extern from "_huffman.h" nogil:
     int hp_decode_rect(const hp_header* h, const uint8_t* data, const size_t* starts,
                        const size_t* ends, int r0, int r1, int c0, int c1,
                        int16_t* const* out) noexcept
+    int hp_decode_rect_lanes(const hp_header* h, const uint8_t* data, const size_t* starts,
+                             const size_t* ends, int r0, int r1, int c0, int c1,
+                             int16_t* const* out, int lanes) noexcept
+    int hp_decode_jobs(hp_job* jobs, int n, int lanes) noexcept
 
 
 # Dequantization, IDCTs, upsampling and colour conversion bit-identical to libjpeg-turbo, and
@@ -56,12 +71,17 @@ cdef extern from "_idct.h" nogil:
         int scale
         int out_w, out_h
         int colour
+        int simd            # px_kern level: 0 scalar reference, 1 baseline SIMD, 2 AVX2
 
     ctypedef struct px_rect:
         int r0, r1, c0, c1
         size_t coef_bytes, plane_bytes
 
     size_t PX_ROW_BYTES(int width)
+    int px_simd_max, px_simd_default
+    int px_ifast_multipliers(const uint16_t* q, int32_t* mq) noexcept
+    int px_idct_block(int simd, int size, const int16_t* input, const uint16_t* q,
+                      const int32_t* mq, uint8_t* out, size_t stride) noexcept
     void px_init_tables() noexcept
     int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                      px_plan* p) noexcept

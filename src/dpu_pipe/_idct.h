@@ -21,6 +21,10 @@
  * > 511; fast IDCT: see px_idct_ifast; a multiplier above 32767) makes the region decode answer PX_FALLBACK: the caller then decodes
  * with libjpeg-turbo, so what is returned never differs from what it would return.
  *
+ * The functions below are the scalar reference; _pxsimd.h holds the same computations in
+ * vector form (SSE2 / NEON, AVX2), lane for lane equal to them, and px_kern picks the level
+ * a decode runs (see "kernels per instruction set").
+ *
  * Pure C over caller-owned buffers, no global state but constant tables filled once
  * (px_init_tables, before any thread runs): safe without the GIL on any number of threads.
  */
@@ -28,6 +32,11 @@
 #define DPU_PIPE_IDCT_H
 
 #include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 #include "_huffman.h"
 
@@ -42,6 +51,14 @@ static uint8_t px_range[1024];            /* IDCT output (10 low bits) -> sample
 static uint8_t px_limit_tab[1024];        /* v + 384 -> v clamped to [0, 255] */
 static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
 
+/* Byte shuffles interleaving three rows of 16 bytes into 16 pixels (SSSE3 pshufb): for
+ * output bytes [16 p, 16 p + 16), channel c's mask px_ilv_mask[p][c] (-128: not this one). */
+static int8_t px_ilv_mask[3][3][16] __attribute__((aligned(16)));
+
+/* The highest level of px_kern (below) this CPU runs, and the one the region decode uses:
+ * set once by px_init_tables. */
+static int px_simd_max = 1, px_simd_default = 1;
+
 #define PX_SCALEBITS 16
 #define PX_HALF ((int32_t)1 << (PX_SCALEBITS - 1))
 
@@ -49,8 +66,16 @@ static int32_t px_cr_r[256], px_cb_b[256], px_cr_g[256], px_cb_g[256];
  * s(k) = sqrt(2) cos(k pi / 16), row-major. */
 static int32_t px_aan[64];
 
+static void px_init_simd(void);
+
 static void px_init_tables(void) {
     int i;
+    px_init_simd();
+    for (i = 0; i < 48; i++) {
+        int c;
+        for (c = 0; c < 3; c++)
+            px_ilv_mask[i / 16][c][i % 16] = (int8_t)(i % 3 == c ? i / 3 : -128);
+    }
     for (i = 0; i < 64; i++) {
         double su = (i >> 3) ? sqrt(2.0) * cos((i >> 3) * 3.14159265358979323846 / 16) : 1.0;
         double sv = (i & 7) ? sqrt(2.0) * cos((i & 7) * 3.14159265358979323846 / 16) : 1.0;
@@ -165,19 +190,25 @@ static inline int px_has_ac(const int16_t* in) {
     return any != 0;
 }
 
+/* A block with no AC coefficient: every output is the same (the full computation gives it
+ * too, range checks included). */
+static inline int px_islow_dc(const int16_t* in, const uint16_t* q, uint8_t* out,
+                              size_t stride) {
+    int32_t dc = (int32_t)in[0] * q[0];
+    uint32_t over = 0;
+    uint8_t px;
+    int k;
+    if ((uint32_t)(dc + 4095) > 8190u) return 1;     /* dc * 2^PASS1_BITS > 16383 */
+    px = px_out(PX_ROUND(dc * (1 << PX_P1), PX_P1 + 3), &over);
+    for (k = 0; k < 8; k++) memset(out + k * stride, px, 8);
+    return over != 0;
+}
+
 static int px_idct_islow(const int16_t* in, const uint16_t* q, uint8_t* out, size_t stride) {
     int32_t v[64], ws[64], o[8];
     uint32_t over = 0;
     int i, k;
-    if (!px_has_ac(in)) {
-        /* DC only: every output is the same (the full computation gives it too). */
-        int32_t dc = (int32_t)in[0] * q[0];
-        uint8_t px;
-        if ((uint32_t)(dc + 4095) > 8190u) return 1;     /* dc * 2^PASS1_BITS > 16383 */
-        px = px_out(PX_ROUND(dc * (1 << PX_P1), PX_P1 + 3), &over);
-        for (k = 0; k < 8; k++) memset(out + k * stride, px, 8);
-        return over != 0;
-    }
+    if (!px_has_ac(in)) return px_islow_dc(in, q, out, stride);
     if (px_dequantize(in, q, v)) return 1;
     /* Columns, all eight alike (no zero-column shortcut: the loop vectorizes over them). */
     for (i = 0; i < 8; i++) {
@@ -371,7 +402,19 @@ typedef struct {
     int up[HP_MAX_COMPS];       /* PX_UP_* */
     int ifast;                  /* 8x8 IDCTs are the fast one (fast mode) */
     int32_t mq[HP_MAX_COMPS][64];   /* its prescaled quantizers */
+    int simd;                   /* px_kern level: px_simd_default (tests pick others) */
 } px_plan;
+
+/* The fast IDCT's multipliers for quantizers q: libjpeg-turbo's 16-bit tables, round(q * aan
+ * / 2^12). Nonzero when one exceeds 32767 (libjpeg-turbo's SIMD cannot hold it). */
+static int px_ifast_multipliers(const uint16_t* q, int32_t* mq) {
+    int k;
+    for (k = 0; k < 64; k++) {
+        mq[k] = (int32_t)(((int64_t)q[k] * px_aan[k] + 2048) >> 12);
+        if (mq[k] > 32767) return 1;
+    }
+    return 0;
+}
 
 /* How libjpeg-turbo decodes this frame at DCT scale scale/8 (its jpeg_calc_output_dimensions
  * and jinit_upsampler): a component's IDCT is enlarged (up to 8x8) while that keeps its
@@ -385,6 +428,7 @@ static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                         px_plan* p) {
     int ci, fancy = !fast && scale > 1;
     p->ifast = fast;
+    p->simd = px_simd_default;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) return HP_ESIZE;
     p->scale = scale;
     p->colour = hp_colour_space(h);
@@ -403,14 +447,8 @@ static int px_make_plan(const hp_header* h, int scale, int fast, int fancy_h1v2,
                && (h->vmax * scale) % (c->v * s * 2) == 0)
             s *= 2;
         p->ds[ci] = s;
-        if (fast && s == 8) {
-            /* libjpeg-turbo's 16-bit multiplier tables: round(q * aan / 2^12) */
-            for (k = 0; k < 64; k++) {
-                int32_t m = (int32_t)(((int64_t)h->qt[c->tq][k] * px_aan[k] + 2048) >> 12);
-                if (m > 32767) return PX_FALLBACK;
-                p->mq[ci][k] = m;
-            }
-        }
+        if (fast && s == 8 && px_ifast_multipliers(h->qt[c->tq], p->mq[ci]))
+            return PX_FALLBACK;
         hin = c->h * s / scale;
         vin = c->v * s / scale;
         if (h->hmax % hin || h->vmax % vin) return PX_FALLBACK;
@@ -485,75 +523,112 @@ static void px_make_rect(const hp_header* h, const px_plan* p, int top, int left
     r->plane_bytes = plane;
 }
 
-/* Triangle filter by 2 along a row: output x (x0 <= x < x0 + n) from e[j], the value at
- * sample x / 2 = c0 + j - 1, and its neighbour on x's side (e holds c0 - 1 ... the last
- * sample needed + 1, edge values repeated at image edges). */
-static inline void px_h2_filter(const int16_t* e, int x0, int n, int b_even, int b_odd,
-                                int shift, uint8_t* dst) {
-    int i = 0, j = 1, k;
-    if (x0 & 1) {                       /* an odd first output: the right half of a pair */
-        dst[i++] = (uint8_t)((3 * e[1] + e[2] + b_odd) >> shift);
-        j = 2;
+/* --- kernels per instruction set ----------------------------------------------------------
+ * px_kern[level]: 0 the scalar reference (the IDCTs above, table colour conversion), 1 the
+ * build's baseline SIMD (SSE2 on x86-64, NEON on aarch64), 2 AVX2 (x86-64, when the CPU has
+ * it). px_make_plan picks px_simd_default (the fastest level this CPU runs); tests pick
+ * each. The upsampling of levels 0 and 1 is the same code. */
+
+typedef int32_t px_i32x8 __attribute__((vector_size(32)));
+typedef uint32_t px_u32x8 __attribute__((vector_size(32)));
+typedef int32_t px_i32x4 __attribute__((vector_size(16)));
+typedef int16_t px_i16x8 __attribute__((vector_size(16)));
+typedef uint16_t px_u16x8 __attribute__((vector_size(16)));
+typedef uint8_t px_u8x8 __attribute__((vector_size(8)));
+
+/* 32-byte vectors in functions built for 16-byte registers: passed in memory, never across
+ * an interface between instances (all helpers are inlined). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#define PXV(name) name##_base
+#include "_pxsimd.h"
+#undef PXV
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PX_HAVE_AVX2 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define PXV(name) name##_avx2
+#include "_pxsimd.h"
+#undef PXV
+#pragma GCC pop_options
+#else
+#define PX_HAVE_AVX2 0
+#endif
+
+#pragma GCC diagnostic pop
+
+/* YCbCr -> RGB through the tables (the reference of px_rgb_row's arithmetic). */
+static void px_rgb_row_ref(int colour, const uint8_t* const* c, uint8_t* o, int n) {
+    const uint8_t* px_limit = px_limit_tab + 384;
+    int x;
+    if (colour != HP_YCC) {
+        px_rgb_row_base(colour, c, o, n);
+        return;
     }
-    for (k = 0; i + 1 < n; i += 2, k++) {
-        const int here = 3 * e[j + k];
-        dst[i] = (uint8_t)((here + e[j + k - 1] + b_even) >> shift);
-        dst[i + 1] = (uint8_t)((here + e[j + k + 1] + b_odd) >> shift);
+    for (x = 0; x < n; x++) {
+        int yy = c[0][x], cb = c[1][x], cr = c[2][x];
+        /* y + any table entry lies in [-227, 482]: one lookup clamps it */
+        o[3 * x] = px_limit[yy + px_cr_r[cr]];
+        o[3 * x + 1] = px_limit[yy + ((px_cb_g[cb] + px_cr_g[cr]) >> PX_SCALEBITS)];
+        o[3 * x + 2] = px_limit[yy + px_cb_b[cb]];
     }
-    if (i < n) dst[i] = (uint8_t)((3 * e[j + k] + e[j + k - 1] + b_even) >> shift);
 }
 
-/* Component ci's samples of output row y, columns [x0, x0 + n), upsampled as libjpeg-turbo
- * upsamples them, into dst (n bytes), or a pointer into the plane when no upsampling is
- * needed. tmp: n / 2 + 3 int16 values. Samples outside the image are the edge samples
- * repeated (the filter's taps at image edges), which gives libjpeg-turbo's special-cased
- * edge outputs. */
-static const uint8_t* px_upsample_row(const px_plan* p, const px_rect* r, int ci,
-                                      const uint8_t* plane, int y, int x0, int n,
-                                      uint8_t* dst, int16_t* tmp) {
-    const int pw = r->pw[ci], sx0 = r->sx0[ci], sy0 = r->sy0[ci];
-    const int dw = p->dw[ci], dh = p->dh[ci];
-    const int c0 = x0 >> 1, c1 = (x0 + n - 1) >> 1, m = c1 - c0 + 1;
-    int i;
-    switch (p->up[ci]) {
-    case PX_UP_FULL:
-        return plane + (size_t)(y - sy0) * pw + (x0 - sx0);
-    case PX_UP_PLAIN: {
-        const int hr = p->hr[ci];
-        const uint8_t* row = plane + (size_t)(y / p->vr[ci] - sy0) * pw - sx0;
-        if (hr == 2) for (i = 0; i < n; i++) dst[i] = row[(x0 + i) >> 1];
-        else for (i = 0; i < n; i++) dst[i] = row[(x0 + i) / hr];
-        return dst;
-    }
-    case PX_UP_H2V1: {
-        const uint8_t* row = plane + (size_t)(y - sy0) * pw - sx0;
-        for (i = 0; i < m; i++) tmp[i + 1] = row[c0 + i];
-        tmp[0] = row[c0 > 0 ? c0 - 1 : 0];
-        tmp[m + 1] = row[c1 + 1 < dw ? c1 + 1 : dw - 1];
-        px_h2_filter(tmp, x0, n, 1, 2, 2, dst);
-        return dst;
-    }
-    case PX_UP_H1V2: {
-        int s = y >> 1, odd = y & 1, bias = 1 + odd;
-        int f = odd ? (s + 1 < dh ? s + 1 : dh - 1) : (s > 0 ? s - 1 : 0);
-        const uint8_t* near = plane + (size_t)(s - sy0) * pw + (x0 - sx0);
-        const uint8_t* far = plane + (size_t)(f - sy0) * pw + (x0 - sx0);
-        for (i = 0; i < n; i++) dst[i] = (uint8_t)((3 * near[i] + far[i] + bias) >> 2);
-        return dst;
-    }
-    default: {          /* PX_UP_H2V2: vertical sums first, then the filter along them */
-        int s = y >> 1, odd = y & 1, lo, hi;
-        int f = odd ? (s + 1 < dh ? s + 1 : dh - 1) : (s > 0 ? s - 1 : 0);
-        const uint8_t* near = plane + (size_t)(s - sy0) * pw - sx0;
-        const uint8_t* far = plane + (size_t)(f - sy0) * pw - sx0;
-        lo = c0 > 0 ? c0 - 1 : 0;
-        hi = c1 + 1 < dw ? c1 + 1 : dw - 1;
-        for (i = lo; i <= hi; i++) tmp[i - c0 + 1] = (int16_t)(3 * near[i] + far[i]);
-        if (c0 == 0) tmp[0] = tmp[1];
-        if (c1 + 1 >= dw) tmp[m + 1] = tmp[m];
-        px_h2_filter(tmp, x0, n, 8, 7, 4, dst);
-        return dst;
-    }
+typedef struct {
+    int (*islow)(const int16_t*, const uint16_t*, uint8_t*, size_t);
+    int (*ifast)(const int16_t*, const int32_t*, uint8_t*, size_t);
+    int (*idct4)(const int16_t*, const uint16_t*, uint8_t*, size_t);
+    int (*idct2)(const int16_t*, const uint16_t*, uint8_t*, size_t);
+    const uint8_t* (*upsample_row)(const px_plan*, const px_rect*, int, const uint8_t*, int,
+                                   int, int, uint8_t*, int16_t*);
+    void (*rgb_row)(int, const uint8_t* const*, uint8_t*, int);
+} px_kernels;
+
+enum { PX_SIMD_LEVELS = 3 };
+
+static const px_kernels px_kern[PX_SIMD_LEVELS] = {
+    {px_idct_islow, px_idct_ifast, px_idct_4x4, px_idct_2x2, px_upsample_row_base,
+     px_rgb_row_ref},
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
+#if PX_HAVE_AVX2
+    {px_idct_islow_avx2, px_idct_ifast_avx2, px_idct_4x4_avx2, px_idct_2x2_avx2,
+     px_upsample_row_avx2, px_rgb_row_avx2},
+#else
+    {px_idct_islow_base, px_idct_ifast_base, px_idct_4x4_base, px_idct_2x2_base,
+     px_upsample_row_base, px_rgb_row_base},
+#endif
+};
+
+static void px_init_simd(void) {
+#if PX_HAVE_AVX2
+    __builtin_cpu_init();
+    px_simd_max = __builtin_cpu_supports("avx2") ? 2 : 1;
+    /* SSE2 has no 32-bit multiply: there the int32 lanes of level 1 cost more than the
+     * scalar reference (measured: docs/design/entropy.md), so without AVX2 x86 runs level 0. */
+    px_simd_default = px_simd_max == 2 ? 2 : 0;
+#elif defined(__x86_64__)
+    px_simd_max = 1;
+    px_simd_default = 0;
+#else
+    px_simd_max = px_simd_default = 1;
+#endif
+}
+
+/* One block's IDCT with the kernels of level simd (px_kern; tests compare the levels): size
+ * 8 the accurate one, or with mq (px_ifast_multipliers) the fast one; 4, 2, 1 the reduced
+ * ones. Returns what the IDCT returns (nonzero: the region decode would answer
+ * PX_FALLBACK, and out holds nothing that counts). */
+static int px_idct_block(int simd, int size, const int16_t* in, const uint16_t* q,
+                         const int32_t* mq, uint8_t* out, size_t stride) {
+    const px_kernels* k = &px_kern[simd];
+    switch (size) {
+    case 8: return mq ? k->ifast(in, mq, out, stride) : k->islow(in, q, out, stride);
+    case 4: return k->idct4(in, q, out, stride);
+    case 2: return k->idct2(in, q, out, stride);
+    default: return px_idct_1x1(in, q, out, stride);
     }
 }
 
@@ -567,10 +642,10 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
                          const uint8_t* data, const size_t* starts, const size_t* ends,
                          int top, int left, int height, int width, uint8_t* coef,
                          uint8_t* planes, uint8_t* rows, uint8_t* out, size_t out_stride) {
+    const px_kernels* k = &px_kern[p->simd];
     int16_t* blocks[HP_MAX_COMPS];
     int16_t* tmp = (int16_t*)(rows + 3 * (size_t)width + (width & 1));
-    const uint8_t* px_limit = px_limit_tab + 384;
-    int ci, y, x, rc;
+    int ci, y, rc;
     for (ci = 0; ci < h->ncomp; ci++) blocks[ci] = (int16_t*)(coef + r->coef_off[ci]);
     rc = hp_decode_rect(h, data, starts, ends, r->r0, r->r1, r->c0, r->c1, blocks);
     if (rc != HP_OK) return rc;
@@ -582,37 +657,22 @@ static int px_decode_box(const hp_header* h, const px_plan* p, const px_rect* r,
         uint8_t* plane = planes + r->plane_off[ci];
         const int16_t* b = blocks[ci];
         int over = 0, by, bx;
-        idct = ds == 8 ? px_idct_islow : ds == 4 ? px_idct_4x4 : ds == 2 ? px_idct_2x2
+        idct = ds == 8 ? k->islow : ds == 4 ? k->idct4 : ds == 2 ? k->idct2
                                                                 : px_idct_1x1;
         for (by = 0; by < bh; by++)
             for (bx = 0; bx < bw; bx++, b += 64) {
                 uint8_t* at = plane + (size_t)by * ds * pw + (size_t)bx * ds;
-                over |= ds == 8 && p->ifast ? px_idct_ifast(b, p->mq[ci], at, (size_t)pw)
+                over |= ds == 8 && p->ifast ? k->ifast(b, p->mq[ci], at, (size_t)pw)
                                             : idct(b, q, at, (size_t)pw);
             }
         if (over) return PX_FALLBACK;
     }
     for (y = 0; y < height; y++) {
         const uint8_t* c[3];
-        uint8_t* o = out + (size_t)y * out_stride;
         for (ci = 0; ci < h->ncomp; ci++)
-            c[ci] = px_upsample_row(p, r, ci, planes + r->plane_off[ci], top + y, left, width,
+            c[ci] = k->upsample_row(p, r, ci, planes + r->plane_off[ci], top + y, left, width,
                                     rows + (size_t)ci * width, tmp);
-        if (p->colour == HP_GREY) {
-            for (x = 0; x < width; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = c[0][x];
-        } else if (p->colour == HP_RGB) {
-            for (x = 0; x < width; x++) {
-                o[3 * x] = c[0][x]; o[3 * x + 1] = c[1][x]; o[3 * x + 2] = c[2][x];
-            }
-        } else {
-            for (x = 0; x < width; x++) {
-                int yy = c[0][x], cb = c[1][x], cr = c[2][x];
-                /* y + any table entry lies in [-227, 482]: one lookup clamps it */
-                o[3 * x] = px_limit[yy + px_cr_r[cr]];
-                o[3 * x + 1] = px_limit[yy + ((px_cb_g[cb] + px_cr_g[cr]) >> PX_SCALEBITS)];
-                o[3 * x + 2] = px_limit[yy + px_cb_b[cb]];
-            }
-        }
+        k->rgb_row(p->colour, c, out + (size_t)y * out_stride, width);
     }
     return PX_OK;
 }

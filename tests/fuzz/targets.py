@@ -417,6 +417,16 @@ def entropy(data):
     if whole is not None and part is not None:
         for p_, w, (h, v) in zip(part, whole, factors):
             assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
+    # Intervals decoded interleaved: the same outcome as one stream at a time.
+    lanes = 1 + (a ^ d) % 8
+    try:
+        inter = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS,
+                                           lanes=lanes)
+    except EXPECTED:
+        inter = None
+    assert (inter is None) == (part is None), lanes
+    if part is not None:
+        assert all(np.array_equal(x, y) for x, y in zip(inter, part)), lanes
     _indexed(img, a, b, c, _own_box(img, hdr, a, b, c, d))
 
 
