@@ -109,7 +109,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     r = run("info", "--data", out, "--json", "--verify", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     packed = json.loads(r.stdout)["dataset"]
-    assert packed["format"] == "dpu_pipe packed v2" and packed["bad_shards"] == {}
+    assert packed["format"] == "dpu_pipe packed v3" and packed["bad_shards"] == {}
     keys = ("count", "total_bytes", "classes", "num_labels", "label_range")
     assert {k: packed[k] for k in keys} == {k: folder[k] for k in keys}
     assert (packed["original_bytes"], packed["transcoded"], packed["size_growth"]) == \
@@ -121,7 +121,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     r = run("info", "--data", flip, "--verify", "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     shard = json.loads(r.stdout)["dataset"]
-    assert shard["format"] == "dpu_pipe packed v2 shard" and shard["count"] == 5
+    assert shard["format"] == "dpu_pipe packed v3 shard" and shard["count"] == 5
     assert "1 of 5 records fail their CRC check" in shard["bad_shards"]["0"]
     r = run("info", out, cwd=tmp_path)  # human-readable form
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""The packed dataset format, version 2: every on-disk structure, and the checks that parse it.
+"""The packed dataset format, version 3: every on-disk structure, and the checks that parse it.
 
 A packed dataset is a directory::
 
@@ -30,19 +30,34 @@ Shard (``shard-NNNNNN.dpks``)::
     index_offset     48 × count         RECORD entries, one per record, in record order
     blocks_offset    4 × nblocks        CRC of each index block (see below)
     paths_offset     paths_size         UTF-8 relative paths, concatenated
+    intervals_offset intervals_size     restart-interval index (version 3, 8-aligned): <u8
+                                        end of each record's entry × count, then the entries
     file_size                           end of file
 
 An index block is ``block_records`` consecutive RECORD entries (the last block may be
 shorter); its CRC covers the entries' bytes followed by the bytes of their paths (record j's
-path is ``paths[path_end[j-1]:path_end[j]]``, ``path_end[-1]`` taken as 0). A reader loads and
-checks one block when it first needs a record of it, so opening a dataset of a billion records
-reads its manifest header and shard table only.
+path is ``paths[path_end[j-1]:path_end[j]]``, ``path_end[-1]`` taken as 0) and, in version 3,
+by the block's interval ends and their entries' bytes. A reader loads and checks one block
+when it first needs a record of it, so opening a dataset of a billion records reads its
+manifest header and shard table only.
+
+The restart-interval index (version 3) spares a region decoder the marker scan: record j's
+entry is ``entries[ends[j-1]:ends[j]]`` (``ends[-1]`` taken as 0), empty for a record without
+restart markers (or any record this decoder does not take), else ``intervals + 1`` unsigned
+LEB128 varints: the record offset of interval 0's first entropy-coded byte (the scan's
+start), each further interval's start minus the previous one's, then the end of the last
+interval (the marker after it) minus its start (:func:`encode_intervals`). The entries are
+untrusted like everything else: :func:`check_interval_ends` bounds them here, and the decoder
+(``dpu_pipe._huffman.interval_offsets`` / ``hp_index_intervals``) checks their values against
+the record's header and markers before it reads at any offset.
 
 Records are the sample's encoded bytes: a JPEG (transcoded losslessly to baseline with restart
 markers when ``flags & TRANSCODED``, its original size in ``orig_length``) or whatever the
 source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` marks a record
 whose header its decoder could not read when it was packed; its bytes are kept, so a loader
-reports it as it would the original file.
+reports it as it would the original file. ``flags & RESIZED`` (version 3) marks a JPEG that
+``max_side`` downscaled and re-encoded when it was packed (lossy; ``orig_length`` is still the
+source's size).
 
 The manifest's JSON object (``classes``, ``data_bytes``, ``orig_bytes``, ``formats``,
 ``unreadable``, ``label_range`` and ``num_labels`` are required, checked when the manifest
@@ -51,10 +66,16 @@ spec of the packed source), ``shard_size`` (the target in bytes), ``transcode`` 
 ``{"restart_interval", "optimize"}``), ``formats`` ({name: record count}), ``unreadable``
 (record count) and ``unreadable_examples`` (up to 20 of their paths), ``data_bytes`` and
 ``orig_bytes`` (sums of the record sizes as stored and as read from the source),
-``label_range`` ([min, max]) and ``num_labels`` (distinct labels).
+``label_range`` ([min, max]) and ``num_labels`` (distinct labels), ``interval_bytes`` (the
+shards' restart-interval indexes, ends table included; version 3).
+
+``max_side`` (null, or ``{"max_side", "resized", "quality", "resampler"}``: ``dpu-pipe pack
+--max-side``, which re-encoded every JPEG whose longer side exceeded it) is optional.
 
 Versions: 1 was a single file of records plus one index (dpu_pipe 0.1, magic ``DPUPACK\\0``,
-the manifest's magic). This module reads version 2 only and names any other version it meets.
+the manifest's magic); 2 is version 3 without the restart-interval index (its header's
+``intervals_offset``/``intervals_size`` are zero, the paths end the file). This module reads
+versions 2 and 3, writes 3, and names any other version it meets.
 
 The functions here are pure (bytes or arrays in, values or :class:`ConfigError` out) so that a
 fuzz harness can drive them directly: :func:`parse_manifest` and :func:`parse_shard` take a
@@ -69,14 +90,17 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
-    "VERSION", "MAGIC", "SHARD_MAGIC", "HEADER_SIZE", "MANIFEST_NAME", "DEFAULT_ALIGNMENT",
+    "VERSION", "READ_VERSIONS", "MAGIC", "SHARD_MAGIC", "HEADER_SIZE", "MANIFEST_NAME", "DEFAULT_ALIGNMENT",
     "DEFAULT_BLOCK_RECORDS", "MANIFEST_HEADER", "SHARD_HEADER", "SHARD_ENTRY", "RECORD",
-    "TRANSCODED", "UNREADABLE", "FORMATS", "shard_name", "detect_format", "encode_header",
+    "TRANSCODED", "UNREADABLE", "RESIZED", "FORMATS", "shard_name", "detect_format", "encode_header",
     "parse_prefix", "parse_manifest_header", "parse_shard_header", "check_shard_table",
-    "check_records", "block_crc", "parse_manifest", "parse_shard",
+    "check_records", "check_interval_ends", "encode_intervals", "block_crc", "parse_manifest",
+    "parse_shard",
 ]
 
-VERSION = 2
+VERSION = 3
+#: Versions this module reads: 2 has no restart-interval index.
+READ_VERSIONS = (2, 3)
 MAGIC = b"DPUPACK\0"
 SHARD_MAGIC = b"DPUSHRD\0"
 HEADER_SIZE = 128
@@ -130,7 +154,8 @@ SHARD_HEADER = np.dtype([
     ("block_records", "<u4"),
     ("alignment", "<u4"),
     ("blocks_crc32", "<u4"),     # of the block CRC table
-    ("reserved", "V16"),
+    ("intervals_offset", "<u8"), # version 3 (0 in version 2)
+    ("intervals_size", "<u8"),
     ("header_crc32", "<u4"),     # of bytes 0..123
 ])
 
@@ -153,7 +178,8 @@ for _dt, _size in ((MANIFEST_HEADER, HEADER_SIZE), (SHARD_HEADER, HEADER_SIZE),
 #: RECORD flags.
 TRANSCODED = 1
 UNREADABLE = 2
-_KNOWN_FLAGS = TRANSCODED | UNREADABLE
+RESIZED = 4          # downscaled at pack time (``max_side``): not the source's pixels
+_KNOWN_FLAGS = TRANSCODED | UNREADABLE | RESIZED
 
 #: RECORD format codes, by what a record's first bytes say.
 FORMATS = ("unknown", "jpeg", "png", "gif", "webp", "bmp", "tiff")
@@ -213,15 +239,19 @@ def parse_prefix(raw, where):
 
 
 def _check_version(version, where):
-    if version == VERSION:
+    if version in READ_VERSIONS:
         return
     if version == 1:
         raise ConfigError(f"{where}: packed format version 1 (a single-file packed dataset of "
-                          f"dpu_pipe 0.1) is not supported; this dpu_pipe reads version "
-                          f"{VERSION}: pack the original images again with `dpu-pipe pack`")
+                          f"dpu_pipe 0.1) is not supported; this dpu_pipe reads versions "
+                          f"{_versions()}: pack the original images again with `dpu-pipe pack`")
     newer = " (written by a newer dpu_pipe; upgrade to read it)" if version > VERSION else ""
     raise ConfigError(f"{where}: packed format version {version} is not supported, this "
-                      f"dpu_pipe reads version {VERSION}{newer}")
+                      f"dpu_pipe reads versions {_versions()}{newer}")
+
+
+def _versions():
+    return " and ".join(map(str, READ_VERSIONS))
 
 
 def _parse_header(raw, dtype, magic, file_size, where):
@@ -299,20 +329,67 @@ def parse_shard_header(raw, file_size, where):
     if n == 0 or n > 2**48 or b < 1:
         raise ConfigError(f"{where}: invalid record count {n} or block size {b}")
     nblocks = -(-n // b)
+    io, isz = h["intervals_offset"], h["intervals_size"]
+    if h["version"] >= 3:
+        paths_end = io - _pad(h["paths_offset"] + h["paths_size"], 8)
+        intervals_ok = io % 8 == 0 and isz >= 8 * n and io + isz == file_size
+    else:
+        paths_end, intervals_ok = file_size, io == 0 and isz == 0
     if (h["index_offset"] % 8
             or not _inside(h["data_offset"], h["data_size"], h["index_offset"])
             or not _inside(h["index_offset"], RECORD.itemsize * n, h["blocks_offset"])
             or not _inside(h["blocks_offset"], 4 * nblocks, h["paths_offset"])
             or h["blocks_offset"] + 4 * nblocks != h["paths_offset"]
-            or h["paths_offset"] + h["paths_size"] != file_size):
+            or h["paths_offset"] + h["paths_size"] != paths_end
+            or not intervals_ok):
         raise ConfigError(f"{where}: inconsistent part sizes in the shard header")
     h["nblocks"] = nblocks
     return h
 
 
-def block_crc(entries_bytes, paths_bytes):
-    """CRC of an index block: its RECORD entries' bytes, then its paths' bytes."""
-    return zlib.crc32(paths_bytes, zlib.crc32(entries_bytes))
+def encode_intervals(offsets):
+    """A record's restart-interval index entry (bytes) from its offsets: ``intervals + 1``
+    byte offsets from the record's start (each interval's first entropy-coded byte, then the
+    end of the last interval; uint32, increasing), as ``dpu_pipe._huffman.find_intervals``
+    gives them. ``b""`` for None. Costs about one byte per interval of up to 127 bytes, two
+    up to 16 KiB."""
+    if offsets is None:
+        return b""
+    v = np.diff(np.asarray(offsets, dtype=np.int64), prepend=0)
+    if len(v) < 2 or v.min() < 0 or v.max() >= 2**32:
+        raise ValueError("interval offsets must be at least two increasing uint32 values")
+    v = v.astype(np.uint64)
+    nbytes = 1 + sum((v >= np.uint64(1 << (7 * k))).astype(np.int64) for k in range(1, 5))
+    out = np.empty(int(nbytes.sum()), np.uint8)
+    pos = np.cumsum(nbytes) - nbytes
+    for k in range(5):
+        m = nbytes > k
+        low7 = (v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        out[pos[m] + k] = low7.astype(np.uint8) | ((nbytes[m] > k + 1) << 7).astype(np.uint8)
+    return out.tobytes()
+
+
+def check_interval_ends(ends, *, lo, entries_size, first, where):
+    """The interval index ends of one index block (``<u8`` array; record ``first`` of its
+    shard first) grow from ``lo`` to at most ``entries_size`` bytes. ConfigError names the
+    first record that fails."""
+    ends = np.asarray(ends).astype(np.uint64)
+    prev = np.concatenate(([np.uint64(lo)], ends[:-1]))
+    bad = (ends < prev) | (ends > np.uint64(entries_size))
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise ConfigError(f"{where}: interval index entry of record {first + j} is invalid "
+                          f"(end {int(ends[j])}, previous end {int(prev[j])}, "
+                          f"{entries_size} entry bytes)")
+
+
+def block_crc(entries_bytes, paths_bytes, intervals=()):
+    """CRC of an index block: its RECORD entries' bytes, then its paths' bytes, then (version
+    3) ``intervals``: the bytes of the block's interval index ends and of their entries."""
+    crc = zlib.crc32(paths_bytes, zlib.crc32(entries_bytes))
+    for part in intervals:
+        crc = zlib.crc32(part, crc)
+    return crc
 
 
 def check_records(records, *, data_lo, data_hi, path_lo, paths_size, first, where):
@@ -393,6 +470,26 @@ _META_REQUIRED = {
 }
 
 
+def interval_parts(buf, h):
+    """``(ends <u8[count], entries bytes-like)`` of a version-3 shard's interval index in
+    ``buf`` (its whole file, or a mapping of it) given its parsed header; ``(None, None)`` for
+    version 2."""
+    if h["version"] < 3:
+        return None, None
+    n, io = h["count"], h["intervals_offset"]
+    ends = np.frombuffer(buf, "<u8", count=n, offset=io)
+    return ends, memoryview(buf)[io + 8 * n:io + h["intervals_size"]]
+
+
+def block_interval_parts(ends, entries, first, count, where):
+    """The two byte strings the CRC of the index block of records ``first`` ..
+    ``first + count - 1`` covers in a version-3 shard, after checking their bounds."""
+    lo = int(ends[first - 1]) if first else 0
+    block = ends[first:first + count]
+    check_interval_ends(block, lo=lo, entries_size=len(entries), first=first, where=where)
+    return block.tobytes(), entries[lo:int(block[-1])]
+
+
 def parse_shard(buf, where="shard"):
     """Parse and validate a whole shard held in ``buf`` (bytes-like): header, block CRC
     table, every index block and its paths (record bytes are not CRC-checked).
@@ -407,6 +504,7 @@ def parse_shard(buf, where="shard"):
         raise ConfigError(f"{where}: block CRC table corrupted (CRC mismatch)")
     records = np.frombuffer(buf, RECORD, count=h["count"], offset=h["index_offset"])
     paths = buf[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
+    ends, entries = interval_parts(buf, h)
     data_lo, data_hi = h["data_offset"], h["data_offset"] + h["data_size"]
     path_lo = 0
     b = h["block_records"]
@@ -415,7 +513,10 @@ def parse_shard(buf, where="shard"):
         check_records(block, data_lo=data_lo, data_hi=data_hi, path_lo=path_lo,
                       paths_size=h["paths_size"], first=k * b, where=where)
         path_hi = int(block["path_end"][-1])
-        if block_crc(block, paths[path_lo:path_hi]) != int(blocks[k]):
+        parts = ()
+        if ends is not None:
+            parts = block_interval_parts(ends, entries, k * b, len(block), where)
+        if block_crc(block, paths[path_lo:path_hi], parts) != int(blocks[k]):
             raise ConfigError(f"{where}: index block {k} (records {k * b}.."
                               f"{k * b + len(block) - 1}) corrupted (CRC mismatch)")
         path_lo = path_hi

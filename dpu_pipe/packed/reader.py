@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from .. import _jpeg
+from .. import _huffman, _jpeg
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
@@ -108,6 +108,7 @@ class PackedShard:
         self.records = np.frombuffer(self._mm, fmt.RECORD, count=h["count"],
                                      offset=h["index_offset"])
         self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
+        self._interval_ends, self._interval_entries = fmt.interval_parts(self._mm, h)
         self._labels = labels
         # Which index blocks passed check_block; a reader that reopens the same shard (same
         # header CRC, so the same CRC-covered index) passes the array back in.
@@ -154,7 +155,11 @@ class PackedShard:
                           data_hi=h["data_offset"] + h["data_size"], path_lo=path_lo,
                           paths_size=h["paths_size"], first=k * b, where=where)
         path_hi = int(block["path_end"][-1])
-        if path_lo > path_hi or fmt.block_crc(block, self._paths[path_lo:path_hi]) \
+        parts = ()
+        if self._interval_ends is not None:
+            parts = fmt.block_interval_parts(self._interval_ends, self._interval_entries,
+                                             k * b, len(block), where)
+        if path_lo > path_hi or fmt.block_crc(block, self._paths[path_lo:path_hi], parts) \
                 != int(self._blocks[k]):
             raise ConfigError(f"{where}: index block {k} (records {k * b}.."
                               f"{k * b + len(block) - 1}) corrupted (CRC mismatch)")
@@ -173,6 +178,21 @@ class PackedShard:
         r = self.records[j]
         start = int(r["offset"])
         return memoryview(self._mm)[start:start + int(r["length"])]
+
+    @property
+    def has_intervals(self):
+        """True when the shard has a restart-interval index (format version 3)."""
+        return self._interval_ends is not None
+
+    def interval_entry(self, j):
+        """Record ``j``'s restart-interval index entry (a read-only memoryview of the mapping,
+        empty for a record without one; index checked), or None when the shard has no index
+        (format version 2)."""
+        self.check_block(j // self.header["block_records"])
+        if self._interval_ends is None:
+            return None
+        lo = int(self._interval_ends[j - 1]) if j else 0
+        return self._interval_entries[lo:int(self._interval_ends[j])]
 
     def relpath(self, j):
         self.check_block(j // self.header["block_records"])
@@ -216,6 +236,7 @@ class PackedShard:
 
     def close(self):
         self._mm = self.records = self._blocks = self._paths = self._view = None
+        self._interval_ends = self._interval_entries = None
 
 
 class PackedDataset:
@@ -365,6 +386,30 @@ class PackedDataset:
     def relpath(self, i):
         sh, j = self._locate(i)
         return sh.relpath(j)
+
+    def interval_entry(self, i):
+        """Record ``i``'s restart-interval index entry as stored (read-only memoryview; see
+        :mod:`dpu_pipe.packed.format`), the form the region decoder takes
+        (``dpu_pipe._huffman.decode_box(..., intervals=entry)``, or ``hp_index_intervals`` in
+        C): None when the record has none (a version-2 shard, or a record without restart
+        markers), so the decoder scans for its markers as for any file."""
+        sh, j = self._locate(i)
+        entry = sh.interval_entry(j)
+        return entry if entry is not None and len(entry) else None
+
+    def intervals(self, i):
+        """Record ``i``'s restart-interval offsets: ``uint32`` array of ``intervals + 1``
+        byte offsets from the record's start (each interval's first entropy-coded byte, then
+        the end of the last one), validated against the record's header and markers; None
+        when the record has no index entry. An entry that does not match its record raises
+        :class:`DecodeError` naming the record."""
+        entry = self.interval_entry(i)
+        if entry is None:
+            return None
+        try:
+            return _huffman.interval_offsets(self.record(i), entry)
+        except DecodeError as exc:
+            raise DecodeError(str(exc), index=i, path=self.describe(i)) from None
 
     def describe(self, i):
         self._check_index(i)

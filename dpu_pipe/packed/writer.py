@@ -6,6 +6,7 @@ The writer sits above :mod:`dpu_pipe.sources` (it reads any source and returns a
 """
 
 import concurrent.futures
+import io
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .. import jpeg
+from .. import _huffman, _validate, jpeg
 from ..errors import ConfigError, DecodeError, DpuPipeError
 from ..sources import PackedSource, open_path
 from . import format as fmt
@@ -67,25 +68,79 @@ def _transcoder(restart_interval):
     return apply
 
 
-def _prepare(data, transform):
-    """``(bytes to store, flags, format code)`` of one source record."""
+#: JPEG quality of the records ``max_side`` re-encodes (FFCV's default for its JPEGs too).
+RESIZE_QUALITY = 90
+
+
+def _downscaler(max_side):
+    """The per-record transform of ``pack(max_side=N)``: (JPEG bytes, width, height) -> JPEG
+    bytes whose longer side is N, or None when the image already fits. Pillow does it: an
+    antialiased Lanczos resize (its filter support widens with the reduction, as the
+    project's own resize kernel's does) and a JPEG encoder, which the decoding kernels do not
+    have and do not need; packing is not a hot path."""
+    if max_side is None:
+        return None
+    max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
+    try:
+        from PIL import Image, JpegImagePlugin
+    except ImportError:
+        raise ConfigError("max_side needs Pillow to resize and re-encode JPEGs: pip install "
+                          "pillow (or dpu_pipe[tools])") from None
+
+    def apply(data, width, height):
+        if max(width, height) <= max_side:
+            return None
+        scale = max_side / max(width, height)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        with Image.open(io.BytesIO(data)) as im:
+            sampling = JpegImagePlugin.get_sampling(im)
+            icc = im.info.get("icc_profile")
+            im = im.convert("L" if im.mode in ("L", "1") else "RGB")
+        small = im.resize(size, Image.Resampling.LANCZOS)
+        out = io.BytesIO()
+        small.save(out, "JPEG", quality=RESIZE_QUALITY,
+                   subsampling=sampling if sampling >= 0 else 2, icc_profile=icc)
+        return out.getvalue()
+    apply.max_side = max_side
+    return apply
+
+
+def _prepare(data, transform, downscale=None):
+    """``(bytes to store, flags, format code, restart-interval index entry)`` of one source
+    record."""
     code = fmt.detect_format(data)
     flags = 0
     if code == 1:
         try:
-            jpeg.read_header(data)
+            hdr = jpeg.read_header(data)
         except DecodeError:
-            return data, fmt.UNREADABLE, code
+            return data, fmt.UNREADABLE, code, b""
+        if downscale is not None:
+            try:
+                small = downscale(data, hdr.width, hdr.height)
+            except (OSError, ValueError):  # Pillow cannot read what libjpeg's header did
+                return data, fmt.UNREADABLE, code, b""
+            if small is not None:
+                data, flags = small, fmt.RESIZED
         if transform is not None:
             try:
                 out = transform(data)
             except DecodeError:  # the header reads, the coefficients do not
-                return data, fmt.UNREADABLE, code
+                return data, fmt.UNREADABLE, code, b""
             if out is not None:
-                return out, fmt.TRANSCODED, code
+                data, flags = out, flags | fmt.TRANSCODED
+        return data, flags, code, _interval_entry(data)
     elif code == 0:
         flags = fmt.UNREADABLE
-    return data, flags, code
+    return data, flags, code, b""
+
+
+def _interval_entry(data):
+    """The index entry locating the restart intervals of a JPEG record (found by the
+    decoder's own marker scan), b"" where it has none."""
+    if isinstance(data, bytes):
+        data = np.frombuffer(data, np.uint8)
+    return fmt.encode_intervals(_huffman.find_intervals(data))
 
 
 class _ShardWriter:
@@ -101,15 +156,18 @@ class _ShardWriter:
         self.records = np.zeros(1024, dtype=fmt.RECORD)
         self.count = 0
         self.paths = bytearray()
+        self.interval_ends = []
+        self.intervals = bytearray()
 
-    def size_with(self, nbytes, path_len):
+    def size_with(self, nbytes, path_len, intervals_len):
         """Approximate file size after adding a record of ``nbytes`` (index included)."""
         n = self.count + 1
         return (self.pos + fmt._pad(self.pos, self.alignment) + nbytes + 8
                 + fmt.RECORD.itemsize * n + 4 * (n // self.block_records + 1)
-                + len(self.paths) + path_len)
+                + len(self.paths) + path_len + 8 + 8 * n + len(self.intervals)
+                + intervals_len)
 
-    def add(self, data, label, orig_length, flags, code, relpath):
+    def add(self, data, label, orig_length, flags, code, relpath, intervals):
         pad = fmt._pad(self.pos, self.alignment)
         if pad:
             self.f.write(b"\0" * pad)
@@ -118,6 +176,8 @@ class _ShardWriter:
         if self.count == len(self.records):
             self.records = np.concatenate([self.records, np.zeros_like(self.records)])
         self.paths += relpath
+        self.intervals += intervals
+        self.interval_ends.append(len(self.intervals))
         self.records[self.count] = (self.pos, len(data), label, orig_length, len(self.paths),
                                     zlib.crc32(data), flags, code, b"\0\0")
         self.pos += len(data)
@@ -133,23 +193,33 @@ class _ShardWriter:
         b = self.block_records
         blocks = np.empty(-(-self.count // b), dtype="<u4")
         ends = recs["path_end"].astype(np.int64)
+        interval_ends = np.array(self.interval_ends, dtype="<u8")
         lo = 0
         for k in range(len(blocks)):
             block = recs[k * b:(k + 1) * b]
             hi = int(ends[min((k + 1) * b, self.count) - 1])
-            blocks[k] = fmt.block_crc(block.tobytes(), bytes(self.paths[lo:hi]))
+            parts = fmt.block_interval_parts(interval_ends, self.intervals, k * b, len(block),
+                                             self.path)
+            blocks[k] = fmt.block_crc(block.tobytes(), bytes(self.paths[lo:hi]), parts)
             lo = hi
         blocks_offset = index_offset + recs.nbytes
         self.f.write(blocks.tobytes())
         paths_offset = blocks_offset + blocks.nbytes
         self.f.write(self.paths)
-        file_size = paths_offset + len(self.paths)
+        paths_end = paths_offset + len(self.paths)
+        intervals_offset = paths_end + fmt._pad(paths_end, 8)
+        self.f.write(b"\0" * (intervals_offset - paths_end))
+        self.f.write(interval_ends.tobytes())
+        self.f.write(self.intervals)
+        intervals_size = interval_ends.nbytes + len(self.intervals)
+        file_size = intervals_offset + intervals_size
         header = fmt.encode_header(
             fmt.SHARD_HEADER, shard=self.number, first=self.first, count=self.count,
             data_offset=self.data_offset, data_size=data_size, index_offset=index_offset,
             blocks_offset=blocks_offset, paths_offset=paths_offset, paths_size=len(self.paths),
             file_size=file_size, block_records=b, alignment=self.alignment,
-            blocks_crc32=zlib.crc32(blocks))
+            blocks_crc32=zlib.crc32(blocks), intervals_offset=intervals_offset,
+            intervals_size=intervals_size)
         self.f.seek(0)
         self.f.write(header)
         self.f.flush()
@@ -161,6 +231,7 @@ class _ShardWriter:
         entry["orig_bytes"] = int(recs["orig_length"].sum())
         entry["transcoded"] = int(np.count_nonzero(recs["flags"] & fmt.TRANSCODED))
         entry["header_crc32"] = int.from_bytes(header[-4:], "little")
+        self.interval_bytes = intervals_size
         return entry, recs
 
     def abort(self):
@@ -215,7 +286,7 @@ def _progress_bar(progress, total, desc):
 
 def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_interval=1,
          threads=None, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
-         block_records=fmt.DEFAULT_BLOCK_RECORDS):
+         block_records=fmt.DEFAULT_BLOCK_RECORDS, max_side=None):
     """Write every record of ``source`` into the packed dataset directory ``out``.
 
     ``source`` is any source (built in or following the protocol of
@@ -233,7 +304,15 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     with their format recorded. With ``transcode`` each readable JPEG is rewritten losslessly by
     :func:`dpu_pipe.jpeg.transcode` (``restart_interval`` MCUs, optimized Huffman tables) —
     same decoded pixels, restart markers a region decode can enter at; a file it does not take
-    stays as it is. ``threads`` (default: the CPUs this process may run on) read and
+    stays as it is.
+
+    ``max_side`` (pixels, default None: off) downscales, before transcoding, every readable
+    JPEG whose longer side exceeds it so that its longer side is ``max_side`` (aspect ratio
+    kept to within rounding): a lossy pack-time resize, as FFCV's ``max_resolution``, with
+    Pillow (antialiased Lanczos, re-encoded at quality :data:`RESIZE_QUALITY` with the
+    source's chroma subsampling; needs Pillow). Such records are flagged ``RESIZED`` and the
+    manifest records the setting; other formats, and JPEGs that fit, are not touched.
+    ``threads`` (default: the CPUs this process may run on) read and
     transcode records in parallel; the output does not depend on their number.
 
     The dataset is written into a temporary directory next to ``out`` (files and directory
@@ -244,7 +323,12 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     True, False, or None for a tqdm bar only on a terminal. ``alignment`` (bytes, a power of
     two up to 4096) is where each record starts.
 
-    Memory: one shard's index (48 bytes per record plus paths), ``threads × 64`` records in
+    Each JPEG record with restart markers gets its restart intervals' offsets in the shard's
+    interval index (about one byte per interval of a record transcoded with a restart marker
+    every MCU), so a region decoder needs no marker scan.
+
+    Memory: one shard's index (56 bytes per record plus paths and interval offsets),
+    ``threads × 64`` records in
     flight, and the source's label array. Returns the dataset as a
     :class:`~dpu_pipe.sources.PackedSource`.
     """
@@ -280,6 +364,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     if not isinstance(transcode, bool):
         raise ConfigError(f"transcode must be True or False, got {transcode!r}")
     transform = _transcoder(restart_interval) if transcode else None
+    downscale = _downscaler(max_side)
     count = len(source)
     if count == 0:
         raise ConfigError(f"nothing to pack: the source has no records ({source!r})")
@@ -298,11 +383,13 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     writer = None
     try:
         table, formats = [], np.zeros(len(fmt.FORMATS), dtype=np.int64)
+        interval_bytes = [0]
+        resized = 0
         unreadable = []
 
         def prepared(i):
             data = source.read(i)
-            return (len(data),) + _prepare(data, transform)
+            return (len(data),) + _prepare(data, transform, downscale)
 
         def chunks():
             step = 64 * int(threads)
@@ -316,19 +403,21 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                 _verify_shard(writer.path, len(table), recs, labels[writer.first:
                                                                      writer.first + writer.count])
             table.append(entry)
+            interval_bytes[0] += writer.interval_bytes
 
         for idx, results in chunks():
-            for i, (orig_length, data, flags, code) in zip(idx, results):
+            for i, (orig_length, data, flags, code, intervals) in zip(idx, results):
                 rel = relpath(i).encode("utf-8", "surrogateescape")
                 if writer is not None and writer.count and \
-                        writer.size_with(len(data), len(rel)) > shard_size:
+                        writer.size_with(len(data), len(rel), len(intervals)) > shard_size:
                     close_shard()
                     writer = None
                 if writer is None:
                     writer = _ShardWriter(os.path.join(tmp, fmt.shard_name(len(table))),
                                           len(table), i, alignment, int(block_records))
-                writer.add(data, labels[i], orig_length, flags, code, rel)
+                writer.add(data, labels[i], orig_length, flags, code, rel, intervals)
                 formats[code] += 1
+                resized += bool(flags & fmt.RESIZED)
                 if flags & fmt.UNREADABLE:
                     unreadable.append(relpath(i))
                 if bar is not None:
@@ -358,6 +447,10 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
             "num_labels": int(len(np.unique(labels))),
             "data_bytes": int(table["data_bytes"].sum()),
             "orig_bytes": int(table["orig_bytes"].sum()),
+            "interval_bytes": interval_bytes[0],
+            "max_side": ({"max_side": downscale.max_side, "resized": resized,
+                          "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
+                         if downscale is not None else None),
         }
         _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, table,
                         json.dumps(meta, sort_keys=True).encode("utf-8"))

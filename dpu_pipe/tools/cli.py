@@ -127,6 +127,10 @@ def _pack_args(p):
     p.add_argument("--restart-interval", type=_interval, default=1, metavar="MCUS",
                    help="MCUs per restart interval of transcoded JPEGs, or 'row' for one "
                         "interval per MCU row (default: 1)")
+    p.add_argument("--max-side", type=positive_int, default=None, metavar="PIXELS",
+                   help="lossy, off by default: downscale every JPEG whose longer side "
+                        "exceeds PIXELS to that longer side (aspect ratio kept; Pillow, "
+                        "antialiased Lanczos, re-encoded at quality 90) before transcoding")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="threads reading and transcoding records (default: one per CPU this "
                         "process may use); the output does not depend on it")
@@ -188,7 +192,7 @@ def _pack_run(args):
     packed = pack(src, out, shard_size=args.shard_size,
                   transcode=args.transcode, restart_interval=args.restart_interval,
                   threads=args.threads, progress=False if args.quiet else None,
-                  verify=args.verify, alignment=args.alignment)
+                  verify=args.verify, alignment=args.alignment, max_side=args.max_side)
     summary = _packed_summary(packed)
     summary["verified"] = bool(args.verify)
     if args.json:
@@ -201,6 +205,8 @@ def _pack_run(args):
           f"{summary['shards']} shards, {summary['total_bytes']} bytes of records; "
           f"{summary['transcoded']} JPEGs transcoded"
           + (f" ({100 * growth:+.1f} % in size)" if summary["transcoded"] else "")
+          + (f"; {summary['max_side']['resized']} downscaled to at most "
+             f"{summary['max_side']['max_side']} pixels a side" if summary["max_side"] else "")
           + (", every shard re-read and its CRCs checked" if args.verify else ""))
     if summary["unreadable"]:
         print(f"{summary['unreadable']} records have a header their decoder cannot read "
@@ -240,6 +246,7 @@ def _packed_summary(src):
         "size_growth": data / orig - 1 if orig else 0.0,
         "transcoded": int(ds.shards["transcoded"].sum()),
         "transcode": meta.get("transcode"),
+        "max_side": meta.get("max_side"),
         "formats": {name: meta["formats"][name] for name in FORMATS
                     if name in meta.get("formats", {})},
         "unreadable": int(meta.get("unreadable", 0)),

@@ -104,6 +104,10 @@ static int hp_build_table(hp_table* t, const uint8_t* bits, const uint8_t* vals,
             for (i = 0; i < n; i++, k++, code++) {
                 int sym = vals[k];
                 if (is_dc && sym > 15) return HP_EDATA;
+                /* A length-l code must fit in l bits (C.2 assigns codes in increasing
+                 * order): checked before the code indexes the lookahead table, which an
+                 * overflowing code of length <= HP_LOOKAHEAD would write past. */
+                if (code >= (1 << l)) return HP_EDATA;
                 if (l <= HP_LOOKAHEAD) {
                     int shift = HP_LOOKAHEAD - l, base = code << shift;
                     for (j = 0; j < (1 << shift); j++)
@@ -111,9 +115,6 @@ static int hp_build_table(hp_table* t, const uint8_t* bits, const uint8_t* vals,
                 }
             }
             t->maxcode[l] = code - 1;
-            /* A length-l code must fit in l bits (C.2: codes are assigned in increasing
-             * order, so the last one is the largest). */
-            if (code - 1 >= (1 << l)) return HP_EDATA;
         } else {
             t->maxcode[l] = -1;
         }
@@ -354,6 +355,62 @@ static int hp_find_intervals(const hp_header* h, const uint8_t* data, size_t siz
         }
     }
     return HP_OK;
+}
+
+/* Restart intervals from a packed dataset's index instead of a marker scan. The index entry
+ * (idx, len bytes; untrusted) is n_int + 1 unsigned LEB128 varints: the record offset of
+ * interval 0's first entropy-coded byte, each following interval's start minus the previous
+ * start, and the end of the last interval (the offset of the marker after it) minus its start.
+ * Fills starts/ends of the first n (<= h->n_int) intervals as hp_find_intervals would for a
+ * stream whose restart markers carry no fill bytes (ends[k] = starts[k + 1] - 2). Checks,
+ * before any offset is used: the entry holds exactly n_int + 1 values of at most 32 bits;
+ * interval 0 starts where the header's scan does; every start k >= 1 lies past the previous
+ * one by at least its 2-byte marker, inside the record, right after the RSTn T.81 assigns
+ * interval k - 1 (checked where it ends one of the n intervals used); the last end lies inside the record. HP_EDATA when any fails (the caller
+ * falls back to a scan or to libjpeg-turbo). O(len) over the index, 2 bytes read per interval
+ * used. */
+static int hp_index_intervals(const hp_header* h, const uint8_t* data, size_t size,
+                              const uint8_t* idx, size_t len, int64_t n, size_t* starts,
+                              size_t* ends) {
+    size_t i = 0, pos = 0;
+    int64_t k = 0;
+    if (!h->restart_interval || n < 1 || n > h->n_int) return HP_EDATA;
+    while (i < len) {
+        uint64_t v = 0;
+        int shift = 0;
+        for (;;) {
+            uint8_t c;
+            if (i >= len || shift > 28) return HP_EDATA;
+            c = idx[i++];
+            v |= (uint64_t)(c & 0x7F) << shift;
+            if (!(c & 0x80)) break;
+            shift += 7;
+        }
+        if (v > UINT32_MAX) return HP_EDATA;
+        if (k > h->n_int) return HP_EDATA;          /* more values than intervals + 1 */
+        if (k == 0) {
+            if (v != h->scan_start) return HP_EDATA;
+            pos = (size_t)v;
+        } else {
+            /* pos + v <= size, written without a sum that could wrap; a start lies at
+             * least its marker's 2 bytes past the previous start. */
+            if (v > size || pos > size - (size_t)v || (k < h->n_int && v < 2))
+                return HP_EDATA;
+            pos += (size_t)v;
+            if (k < h->n_int) {                      /* pos: start of interval k */
+                if (k <= n) {                        /* it ends interval k - 1 */
+                    if (data[pos - 2] != 0xFF || data[pos - 1] != 0xD0 + (int)((k - 1) & 7))
+                        return HP_EDATA;
+                    ends[k - 1] = pos - 2;
+                }
+            } else if (k - 1 < n) {                  /* pos: end of the last interval */
+                ends[k - 1] = pos;
+            }
+        }
+        if (k < n) starts[k] = pos;
+        k++;
+    }
+    return k == h->n_int + 1 ? HP_OK : HP_EDATA;
 }
 
 /* --- bit reader over one interval: F.2.2.4 (NEXTBIT) with B.1.1.5 byte stuffing ------------

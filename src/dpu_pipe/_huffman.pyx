@@ -44,6 +44,78 @@ def header(const uint8_t[::1] data):
         free(h)
 
 
+cdef inline const uint8_t* _index_ptr(const uint8_t[::1] index) noexcept nogil:
+    # A zero-length view has no element 0; hp_index_intervals reads nothing then.
+    return &index[0] if index.shape[0] else <const uint8_t*>""
+
+
+cdef int _locate(const hp_header* h, const uint8_t* p, size_t n, intervals, int64_t need,
+                 size_t* starts, size_t* ends) except? -100:
+    """starts/ends of the first ``need`` intervals: from the index entry ``intervals`` when
+    given, else by the marker scan."""
+    cdef const uint8_t[::1] index
+    cdef int rc
+    if intervals is None:
+        with nogil:
+            rc = hp_find_intervals(h, p, n, need, starts, ends)
+        return rc
+    index = intervals
+    with nogil:
+        rc = hp_index_intervals(h, p, n, _index_ptr(index), index.shape[0], need, starts, ends)
+    return rc
+
+
+cdef _all_intervals(const uint8_t[::1] data, index):
+    """(uint32 offsets of every interval, then the last one's end) or the failing status:
+    HP_UNSUPPORTED for a stream without restart markers this decoder reads, else the status
+    of the marker scan (index None) or of the index entry's checks."""
+    cdef hp_header* h = <hp_header*>malloc(sizeof(hp_header))
+    cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+    cdef size_t n = data.shape[0]
+    cdef int rc
+    cdef size_t[::1] starts, ends
+    if h == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            rc = hp_read_header(h, p, n)
+        if rc != HP_OK or not h.restart_interval or n >= 1 << 32:
+            return HP_UNSUPPORTED
+        starts = np.empty(h.n_int + 1, np.uintp)
+        ends = np.empty(h.n_int, np.uintp)
+        rc = _locate(h, p, n, index, h.n_int, &starts[0], &ends[0])
+        if rc != HP_OK:
+            return rc
+        starts[h.n_int] = ends[h.n_int - 1]
+        return np.asarray(starts).astype(np.uint32)
+    finally:
+        free(h)
+
+
+def find_intervals(const uint8_t[::1] data):
+    """The restart-interval offsets a packed dataset's index records for ``data``: uint32
+    array of ``intervals + 1`` byte offsets (each interval's first entropy-coded byte, then the
+    end of the last one), found by the marker scan; None for a stream without restart markers,
+    one this decoder does not take, damaged markers, or a record of 4 GiB or more."""
+    got = _all_intervals(data, None)
+    return None if isinstance(got, int) else got
+
+
+def interval_offsets(const uint8_t[::1] data, const uint8_t[::1] index):
+    """The offsets (uint32 array, as :func:`find_intervals` gives them) that the packed index
+    entry ``index`` (varints, see dpu_pipe.packed.format) records for the JPEG ``data``,
+    validated against its header and markers as the decoder validates them; DecodeError when
+    the entry does not describe this stream's intervals."""
+    got = _all_intervals(data, index)
+    if isinstance(got, int):
+        if got == HP_UNSUPPORTED:
+            raise DecodeError("the record has an interval index but no restart markers this "
+                              "decoder reads")
+        raise DecodeError(f"the record's interval index ({index.shape[0]} bytes) does not "
+                          f"match its restart intervals")
+    return got
+
+
 cdef class _CoefJob:
     """One image's part of a coefficient decode: its header, interval offsets and output
     arrays, owned here so that every exit frees them."""
@@ -65,7 +137,8 @@ cdef class _CoefJob:
         free(self.starts)
         free(self.ends)
 
-    cdef int prepare(self, const uint8_t[::1] data, rect, int64_t max_pixels) except -1:
+    cdef int prepare(self, const uint8_t[::1] data, rect, int64_t max_pixels,
+                     intervals=None) except -1:
         """Header, rectangle, zeroed arrays and interval offsets; 0, or 1 for a stream the
         decoder does not take."""
         cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
@@ -107,8 +180,10 @@ cdef class _CoefJob:
         self.ends = <size_t*>malloc(need * sizeof(size_t))
         if self.starts == NULL or self.ends == NULL:
             raise MemoryError()
-        with nogil:
-            rc = hp_find_intervals(h, p, n, need, self.starts, self.ends)
+        rc = _locate(h, p, n, intervals, need, self.starts, self.ends)
+        if rc != HP_OK and intervals is not None:
+            raise DecodeError("the interval index does not match the stream's restart "
+                              "intervals")
         if rc != HP_OK:
             raise DecodeError(_MESSAGES.get(rc, f"entropy decoder status {rc}"))
         return 0
@@ -130,7 +205,7 @@ cdef int _lanes(int lanes) except -1:
 
 
 def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 << 28,
-                      int lanes=HP_LANES):
+                      int lanes=HP_LANES, intervals=None):
     """DCT coefficients of a baseline Huffman JPEG, as libjpeg-turbo's jpeg_read_coefficients
     gives them: one int16 array per component of shape (block rows, block columns, 64),
     natural order, quantized. With ``rect = (r0, r1, c0, c1)`` (MCU rows [r0, r1) and columns
@@ -140,12 +215,14 @@ def read_coefficients(const uint8_t[::1] data, rect=None, int64_t max_pixels=1 <
     (libjpeg-turbo's path applies); raises DecodeError for damaged data and ConfigError for a
     rectangle outside the image. Memory: 2 bytes per coefficient of the rectangle (about
     2 x 64 x blocks), bounded by ``max_pixels`` (width x height, checked from the header;
-    DecodeError beyond it)."""
+    DecodeError beyond it). ``intervals``: a packed index entry (bytes-like, see
+    :func:`interval_offsets`) locating the restart intervals instead of the marker scan; one
+    that does not match the stream is a DecodeError."""
     cdef _CoefJob cj = _CoefJob()
     cdef hp_job j
     cdef int rc
     _lanes(lanes)
-    if cj.prepare(data, rect, max_pixels):
+    if cj.prepare(data, rect, max_pixels, intervals):
         return None
     cj.fill(&j)
     with nogil:
@@ -290,7 +367,7 @@ def idct_blocks(const int16_t[:, ::1] coef, const uint16_t[::1] q, int size, bin
 
 
 def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
-               int64_t max_pixels=1 << 28, int simd=-1):
+               int64_t max_pixels=1 << 28, int simd=-1, intervals=None):
     """The pixels of ``box = (top, left, height, width)`` (pixels of the image at DCT scale
     scale/8, scale in 1, 2, 4, 8) decoded by dpu_pipe's own decoder: a uint8 array (height,
     width, 3), equal bit for bit to libjpeg-turbo's decode of that box (accurate IDCT and
@@ -300,8 +377,10 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
     box are read, each up to the box's last MCU. Memory: 128 bytes per block of the covering
     MCU rectangle plus its samples (about 2 + 2/3 bytes per pixel for 4:2:0 at full scale),
     freed on return. ``simd``: the pixel stages' kernel level (simd_levels(); -1
-    simd_default(), as the region decode runs). Raises ConfigError for a box outside the scaled image or a
-    level this CPU does not run."""
+    simd_default(), as the region decode runs). ``intervals``: a packed index entry
+    (bytes-like, see :func:`interval_offsets`) locating the restart intervals instead of the
+    marker scan; one that does not match the stream gives None, as damaged data do. Raises
+    ConfigError for a box outside the scaled image or a level this CPU does not run."""
     cdef _Scratch sc = _Scratch()
     cdef px_plan plan
     cdef px_rect r
@@ -341,8 +420,8 @@ def decode_box(const uint8_t[::1] data, box, int scale, bint fast=False,
         raise MemoryError()
     arr = np.empty((height, width, 3), np.uint8)
     out = arr
+    rc = _locate(sc.h, p, n, intervals, need, sc.starts, sc.ends)
     with nogil:
-        rc = hp_find_intervals(sc.h, p, n, need, sc.starts, sc.ends)
         if rc == HP_OK:
             rc = px_decode_box(sc.h, &plan, &r, p, sc.starts, sc.ends, top, left, height, width,
                                sc.coef, sc.planes, sc.rows, &out[0, 0, 0], out.strides[0])

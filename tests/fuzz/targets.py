@@ -158,19 +158,35 @@ def _fixed_shard(b):
     h = np.frombuffer(bytes(b[:fmt.HEADER_SIZE]), fmt.SHARD_HEADER)[0]
     n, per = int(h["count"]), max(int(h["block_records"]), 1)
     idx, blk, pth = int(h["index_offset"]), int(h["blocks_offset"]), int(h["paths_offset"])
+    io, isz = int(h["intervals_offset"]), int(h["intervals_size"])
     nblocks = -(-n // per)
     if n <= 4096 and idx + 48 * n <= len(b) and blk + 4 * nblocks <= len(b) <= 2**24:
         recs = np.frombuffer(bytes(b[idx:idx + 48 * n]), fmt.RECORD)
-        paths, lo = bytes(b[pth:]), 0
+        paths, lo = bytes(b[pth:pth + int(h["paths_size"])]), 0
+        ends = entries = None
+        if int(h["version"]) >= 3 and 8 * n <= isz and io + isz <= len(b):
+            ends = np.frombuffer(bytes(b[io:io + 8 * n]), "<u8")
+            entries = bytes(b[io + 8 * n:io + isz])
         for k in range(nblocks):
             block = recs[k * per:(k + 1) * per]
             hi = int(block["path_end"][-1])
-            crc = fmt.block_crc(block.tobytes(), paths[lo:hi] if lo <= hi else b"")
+            parts = ()
+            if ends is not None:
+                ilo = int(ends[k * per - 1]) if k else 0
+                parts = (ends[k * per:(k + 1) * per].tobytes(),
+                         entries[ilo:int(ends[min((k + 1) * per, n) - 1])])
+            crc = fmt.block_crc(block.tobytes(), paths[lo:hi] if lo <= hi else b"", parts)
             b[blk + 4 * k:blk + 4 * k + 4] = struct.pack("<I", crc)
             lo = hi
-        b[116:120] = struct.pack("<I", zlib.crc32(bytes(b[blk:blk + 4 * nblocks])))
+        _put(b, fmt.SHARD_HEADER, "blocks_crc32", zlib.crc32(bytes(b[blk:blk + 4 * nblocks])))
     b[124:128] = struct.pack("<I", zlib.crc32(bytes(b[:124])))
     return b
+
+
+def _put(buf, dtype, field, value):
+    """Write ``value`` into the header field ``field`` of ``dtype`` at the start of ``buf``."""
+    ft, off = dtype.fields[field][:2]
+    buf[off:off + ft.itemsize] = np.array(value, ft).tobytes()
 
 
 def _fixed_manifest(m, shard_header_crc):
@@ -182,10 +198,10 @@ def _fixed_manifest(m, shard_header_crc):
     s, so = int(h["num_shards"]), int(h["shards_offset"])
     if 1 <= s <= 64 and so + 64 * s <= len(m):
         m[so + 48:so + 52] = struct.pack("<I", shard_header_crc)
-        m[88:92] = struct.pack("<I", zlib.crc32(bytes(m[so:so + 64 * s])))
+        _put(m, fmt.MANIFEST_HEADER, "shards_crc32", zlib.crc32(bytes(m[so:so + 64 * s])))
     mo, ms = int(h["meta_offset"]), int(h["meta_size"])
     if mo + ms <= len(m):
-        m[92:96] = struct.pack("<I", zlib.crc32(bytes(m[mo:mo + ms])))
+        _put(m, fmt.MANIFEST_HEADER, "meta_crc32", zlib.crc32(bytes(m[mo:mo + ms])))
     m[124:128] = struct.pack("<I", zlib.crc32(bytes(m[:124])))
     return m
 
@@ -211,6 +227,28 @@ def _first_batch(src, n):
         maker.make(0, 0, images, labels)
     except DecodeError:
         pass  # no decodable sample left to replace a bad one with
+
+
+def _packed_intervals(ds, i):
+    """A record's restart-interval index, however mutated: offsets inside the record (or a
+    DecodeError naming it), and the own decoder given the entry decodes or falls back."""
+    from dpu_pipe import _huffman
+
+    try:
+        offsets = ds.intervals(i)
+    except DecodeError as e:
+        assert e.index == i, e
+        offsets = None
+    rec = np.frombuffer(ds.record(i), np.uint8)
+    if offsets is None:
+        return
+    assert offsets[-1] <= len(rec) and (np.diff(offsets.astype(np.int64)) >= 0).all()
+    hdr = _huffman.header(rec)
+    if hdr is not None and hdr["width"] * hdr["height"] <= MAX_PIXELS:
+        box = (0, 0, min(hdr["height"], 16), min(hdr["width"], 16))
+        got = _huffman.decode_box(rec, box, 8, False, max_pixels=MAX_PIXELS,
+                                  intervals=ds.interval_entry(i))
+        assert got is None or got.shape == box[2:] + (3,)
 
 
 def open_packed(path):
@@ -268,6 +306,7 @@ def packed(data):
         lo = int(entry["offset"])
         assert ln == int(entry["length"]) and 0 <= lo and lo + ln <= len(sh.buffer), \
             f"record {i} ({lo}+{ln}) outside its {len(sh.buffer)}-byte shard"
+        _packed_intervals(src.dataset, i)
         good.append(i)
         src.describe(i)
     src.classes
@@ -337,7 +376,8 @@ def entropy(data):
     followed by an MCU rectangle: the whole image's coefficients have the shapes its header
     implies, and the rectangle's (read from the covering restart intervals only) are the
     slice of the whole when both decode; then the own region decode of a box the same four
-    bytes choose (see _own_box)."""
+    bytes choose (see _own_box), with the restart intervals found by the marker scan and
+    from a packed index entry, intact and damaged (see _indexed)."""
     from dpu_pipe import _huffman
 
     n = struct.calcsize(ENTROPY_TRAILER_FMT)
@@ -387,14 +427,40 @@ def entropy(data):
     assert (inter is None) == (part is None), lanes
     if part is not None:
         assert all(np.array_equal(x, y) for x, y in zip(inter, part)), lanes
-    _own_box(img, hdr, a, b, c, d)
+    _indexed(img, a, b, c, _own_box(img, hdr, a, b, c, d))
+
+
+def _indexed(img, a, b, c, box):
+    """The packed index path: the entry the writer stores for ``img`` gives the offsets the
+    scan finds and the same pixels for ``box``; the entry with one byte changed (position
+    and value from the trailer) gives offsets and pixels, a DecodeError, or None, never a
+    read outside the record."""
+    from dpu_pipe import _huffman
+    from dpu_pipe.packed import format as fmt
+
+    offsets = _huffman.find_intervals(img)
+    if offsets is None:
+        return
+    entry = fmt.encode_intervals(offsets)
+    assert np.array_equal(_huffman.interval_offsets(img, _exact(entry)), offsets)
+    bad = bytearray(entry)
+    bad[a * len(bad) // 256] ^= b | 1
+    bad = _exact(bytes(bad[:len(bad) - (c & 1)]))
+    with contextlib.suppress(DecodeError):
+        _huffman.interval_offsets(img, bad)
+    args, want = box
+    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=_exact(entry))
+    assert (got is None) == (want is None) and (got is None or np.array_equal(got, want))
+    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=bad)
+    assert got is None or got.shape == args[1][2:] + (3,)
 
 
 def _own_box(img, hdr, a, b, c, d):
     """The own region decode (dpu_pipe._huffman.decode_box) of a box chosen by the trailer, at
     one of the four DCT scales, fast or not: None (libjpeg-turbo's to decode) or an RGB array
     of the box's shape, equal to libjpeg-turbo's decode of the image at that scale whenever
-    libjpeg-turbo reads the stream without a single warning (strict)."""
+    libjpeg-turbo reads the stream without a single warning (strict). Returns the decode_box
+    arguments and its result."""
     from dpu_pipe import _huffman, _jpeg
 
     scale = (8, 4, 2, 1)[(a + d) & 3]
@@ -404,16 +470,18 @@ def _own_box(img, hdr, a, b, c, d):
     top, left = min(a * oh // 256, oh - 1), min(c * ow // 256, ow - 1)
     h, w = max(1, (b * (oh - top)) // 255), max(1, (d * (ow - left)) // 255)
     got = _huffman.decode_box(img, (top, left, h, w), scale, fast, max_pixels=MAX_PIXELS)
+    done = (img, (top, left, h, w), scale, fast), got
     if got is None:
-        return
+        return done
     assert got.shape == (h, w, 3) and got.dtype == np.uint8
     try:
         ref, ref_scale = _jpeg.decode(img, None, H * scale // 8, W * scale // 8, fast, True,
                                       MAX_PIXELS, MAX_SCANS)
     except EXPECTED:
-        return
+        return done
     if ref_scale == scale:
         assert np.array_equal(got, ref[top:top + h, left:left + w]), (top, left, h, w, scale)
+    return done
 
 
 def _check_source(src, path_size=None):
