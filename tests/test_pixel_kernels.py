@@ -162,6 +162,7 @@ def _build_and_run(cmd, run, tmp_path):
     return out.stdout
 
 
+@pytest.mark.slow   # two builds and an emulated run, like tests/test_aarch64.py
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="cross-checks run on x86-64")
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None
                     or shutil.which("qemu-aarch64-static") is None or _sysroot() is None,

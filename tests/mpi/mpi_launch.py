@@ -19,6 +19,10 @@ from dpu_pipe.mpi import mpiexec_argv  # noqa: E402  (after the skip above)
 #: Environments every stream scenario runs under: shared memory as on one node, and MPICH
 #: with shared memory disabled, which makes the host's RMA behave as for an off-node DPU.
 ENVS = {"shm": {}, "nolocal": {"MPIR_CVAR_NOLOCAL": "1"}}
+#: ENVS as parameters whose off-node run waits for the slow tier: for scenarios where the quick
+#: tier's shared-memory run already exercises the same host and producer code.
+ENVS_NOLOCAL_SLOW = [pytest.param(k, id=k, marks=[pytest.mark.slow] if k == "nolocal" else [])
+                     for k in ENVS]
 
 
 @dataclass

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from mpi_launch import ENVS, HERE, run_mpi
+from mpi_launch import ENVS, ENVS_NOLOCAL_SLOW, HERE, run_mpi
 from offload_host import make_dataset
 
 pytestmark = pytest.mark.timeout(300)
@@ -154,7 +154,7 @@ def test_local_mode_defaults_to_the_hosts_shard(stream_runs):
     assert [r["local_default_shard"] for r in results] == [[0, 2], [1, 2]]
 
 
-@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
 def test_slow_random_producers_and_slow_consumer(data, tmp_path, env):
     """Workers sleep a random 0..30 ms before each batch (a wrapper around the worker), the
     host 10 ms per batch, K=1 and K=8: same stream, no deadlock, bounded time."""
@@ -225,7 +225,7 @@ def bad_runs(bad_data, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
 def test_bad_samples_skip_then_raise(bad_runs, bad_data, env):
     """on_error="skip": full batches, the Loader's stream, bad_samples == the bad files.
     on_error="raise": DecodeError naming the file and the producer rank, at the step where

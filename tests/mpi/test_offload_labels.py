@@ -4,7 +4,7 @@ metadata column and bad files skipped, in offload and hybrid modes, equal to the
 Loader batch by batch, images, labels and metadata."""
 import pytest
 
-from mpi_launch import ENVS
+from mpi_launch import ENVS_NOLOCAL_SLOW
 from offload_host import make_dataset
 from test_offload import BAD, launch, read
 
@@ -18,7 +18,7 @@ def data(tmp_path_factory):
     return make_dataset(str(tmp_path_factory.mktemp("labels") / "data"), N, bad=BAD)
 
 
-@pytest.mark.parametrize("env", ENVS, ids=list(ENVS))
+@pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
 def test_labels_indices_and_metadata_equal_the_loader(data, tmp_path, env):
     out = str(tmp_path / "out")
     # Producers take 30 ms per batch, so hybrid host threads make batches too.
