@@ -793,7 +793,10 @@ class Loader:
         ``img_per_s``, ``data_wait_share`` (share of the interval the caller spent waiting
         for batches), ``producer_busy_share`` (seconds the batch makers — this host's threads,
         or the producer ranks — spent reading and decoding, over the interval times their
-        number) and ``bad_samples`` (samples skipped as undecodable in the interval)."""
+        number) and ``bad_samples`` (samples skipped as undecodable in the interval). This
+        host's makers count the batch in progress as it runs, so their share is at most 1;
+        producer ranks report a batch's seconds when it arrives, so over an interval shorter
+        than a few batches their share can read above 1."""
         made = MakerStats()
         for m in self._makers():
             made += m.stats
@@ -803,7 +806,7 @@ class Loader:
         if not interval:
             return d
         busy, makers = self._busy(d)
-        now = time.monotonic()
+        now = time.monotonic()      # after busy: its interval never outgrows this one
         counts = (self._yielded, self._wait_s, busy, len(self.bad_samples))
         then, last = self._mark if self._mark is not None else (self._created, (0, 0.0, 0.0, 0))
         self._mark = (now, counts)
@@ -816,7 +819,7 @@ class Loader:
 
     def _busy(self, stats):
         """(seconds the batch makers spent reading and decoding, how many makers)."""
-        return stats["read_s"] + stats["process_s"], self.num_threads
+        return sum(m.busy_s() for m in self._makers()), self.num_threads
 
     def _meta(self, indices, valid_rows):
         """The ``meta`` of a batch whose rows are the samples ``indices``, the first

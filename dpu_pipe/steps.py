@@ -5,6 +5,7 @@ the stream is the same whoever makes it.
 """
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -106,6 +107,18 @@ class BatchMaker:
         self.bad_samples = {}
         #: What this maker did (:class:`MakerStats`); the loader adds up its makers'.
         self.stats = MakerStats()
+        # Start (perf_counter) of the batch being made, so busy_s() can count it as it runs:
+        # interval rates would otherwise book a whole batch in the interval it ends in.
+        self._started = None
+        self._busy_lock = threading.Lock()
+
+    def busy_s(self):
+        """Seconds this maker has spent reading and processing batches, the one in progress
+        included up to now; it grows by at most one second per second of wall time."""
+        with self._busy_lock:
+            st = self.stats
+            running = time.perf_counter() - self._started if self._started is not None else 0.0
+            return st.read_s + st.process_s + running
 
     @property
     def batch_shape(self):
@@ -191,7 +204,17 @@ class BatchMaker:
         """
         indices = self.step_indices(epoch, step)
         n = len(indices)
-        t0 = time.perf_counter()
+        t0 = self._started = time.perf_counter()
+        try:
+            return self._make(epoch, step, indices, images, labels, out_indices, t0)
+        finally:
+            if self._started is not None:       # it raised: the time was still spent
+                with self._busy_lock:
+                    self.stats.process_s += time.perf_counter() - t0
+                    self._started = None
+
+    def _make(self, epoch, step, indices, images, labels, out_indices, t0):
+        n = len(indices)
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
         _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
@@ -211,8 +234,10 @@ class BatchMaker:
             ops.apply(epoch, step, images[:n], classes[:n], labels[:n], indices)
         t3 = time.perf_counter()
         st = self.stats
-        st.read_s += t1 - t0
-        st.process_s += (t2 - t1) + (t3 - t2)
+        with self._busy_lock:
+            st.read_s += t1 - t0
+            st.process_s += t3 - t1
+            self._started = None
         st.batches += 1
         st.samples += n
         st.other_formats += other
