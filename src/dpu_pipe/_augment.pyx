@@ -34,6 +34,107 @@ cdef extern from *:
     uint8_t dp_u8min(uint8_t a, uint8_t b) noexcept nogil
     uint8_t dp_u8max(uint8_t a, uint8_t b) noexcept nogil
 
+cdef extern from *:
+    # Saturation on interleaved RGB without gathers or strided scalar loops: 16 pixels (48
+    # bytes) widen to twelve 4-float vectors; per 4 pixels, shuffles give the R, G and B lanes
+    # for the grayscale, and spread a * floor(gray) back to the interleaved order, so the blend,
+    # the clamp and the narrowing run on the bytes in place. GCC's generic vectors: SSE2 on
+    # x86-64, NEON on aarch64. Each lane does the scalar formula's float32 operations (no
+    # contraction), so every build gives the same bits.
+    """
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    #elif defined(__ARM_NEON)
+    #include <arm_neon.h>
+    #endif
+    typedef float dp_f4 __attribute__((vector_size(16)));
+    typedef int32_t dp_i4 __attribute__((vector_size(16)));
+    typedef uint16_t dp_h8 __attribute__((vector_size(16)));
+    typedef uint8_t dp_b16 __attribute__((vector_size(16)));
+
+    /* 16 bytes to four 4-float vectors, by interleaving with zeros, lane by lane as the unpack instructions do (GCC scalarizes a direct
+       conversion of 16 bytes to 16 floats on SSE2). Little-endian lanes, as on both targets. */
+    static inline void dp_widen(const uint8_t* p, dp_f4* x) {
+        dp_b16 b, z = {0};
+        dp_h8 hz = {0};
+        memcpy(&b, p, 16);
+        dp_h8 lo = (dp_h8)__builtin_shufflevector(b, z, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        dp_h8 hi = (dp_h8)__builtin_shufflevector(b, z, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        x[0] = __builtin_convertvector((dp_i4)__builtin_shufflevector(lo, hz, 0, 8, 1, 9, 2, 10, 3, 11), dp_f4);
+        x[1] = __builtin_convertvector((dp_i4)__builtin_shufflevector(lo, hz, 4, 12, 5, 13, 6, 14, 7, 15), dp_f4);
+        x[2] = __builtin_convertvector((dp_i4)__builtin_shufflevector(hi, hz, 0, 8, 1, 9, 2, 10, 3, 11), dp_f4);
+        x[3] = __builtin_convertvector((dp_i4)__builtin_shufflevector(hi, hz, 4, 12, 5, 13, 6, 14, 7, 15), dp_f4);
+    }
+
+    /* Four 4-float vectors of values in [0, 255] truncated to 16 bytes. */
+    static inline void dp_narrow(const dp_f4* x, uint8_t* p) {
+        dp_i4 a = __builtin_convertvector(x[0], dp_i4), b = __builtin_convertvector(x[1], dp_i4);
+        dp_i4 c = __builtin_convertvector(x[2], dp_i4), d = __builtin_convertvector(x[3], dp_i4);
+    #if defined(__SSE2__)
+        __m128i v = _mm_packus_epi16(_mm_packs_epi32((__m128i)a, (__m128i)b),
+                                     _mm_packs_epi32((__m128i)c, (__m128i)d));
+        _mm_storeu_si128((__m128i*)p, v);
+    #elif defined(__ARM_NEON)
+        uint16x8_t lo = vcombine_u16(vmovn_u32((uint32x4_t)a), vmovn_u32((uint32x4_t)b));
+        uint16x8_t hi = vcombine_u16(vmovn_u32((uint32x4_t)c), vmovn_u32((uint32x4_t)d));
+        vst1q_u8(p, vcombine_u8(vmovn_u16(lo), vmovn_u16(hi)));
+    #else
+        dp_h8 lo = (dp_h8)__builtin_shufflevector((dp_h8)a, (dp_h8)b, 0, 2, 4, 6, 8, 10, 12, 14);
+        dp_h8 hi = (dp_h8)__builtin_shufflevector((dp_h8)c, (dp_h8)d, 0, 2, 4, 6, 8, 10, 12, 14);
+        dp_b16 v = __builtin_shufflevector((dp_b16)lo, (dp_b16)hi, 0, 2, 4, 6, 8, 10, 12, 14,
+                                           16, 18, 20, 22, 24, 26, 28, 30);
+        memcpy(p, &v, 16);
+    #endif
+    }
+
+    static inline float dp_sat1(float v, float r, float ay) {
+        float f = v * r + ay;
+        f = f > 0.0f ? f : 0.0f;
+        return f < 255.0f ? f : 255.0f;
+    }
+
+    static inline dp_f4 dp_sat4(dp_f4 v, dp_f4 r, dp_f4 ay) {
+        dp_f4 f = v * r + ay;
+        dp_i4 pos = f > 0.0f, big = f < 255.0f;
+        dp_i4 b = (dp_i4)f & pos;
+        return (dp_f4)((b & big) | ((dp_i4)(dp_f4){255.0f, 255.0f, 255.0f, 255.0f} & ~big));
+    }
+
+    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) {
+        const float cr = 0.2989f, cg = 0.587f, cb = 0.114f;
+        const dp_f4 rv = {r, r, r, r}, av = {a, a, a, a};
+        Py_ssize_t i = 0;
+        for (; i + 16 <= npix; i += 16) {
+            uint8_t* p = img + 3 * i;
+            dp_f4 x[12];
+            for (int k = 0; k < 3; k++)
+                dp_widen(p + 16 * k, x + 4 * k);
+            for (int g = 0; g < 12; g += 3) {
+                dp_f4 x0 = x[g], x1 = x[g + 1], x2 = x[g + 2];
+                dp_f4 R = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 0, 3, 6, 5), x2, 0, 1, 2, 5);
+                dp_f4 G = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 1, 4, 7, 7), x2, 0, 1, 2, 6);
+                dp_f4 B = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 2, 5, 5, 5), x2, 0, 1, 4, 7);
+                dp_f4 y = (R * cr + cg * G) + cb * B;
+                dp_f4 ay = av * __builtin_convertvector(__builtin_convertvector(y, dp_i4), dp_f4);
+                x[g] = dp_sat4(x0, rv, __builtin_shufflevector(ay, ay, 0, 0, 0, 1));
+                x[g + 1] = dp_sat4(x1, rv, __builtin_shufflevector(ay, ay, 1, 1, 2, 2));
+                x[g + 2] = dp_sat4(x2, rv, __builtin_shufflevector(ay, ay, 2, 3, 3, 3));
+            }
+            for (int k = 0; k < 3; k++)
+                dp_narrow(x + 4 * k, p + 16 * k);
+        }
+        for (; i < npix; i++) {
+            uint8_t* p = img + 3 * i;
+            float fr = p[0], fg = p[1], fb = p[2];
+            float ay = a * (float)(int)((fr * cr + cg * fg) + cb * fb);
+            p[0] = (uint8_t)(int)dp_sat1(fr, r, ay);
+            p[1] = (uint8_t)(int)dp_sat1(fg, r, ay);
+            p[2] = (uint8_t)(int)dp_sat1(fb, r, ay);
+        }
+    }
+    """
+    void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) noexcept nogil
+
 cdef extern from "math.h" nogil:
     float rintf(float x)
     float floorf(float x)
@@ -388,13 +489,8 @@ cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w
 # Contrast, AutoContrast, Equalize. aug_apply composes consecutive maps and applies them in one
 # pass. The grayscale of a pixel, (0.2989 r + 0.587 g) + 0.114 b in float32, takes its products
 # from tables (the same float32 products), except in Saturation and Color, which compute it
-# over float planes of a block of pixels (_planes, _floor_gray): there the blend that follows
-# vectorizes too, while for Grayscale and Contrast alone the tables are faster.
-
-# Pixels per block of the planar colour kernel (four float planes on the stack: 4 KiB).
-cdef enum:
-    _PLANE = 256
-
+# in vector lanes (dp_saturation): there the blend that follows vectorizes too, while for
+# Grayscale and Contrast alone the tables are faster.
 
 cdef float GRAY_R[256]
 cdef float GRAY_G[256]
@@ -454,59 +550,9 @@ cdef void _blend_map(uint8_t* lut, double ratio, float other) noexcept nogil:
     _map_same(lut, lut)
 
 
-cdef inline void _planes(const uint8_t* p, Py_ssize_t n, float* pr, float* pg,
-                         float* pb) noexcept nogil:
-    """n interleaved RGB pixels at p to three float planes."""
-    cdef Py_ssize_t k
-    for k in range(n):
-        pr[k] = <float>p[3 * k]
-        pg[k] = <float>p[3 * k + 1]
-        pb[k] = <float>p[3 * k + 2]
-
-
-cdef inline void _floor_gray(const float* pr, const float* pg, const float* pb,
-                             Py_ssize_t n, float* py) noexcept nogil:
-    """py[k] = floor of the grayscale of pixel k, with the products the gray tables hold
-    (contraction is off, so the vector arithmetic gives the tables' bits)."""
-    cdef float cr = <float>0.2989, cg = <float>0.587, cb = <float>0.114
-    cdef Py_ssize_t k
-    for k in range(n):
-        py[k] = <float><int>((pr[k] * cr + cg * pg[k]) + cb * pb[k])   # gray >= 0: its floor
-
-
 cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
-    # img * r + (1 - r) * floor(gray), float32. Per block of pixels the channels go to float
-    # planes, so that the arithmetic runs over contiguous arrays (vectorized) rather than
-    # through table gathers; the bits are those of the per-pixel formula.
-    cdef float r = <float>ratio, a = <float>(1.0 - ratio)
-    cdef float pr[_PLANE]
-    cdef float pg[_PLANE]
-    cdef float pb[_PLANE]
-    cdef float py[_PLANE]
-    cdef float f
-    cdef Py_ssize_t i0 = 0, n, k
-    cdef uint8_t* p
-    while i0 < npix:
-        n = npix - i0 if npix - i0 < _PLANE else _PLANE
-        p = img + 3 * i0
-        _planes(p, n, pr, pg, pb)
-        _floor_gray(pr, pg, pb, n, py)
-        for k in range(n):
-            py[k] = a * py[k]
-            f = pr[k] * r + py[k]
-            f = f if f > <float>0.0 else <float>0.0
-            pr[k] = f if f < <float>255.0 else <float>255.0
-            f = pg[k] * r + py[k]
-            f = f if f > <float>0.0 else <float>0.0
-            pg[k] = f if f < <float>255.0 else <float>255.0
-            f = pb[k] * r + py[k]
-            f = f if f > <float>0.0 else <float>0.0
-            pb[k] = f if f < <float>255.0 else <float>255.0
-        for k in range(n):
-            p[3 * k] = <uint8_t><int>pr[k]
-            p[3 * k + 1] = <uint8_t><int>pg[k]
-            p[3 * k + 2] = <uint8_t><int>pb[k]
-        i0 += n
+    # img * r + (1 - r) * floor(gray), float32, clamped and truncated as torchvision.
+    dp_saturation(img, npix, <float>ratio, <float>(1.0 - ratio))
 
 
 cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix) noexcept nogil:
