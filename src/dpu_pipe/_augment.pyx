@@ -35,12 +35,13 @@ cdef extern from *:
     uint8_t dp_u8max(uint8_t a, uint8_t b) noexcept nogil
 
 cdef extern from *:
-    # Saturation on interleaved RGB without gathers or strided scalar loops: 16 pixels (48
-    # bytes) widen to twelve 4-float vectors; per 4 pixels, shuffles give the R, G and B lanes
-    # for the grayscale, and spread a * floor(gray) back to the interleaved order, so the blend,
-    # the clamp and the narrowing run on the bytes in place. GCC's generic vectors: SSE2 on
-    # x86-64, NEON on aarch64. Each lane does the scalar formula's float32 operations (no
-    # contraction), so every build gives the same bits.
+    # Saturation and the float32 output conversion on interleaved RGB without gathers or
+    # strided scalar loops: 16 pixels (48 bytes) widen to twelve 4-float vectors; per 4
+    # pixels, shuffles give the R, G and B lanes (for the grayscale, or the CHW planes), and
+    # saturation spreads a * floor(gray) back to the interleaved order, so its blend, clamp
+    # and narrowing run on the bytes in place. GCC's generic vectors: SSE2 on x86-64, NEON
+    # on aarch64. Each lane does the scalar formula's float32 operations (no contraction),
+    # so every build gives the same bits.
     """
     #if defined(__SSE2__)
     #include <emmintrin.h>
@@ -100,40 +101,145 @@ cdef extern from *:
         return (dp_f4)((b & big) | ((dp_i4)(dp_f4){255.0f, 255.0f, 255.0f, 255.0f} & ~big));
     }
 
-    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) {
-        const float cr = 0.2989f, cg = 0.587f, cb = 0.114f;
+    /* The R, G and B lanes of 4 pixels from their 12 interleaved values in x0..x2. */
+    static inline void dp_planes4(dp_f4 x0, dp_f4 x1, dp_f4 x2, dp_f4* R, dp_f4* G, dp_f4* B) {
+        *R = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 0, 3, 6, 5), x2, 0, 1, 2, 5);
+        *G = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 1, 4, 7, 7), x2, 0, 1, 2, 6);
+        *B = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 2, 5, 5, 5), x2, 0, 1, 4, 7);
+    }
+
+    /* Floor of the grayscale of 4 pixels, (0.2989 r + 0.587 g) + 0.114 b in float32, from
+       their 12 interleaved values in x0..x2; *R, *G, *B get the pixels' channels. */
+    static inline dp_f4 dp_gray4(dp_f4 x0, dp_f4 x1, dp_f4 x2, dp_f4* R, dp_f4* G, dp_f4* B) {
+        dp_planes4(x0, x1, x2, R, G, B);
+        dp_f4 y = (*R * 0.2989f + 0.587f * *G) + 0.114f * *B;
+        return __builtin_convertvector(__builtin_convertvector(y, dp_i4), dp_f4);   /* y >= 0 */
+    }
+
+    static inline float dp_gray1(const uint8_t* p) {
+        return (float)(int)(((float)p[0] * 0.2989f + 0.587f * (float)p[1]) + 0.114f * (float)p[2]);
+    }
+
+    enum { DP_SATURATION, DP_GRAYSCALE, DP_GRAY_SUM };
+
+    /* One of three passes over npix interleaved RGB pixels, in place: saturation
+       (img * r + a * floor(gray), clamped, truncated), grayscale (floor(gray) in all three
+       channels), or neither, returning the sum of floor(gray). */
+    static inline __attribute__((always_inline)) int64_t dp_gray_pass(
+            uint8_t* img, Py_ssize_t npix, float r, float a, int mode) {
         const dp_f4 rv = {r, r, r, r}, av = {a, a, a, a};
+        dp_i4 sum = {0, 0, 0, 0};      /* flushed every 2**20 pixels: lanes stay below 2**27 */
+        int64_t total = 0;
         Py_ssize_t i = 0;
         for (; i + 16 <= npix; i += 16) {
             uint8_t* p = img + 3 * i;
-            dp_f4 x[12];
+            dp_f4 x[12], R, G, B;
             for (int k = 0; k < 3; k++)
                 dp_widen(p + 16 * k, x + 4 * k);
             for (int g = 0; g < 12; g += 3) {
-                dp_f4 x0 = x[g], x1 = x[g + 1], x2 = x[g + 2];
-                dp_f4 R = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 0, 3, 6, 5), x2, 0, 1, 2, 5);
-                dp_f4 G = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 1, 4, 7, 7), x2, 0, 1, 2, 6);
-                dp_f4 B = __builtin_shufflevector(__builtin_shufflevector(x0, x1, 2, 5, 5, 5), x2, 0, 1, 4, 7);
-                dp_f4 y = (R * cr + cg * G) + cb * B;
-                dp_f4 ay = av * __builtin_convertvector(__builtin_convertvector(y, dp_i4), dp_f4);
-                x[g] = dp_sat4(x0, rv, __builtin_shufflevector(ay, ay, 0, 0, 0, 1));
-                x[g + 1] = dp_sat4(x1, rv, __builtin_shufflevector(ay, ay, 1, 1, 2, 2));
-                x[g + 2] = dp_sat4(x2, rv, __builtin_shufflevector(ay, ay, 2, 3, 3, 3));
+                dp_f4 y = dp_gray4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
+                if (mode == DP_GRAY_SUM) {
+                    sum += __builtin_convertvector(y, dp_i4);
+                    continue;
+                }
+                if (mode == DP_SATURATION)
+                    y = av * y;
+                dp_f4 e0 = __builtin_shufflevector(y, y, 0, 0, 0, 1);
+                dp_f4 e1 = __builtin_shufflevector(y, y, 1, 1, 2, 2);
+                dp_f4 e2 = __builtin_shufflevector(y, y, 2, 3, 3, 3);
+                if (mode == DP_SATURATION) {
+                    e0 = dp_sat4(x[g], rv, e0);
+                    e1 = dp_sat4(x[g + 1], rv, e1);
+                    e2 = dp_sat4(x[g + 2], rv, e2);
+                }
+                x[g] = e0;
+                x[g + 1] = e1;
+                x[g + 2] = e2;
+            }
+            if (mode == DP_GRAY_SUM) {
+                if ((i & ((1 << 20) - 1)) == 0) {
+                    total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
+                    sum = (dp_i4){0, 0, 0, 0};
+                }
+                continue;
             }
             for (int k = 0; k < 3; k++)
                 dp_narrow(x + 4 * k, p + 16 * k);
         }
+        total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
         for (; i < npix; i++) {
             uint8_t* p = img + 3 * i;
-            float fr = p[0], fg = p[1], fb = p[2];
-            float ay = a * (float)(int)((fr * cr + cg * fg) + cb * fb);
-            p[0] = (uint8_t)(int)dp_sat1(fr, r, ay);
-            p[1] = (uint8_t)(int)dp_sat1(fg, r, ay);
-            p[2] = (uint8_t)(int)dp_sat1(fb, r, ay);
+            float y = dp_gray1(p);
+            if (mode == DP_GRAY_SUM) {
+                total += (int64_t)y;
+            } else if (mode == DP_GRAYSCALE) {
+                p[0] = p[1] = p[2] = (uint8_t)(int)y;
+            } else {
+                float ay = a * y;
+                p[0] = (uint8_t)(int)dp_sat1((float)p[0], r, ay);
+                p[1] = (uint8_t)(int)dp_sat1((float)p[1], r, ay);
+                p[2] = (uint8_t)(int)dp_sat1((float)p[2], r, ay);
+            }
         }
+        return total;
+    }
+
+    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) {
+        dp_gray_pass(img, npix, r, a, DP_SATURATION);
+    }
+
+    static void dp_grayscale(uint8_t* img, Py_ssize_t npix) {
+        dp_gray_pass(img, npix, 0.0f, 0.0f, DP_GRAYSCALE);
+    }
+
+    static int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix) {
+        return dp_gray_pass((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM);
+    }
+
+    /* out = value * scale[c] + bias[c] per element, float32, CHW (planes of npix) or HWC. */
+    static void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s,
+                               const float* b, float* out, int chw) {
+        const dp_f4 s0 = {s[0], s[1], s[2], s[0]}, s1 = {s[1], s[2], s[0], s[1]},
+                    s2 = {s[2], s[0], s[1], s[2]};
+        const dp_f4 b0 = {b[0], b[1], b[2], b[0]}, b1 = {b[1], b[2], b[0], b[1]},
+                    b2 = {b[2], b[0], b[1], b[2]};
+        Py_ssize_t i = 0;
+        for (; i + 16 <= npix; i += 16) {
+            dp_f4 x[12];
+            for (int k = 0; k < 3; k++)
+                dp_widen(img + 3 * i + 16 * k, x + 4 * k);
+            for (int g = 0; g < 12; g += 3) {
+                dp_f4 x0 = x[g], x1 = x[g + 1], x2 = x[g + 2];
+                if (chw) {
+                    Py_ssize_t at = i + 4 * (g / 3);
+                    dp_f4 R, G, B;
+                    dp_planes4(x0, x1, x2, &R, &G, &B);
+                    R = R * s[0] + b[0];
+                    G = G * s[1] + b[1];
+                    B = B * s[2] + b[2];
+                    memcpy(out + at, &R, 16);
+                    memcpy(out + npix + at, &G, 16);
+                    memcpy(out + 2 * npix + at, &B, 16);
+                } else {
+                    x0 = x0 * s0 + b0;
+                    x1 = x1 * s1 + b1;
+                    x2 = x2 * s2 + b2;
+                    memcpy(out + 3 * i + 4 * g, &x0, 16);
+                    memcpy(out + 3 * i + 4 * g + 4, &x1, 16);
+                    memcpy(out + 3 * i + 4 * g + 8, &x2, 16);
+                }
+            }
+        }
+        for (; i < npix; i++)
+            for (int c = 0; c < 3; c++)
+                out[chw ? c * npix + i : 3 * i + c] = (float)img[3 * i + c] * s[c] + b[c];
     }
     """
     void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) noexcept nogil
+    void dp_grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil
+    int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix) noexcept nogil
+    void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s, const float* b,
+                        float* out, int chw) noexcept nogil
 
 cdef extern from "math.h" nogil:
     float rintf(float x)
@@ -487,26 +593,9 @@ cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w
 # built with torchvision's float32 formula (so it gives the same bits as computing per pixel):
 # Brightness, Posterize, Solarize, Invert, and — once their statistics of the image are known —
 # Contrast, AutoContrast, Equalize. aug_apply composes consecutive maps and applies them in one
-# pass. The grayscale of a pixel, (0.2989 r + 0.587 g) + 0.114 b in float32, takes its products
-# from tables (the same float32 products), except in Saturation and Color, which compute it
-# in vector lanes (dp_saturation): there the blend that follows vectorizes too, while for
-# Grayscale and Contrast alone the tables are faster.
-
-cdef float GRAY_R[256]
-cdef float GRAY_G[256]
-cdef float GRAY_B[256]
-
-
-cdef void _gray_tables() noexcept nogil:
-    cdef int v
-    for v in range(256):
-        GRAY_R[v] = <float>v * <float>0.2989
-        GRAY_G[v] = <float>0.587 * <float>v
-        GRAY_B[v] = <float>0.114 * <float>v
-
-
-_gray_tables()
-
+# pass. The grayscale of a pixel, (0.2989 r + 0.587 g) + 0.114 b in float32 as
+# r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), is computed in vector lanes
+# (dp_gray_pass) by Saturation, Color, Grayscale and Contrast's mean.
 
 cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
     # clamp_(0, 255) then .to(uint8): truncation toward zero.
@@ -515,11 +604,6 @@ cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
     if v >= <float>255.0:
         return 255
     return <uint8_t><int>v
-
-
-cdef inline float _gray(const uint8_t* p) noexcept nogil:
-    # r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), float32
-    return (GRAY_R[p[0]] + GRAY_G[p[1]]) + GRAY_B[p[2]]
 
 
 cdef void _lut_apply(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
@@ -558,11 +642,7 @@ cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogi
 cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix) noexcept nogil:
     # The mean of the floored grayscale: integers below 2**24 in total, so float32 sums of
     # them are exact in any order and the sum here equals torch's.
-    cdef int64_t total = 0
-    cdef Py_ssize_t i
-    for i in range(npix):
-        total += <int>_gray(img + 3 * i)     # gray >= 0: truncation is its floor
-    return <float>total / <float>npix
+    return <float>dp_gray_sum(img, npix) / <float>npix
 
 
 cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) noexcept nogil:
@@ -759,11 +839,8 @@ cdef inline int _pure_map(int op) noexcept nogil:
 
 
 cdef void _grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef uint8_t g
-    for i in range(npix):
-        g = _trunc_u8(_gray(img + 3 * i))
-        img[3 * i], img[3 * i + 1], img[3 * i + 2] = g, g, g
+    # floor(gray) in every channel: gray <= 0.9999 * 255, so it needs no clamp.
+    dp_grayscale(img, npix)
 
 
 cdef void _hue(uint8_t* img, Py_ssize_t npix, double factor) noexcept nogil:
@@ -909,7 +986,7 @@ cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* o
     """One output sample from the uint8 image, through maps[256 c + value] (3 x 256, or NULL):
     value * scale + bias per channel in float32 (ops_run's formula), as o.dtype in o.layout.
     The formula depends on (channel, value) only: a 3 x 256 table of the converted values,
-    then one lookup per element."""
+    then one lookup per element; float32 without maps computes it in vector lanes instead."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w, i
     cdef int c, v
     cdef float lf[768]
@@ -931,6 +1008,9 @@ cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* o
                 u8[2 * npix + i] = img[3 * i + 2]
         else:
             memcpy(u8, img, <size_t>npix * 3)
+        return
+    if o.dtype == OPS_FLOAT32 and maps == NULL:     # arithmetic in lanes: the table's bits
+        dp_convert_f32(img, npix, o.scale, o.bias, f32, o.layout == OPS_CHW)
         return
     for c in range(3):
         for v in range(256):
