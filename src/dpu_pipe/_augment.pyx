@@ -8,7 +8,7 @@
 # Images are (h, w, 3) uint8, rows contiguous. Ops work out of place into `tmp` where they must
 # (the affine ops) and copy back, so every op leaves its result in `img`.
 from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memchr, memcpy, memset
 from libc.math cimport floor, fmod, sqrt, rint
 
 from dpu_pipe._ops cimport (OpsOutput, OPS_FLOAT32, OPS_UINT8, OPS_FLOAT16, OPS_BFLOAT16,
@@ -463,7 +463,8 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     in the same order as the per-pixel formula, the row's y terms hoisted, rounding half to
     even by the 1.5 * 2**23 trick, exact for coordinates below 2**22), then the copies. When
     the map's source row does not depend on x (ShearX, TranslateX/Y: m[3] == 0) the row's
-    source row is one, and the copies are runs of consecutive source pixels (memcpy); else
+    source row is one, and the copies are runs of consecutive source pixels (memcpy, the
+    runs' ends marked in a vectorized pass); else
     (Rotate, ShearY) they are per-pixel gathers."""
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
@@ -473,6 +474,8 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     cdef float magic = <float>ROUND_MAGIC
     cdef float yb, cx, cy, xb, ix, iy
     cdef int32_t off[AFFINE_CHUNK]
+    cdef uint8_t brk[AFFINE_CHUNK]
+    cdef const uint8_t* pk
     cdef int32_t xi, yi, inside
     cdef int x, y, x0, n, j, k
     cdef const uint8_t* p
@@ -498,6 +501,11 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
                     xb = <float>(x0 + j) - cw
                     ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
                     off[j] = <int32_t>((ix + magic) - magic)
+                # brk[k]: pixel k cannot continue a run of consecutive in-image source
+                # pixels (a vectorized pass; the runs are then found by memchr).
+                brk[0] = 1
+                for j in range(1, n):
+                    brk[j] = (off[j] != off[j - 1] + 1) | (off[j] < 0) | (off[j] >= w)
                 j = 0
                 while j < n:
                     xi = off[j]
@@ -506,9 +514,8 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
                         q[x], q[x + 1], q[x + 2] = fill[0], fill[1], fill[2]
                         j += 1
                         continue
-                    k = j + 1
-                    while k < n and off[k] == off[k - 1] + 1 and off[k] < w:
-                        k += 1
+                    pk = <const uint8_t*>memchr(brk + j + 1, 1, <size_t>(n - j - 1))
+                    k = n if pk == NULL else <int>(pk - brk)
                     memcpy(q + 3 * (x0 + j), srow + 3 * xi, <size_t>(3 * (k - j)))
                     j = k
             continue
