@@ -124,18 +124,33 @@ cdef extern from *:
 
     /* One of three passes over npix interleaved RGB pixels, in place: saturation
        (img * r + a * floor(gray), clamped, truncated), grayscale (floor(gray) in all three
-       channels), or neither, returning the sum of floor(gray). */
+       channels), or neither, returning the sum of floor(gray). With lut (3 x 256), the pass
+       runs on lut[256 c + value] instead of the values: pending maps applied on the way. */
+    static inline void dp_map48(const uint8_t* p, const uint8_t* lut, uint8_t* t, int n) {
+        for (int k = 0; k < n; k += 3) {
+            t[k] = lut[p[k]];
+            t[k + 1] = lut[256 + p[k + 1]];
+            t[k + 2] = lut[512 + p[k + 2]];
+        }
+    }
+
     static inline __attribute__((always_inline)) int64_t dp_gray_pass(
-            uint8_t* img, Py_ssize_t npix, float r, float a, int mode) {
+            uint8_t* img, Py_ssize_t npix, float r, float a, int mode, const uint8_t* lut) {
         const dp_f4 rv = {r, r, r, r}, av = {a, a, a, a};
         dp_i4 sum = {0, 0, 0, 0};      /* flushed every 2**20 pixels: lanes stay below 2**27 */
         int64_t total = 0;
         Py_ssize_t i = 0;
         for (; i + 16 <= npix; i += 16) {
             uint8_t* p = img + 3 * i;
+            uint8_t t[48];
+            const uint8_t* src = p;
             dp_f4 x[12], R, G, B;
+            if (lut) {
+                dp_map48(p, lut, t, 48);
+                src = t;
+            }
             for (int k = 0; k < 3; k++)
-                dp_widen(p + 16 * k, x + 4 * k);
+                dp_widen(src + 16 * k, x + 4 * k);
             for (int g = 0; g < 12; g += 3) {
                 dp_f4 y = dp_gray4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
                 if (mode == DP_GRAY_SUM) {
@@ -169,6 +184,14 @@ cdef extern from *:
         total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
         for (; i < npix; i++) {
             uint8_t* p = img + 3 * i;
+            uint8_t t[3];
+            if (lut) {
+                dp_map48(p, lut, t, 3);
+                if (mode != DP_GRAY_SUM)
+                    memcpy(p, t, 3);
+                else
+                    p = t;
+            }
             float y = dp_gray1(p);
             if (mode == DP_GRAY_SUM) {
                 total += (int64_t)y;
@@ -184,16 +207,17 @@ cdef extern from *:
         return total;
     }
 
-    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) {
-        dp_gray_pass(img, npix, r, a, DP_SATURATION);
+    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a,
+                              const uint8_t* lut) {
+        dp_gray_pass(img, npix, r, a, DP_SATURATION, lut);
     }
 
-    static void dp_grayscale(uint8_t* img, Py_ssize_t npix) {
-        dp_gray_pass(img, npix, 0.0f, 0.0f, DP_GRAYSCALE);
+    static void dp_grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) {
+        dp_gray_pass(img, npix, 0.0f, 0.0f, DP_GRAYSCALE, lut);
     }
 
-    static int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix) {
-        return dp_gray_pass((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM);
+    static int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) {
+        return dp_gray_pass((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM, lut);
     }
 
     /* out = value * scale[c] + bias[c] per element, float32, CHW (planes of npix) or HWC. */
@@ -235,9 +259,10 @@ cdef extern from *:
                 out[chw ? c * npix + i : 3 * i + c] = (float)img[3 * i + c] * s[c] + b[c];
     }
     """
-    void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a) noexcept nogil
-    void dp_grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil
-    int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix) noexcept nogil
+    void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a,
+                       const uint8_t* lut) noexcept nogil
+    void dp_grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
+    int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
     void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s, const float* b,
                         float* out, int chw) noexcept nogil
 
@@ -641,15 +666,18 @@ cdef void _blend_map(uint8_t* lut, double ratio, float other) noexcept nogil:
     _map_same(lut, lut)
 
 
-cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio) noexcept nogil:
-    # img * r + (1 - r) * floor(gray), float32, clamped and truncated as torchvision.
-    dp_saturation(img, npix, <float>ratio, <float>(1.0 - ratio))
+cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio,
+                      const uint8_t* lut) noexcept nogil:
+    # img * r + (1 - r) * floor(gray), float32, clamped and truncated as torchvision; on
+    # lut(img) when lut is not NULL.
+    dp_saturation(img, npix, <float>ratio, <float>(1.0 - ratio), lut)
 
 
-cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix) noexcept nogil:
-    # The mean of the floored grayscale: integers below 2**24 in total, so float32 sums of
-    # them are exact in any order and the sum here equals torch's.
-    return <float>dp_gray_sum(img, npix) / <float>npix
+cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
+    # The mean of the floored grayscale (of lut(img) when lut is not NULL): integers below
+    # 2**24 in total, so float32 sums of them are exact in any order and the sum here equals
+    # torch's.
+    return <float>dp_gray_sum(img, npix, lut) / <float>npix
 
 
 cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) noexcept nogil:
@@ -816,13 +844,14 @@ cdef void _bitwise(uint8_t* img, Py_ssize_t n, int op, double mag) noexcept nogi
 
 
 cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
-                 uint8_t* lut) noexcept nogil:
-    """The op as a per-channel map of values (3 x 256 into lut), statistics taken from img;
-    0 when the op is not one."""
+                 uint8_t* lut, const uint8_t* pending) noexcept nogil:
+    """The op as a per-channel map of values (3 x 256 into lut), statistics taken from img,
+    or from pending(img) when the maps pending (3 x 256, or NULL) have not been applied yet
+    (only ops that _takes_pending accepts); 0 when the op is not one."""
     if op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS:
         _brightness_map(lut, 1.0 + mag if op == AUG_BRIGHTNESS else mag)
     elif op == AUG_CONTRAST or op == AUG_J_CONTRAST:
-        _blend_map(lut, 1.0 + mag if op == AUG_CONTRAST else mag, _gray_mean(img, npix))
+        _blend_map(lut, 1.0 + mag if op == AUG_CONTRAST else mag, _gray_mean(img, npix, pending))
     elif op == AUG_POSTERIZE:
         _posterize_map(lut, mag)
     elif op == AUG_SOLARIZE:
@@ -838,16 +867,20 @@ cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
     return 1
 
 
-cdef inline int _pure_map(int op) noexcept nogil:
-    """Whether the op is a map of values that does not look at the image (composable with
-    pending maps before they are applied)."""
+cdef inline int _takes_pending(int op) noexcept nogil:
+    """Whether the op can run before the pending maps are applied: maps of values that do not
+    look at the image, Contrast (its mean is taken through the maps), and the grayscale ops,
+    which apply the maps as they read the pixels."""
     return op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS or op == AUG_POSTERIZE \
-        or op == AUG_SOLARIZE or op == AUG_INVERT
+        or op == AUG_SOLARIZE or op == AUG_INVERT or op == AUG_CONTRAST \
+        or op == AUG_J_CONTRAST or op == AUG_COLOR or op == AUG_J_SATURATION \
+        or op == AUG_GRAYSCALE
 
 
-cdef void _grayscale(uint8_t* img, Py_ssize_t npix) noexcept nogil:
-    # floor(gray) in every channel: gray <= 0.9999 * 255, so it needs no clamp.
-    dp_grayscale(img, npix)
+cdef void _grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
+    # floor(gray) in every channel (of lut(img) when lut is not NULL): gray <= 0.9999 * 255,
+    # so it needs no clamp.
+    dp_grayscale(img, npix, lut)
 
 
 cdef void _hue(uint8_t* img, Py_ssize_t npix, double factor) noexcept nogil:
@@ -917,16 +950,16 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
         return _geometric(op, mag, img, tmp, h, w, fill)
     if op == AUG_POSTERIZE or op == AUG_INVERT:
         _bitwise(img, 3 * npix, op, mag)
-    elif _op_map(op, mag, img, npix, lut):
+    elif _op_map(op, mag, img, npix, lut, NULL):
         _lut_apply(img, npix, lut)
     elif op == AUG_COLOR or op == AUG_J_SATURATION:
-        _saturation(img, npix, 1.0 + mag if op == AUG_COLOR else mag)
+        _saturation(img, npix, 1.0 + mag if op == AUG_COLOR else mag, NULL)
     elif op == AUG_SHARPNESS:
         _sharpness(img, tmp, h, w, 1.0 + mag)
     elif op == AUG_J_HUE:
         _hue(img, npix, mag)
     elif op == AUG_GRAYSCALE:
-        _grayscale(img, npix)
+        _grayscale(img, npix, NULL)
     else:
         return -1
     return 0
@@ -934,8 +967,10 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
 
 cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
                 int h, int w, uint8_t* tail) noexcept nogil:
-    """The steps of prm in order; runs of value maps are composed and applied in one pass (a
-    map that takes statistics of the image first applies the pending ones). With tail, a
+    """The steps of prm in order; runs of value maps are composed and applied in one pass,
+    or by the grayscale op that follows them (AutoContrast and Equalize, which take
+    statistics of the image, and the other ops apply the pending ones first; Contrast takes
+    its mean through them). With tail, a
     final run of maps is left in it (3 x 256) for the caller's conversion to absorb: returns 1
     then, 0 when nothing is left, or an op's error code."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w
@@ -949,7 +984,7 @@ cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_
         if pending and k == prm.n and tail != NULL:
             memcpy(tail, lut, 768)
             return 1
-        if pending and (k == prm.n or not _pure_map(op)):
+        if pending and (k == prm.n or not _takes_pending(op)):
             if pending == 1 and (prm.step[first].op == AUG_POSTERIZE
                                  or prm.step[first].op == AUG_INVERT):
                 _bitwise(img, 3 * npix, prm.step[first].op, prm.step[first].mag)
@@ -958,7 +993,7 @@ cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_
             pending = 0
         if k == prm.n:
             break
-        if _op_map(op, prm.step[k].mag, img, npix, m):
+        if _op_map(op, prm.step[k].mag, img, npix, m, lut if pending else NULL):
             if pending:
                 for v in range(768):
                     lut[v] = m[(v & ~255) + lut[v]]
@@ -966,6 +1001,14 @@ cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_
                 memcpy(lut, m, 768)
                 first = k
             pending += 1
+            continue
+        if pending:                 # a grayscale op: it applies the maps as it reads
+            if op == AUG_GRAYSCALE:
+                _grayscale(img, npix, lut)
+            else:
+                _saturation(img, npix, 1.0 + prm.step[k].mag if op == AUG_COLOR
+                            else prm.step[k].mag, lut)
+            pending = 0
             continue
         rc = aug_apply_op(op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
         if rc != 0:
