@@ -53,8 +53,9 @@ cdef extern from *:
     typedef uint16_t dp_h8 __attribute__((vector_size(16)));
     typedef uint8_t dp_b16 __attribute__((vector_size(16)));
 
-    /* 16 bytes to four 4-float vectors, by interleaving with zeros, lane by lane as the unpack instructions do (GCC scalarizes a direct
-       conversion of 16 bytes to 16 floats on SSE2). Little-endian lanes, as on both targets. */
+    /* 16 bytes to four 4-float vectors, by interleaving with zeros lane by lane, as the
+       unpack instructions do (GCC scalarizes a direct conversion of 16 bytes to 16 floats on
+       SSE2). Little-endian lanes, as on both targets. */
     static inline void dp_widen(const uint8_t* p, dp_f4* x) {
         dp_b16 b, z = {0};
         dp_h8 hz = {0};
@@ -120,13 +121,9 @@ cdef extern from *:
         return (float)(int)(((float)p[0] * 0.2989f + 0.587f * (float)p[1]) + 0.114f * (float)p[2]);
     }
 
-    enum { DP_SATURATION, DP_GRAYSCALE, DP_GRAY_SUM };
-
-    /* One of three passes over npix interleaved RGB pixels, in place: saturation
-       (img * r + a * floor(gray), clamped, truncated), grayscale (floor(gray) in all three
-       channels), or neither, returning the sum of floor(gray). With lut (3 x 256), the pass
-       runs on lut[256 c + value] instead of the values: pending maps applied on the way. */
-    static inline void dp_map48(const uint8_t* p, const uint8_t* lut, uint8_t* t, int n) {
+    /* t[0:n] = the n interleaved values at p through the 3 x 256 maps lut (n: a multiple
+       of 3). */
+    static inline void dp_map3(const uint8_t* p, const uint8_t* lut, uint8_t* t, int n) {
         for (int k = 0; k < n; k += 3) {
             t[k] = lut[p[k]];
             t[k + 1] = lut[256 + p[k + 1]];
@@ -134,6 +131,12 @@ cdef extern from *:
         }
     }
 
+    enum { DP_SATURATION, DP_GRAYSCALE, DP_GRAY_SUM };
+
+    /* One of three passes over npix interleaved RGB pixels, in place: saturation
+       (img * r + a * floor(gray), clamped, truncated), grayscale (floor(gray) in all three
+       channels), or neither, returning the sum of floor(gray). With lut (3 x 256), the pass
+       runs on lut[256 c + value] instead of the values: pending maps applied on the way. */
     static inline __attribute__((always_inline)) int64_t dp_gray_pass(
             uint8_t* img, Py_ssize_t npix, float r, float a, int mode, const uint8_t* lut) {
         const dp_f4 rv = {r, r, r, r}, av = {a, a, a, a};
@@ -146,7 +149,7 @@ cdef extern from *:
             const uint8_t* src = p;
             dp_f4 x[12], R, G, B;
             if (lut) {
-                dp_map48(p, lut, t, 48);
+                dp_map3(p, lut, t, 48);
                 src = t;
             }
             for (int k = 0; k < 3; k++)
@@ -186,7 +189,7 @@ cdef extern from *:
             uint8_t* p = img + 3 * i;
             uint8_t t[3];
             if (lut) {
-                dp_map48(p, lut, t, 3);
+                dp_map3(p, lut, t, 3);
                 if (mode != DP_GRAY_SUM)
                     memcpy(p, t, 3);
                 else
