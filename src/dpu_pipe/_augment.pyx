@@ -223,6 +223,79 @@ cdef extern from *:
         return dp_gray_pass((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM, lut);
     }
 
+    static inline dp_f4 dp_sel(dp_i4 m, dp_f4 x, dp_f4 y) {      /* m ? x : y, per lane */
+        return (dp_f4)(((dp_i4)x & m) | ((dp_i4)y & ~m));
+    }
+
+    static inline dp_f4 dp_floor(dp_f4 x) {    /* exact for |x| < 2**31 */
+        dp_f4 t = __builtin_convertvector(__builtin_convertvector(x, dp_i4), dp_f4);
+        return t - dp_sel(t > x, (dp_f4){1.0f, 1.0f, 1.0f, 1.0f}, (dp_f4){0.0f, 0.0f, 0.0f, 0.0f});
+    }
+
+    /* _hue's formula for 4 pixels, lane by lane: the channels R, G, B (0..255) in, the
+       channels times `back` out. Every branch of the scalar code is computed and selected,
+       so each lane does the scalar code's float32 operations on its pixel; fmodf(x, 1) is
+       x - trunc(x), exact for the x > 0 it gets. */
+    static inline void dp_hue4(dp_f4* R, dp_f4* G, dp_f4* B, float sc, float hf, float back) {
+        const dp_f4 one = {1.0f, 1.0f, 1.0f, 1.0f}, zero = {0.0f, 0.0f, 0.0f, 0.0f};
+        dp_f4 r = *R * sc, g = *G * sc, b = *B * sc;
+        dp_f4 mx = dp_sel(r > g, r, g);
+        mx = dp_sel(mx > b, mx, b);
+        dp_f4 mn = dp_sel(r < g, r, g);
+        mn = dp_sel(mn < b, mn, b);
+        dp_i4 flat = mx == mn;
+        dp_f4 cr = mx - mn;
+        dp_f4 s = cr / dp_sel(flat, one, mx);
+        cr = dp_sel(flat, one, cr);
+        dp_f4 rc = (mx - r) / cr, gc = (mx - g) / cr, bc = (mx - b) / cr;
+        dp_f4 hh = dp_sel(mx != r, dp_sel(mx == g, (rc + 2.0f) - bc, (gc + 4.0f) - rc), bc - gc);
+        hh = hh * (float)(1.0 / 6.0) + 1.0f;
+        hh = hh - __builtin_convertvector(__builtin_convertvector(hh, dp_i4), dp_f4);
+        hh = hh + hf;
+        hh = hh - dp_floor(hh);
+        dp_f4 h6 = hh * 6.0f;
+        dp_f4 fl = dp_floor(h6);
+        dp_i4 k = __builtin_convertvector(fl, dp_i4);
+        dp_f4 f = h6 - fl;
+        dp_f4 sxf = s * f, oms = 1.0f - s;
+        dp_f4 q = (1.0f - sxf) * mx, t = (sxf + oms) * mx, p = oms * mx;
+        q = dp_sel(q > zero, q, zero);
+        q = dp_sel(q < one, q, one);
+        t = dp_sel(t > zero, t, zero);
+        t = dp_sel(t < one, t, one);
+        p = dp_sel(p > zero, p, zero);
+        p = dp_sel(p < one, p, one);
+        k = k - ((k >= 6) & 6);         /* h6 rounds up to 6.0 just below hue 1 */
+        dp_i4 k0 = k == 0, k1 = k == 1, k2 = k == 2, k3 = k == 3, k4 = k == 4;
+        dp_f4 o0 = dp_sel(k0, mx, dp_sel(k1, q, dp_sel(k2 | k3, p, dp_sel(k4, t, mx))));
+        dp_f4 o1 = dp_sel(k0, t, dp_sel(k1 | k2, mx, dp_sel(k3, q, p)));
+        dp_f4 o2 = dp_sel(k0 | k1, p, dp_sel(k2, t, dp_sel(k3 | k4, mx, q)));
+        *R = o0 * back;
+        *G = o1 * back;
+        *B = o2 * back;
+    }
+
+    /* _hue on the first npix - npix % 16 pixels (the caller does the rest): 16 pixels
+       widened at a time, the result interleaved back and truncated to bytes (values in
+       [0, 256): truncation is _trunc_u8 there). */
+    static void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+        for (Py_ssize_t i = 0; i + 16 <= npix; i += 16) {
+            uint8_t* px = img + 3 * i;
+            dp_f4 x[12], R, G, B;
+            for (int k = 0; k < 3; k++)
+                dp_widen(px + 16 * k, x + 4 * k);
+            for (int g = 0; g < 12; g += 3) {
+                dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
+                dp_hue4(&R, &G, &B, sc, hf, back);
+                x[g] = __builtin_shufflevector(__builtin_shufflevector(R, G, 0, 4, 1, 5), B, 0, 1, 4, 2);
+                x[g + 1] = __builtin_shufflevector(__builtin_shufflevector(G, B, 1, 5, 2, 6), R, 0, 1, 6, 2);
+                x[g + 2] = __builtin_shufflevector(__builtin_shufflevector(R, G, 3, 7, 3, 7), B, 6, 0, 1, 7);
+            }
+            for (int k = 0; k < 3; k++)
+                dp_narrow(x + 4 * k, px + 16 * k);
+        }
+    }
+
     /* out = value * scale[c] + bias[c] per element, float32, CHW (planes of npix) or HWC. */
     static void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s,
                                const float* b, float* out, int chw) {
@@ -268,6 +341,7 @@ cdef extern from *:
     int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
     void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s, const float* b,
                         float* out, int chw) noexcept nogil
+    void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) noexcept nogil
 
 cdef extern from "math.h" nogil:
     float rintf(float x)
@@ -888,13 +962,15 @@ cdef void _grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept
 
 cdef void _hue(uint8_t* img, Py_ssize_t npix, double factor) noexcept nogil:
     """v2's adjust_hue on uint8: to float32 (x / 255), HSV, hue + factor mod 1, back, then
-    x * (256 - 1e-3) truncated."""
+    x * (256 - 1e-3) truncated. Blocks of 16 pixels run in vector lanes (dp_hue), the last
+    npix % 16 here: the same float32 operations."""
     cdef float sc = <float>(1.0 / 255.0), hf = <float>factor, back = <float>(255.0 + 1.0 - 1e-3)
     cdef float r, g, b, mx, mn, cr, s, rc, gc, bc, hh, h6, f, p, q, t, sxf, oms
     cdef float ov[3]
     cdef Py_ssize_t i
     cdef int k
-    for i in range(npix):
+    dp_hue(img, npix, sc, hf, back)
+    for i in range(npix - npix % 16, npix):
         r = <float>img[3 * i] * sc
         g = <float>img[3 * i + 1] * sc
         b = <float>img[3 * i + 2] * sc
