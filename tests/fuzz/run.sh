@@ -10,7 +10,8 @@
 # extensions' and libjpeg's edges guide the fuzzer; without it, the plain build is fuzzed and
 # only Python edges are seen (crashes still end the run; -keep_seed keeps every seed JPEG in
 # the corpus, since without native edges they all look alike); FUZZ_BUILD=plain forces that. Logs: build/fuzz/logs/<target>.log;
-# a crashing input: build/fuzz/artifacts/<target>/. Exit status: non-zero if any target failed.
+# a crashing input: build/fuzz/artifacts/<target>/. FUZZ_JOBS: targets run at once (default 1).
+# Exit status: non-zero if any target failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -35,8 +36,10 @@ if [ ! -d "$OUT/seeds/parquet" ]; then
   PYTHONPATH=$ROOT "$PY" tests/fuzz/seeds.py "$OUT/seeds.tmp" >/dev/null || exit 1
   mv "$OUT/seeds.tmp" "$OUT/seeds"
 fi
-status=0
-for t in $TARGETS; do
+case "$MODE" in long|smoke) ;; *) echo "usage: $0 long|smoke [TARGET ...]" >&2; exit 2 ;; esac
+# One target: its run, then one summary line; returns non-zero if it failed.
+run_target() {
+  local t=$1 limit corpus dirs log start rc done_line execs
   case "$MODE" in
     long)
       case $t in header|decode|entropy) limit=(-runs=1000000) ;; *) limit=(-runs=200000) ;; esac
@@ -44,13 +47,12 @@ for t in $TARGETS; do
       # mutates blind (libFuzzer counts a few dozen Python edges) and checks no memory.
       if [ "${RUN[0]}" != scripts/asan/python.sh ] && [ "${limit[0]}" = -runs=1000000 ]; then
         echo "[fuzz] $t: a long run needs the sanitizer build (scripts/asan/build.sh)" >&2
-        status=1; continue
+        return 1
       fi
       corpus=$OUT/corpus/$t ;;
     smoke)
       limit=(-max_total_time="${FUZZ_SMOKE_SECONDS:-15}" -seed=1)
       corpus=$(mktemp -d) ;;
-    *) echo "usage: $0 long|smoke [TARGET ...]" >&2; exit 2 ;;
   esac
   mkdir -p "$corpus" "$OUT/artifacts/$t"
   dirs=("$corpus" "$OUT/seeds/$t")
@@ -67,6 +69,20 @@ for t in $TARGETS; do
   done_line=$(grep -E "^#[0-9]+[[:space:]]+(DONE|pulse|NEW|REDUCE)" "$log" | tail -1)
   execs=$(grep -o "number_of_executed_units: [0-9]*" "$log" | tail -1)
   echo "[fuzz] $t: rc=$rc $((SECONDS - start)) s; ${execs:-no stats}; last: ${done_line:-none}"
-  [ $rc -eq 0 ] || { status=1; grep -m1 -E "ERROR|Traceback|SUMMARY" "$log"; }
+  [ $rc -eq 0 ] || { grep -m1 -E "ERROR|Traceback|SUMMARY" "$log"; return 1; }
+}
+# FUZZ_JOBS targets at once (default 1): each is one single-threaded process, so CI's smoke
+# run uses both cores.
+jobs_max=${FUZZ_JOBS:-1}
+status=0
+pids=()
+for t in $TARGETS; do
+  if [ "${#pids[@]}" -ge "$jobs_max" ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
+  fi
+  run_target "$t" &
+  pids+=($!)
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 exit $status
