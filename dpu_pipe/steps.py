@@ -203,7 +203,6 @@ class BatchMaker:
         sample count.
         """
         indices = self.step_indices(epoch, step)
-        n = len(indices)
         t0 = self._started = time.perf_counter()
         try:
             return self._make(epoch, step, indices, images, labels, out_indices, t0)
@@ -214,6 +213,7 @@ class BatchMaker:
                     self._started = None
 
     def _make(self, epoch, step, indices, images, labels, out_indices, t0):
+        """make()'s work on the batch's ``indices``, begun at ``t0`` (perf_counter)."""
         n = len(indices)
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
