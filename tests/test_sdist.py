@@ -11,8 +11,8 @@ The install matrix (marked slow) is the path a DPU user without a matching wheel
 every CPython 3.9-3.13 of this machine (pyenv's; 3.10 in the long form only), a fresh venv,
 numpy (and mpi4py + mpich) from the package index, ``pip install dpu_pipe-X.tar.gz`` with
 build isolation, then one Loader epoch, which must equal this process's bit for bit, a
-loader whose source fails (the
-error must reach the user), and, on Ubuntu 24.04's 3.12, one offloaded epoch under mpiexec
+loader whose source fails (the error must reach the user), and, on Ubuntu 24.04's 3.12, one
+offloaded epoch under mpiexec
 (DPULoader, one producer). The short form builds with DPU_PIPE_DEBUG=1; the long one,
 ``DPU_PIPE_INSTALL_MATRIX=full``, builds as users do (-O3) and offloads on every version:
 

@@ -110,10 +110,11 @@ cdef extern from *:
     }
 
     /* Floor of the grayscale of 4 pixels, (0.2989 r + 0.587 g) + 0.114 b in float32, from
-       their 12 interleaved values in x0..x2; *R, *G, *B get the pixels' channels. */
-    static inline dp_f4 dp_gray4(dp_f4 x0, dp_f4 x1, dp_f4 x2, dp_f4* R, dp_f4* G, dp_f4* B) {
-        dp_planes4(x0, x1, x2, R, G, B);
-        dp_f4 y = (*R * 0.2989f + 0.587f * *G) + 0.114f * *B;
+       their 12 interleaved values in x0..x2. */
+    static inline dp_f4 dp_gray4(dp_f4 x0, dp_f4 x1, dp_f4 x2) {
+        dp_f4 R, G, B;
+        dp_planes4(x0, x1, x2, &R, &G, &B);
+        dp_f4 y = (R * 0.2989f + 0.587f * G) + 0.114f * B;
         return __builtin_convertvector(__builtin_convertvector(y, dp_i4), dp_f4);   /* y >= 0 */
     }
 
@@ -147,7 +148,7 @@ cdef extern from *:
             uint8_t* p = img + 3 * i;
             uint8_t t[48];
             const uint8_t* src = p;
-            dp_f4 x[12], R, G, B;
+            dp_f4 x[12];
             if (lut) {
                 dp_map3(p, lut, t, 48);
                 src = t;
@@ -155,7 +156,7 @@ cdef extern from *:
             for (int k = 0; k < 3; k++)
                 dp_widen(src + 16 * k, x + 4 * k);
             for (int g = 0; g < 12; g += 3) {
-                dp_f4 y = dp_gray4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
+                dp_f4 y = dp_gray4(x[g], x[g + 1], x[g + 2]);
                 if (mode == DP_GRAY_SUM) {
                     sum += __builtin_convertvector(y, dp_i4);
                     continue;
