@@ -119,6 +119,9 @@ class _Publisher(threading.Thread):
                       f"host(s) ({self.joined} joined) past the deadline; ending the producer "
                       f"job", file=sys.stderr, flush=True)
                 _remove(self.path)
+                # The launcher forwards this rank's stderr through its proxy, which the abort
+                # tears down: without a pause the line above was lost once.
+                time.sleep(1.0)
                 self.comm.Abort(1)
 
 

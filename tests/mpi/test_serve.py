@@ -5,6 +5,7 @@ producer SIGKILLed mid-epoch does, and deadlines on every wait of the start-up."
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -38,40 +39,49 @@ def _data(tmp_path):
     return tmp_path / "data"
 
 
+def _finish(proc, timeout):
+    """``proc.communicate()`` within ``timeout`` seconds; past it the process group the test
+    started (``timeout``, the launcher and every rank under it) is SIGKILLed, so no child
+    left holding the pipes can keep the test waiting."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate(timeout=30)
+
+
 def _run(tmp_path, mode, limit=150, grace=None):
     """Two producer jobs of one rank each (``--serve serve-0.json``, ``serve-1.json``: the
     mpich wheel connects one singleton host per job) and torchrun (2 hosts joining
-    ``serve-{rank}.json``), each under its own deadline; returns ``([(returncode, stdout,
-    stderr)] of the producer jobs, the torchrun CompletedProcess)``, the latter with its
-    ``seconds``. ``grace``: seconds the producer jobs get after torchrun ended, then
-    they are killed."""
+    ``serve-{rank}.json``), each under its own deadline and in its own process group;
+    returns ``([(returncode, stdout, stderr)] of the producer jobs, the torchrun
+    CompletedProcess)``, the latter with its ``seconds``. ``grace``: seconds the producer
+    jobs get after torchrun ended, then their groups are killed."""
     data = _data(tmp_path)
+    popen = dict(cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True, start_new_session=True)
     jobs = [subprocess.Popen(
         ["timeout", "-k", "5", str(limit), mpiexec_path(), "-n", "1", sys.executable, "-m",
          "mpi4py", "-m", "dpu_pipe.worker", "--serve", str(tmp_path / f"serve-{r}.json"),
-         "--accept-timeout", "100"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--accept-timeout", "100"], **popen)
         for r in range(2)]
     try:
         start = time.monotonic()
-        hosts = subprocess.run(
-            ["timeout", "-k", "5", str(limit), str(TORCHRUN), "--nproc_per_node", "2",
-             str(HERE / "serve_host.py"), str(data), str(tmp_path / "serve-{rank}.json"), mode],
-            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=limit + 20)
+        argv = ["timeout", "-k", "5", str(limit), str(TORCHRUN), "--nproc_per_node", "2",
+                str(HERE / "serve_host.py"), str(data), str(tmp_path / "serve-{rank}.json"),
+                mode]
+        torchrun = subprocess.Popen(argv, **popen)
+        out, err = _finish(torchrun, limit + 20)
+        hosts = subprocess.CompletedProcess(argv, torchrun.returncode, out, err)
         hosts.seconds = time.monotonic() - start
         producers = []
         for job in jobs:
-            try:
-                out, err = job.communicate(timeout=limit + 20 if grace is None else grace)
-            except subprocess.TimeoutExpired:
-                job.kill()
-                out, err = job.communicate()
+            out, err = _finish(job, limit + 20 if grace is None else grace)
             producers.append((job.returncode, out, err))
     finally:
         for job in jobs:
             if job.poll() is None:
-                job.kill()
-                job.communicate()
+                _finish(job, 0)
     return producers, hosts
 
 
