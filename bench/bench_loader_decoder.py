@@ -1,6 +1,7 @@
 """The Loader with dpu_pipe's own JPEG decoder (``jpeg_decoder="own"``) against libjpeg-turbo,
-over a transcoded pack (a restart marker every MCU) and over the original files, and where one
-image's time goes.
+over a transcoded pack (a restart marker every MCU; the own decoder takes the restart
+intervals from the pack's interval index, or, in the "marker scan" row, scans for them) and
+over the original files, and where one image's time goes.
 
     python bench/bench_loader_decoder.py [--n 200] [--rounds 3] [--seed 0]
 
@@ -33,7 +34,7 @@ from dpu_pipe import _huffman, _jpeg, pack
 from dpu_pipe.batch import BatchProcessor
 from dpu_pipe.loader import Loader
 from dpu_pipe.rng import random_resized_crop
-from dpu_pipe.sources import FileList, ImageFolder
+from dpu_pipe.sources import FileList, ImageFolder, PackedSource
 from dpu_pipe.tools.sample_data import sample_dataset
 from dpu_pipe.transforms import TransformConfig
 
@@ -56,6 +57,17 @@ def time_cpu(methods, items, rounds):
         for m in methods:
             totals[m].append(acc[m] / len(items) * 1e6)
     return totals
+
+
+class ScanOnly(PackedSource):
+    """The same one-shard pack, its records handed to the kernel without their interval
+    index entries: the own decoder finds the intervals by the marker scan."""
+
+    def buffers(self, indices):
+        sh = self.dataset.shard(0)
+        rec = sh.records[np.asarray(indices, dtype=np.int64) - sh.first]
+        return _jpeg.BufferList.from_packed(sh.buffer, rec["offset"].astype(np.int64),
+                                            rec["length"].astype(np.int64)), {}
 
 
 def loader_table(sources, n, rounds, seed):
@@ -92,7 +104,9 @@ def main(argv=None):
         totals = loader_table({"loader/originals, libjpeg": (folder, "libjpeg"),
                                "loader/originals, own": (folder, "own"),
                                "loader/pack, libjpeg": (packed, "libjpeg"),
-                               "loader/pack, own": (packed, "own")}, n, args.rounds, args.seed)
+                               "loader/pack, own": (packed, "own"),
+                               "loader/pack, own, marker scan": (ScanOnly(packed.path), "own")},
+                              n, args.rounds, args.seed)
         print(f"Loader, {n} images (ImageNet-like, real photographs), one thread, train 224, "
               f"float32 CHW; CPU µs per image, {args.rounds} rounds, methods interleaved per "
               f"epoch")

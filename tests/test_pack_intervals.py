@@ -121,6 +121,82 @@ def test_decoding_from_the_index_equals_decoding_after_a_scan(packed):
     assert decoded >= len(ds) * 2
 
 
+# -- on the Loader's path ----------------------------------------------------------------------
+
+def _kernel_run(bufs, n, decoder, threads=1):
+    """The batch kernel's (out, info, errors, intervals taken from an index) on ``bufs``."""
+    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.transforms import TransformConfig
+
+    bp = BatchProcessor(TransformConfig(size=64, jpeg_decoder=decoder), threads)
+    out, info, errors = bp.run(bufs, np.arange(n), seed=3)
+    return out, info, errors, bp._kernel.own_indexed
+
+
+@pytest.mark.parametrize("shards", ["one", "several"])
+def test_loader_batches_take_their_intervals_from_the_index(photos, packed, tmp_path, shards):
+    """PackedSource.buffers hands each record's index entry to the batch kernel (the path
+    of a batch inside one shard, and the per-record path of a batch across shards): with
+    jpeg_decoder="own" every record's intervals come from the index, not the marker scan,
+    and the batch equals libjpeg-turbo's; buffers without entries scan, as before."""
+    src = packed if shards == "one" else pack(photos, tmp_path / "sharded", progress=False,
+                                              shard_size=300_000)
+    ds = src.dataset
+    assert (ds.num_shards > 2) == (shards == "several")
+    idx = np.arange(len(ds))[::-1].copy()
+    with_entries = sum(ds.interval_entry(int(i)) is not None for i in idx)
+    assert with_entries == len(ds)
+    bufs, errors = src.buffers(idx)
+    assert not errors
+    want, want_info, want_err, _ = _kernel_run([src.read(int(i)) for i in idx], len(idx),
+                                               "libjpeg")
+    for threads in (1, 2):
+        bufs, _ = src.buffers(idx)
+        got, info, err, indexed = _kernel_run(bufs, len(idx), "own", threads)
+        assert not err and not want_err
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(info, want_info)
+        assert indexed == with_entries
+    *_, indexed = _kernel_run([src.read(int(i)) for i in idx], len(idx), "own")
+    assert indexed == 0
+
+
+def test_lying_entries_in_a_batch_change_nothing(packed, record):
+    """Entries attached to a batch's buffers that do not describe them (every kind of lie,
+    and another record's entry) fail the decoder's check and the marker scan runs: the same
+    pixels, and only the true entry counts as taken from the index."""
+    from dpu_pipe import _jpeg
+
+    ds = packed.dataset
+    lies = list(_damaged(record).values())
+    other = bytes(ds.interval_entry(0)) if bytes(ds.interval_entry(0)) != \
+        _varints(_values(record)) else bytes(ds.interval_entry(1))
+    entries = lies + [other, _varints(_values(record)), None]
+    records = [record.tobytes()] * len(entries)
+    want, want_info, _, _ = _kernel_run(records, len(records), "libjpeg")
+    bufs = _jpeg.BufferList.from_buffers(records)
+    bufs.attach_intervals(entries)
+    got, info, errors, indexed = _kernel_run(bufs, len(records), "own")
+    assert not errors
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(info, want_info)
+    assert indexed == 1
+
+
+def test_attached_entries_are_checked_against_the_buffers():
+    from dpu_pipe import _jpeg
+
+    bufs = _jpeg.BufferList.from_buffers([b"ab", b"cd"])
+    with pytest.raises(ConfigError, match="3 interval entries for 2 buffers"):
+        bufs.attach_intervals([b"", None, b"x"])
+    data = np.zeros(10, np.uint8)
+    with pytest.raises(ConfigError, match="interval entry 1 .* outside the 10-byte buffer"):
+        bufs.attach_packed_intervals(data, np.array([0, 8], np.int64),
+                                     np.array([2, 3], np.int64))
+    with pytest.raises(ConfigError, match="for 2 buffers"):
+        bufs.attach_packed_intervals(data, np.array([0], np.int64), np.array([2], np.int64))
+
+
 # -- version 2 -------------------------------------------------------------------------------
 
 def _downgrade_to_v2(path):

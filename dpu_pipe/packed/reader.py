@@ -194,6 +194,21 @@ class PackedShard:
         lo = int(self._interval_ends[j - 1]) if j else 0
         return self._interval_entries[lo:int(self._interval_ends[j])]
 
+    @property
+    def interval_entries(self):
+        """The interval index's entries of every record, one uint8 array (a view of the
+        mapping; version 3), which :meth:`interval_bounds` indexes."""
+        return np.frombuffer(self._interval_entries, np.uint8)
+
+    def interval_bounds(self, js):
+        """``(lo, hi)`` int64 arrays: records ``js``' entries in :attr:`interval_entries`
+        (their index blocks must have passed :meth:`check_block`, which checks these bounds;
+        version 3)."""
+        js = np.asarray(js, dtype=np.int64)
+        hi = self._interval_ends[js].astype(np.int64)
+        lo = np.where(js > 0, self._interval_ends[np.maximum(js - 1, 0)], 0).astype(np.int64)
+        return lo, hi
+
     def relpath(self, j):
         self.check_block(j // self.header["block_records"])
         lo = int(self.records["path_end"][j - 1]) if j else 0
@@ -435,7 +450,7 @@ class PackedDataset:
                 return got
         # A shuffled batch touches about as many shards as it has records: one pass over the
         # records, each costing a few dictionary and array look-ups.
-        errors, views, opened = {}, [], {}
+        errors, views, entries, opened = {}, [], {}, {}
         empty = b""
         for p, (k, i) in enumerate(zip(ks.tolist(), indices.tolist())):
             sh = opened.get(k)
@@ -466,7 +481,12 @@ class PackedDataset:
                                         index=i, path=self.describe(i))
                 view = empty
             views.append(view)
-        return _jpeg.BufferList.from_buffers(views), errors
+            if view is not empty and sh.has_intervals:
+                entries[p] = sh.interval_entry(j)
+        bufs = _jpeg.BufferList.from_buffers(views)
+        if entries:
+            bufs.attach_intervals([entries.get(p) for p in range(n)])
+        return bufs, errors
 
     def _one_shard(self, k, indices):
         """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,
@@ -487,7 +507,11 @@ class PackedDataset:
             for o, ln, crc in zip(offsets.tolist(), lengths.tolist(), rec["crc32"].tolist()):
                 if zlib.crc32(mv[o:o + ln]) != crc:
                     return None
-        return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
+        bufs = _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths)
+        if sh.has_intervals:
+            lo, hi = sh.interval_bounds(local)
+            bufs.attach_packed_intervals(sh.interval_entries, lo, hi - lo)
+        return bufs, {}
 
     def check(self, shards=None, *, progress=None):
         """Verify shards (all, or the numbers in ``shards``) on their own: header against the

@@ -86,7 +86,8 @@ def transcode_section(paths, put):
 def own_decoder_section(photos, put):
     """The own baseline decoder on transcoded photographs (restart marker every MCU): two boxes
     at each DCT scale, accurate and fast, intervals from the marker scan; then the same files
-    packed, each record's interval offsets and the boxes decoded from its index entry."""
+    packed, each record's interval offsets and the boxes decoded from its index entry, and
+    one batch of the batch kernel's own-decoder path over the pack."""
     import tempfile
 
     from dpu_pipe import _huffman, jpeg, pack
@@ -125,6 +126,16 @@ def own_decoder_section(photos, put):
             assert rec.tobytes() == trans[i], name
             put(f"own/{name}/offsets", ds.intervals(i))
             decode_all(f"own/{name}/index", rec, ds.interval_entry(i))
+        # The batch kernel's own-decoder path, intervals from the index entries.
+        from dpu_pipe.batch import BatchProcessor
+        from dpu_pipe.transforms import TransformConfig
+        bp = BatchProcessor(TransformConfig(size=48, jpeg_decoder="own"), 1)
+        idx = np.arange(len(ds), dtype=np.int64)
+        bufs, errors = src.buffers(idx)
+        out, info, errors = bp.run(bufs, idx, seed=7)
+        assert not errors and bp._kernel.own_indexed == len(ds), (errors, len(ds))
+        put("own/batch/images", out)
+        put("own/batch/info", info)
         src.close()
 
 

@@ -20,7 +20,8 @@ from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UI
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
 from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample,
                                 aug_apply_convert, aug_erase)
-from dpu_pipe._huffman cimport (hp_header, hp_read_header, hp_find_intervals, HP_OK, px_plan,
+from dpu_pipe._huffman cimport (hp_header, hp_read_header, hp_find_intervals,
+                                hp_index_intervals, HP_OK, px_plan,
                                 px_rect, px_init_tables, px_make_plan, px_make_rect,
                                 px_intervals_needed, px_decode_box, PX_OK, PX_ROW_BYTES)
 cimport dpu_pipe._libjpeg as lj
@@ -74,6 +75,7 @@ cdef struct Worker:      # everything one thread owns
     uint8_t* rows
     size_t rows_cap
     int64_t own_count    # samples the own decoder decoded
+    int64_t indexed      # of those, samples whose intervals came from a packed index
 
 
 cdef struct BatchConfig:
@@ -175,13 +177,15 @@ cdef int _grow(uint8_t** buf, size_t* cap, size_t need) noexcept nogil:
 
 
 cdef int _own_decode(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
-                     int scale, const Region* r, const size_t* starts,
-                     const size_t* ends) noexcept nogil:
+                     int scale, const Region* r, const uint8_t* index,
+                     size_t index_len) noexcept nogil:
     """Region r (pixels at scale/8) of the stream whose header w.own holds, by dpu_pipe's
-    decoder, into w.img (RGB, r.width * 3 bytes a row). ``starts``/``ends``: the restart
-    intervals up to the region's last MCU when the caller knows them (a packed index), or
-    NULL to locate them by the bounded marker scan. Returns PX_OK, or anything else when
-    libjpeg-turbo must decode the sample (unsupported, damaged, out of memory)."""
+    decoder, into w.img (RGB, r.width * 3 bytes a row). ``index``: the stream's entry in a
+    packed dataset's interval index (``index_len`` bytes; NULL or 0 when it has none), which
+    gives the restart intervals up to the region's last MCU without the marker scan; an entry
+    that fails hp_index_intervals' checks is ignored and the scan runs. Returns PX_OK, or
+    anything else when libjpeg-turbo must decode the sample (unsupported, damaged, out of
+    memory)."""
     cdef px_plan plan
     cdef px_rect pr
     cdef int64_t need
@@ -190,32 +194,38 @@ cdef int _own_decode(Worker* w, const BatchConfig* cfg, const uint8_t* data, siz
     if rc != PX_OK:
         return rc
     px_make_rect(w.own, &plan, r.top, r.left, r.height, r.width, &pr)
-    if starts == NULL:
-        need = px_intervals_needed(w.own, &pr)
-        if <size_t>need > w.int_cap:
-            free(w.starts)
-            free(w.ends)
-            w.starts = <size_t*>malloc(need * sizeof(size_t))
-            w.ends = <size_t*>malloc(need * sizeof(size_t))
-            w.int_cap = need if w.starts != NULL and w.ends != NULL else 0
-            if w.int_cap == 0:
-                return DP_ENOMEM
+    need = px_intervals_needed(w.own, &pr)
+    if <size_t>need > w.int_cap:
+        free(w.starts)
+        free(w.ends)
+        w.starts = <size_t*>malloc(need * sizeof(size_t))
+        w.ends = <size_t*>malloc(need * sizeof(size_t))
+        w.int_cap = need if w.starts != NULL and w.ends != NULL else 0
+        if w.int_cap == 0:
+            return DP_ENOMEM
+    rc = HP_OK + 1
+    if index != NULL and index_len > 0 and w.own.restart_interval:
+        rc = hp_index_intervals(w.own, data, size, index, index_len, need, w.starts, w.ends)
+        w.indexed += rc == HP_OK
+    if rc != HP_OK:
         rc = hp_find_intervals(w.own, data, size, need, w.starts, w.ends)
         if rc != HP_OK:
             return rc
-        starts, ends = w.starts, w.ends
     if (_grow(&w.coef, &w.coef_cap, pr.coef_bytes) or
             _grow(&w.planes, &w.planes_cap, pr.plane_bytes) or
             _grow(&w.rows, &w.rows_cap, PX_ROW_BYTES(r.width))):
         return DP_ENOMEM
     memset(w.coef, 0, pr.coef_bytes)
-    return px_decode_box(w.own, &plan, &pr, data, starts, ends, r.top, r.left, r.height,
+    return px_decode_box(w.own, &plan, &pr, data, w.starts, w.ends, r.top, r.left, r.height,
                          r.width, w.coef, w.planes, w.rows, w.img, <size_t>r.width * 3)
 
 
 cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
+                  const uint8_t* intervals, size_t intervals_len,
                   uint64_t seed, uint32_t epoch, uint64_t index, char* out,
                   int32_t* info, char* message) noexcept nogil:
+    """One sample: ``data`` (``size`` bytes), with its packed interval index entry when
+    ``intervals`` is not NULL (see _own_decode), as sample ``index`` of ``epoch`` into out."""
     cdef Region r
     cdef JpegInfo dims
     cdef double box[4]
@@ -261,7 +271,8 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
             return DP_ENOMEM
         w.img = grown
         w.img_cap = need
-    if own and _own_decode(w, cfg, data, size, scale, &r, NULL, NULL) != PX_OK:
+    if own and _own_decode(w, cfg, data, size, scale, &r, intervals,
+                           intervals_len) != PX_OK:
         # Bit-identical either way: libjpeg-turbo decodes the same region, and reports
         # damage its way (the DecodeError naming the sample).
         own = 0
@@ -414,6 +425,14 @@ cdef class Pipeline:
         cdef int c
         return sum(self.workers[c].own_count for c in range(self.nthreads))
 
+    @property
+    def own_indexed(self):
+        """Of :attr:`own_decoded`, the samples whose restart intervals came from their
+        packed interval index entry (:meth:`BufferList.attach_intervals`) instead of the
+        marker scan."""
+        cdef int c
+        return sum(self.workers[c].indexed for c in range(self.nthreads))
+
     def run(self, BufferList buffers, const int64_t[::1] indices, uint64_t seed,
             uint32_t epoch, out, int32_t[:, ::1] info):
         """Process buffers[i] as sample indices[i] of `epoch` into out[i].
@@ -449,6 +468,8 @@ cdef class Pipeline:
                 for i in prange(n, schedule="dynamic", chunksize=1):
                     info[i, INFO_STATUS] = _process(
                         &self.workers[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
+                        buffers.iptrs[i] if buffers.iptrs != NULL else NULL,
+                        buffers.isizes[i] if buffers.isizes != NULL else 0,
                         seed, epoch, <uint64_t>indices[i], base + i * stride, &info[i, 0],
                         messages + i * MSG_LEN)
             return {i: messages[i * MSG_LEN:(i + 1) * MSG_LEN].split(b"\0", 1)[0]
