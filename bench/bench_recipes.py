@@ -8,7 +8,10 @@ Recipes:
 (Mixup/CutMix are batch ops on float tensors, outside this per-sample comparison.)
 
 Methods run interleaved, one round each per repeat, on the same files: the ratio is measured
-under the same machine load. Data: dpu_pipe.tools.sample_data (ImageNet-like JPEGs made from
+under the same machine load. The "pack" columns are dpu_pipe on the same files transcoded as
+``dpu-pipe pack`` stores them (lossless: the same decoded pixels; a restart marker every MCU,
+so the region decode reads only the intervals covering the crop), against torchvision on the
+original files. Data: dpu_pipe.tools.sample_data (ImageNet-like JPEGs made from
 real photographs).
 
 DALI's CPU pipeline (device_id=None, one thread) is a third column when nvidia.dali imports:
@@ -164,9 +167,14 @@ def main():
     root = sample_dataset(args.n, progress=False)
     paths, _ = dataset_files(root)
     bufs = [p.read_bytes() for p in paths[:args.n]]
+    # The records of a transcoded pack (dpu-pipe pack): the same decoded pixels, with a restart
+    # marker every MCU, so the region decode reads only the intervals covering the crop.
+    from dpu_pipe import jpeg
+    packed = [jpeg.transcode(b, restart_interval=1) for b in bufs]
     methods = {}
     for recipe in ("classic", "tv-new", "timm-vit"):
         methods[("dpu_pipe", recipe)] = _dpu_pipe_method(bufs, recipe)
+        methods[("dpu_pipe pack", recipe)] = _dpu_pipe_method(packed, recipe)
         methods[("torchvision", recipe)] = _torchvision_method(bufs, recipe)
         if have_dali:
             methods[("dali", recipe)] = _dali_method(bufs, recipe)
@@ -185,15 +193,17 @@ def main():
     dali = " (DALI CPU: the same recipe in its own operators)" if have_dali else ""
     print(f"{'recipe':10s} {'dpu_pipe':>9s} {'torchvision':>12s} {'ratio':>6s}"
           + (f" {'DALI':>6s} {'ratio':>6s}" if have_dali else "")
-          + f" {'cost vs classic':>16s}{dali}")
+          + f" {'cost vs classic':>16s} {'pack':>6s} {'ratio':>6s} {'cost':>5s}{dali}")
     for recipe in ("classic", "tv-new", "timm-vit"):
         d, t = rate[("dpu_pipe", recipe)], rate[("torchvision", recipe)]
+        k = rate[("dpu_pipe pack", recipe)]
         extra = ""
         if have_dali:
             g = rate[("dali", recipe)]
             extra = f" {g:6.0f} {d / g:6.2f}"
         print(f"{recipe:10s} {d:9.0f} {t:12.0f} {d / t:6.2f}{extra} "
-              f"{rate[('dpu_pipe', 'classic')] / d:16.2f}")
+              f"{rate[('dpu_pipe', 'classic')] / d:16.2f} {k:6.0f} {k / t:6.2f} "
+              f"{rate[('dpu_pipe pack', 'classic')] / k:5.2f}")
 
 
 if __name__ == "__main__":
