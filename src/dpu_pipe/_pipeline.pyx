@@ -178,14 +178,14 @@ cdef int _grow(uint8_t** buf, size_t* cap, size_t need) noexcept nogil:
 
 cdef int _own_decode(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
                      int scale, const Region* r, const uint8_t* index,
-                     size_t index_len) noexcept nogil:
+                     size_t index_len, int* indexed) noexcept nogil:
     """Region r (pixels at scale/8) of the stream whose header w.own holds, by dpu_pipe's
     decoder, into w.img (RGB, r.width * 3 bytes a row). ``index``: the stream's entry in a
     packed dataset's interval index (``index_len`` bytes; NULL or 0 when it has none), which
     gives the restart intervals up to the region's last MCU without the marker scan; an entry
-    that fails hp_index_intervals' checks is ignored and the scan runs. Returns PX_OK, or
-    anything else when libjpeg-turbo must decode the sample (unsupported, damaged, out of
-    memory)."""
+    that fails hp_index_intervals' checks is ignored and the scan runs (``indexed[0]``: 1 when
+    the entry gave them). Returns PX_OK, or anything else when libjpeg-turbo must decode the
+    sample (unsupported, damaged, out of memory)."""
     cdef px_plan plan
     cdef px_rect pr
     cdef int64_t need
@@ -203,11 +203,10 @@ cdef int _own_decode(Worker* w, const BatchConfig* cfg, const uint8_t* data, siz
         w.int_cap = need if w.starts != NULL and w.ends != NULL else 0
         if w.int_cap == 0:
             return DP_ENOMEM
-    rc = HP_OK + 1
-    if index != NULL and index_len > 0 and w.own.restart_interval:
-        rc = hp_index_intervals(w.own, data, size, index, index_len, need, w.starts, w.ends)
-        w.indexed += rc == HP_OK
-    if rc != HP_OK:
+    indexed[0] = (index != NULL and index_len > 0 and w.own.restart_interval
+                  and hp_index_intervals(w.own, data, size, index, index_len, need, w.starts,
+                                         w.ends) == HP_OK)
+    if not indexed[0]:
         rc = hp_find_intervals(w.own, data, size, need, w.starts, w.ends)
         if rc != HP_OK:
             return rc
@@ -232,7 +231,7 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
     cdef int64_t span[4]
     cdef double f
     cdef int scale, rc, flip = 0
-    cdef int own = 0
+    cdef int own = 0, indexed = 0
     cdef size_t need
     cdef uint8_t* grown
     # The own decoder reads its own header; where it does not take the stream (or the pixel
@@ -271,8 +270,8 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
             return DP_ENOMEM
         w.img = grown
         w.img_cap = need
-    if own and _own_decode(w, cfg, data, size, scale, &r, intervals,
-                           intervals_len) != PX_OK:
+    if own and _own_decode(w, cfg, data, size, scale, &r, intervals, intervals_len,
+                           &indexed) != PX_OK:
         # Bit-identical either way: libjpeg-turbo decodes the same region, and reports
         # damage its way (the DecodeError naming the sample).
         own = 0
@@ -281,6 +280,7 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
             strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
             return rc
     w.own_count += own
+    w.indexed += own and indexed
     if not own:
         rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
         if rc != DP_OK:
