@@ -99,7 +99,13 @@ def batches(loader):
 
 
 def same_stream(a, b):
-    """Assert two lists of batches are equal, batch for batch, images and labels."""
-    assert len(a) == len(b)
-    for (ax, ay), (bx, by) in zip(a, b):
-        assert np.array_equal(ax, bx) and np.array_equal(ay, by)
+    """Assert two lists of batches are equal, batch for batch, images and labels; a failure
+    says which batch and where."""
+    assert len(a) == len(b), f"{len(a)} batches against {len(b)}"
+    for k, ((ax, ay), (bx, by)) in enumerate(zip(a, b)):
+        assert np.array_equal(ay, by), f"batch {k}: labels {ay.tolist()} against {by.tolist()}"
+        assert ax.shape == bx.shape, f"batch {k}: images {ax.shape} against {bx.shape}"
+        diff = np.argwhere(ax != bx)
+        assert not len(diff), (f"batch {k}: {len(diff)} image values differ, first at "
+                               f"{diff[0].tolist()}: {ax[tuple(diff[0])]} against "
+                               f"{bx[tuple(diff[0])]}")
