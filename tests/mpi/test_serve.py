@@ -46,7 +46,10 @@ def _finish(proc, timeout):
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:      # the whole group ended meanwhile
+            pass
         return proc.communicate(timeout=30)
 
 
