@@ -199,15 +199,17 @@ def test_wheel_tags_and_bundled_libraries(wheels, arch, tmp_path):
 
 # --- NEON ---------------------------------------------------------------------------------------
 
-# Hot kernels of dpu_pipe._ops (the fused batch kernel calls them) -> the Cython functions that
-# hold their loops, by role: the horizontal (_h_*) and vertical (_v_*) resampling passes; the
-# output conversion (_fin*/_emit*: normalize to float32, round to uint8, float16, layout). Flip
-# has no loop of its own: a flipped axis mirrors the output positions in the coefficient plan
-# and the horizontal pass writes the pixels mirrored, so its code is the horizontal pass.
+# Hot kernels of dpu_pipe._ops (the fused batch kernel calls them) -> the functions that hold
+# their loops, by role: the horizontal (_h_*, ops_h_*) and vertical (_v_*, ops_v_*) resampling
+# passes (Cython, and the C of _resample.h); the output conversion (_fin*/_emit*/ops_fin*:
+# normalize to float32, round to uint8, float16, layout). Flip has no loop of its own: a
+# flipped axis mirrors the output positions in the coefficient plan and the horizontal pass
+# writes the pixels mirrored, so its code is the horizontal pass.
 KERNELS = {
-    "resize": r"^_(h|v)_",
-    "flip": r"^_h_",
-    "normalize/convert": r"^_(fin|finish|emit|to_u8|to_f16|u8_to_f32|round_u8|norm|convert)",
+    "resize": r"^(_|ops_)(h|v)_",
+    "flip": r"^(_|ops_)h_",
+    "normalize/convert": r"^_(fin|finish|emit|to_u8|to_f16|u8_to_f32|round_u8|norm|convert)"
+                         r"|^ops_(fin|to_u8|round)",
 }
 # An Advanced SIMD instruction on a vector of two or more lanes (v0.4s, v1.16b, {v2.8h-v4.8h}).
 ASIMD = re.compile(r"\bv\d+\.(?:8b|16b|4h|8h|2s|4s|2d)\b")

@@ -43,14 +43,9 @@ cdef extern from *:
     # on aarch64. Each lane does the scalar formula's float32 operations (no contraction),
     # so every build gives the same bits.
     """
-    /* On x86-64 each pass below is also compiled for AVX2 and picked at load time (ifunc):
-       the same lane operations in VEX encoding, about 7 % fewer instructions per sample of
-       the ViT recipe (callgrind). AVX2 brings no FMA, so the bits are the baseline's. */
-    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    #define DP_CLONES __attribute__((target_clones("avx2", "default")))
-    #else
-    #define DP_CLONES
-    #endif
+    /* Each pass below is also compiled for AVX2 on x86-64 (_clones.h): about 7 % fewer
+       instructions per sample of the ViT recipe (callgrind), the same bits. */
+    #include "_clones.h"
     #if defined(__SSE2__)
     #include <emmintrin.h>
     #elif defined(__ARM_NEON)

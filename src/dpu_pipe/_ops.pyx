@@ -34,78 +34,25 @@ from libc.math cimport ceil, rint
 
 from dpu_pipe.errors import ConfigError
 
-cdef extern from *:
-    """
-    #if !defined(__GNUC__)
-    #error "dpu_pipe._ops needs GCC or Clang vector extensions"
-    #endif
-    /* The horizontal pass keeps one RGB pixel in four float lanes (the fourth is spare).
-       GCC does not vectorize that loop by itself (scalar on aarch64, shuffle-heavy on x86),
-       so the lanes are explicit; vector_size types become SSE on x86-64 and NEON on aarch64,
-       and each lane does exactly the scalar IEEE operations. */
-    typedef float ops_v4f __attribute__((vector_size(16)));
-    #if defined(__clang__)
-    #define OPS_SHUF(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
-    #else
-    typedef int ops_v4i __attribute__((vector_size(16)));
-    #define OPS_SHUF(a, b, i0, i1, i2, i3) __builtin_shuffle(a, b, (ops_v4i){i0, i1, i2, i3})
-    #endif
-    static inline ops_v4f ops_v4f_load(const float *p) {
-        ops_v4f v; __builtin_memcpy(&v, p, sizeof v); return v;
-    }
-    static inline void ops_v4f_store(float *p, ops_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
-    static inline ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) { return a * w; }
-    static inline ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) { return acc + a * w; }
-    static inline ops_v4f ops_v4f_set1(float x) { return (ops_v4f){x, x, x, x}; }
-    /* Four RGBx pixels -> four R, four G, four B stored at r, g, b (a 4x4 transpose without
-       the spare row). */
-    static inline void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
-                                            float *r, float *g, float *b) {
-        ops_v4f lo01 = OPS_SHUF(p0, p1, 0, 4, 1, 5);   /* R0 R1 G0 G1 */
-        ops_v4f lo23 = OPS_SHUF(p2, p3, 0, 4, 1, 5);   /* R2 R3 G2 G3 */
-        ops_v4f hi01 = OPS_SHUF(p0, p1, 2, 6, 3, 7);   /* B0 B1 x  x  */
-        ops_v4f hi23 = OPS_SHUF(p2, p3, 2, 6, 3, 7);   /* B2 B3 x  x  */
-        ops_v4f_store(r, OPS_SHUF(lo01, lo23, 0, 1, 4, 5));
-        ops_v4f_store(g, OPS_SHUF(lo01, lo23, 2, 3, 6, 7));
-        ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5));
-    }
-    /* The same, each plane then mapped to x * s + b (the output conversion of float32; the
-       multiply and the add stay two roundings under -ffp-contract=off, as in _fin_f32).
-       aff: s_R, s_G, s_B, b_R, b_G, b_B, each broadcast to four lanes. */
-    static inline void ops_v4f_store_planar_affine(ops_v4f p0, ops_v4f p1, ops_v4f p2,
-                                                   ops_v4f p3, float *r, float *g, float *b,
-                                                   const ops_v4f *aff) {
-        ops_v4f lo01 = OPS_SHUF(p0, p1, 0, 4, 1, 5);
-        ops_v4f lo23 = OPS_SHUF(p2, p3, 0, 4, 1, 5);
-        ops_v4f hi01 = OPS_SHUF(p0, p1, 2, 6, 3, 7);
-        ops_v4f hi23 = OPS_SHUF(p2, p3, 2, 6, 3, 7);
-        ops_v4f_store(r, OPS_SHUF(lo01, lo23, 0, 1, 4, 5) * aff[0] + aff[3]);
-        ops_v4f_store(g, OPS_SHUF(lo01, lo23, 2, 3, 6, 7) * aff[1] + aff[4]);
-        ops_v4f_store(b, OPS_SHUF(hi01, hi23, 0, 1, 4, 5) * aff[2] + aff[5]);
-    }
-
-    typedef float *__restrict__ ops_f32_rp;
-    typedef const float *__restrict__ ops_cf32_rp;
-    typedef unsigned char *__restrict__ ops_u8_rp;
-    typedef const unsigned char *__restrict__ ops_cu8_rp;
-    typedef unsigned short *__restrict__ ops_u16_rp;
-    """
-    ctypedef struct ops_v4f:
-        pass
-    ops_v4f ops_v4f_load(const float* p) noexcept nogil
-    void ops_v4f_store(float* p, ops_v4f v) noexcept nogil
-    ops_v4f ops_v4f_mulv(ops_v4f a, ops_v4f w) noexcept nogil
-    ops_v4f ops_v4f_maddv(ops_v4f acc, ops_v4f a, ops_v4f w) noexcept nogil
-    ops_v4f ops_v4f_set1(float x) noexcept nogil
-    void ops_v4f_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
-                              float* r, float* g, float* b) noexcept nogil
-    void ops_v4f_store_planar_affine(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
-                                     float* r, float* g, float* b,
-                                     const ops_v4f* aff) noexcept nogil
+cdef extern from "_resample.h":
+    # The inner loops of both passes and of the uint8 rounding, compiled for AVX2 as well
+    # on x86-64 (same bits).
+    void ops_h_interleaved(const float* buf, const int32_t* start, const float* w4,
+                           Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K,
+                           float* dst) noexcept nogil
+    void ops_h_planar(const float* buf, const int32_t* start, const float* w4,
+                      Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float* dst,
+                      Py_ssize_t plane) noexcept nogil
+    void ops_h_planar_affine(const float* buf, const int32_t* start, const float* w4,
+                             Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float* dst,
+                             Py_ssize_t plane, const float* affine) noexcept nogil
+    void ops_v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssize_t taps,
+                      float* d, Py_ssize_t n) noexcept nogil
+    void ops_fin_u8(const float* a, const float* r0, const float* r1, float w0, float w1,
+                    uint8_t* out, Py_ssize_t n, int ones) noexcept nogil
 
     ctypedef float* ops_f32_rp
     ctypedef const float* ops_cf32_rp
-    ctypedef uint8_t* ops_u8_rp
     ctypedef const uint8_t* ops_cu8_rp
     ctypedef uint16_t* ops_u16_rp
 
@@ -446,121 +393,20 @@ cdef inline void _u8_to_f32(ops_cu8_rp s, ops_f32_rp d, Py_ssize_t n) noexcept n
         d[i] = <float>s[i]
 
 
-cdef inline void _h_pixels(const float* buf, const int32_t* start, const float* w4,
-                           Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float* dst,
-                           Py_ssize_t plane, int planar, const ops_v4f* aff) noexcept nogil:
-    # Four pixels per step: four independent sums keep the adder busy. Every output takes
-    # exactly K taps (zero-padded): a loop count that never changes is predicted perfectly,
-    # and with a constant K it is fully unrolled. A zero tap adds +0.0 to a non-negative sum,
-    # which changes no bit. aff != NULL (planar only): the planes are output rows, each value
-    # mapped to x * scale + bias on the way (float32 output, pass order OPS_V_FIRST).
-    cdef const float* k
-    cdef Py_ssize_t K4 = 4 * K
-    cdef const float* q0
-    cdef const float* q1
-    cdef const float* q2
-    cdef const float* q3
-    cdef ops_v4f a0, a1, a2, a3
-    cdef Py_ssize_t j, t
-    for j in range(0, n_pad, 4):
-        k = w4 + j * K4
-        q0 = buf + 3 * (start[j] - lo)
-        q1 = buf + 3 * (start[j + 1] - lo)
-        q2 = buf + 3 * (start[j + 2] - lo)
-        q3 = buf + 3 * (start[j + 3] - lo)
-        a0 = ops_v4f_mulv(ops_v4f_load(q0), ops_v4f_load(k))
-        a1 = ops_v4f_mulv(ops_v4f_load(q1), ops_v4f_load(k + K4))
-        a2 = ops_v4f_mulv(ops_v4f_load(q2), ops_v4f_load(k + 2 * K4))
-        a3 = ops_v4f_mulv(ops_v4f_load(q3), ops_v4f_load(k + 3 * K4))
-        for t in range(1, K):
-            a0 = ops_v4f_maddv(a0, ops_v4f_load(q0 + 3 * t), ops_v4f_load(k + 4 * t))
-            a1 = ops_v4f_maddv(a1, ops_v4f_load(q1 + 3 * t), ops_v4f_load(k + K4 + 4 * t))
-            a2 = ops_v4f_maddv(a2, ops_v4f_load(q2 + 3 * t), ops_v4f_load(k + 2 * K4 + 4 * t))
-            a3 = ops_v4f_maddv(a3, ops_v4f_load(q3 + 3 * t), ops_v4f_load(k + 3 * K4 + 4 * t))
-        if planar and aff != NULL:
-            ops_v4f_store_planar_affine(a0, a1, a2, a3, dst + j, dst + plane + j,
-                                        dst + 2 * plane + j, aff)
-        elif planar:
-            ops_v4f_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j)
-        else:
-            # In order: each store's spare lane is overwritten by the next pixel.
-            ops_v4f_store(dst + 3 * j, a0)
-            ops_v4f_store(dst + 3 * j + 3, a1)
-            ops_v4f_store(dst + 3 * j + 6, a2)
-            ops_v4f_store(dst + 3 * j + 9, a3)
-
-
-cdef void _h_row_planar(const OpsAxis* ax, const float* w4, const float* buf,
-                        float* dst) noexcept nogil:
-    cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
-    if K == 2:
-        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 1, NULL)
-    elif K == 3:
-        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 1, NULL)
-    elif K == 4:
-        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 1, NULL)
-    elif K == 5:
-        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 1, NULL)
-    elif K == 6:
-        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 1, NULL)
-    elif K == 7:
-        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 1, NULL)
-    else:
-        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 1, NULL)
-
-
-cdef void _h_pixels_affine(const float* buf, const int32_t* start, const float* w4,
-                           Py_ssize_t n, Py_ssize_t lo, Py_ssize_t K, float* dst,
-                           Py_ssize_t plane, const ops_v4f* aff) noexcept nogil:
-    if K == 2:
-        _h_pixels(buf, start, w4, n, lo, 2, dst, plane, 1, aff)
-    elif K == 3:
-        _h_pixels(buf, start, w4, n, lo, 3, dst, plane, 1, aff)
-    elif K == 4:
-        _h_pixels(buf, start, w4, n, lo, 4, dst, plane, 1, aff)
-    elif K == 5:
-        _h_pixels(buf, start, w4, n, lo, 5, dst, plane, 1, aff)
-    elif K == 6:
-        _h_pixels(buf, start, w4, n, lo, 6, dst, plane, 1, aff)
-    elif K == 7:
-        _h_pixels(buf, start, w4, n, lo, 7, dst, plane, 1, aff)
-    else:
-        _h_pixels(buf, start, w4, n, lo, K, dst, plane, 1, aff)
-
-
 cdef void _h_row_f32_chw(const OpsAxis* ax, const float* w4, const float* buf, float* out,
-                         Py_ssize_t plane, const ops_v4f* aff, float* tmp) noexcept nogil:
+                         Py_ssize_t plane, const float* aff, float* tmp) noexcept nogil:
     """Horizontal pass of one vertically summed row straight into output row `out` of a
     float32 CHW sample (planes `plane` floats apart), converted. The last group of four pixels,
     when ow is not a multiple of 4, goes through tmp: a direct store would run past the row."""
     cdef Py_ssize_t K = ax.ksize, ow = ax.n_out, lo = ax.src_lo
     cdef Py_ssize_t n = ow & ~(<Py_ssize_t>3), j, c
     if n > 0:
-        _h_pixels_affine(buf, ax.start, w4, n, lo, K, out, plane, aff)
+        ops_h_planar_affine(buf, ax.start, w4, n, lo, K, out, plane, aff)
     if n < ow:
-        _h_pixels_affine(buf, ax.start + n, w4 + 4 * n * K, 4, lo, K, tmp, 4, aff)
+        ops_h_planar_affine(buf, ax.start + n, w4 + 4 * n * K, 4, lo, K, tmp, 4, aff)
         for c in range(3):
             for j in range(ow - n):
                 out[c * plane + n + j] = tmp[4 * c + j]
-
-
-cdef void _h_row_interleaved(const OpsAxis* ax, const float* w4, const float* buf,
-                             float* dst) noexcept nogil:
-    cdef Py_ssize_t K = ax.ksize, n = ax.n_pad, lo = ax.src_lo
-    if K == 2:
-        _h_pixels(buf, ax.start, w4, n, lo, 2, dst, n, 0, NULL)
-    elif K == 3:
-        _h_pixels(buf, ax.start, w4, n, lo, 3, dst, n, 0, NULL)
-    elif K == 4:
-        _h_pixels(buf, ax.start, w4, n, lo, 4, dst, n, 0, NULL)
-    elif K == 5:
-        _h_pixels(buf, ax.start, w4, n, lo, 5, dst, n, 0, NULL)
-    elif K == 6:
-        _h_pixels(buf, ax.start, w4, n, lo, 6, dst, n, 0, NULL)
-    elif K == 7:
-        _h_pixels(buf, ax.start, w4, n, lo, 7, dst, n, 0, NULL)
-    else:
-        _h_pixels(buf, ax.start, w4, n, lo, K, dst, n, 0, NULL)
 
 
 cdef inline void _h_row(const OpsPlan* p, const uint8_t* src_row, float* dst,
@@ -571,9 +417,10 @@ cdef inline void _h_row(const OpsPlan* p, const uint8_t* src_row, float* dst,
     # pixel feeds about two outputs (more when upscaling).
     _u8_to_f32(src_row + 3 * p.h.src_lo, p.src_row, 3 * (p.h.src_hi - p.h.src_lo))
     if planar:
-        _h_row_planar(&p.h, p.hw4, p.src_row, dst)
+        ops_h_planar(p.src_row, p.h.start, p.hw4, p.h.n_pad, p.h.src_lo, p.h.ksize, dst,
+                     p.h.n_pad)
     else:
-        _h_row_interleaved(&p.h, p.hw4, p.src_row, dst)
+        ops_h_interleaved(p.src_row, p.h.start, p.hw4, p.h.n_pad, p.h.src_lo, p.h.ksize, dst)
 
 
 # --- vertical pass --------------------------------------------------------------------------
@@ -592,107 +439,8 @@ cdef inline void _v_add2(ops_f32_rp acc, ops_cf32_rp r0, ops_cf32_rp r1, float w
         acc[i] = (acc[i] + w0 * r0[i]) + w1 * r1[i]
 
 
-# Vertical pass straight from uint8 source rows (pass order OPS_V_FIRST): one output row of the
-# source span, up to four taps per sweep, in ascending row order. uint8 -> float32 is exact.
-
-cdef inline void _v_u8_set1(ops_f32_rp d, ops_cu8_rp r0, float w0, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = w0 * r0[i]
-
-
-cdef inline void _v_u8_set2(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, float w0, float w1,
-                            Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = w0 * r0[i] + w1 * r1[i]
-
-
-cdef inline void _v_u8_set3(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
-                            float w0, float w1, float w2, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = (w0 * r0[i] + w1 * r1[i]) + w2 * r2[i]
-
-
-cdef inline void _v_u8_set4(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
-                            ops_cu8_rp r3, float w0, float w1, float w2, float w3,
-                            Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = ((w0 * r0[i] + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i]
-
-
-cdef inline void _v_u8_add1(ops_f32_rp d, ops_cu8_rp r0, float w0, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = d[i] + w0 * r0[i]
-
-
-cdef inline void _v_u8_add2(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, float w0, float w1,
-                            Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = (d[i] + w0 * r0[i]) + w1 * r1[i]
-
-
-cdef inline void _v_u8_add3(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
-                            float w0, float w1, float w2, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = ((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i]
-
-
-cdef inline void _v_u8_add4(ops_f32_rp d, ops_cu8_rp r0, ops_cu8_rp r1, ops_cu8_rp r2,
-                            ops_cu8_rp r3, float w0, float w1, float w2, float w3,
-                            Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        d[i] = (((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i]
-
-
-cdef void _v_row_u8(const uint8_t* s, Py_ssize_t stride, const float* k, Py_ssize_t taps,
-                    float* d, Py_ssize_t n) noexcept nogil:
-    """d[0:n] = sum(k[t] * s[t*stride + 0:n] for t < taps), t ascending."""
-    cdef Py_ssize_t t = taps if taps < 4 else 4, c
-    if t == 1:
-        _v_u8_set1(d, s, k[0], n)
-    elif t == 2:
-        _v_u8_set2(d, s, s + stride, k[0], k[1], n)
-    elif t == 3:
-        _v_u8_set3(d, s, s + stride, s + 2 * stride, k[0], k[1], k[2], n)
-    else:
-        _v_u8_set4(d, s, s + stride, s + 2 * stride, s + 3 * stride, k[0], k[1], k[2], k[3], n)
-    while t < taps:
-        c = taps - t
-        if c >= 4:
-            _v_u8_add4(d, s + t * stride, s + (t + 1) * stride, s + (t + 2) * stride,
-                       s + (t + 3) * stride, k[t], k[t + 1], k[t + 2], k[t + 3], n)
-            t += 4
-        elif c == 3:
-            _v_u8_add3(d, s + t * stride, s + (t + 1) * stride, s + (t + 2) * stride,
-                       k[t], k[t + 1], k[t + 2], n)
-            t += 3
-        elif c == 2:
-            _v_u8_add2(d, s + t * stride, s + (t + 1) * stride, k[t], k[t + 1], n)
-            t += 2
-        else:
-            _v_u8_add1(d, s + t * stride, k[t], n)
-            t += 1
-
-
 # --- output conversion ----------------------------------------------------------------------
 # The float16 and bfloat16 conversions (_to_f16, ops_f16c_convert, _to_bf16) are in _ops.pxd.
-
-cdef inline uint8_t _to_u8(float v) noexcept nogil:
-    # Round half up, as Pillow's fixed point does. Clamped in integers: float min/max with
-    # IEEE NaN rules keeps GCC from vectorizing on SSE2. (Bilinear sums of non-negative terms
-    # with weights summing to 1 stay in 0..255.0001; bicubic's negative lobes overshoot.)
-    cdef int32_t i = <int32_t>(v + <float>0.5)
-    i = i if i < 255 else 255
-    i = i if i > 0 else 0
-    return <uint8_t>i
-
 
 # The conversion loops also finish the vertical pass: value = (a + w0 * r0) + w1 * r1, the
 # last one or two taps of the sum (w1 = 0 when one is left; a = zeros when the sum has at most
@@ -725,13 +473,6 @@ cdef inline void _fin_bf16(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float 
     cdef Py_ssize_t i
     for i in range(n):
         o[i] = _to_bf16(((a[i] + w0 * r0[i]) + w1 * r1[i]) * s + b)
-
-
-cdef inline void _fin_u8(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
-                         ops_u8_rp o, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        o[i] = _to_u8((a[i] + w0 * r0[i]) + w1 * r1[i])
 
 
 cdef inline void _fin3_f32(ops_cf32_rp a, ops_cf32_rp r0, ops_cf32_rp r1, float w0, float w1,
@@ -777,6 +518,8 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
     with the F16C instructions (x86) instead of _to_f16."""
     cdef Py_ssize_t oh = p.v.n_out, ow = p.h.n_out, n4 = p.h.n_pad, ch, off
     cdef Py_ssize_t plane = oh * ow
+    # The value is r0 itself: the uint8 rounding can skip the sum.
+    cdef int ones = a == p.zero and w0 == <float>1.0 and w1 == <float>0.0
     if c.layout == OPS_CHW:
         for ch in range(3):
             off = ch * n4
@@ -787,8 +530,8 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
                 _fin_f32(a + off, r0 + off, r1 + off, w0, w1,
                          <float*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
             elif c.dtype == OPS_UINT8:
-                _fin_u8(a + off, r0 + off, r1 + off, w0, w1,
-                        <uint8_t*>out + ch * plane + i * ow, ow)
+                ops_fin_u8(a + off, r0 + off, r1 + off, w0, w1,
+                           <uint8_t*>out + ch * plane + i * ow, ow, ones)
             elif c.dtype == OPS_BFLOAT16:
                 _fin_bf16(a + off, r0 + off, r1 + off, w0, w1,
                           <uint16_t*>out + ch * plane + i * ow, ow, c.scale[ch], c.bias[ch])
@@ -805,7 +548,7 @@ cdef void _finish_row(const OpsPlan* p, const OpsOutput* c, const float* a, cons
         elif c.dtype == OPS_FLOAT32:
             _fin3_f32(a, r0, r1, w0, w1, <float*>out + i * 3 * ow, 3 * ow, p.scale3, p.bias3)
         elif c.dtype == OPS_UINT8:
-            _fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow)
+            ops_fin_u8(a, r0, r1, w0, w1, <uint8_t*>out + i * 3 * ow, 3 * ow, ones)
         elif c.dtype == OPS_BFLOAT16:
             _fin3_bf16(a, r0, r1, w0, w1, <uint16_t*>out + i * 3 * ow, 3 * ow,
                        p.scale3, p.bias3)
@@ -863,7 +606,7 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
     cdef const float* r0
     cdef float* acc = p.acc
     cdef float* ring = p.ring
-    cdef ops_v4f aff[6]
+    cdef float aff[6]
     if o.dtype != OPS_FLOAT32 and o.dtype != OPS_UINT8 and o.dtype != OPS_FLOAT16 \
             and o.dtype != OPS_BFLOAT16:
         return OPS_EARG
@@ -875,22 +618,24 @@ cdef int ops_run(const OpsPlan* p, const uint8_t* src, Py_ssize_t src_stride,
             p.bias3[i] = o.bias[i % 3]
     if p.order == OPS_V_FIRST:
         for i in range(3):
-            aff[i] = ops_v4f_set1(o.scale[i])
-            aff[3 + i] = ops_v4f_set1(o.bias[i])
+            aff[i] = o.scale[i]
+            aff[3 + i] = o.bias[i]
         # Each output row: the vertical sum over the source span (into src_row, whose zero
         # tail the plan keeps), resampled horizontally into the first ring row, converted.
         for i in range(oh):
-            _v_row_u8(src + p.v.start[i] * src_stride + 3 * p.h.src_lo, src_stride,
-                      p.v.weight + i * p.v.ksize, p.v.count[i], p.src_row,
-                      3 * (p.h.src_hi - p.h.src_lo))
+            ops_v_row_u8(src + p.v.start[i] * src_stride + 3 * p.h.src_lo, src_stride,
+                         p.v.weight + i * p.v.ksize, p.v.count[i], p.src_row,
+                         3 * (p.h.src_hi - p.h.src_lo))
             if planar and o.dtype == OPS_FLOAT32:
                 _h_row_f32_chw(&p.h, p.hw4, p.src_row, <float*>out + i * ow, oh * ow, aff,
                                ring)
                 continue
             if planar:
-                _h_row_planar(&p.h, p.hw4, p.src_row, ring)
+                ops_h_planar(p.src_row, p.h.start, p.hw4, p.h.n_pad, p.h.src_lo, p.h.ksize,
+                             ring, p.h.n_pad)
             else:
-                _h_row_interleaved(&p.h, p.hw4, p.src_row, ring)
+                ops_h_interleaved(p.src_row, p.h.start, p.hw4, p.h.n_pad, p.h.src_lo,
+                                  p.h.ksize, ring)
             _finish_row(p, o, p.zero, ring, ring, <float>1.0, <float>0.0, out, i, f16c)
         return OPS_OK
     next_row = 0

@@ -1,0 +1,13 @@
+/* DP_CLONES: a pass compiled twice on x86-64 GCC, for the SSE2 baseline and for AVX2, the copy
+ * picked once at load time (ifunc). The AVX2 copy runs the same lane operations in VEX
+ * encoding, and loops GCC vectorizes by itself get 8 float lanes instead of 4. AVX2 brings no
+ * FMA (a separate target feature), and the build has -ffp-contract=off, so both copies give
+ * the baseline's bits. Elsewhere (aarch64, Clang) a pass is compiled once. */
+#ifndef DP_CLONES_H
+#define DP_CLONES_H
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DP_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DP_CLONES
+#endif
+#endif

@@ -1,0 +1,259 @@
+/* The inner loops of the resampling kernel (_ops.pyx): the horizontal pass, the vertical pass
+ * from uint8 source rows, and the rounding to uint8. Written in C rather than Cython so that
+ * each can be compiled for AVX2 beside the baseline (_clones.h) and picked at load time.
+ *
+ * Each output element is the scalar formula of _ops.pyx's comments, in float32, taps in
+ * ascending order; SIMD runs across independent output elements only (the horizontal pass
+ * keeps one RGB pixel in the four lanes of a vector, the fourth lane spare). Every copy of a
+ * pass, on every target, therefore gives the same bits. */
+#ifndef DP_RESAMPLE_H
+#define DP_RESAMPLE_H
+
+#if !defined(__GNUC__)
+#error "dpu_pipe._ops needs GCC or Clang vector extensions"
+#endif
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+#include "_clones.h"
+
+#define OPS_INLINE static inline __attribute__((always_inline))
+
+typedef float ops_v4f __attribute__((vector_size(16)));
+typedef int32_t ops_v4i __attribute__((vector_size(16)));
+#define OPS_SHUF(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+
+typedef float *__restrict__ ops_f32_rp;
+typedef const float *__restrict__ ops_cf32_rp;
+typedef unsigned char *__restrict__ ops_u8_rp;
+typedef const unsigned char *__restrict__ ops_cu8_rp;
+typedef unsigned short *__restrict__ ops_u16_rp;
+
+OPS_INLINE ops_v4f ops_v4f_load(const float *p) {
+    ops_v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+OPS_INLINE void ops_v4f_store(float *p, ops_v4f v) { memcpy(p, &v, sizeof v); }
+static inline ops_v4f ops_v4f_set1(float x) { return (ops_v4f){x, x, x, x}; }
+
+/* Four RGBx pixels -> four R, four G, four B stored at r, g, b (a 4x4 transpose without the
+   spare row); with aff, each plane then mapped to x * s + b (the float32 output conversion:
+   two roundings, as in _fin_f32). aff: s_R, s_G, s_B, b_R, b_G, b_B, each in four lanes. */
+OPS_INLINE void ops_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
+                                 float *r, float *g, float *b, const ops_v4f *aff) {
+    ops_v4f lo01 = OPS_SHUF(p0, p1, 0, 4, 1, 5);   /* R0 R1 G0 G1 */
+    ops_v4f lo23 = OPS_SHUF(p2, p3, 0, 4, 1, 5);   /* R2 R3 G2 G3 */
+    ops_v4f hi01 = OPS_SHUF(p0, p1, 2, 6, 3, 7);   /* B0 B1 x  x  */
+    ops_v4f hi23 = OPS_SHUF(p2, p3, 2, 6, 3, 7);   /* B2 B3 x  x  */
+    ops_v4f R = OPS_SHUF(lo01, lo23, 0, 1, 4, 5);
+    ops_v4f G = OPS_SHUF(lo01, lo23, 2, 3, 6, 7);
+    ops_v4f B = OPS_SHUF(hi01, hi23, 0, 1, 4, 5);
+    if (aff) {
+        R = R * aff[0] + aff[3];
+        G = G * aff[1] + aff[4];
+        B = B * aff[2] + aff[5];
+    }
+    ops_v4f_store(r, R);
+    ops_v4f_store(g, G);
+    ops_v4f_store(b, B);
+}
+
+/* Horizontal pass over n_pad output pixels (a multiple of 4): pixel j is
+   sum(w4[4 (j K + t)] * buf[3 (start[j] - lo + t) + c] for t < K), four pixels per step (four
+   independent sums keep the adder busy). Every output takes exactly K taps (zero-padded): a
+   loop count that never changes is predicted perfectly, and a constant K unrolls it. A zero
+   tap adds +0.0 to a non-negative sum, which changes no bit. Planar: R, G, B planes `plane`
+   floats apart (each mapped by aff when not NULL); else interleaved RGB, one spare float
+   after the last pixel. */
+OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const float *w4,
+                               Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
+                               Py_ssize_t plane, int planar, const ops_v4f *aff) {
+    const Py_ssize_t K4 = 4 * K;
+    for (Py_ssize_t j = 0; j < n_pad; j += 4) {
+        const float *k = w4 + j * K4;
+        const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
+        const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
+        ops_v4f a0 = ops_v4f_load(q0) * ops_v4f_load(k);
+        ops_v4f a1 = ops_v4f_load(q1) * ops_v4f_load(k + K4);
+        ops_v4f a2 = ops_v4f_load(q2) * ops_v4f_load(k + 2 * K4);
+        ops_v4f a3 = ops_v4f_load(q3) * ops_v4f_load(k + 3 * K4);
+        for (Py_ssize_t t = 1; t < K; t++) {
+            a0 = a0 + ops_v4f_load(q0 + 3 * t) * ops_v4f_load(k + 4 * t);
+            a1 = a1 + ops_v4f_load(q1 + 3 * t) * ops_v4f_load(k + K4 + 4 * t);
+            a2 = a2 + ops_v4f_load(q2 + 3 * t) * ops_v4f_load(k + 2 * K4 + 4 * t);
+            a3 = a3 + ops_v4f_load(q3 + 3 * t) * ops_v4f_load(k + 3 * K4 + 4 * t);
+        }
+        if (planar) {
+            ops_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j, aff);
+        } else {
+            /* In order: each store's spare lane is overwritten by the next pixel. */
+            ops_v4f_store(dst + 3 * j, a0);
+            ops_v4f_store(dst + 3 * j + 3, a1);
+            ops_v4f_store(dst + 3 * j + 6, a2);
+            ops_v4f_store(dst + 3 * j + 9, a3);
+        }
+    }
+}
+
+/* ops_h_pixels_k with K a constant for the common tap counts. */
+#define OPS_H_BY_K(planar, aff)                                                                \
+    switch (K) {                                                                               \
+    case 2: ops_h_pixels_k(buf, start, w4, n_pad, lo, 2, dst, plane, planar, aff); break;      \
+    case 3: ops_h_pixels_k(buf, start, w4, n_pad, lo, 3, dst, plane, planar, aff); break;      \
+    case 4: ops_h_pixels_k(buf, start, w4, n_pad, lo, 4, dst, plane, planar, aff); break;      \
+    case 5: ops_h_pixels_k(buf, start, w4, n_pad, lo, 5, dst, plane, planar, aff); break;      \
+    case 6: ops_h_pixels_k(buf, start, w4, n_pad, lo, 6, dst, plane, planar, aff); break;      \
+    case 7: ops_h_pixels_k(buf, start, w4, n_pad, lo, 7, dst, plane, planar, aff); break;      \
+    case 8: ops_h_pixels_k(buf, start, w4, n_pad, lo, 8, dst, plane, planar, aff); break;      \
+    default: ops_h_pixels_k(buf, start, w4, n_pad, lo, K, dst, plane, planar, aff);            \
+    }
+
+DP_CLONES static void ops_h_interleaved(const float *buf, const int32_t *start, const float *w4,
+                                        Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K,
+                                        float *dst) {
+    const Py_ssize_t plane = 0;
+    OPS_H_BY_K(0, (const ops_v4f *)0)
+}
+
+DP_CLONES static void ops_h_planar(const float *buf, const int32_t *start, const float *w4,
+                                   Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
+                                   Py_ssize_t plane) {
+    OPS_H_BY_K(1, (const ops_v4f *)0)
+}
+
+/* aff: 6 floats s_R, s_G, s_B, b_R, b_G, b_B, broadcast to vectors here. */
+DP_CLONES static void ops_h_planar_affine(const float *buf, const int32_t *start,
+                                          const float *w4, Py_ssize_t n_pad, Py_ssize_t lo,
+                                          Py_ssize_t K, float *dst, Py_ssize_t plane,
+                                          const float *affine) {
+    ops_v4f aff[6];
+    for (int i = 0; i < 6; i++)
+        aff[i] = ops_v4f_set1(affine[i]);
+    OPS_H_BY_K(1, aff)
+}
+
+/* Vertical pass straight from uint8 source rows (pass order OPS_V_FIRST): d[0:n] =
+   sum(k[t] * s[t * stride + 0:n] for t < taps), t ascending, four taps per sweep over d.
+   uint8 -> float32 is exact; GCC vectorizes each sweep across i. */
+DP_CLONES static void ops_v_row_u8(const uint8_t *s, Py_ssize_t stride, const float *k,
+                                   Py_ssize_t taps, float *dst, Py_ssize_t n) {
+    ops_f32_rp d = dst;
+    Py_ssize_t t = taps < 4 ? taps : 4;
+    if (t == 1) {
+        ops_cu8_rp r0 = s;
+        const float w0 = k[0];
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = w0 * r0[i];
+    } else if (t == 2) {
+        ops_cu8_rp r0 = s, r1 = s + stride;
+        const float w0 = k[0], w1 = k[1];
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = w0 * r0[i] + w1 * r1[i];
+    } else if (t == 3) {
+        ops_cu8_rp r0 = s, r1 = s + stride, r2 = s + 2 * stride;
+        const float w0 = k[0], w1 = k[1], w2 = k[2];
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = (w0 * r0[i] + w1 * r1[i]) + w2 * r2[i];
+    } else {
+        ops_cu8_rp r0 = s, r1 = s + stride, r2 = s + 2 * stride, r3 = s + 3 * stride;
+        const float w0 = k[0], w1 = k[1], w2 = k[2], w3 = k[3];
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = ((w0 * r0[i] + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i];
+    }
+    while (t < taps) {
+        const Py_ssize_t c = taps - t;
+        const uint8_t *b = s + t * stride;
+        if (c >= 4) {
+            ops_cu8_rp r0 = b, r1 = b + stride, r2 = b + 2 * stride, r3 = b + 3 * stride;
+            const float w0 = k[t], w1 = k[t + 1], w2 = k[t + 2], w3 = k[t + 3];
+            for (Py_ssize_t i = 0; i < n; i++)
+                d[i] = (((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i]) + w3 * r3[i];
+            t += 4;
+        } else if (c == 3) {
+            ops_cu8_rp r0 = b, r1 = b + stride, r2 = b + 2 * stride;
+            const float w0 = k[t], w1 = k[t + 1], w2 = k[t + 2];
+            for (Py_ssize_t i = 0; i < n; i++)
+                d[i] = ((d[i] + w0 * r0[i]) + w1 * r1[i]) + w2 * r2[i];
+            t += 3;
+        } else if (c == 2) {
+            ops_cu8_rp r0 = b, r1 = b + stride;
+            const float w0 = k[t], w1 = k[t + 1];
+            for (Py_ssize_t i = 0; i < n; i++)
+                d[i] = (d[i] + w0 * r0[i]) + w1 * r1[i];
+            t += 2;
+        } else {
+            ops_cu8_rp r0 = b;
+            const float w0 = k[t];
+            for (Py_ssize_t i = 0; i < n; i++)
+                d[i] = d[i] + w0 * r0[i];
+            t += 1;
+        }
+    }
+}
+
+/* Round half up, as Pillow's fixed point does, clamped to 0..255: (int32)(v + 0.5) then the
+   clamp. (Bilinear sums of non-negative terms with weights summing to 1 stay in 0..255.0001;
+   bicubic's negative lobes overshoot, by far less than the int32 range.) */
+static inline uint8_t ops_to_u8(float v) {
+    int32_t i = (int32_t)(v + 0.5f);
+    i = i < 255 ? i : 255;
+    i = i > 0 ? i : 0;
+    return (uint8_t)i;
+}
+
+/* 16 values rounded as ops_to_u8: truncation to int32, then the saturating narrowing
+   instructions (to int16, then to uint8; on NEON to uint16, then uint8) do the clamp. */
+OPS_INLINE void ops_round16(ops_v4f x0, ops_v4f x1, ops_v4f x2, ops_v4f x3, uint8_t *o) {
+    const ops_v4f h = {0.5f, 0.5f, 0.5f, 0.5f};
+    ops_v4i a = __builtin_convertvector(x0 + h, ops_v4i), b = __builtin_convertvector(x1 + h, ops_v4i);
+    ops_v4i c = __builtin_convertvector(x2 + h, ops_v4i), e = __builtin_convertvector(x3 + h, ops_v4i);
+#if defined(__SSE2__)
+    _mm_storeu_si128((__m128i *)o, _mm_packus_epi16(_mm_packs_epi32((__m128i)a, (__m128i)b),
+                                                    _mm_packs_epi32((__m128i)c, (__m128i)e)));
+#elif defined(__ARM_NEON)
+    uint16x8_t lo = vcombine_u16(vqmovun_s32((int32x4_t)a), vqmovun_s32((int32x4_t)b));
+    uint16x8_t hi = vcombine_u16(vqmovun_s32((int32x4_t)c), vqmovun_s32((int32x4_t)e));
+    vst1q_u8(o, vcombine_u8(vqmovn_u16(lo), vqmovn_u16(hi)));
+#else
+    int32_t v[16];
+    memcpy(v, &a, 16);
+    memcpy(v + 4, &b, 16);
+    memcpy(v + 8, &c, 16);
+    memcpy(v + 12, &e, 16);
+    for (int i = 0; i < 16; i++)
+        o[i] = (uint8_t)(v[i] < 0 ? 0 : (v[i] > 255 ? 255 : v[i]));
+#endif
+}
+
+/* o[0:n] = ops_to_u8((a + w0 * r0) + w1 * r1): the last vertical taps and the rounding of an
+   output row. ones: the caller's a is zeros, w0 = 1 and w1 = 0, so the value is r0 itself
+   ((+0 + r) + 0 * r' is r, or +0 for r = -0, which rounds the same). */
+DP_CLONES static void ops_fin_u8(const float *a, const float *r0, const float *r1, float w0,
+                                 float w1, uint8_t *out, Py_ssize_t n, int ones) {
+    Py_ssize_t i = 0;
+    if (ones) {
+        for (; i + 16 <= n; i += 16)
+            ops_round16(ops_v4f_load(r0 + i), ops_v4f_load(r0 + i + 4), ops_v4f_load(r0 + i + 8),
+                        ops_v4f_load(r0 + i + 12), out + i);
+        for (; i < n; i++)
+            out[i] = ops_to_u8(r0[i]);
+        return;
+    }
+    const ops_v4f v0 = ops_v4f_set1(w0), v1 = ops_v4f_set1(w1);
+    ops_v4f x[4];
+    for (; i + 16 <= n; i += 16) {
+        for (int j = 0; j < 4; j++)
+            x[j] = (ops_v4f_load(a + i + 4 * j) + v0 * ops_v4f_load(r0 + i + 4 * j))
+                   + v1 * ops_v4f_load(r1 + i + 4 * j);
+        ops_round16(x[0], x[1], x[2], x[3], out + i);
+    }
+    for (; i < n; i++)
+        out[i] = ops_to_u8((a[i] + w0 * r0[i]) + w1 * r1[i]);
+}
+
+#endif
