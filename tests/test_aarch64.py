@@ -232,12 +232,14 @@ def _text_section(path, objdump, tmp_path):
 
 def _asimd_instructions(so):
     """[(functions, mnemonic)] for every ASIMD vector instruction of so, where functions is the
-    set of Cython functions whose code it is: the function that holds it plus every function
+    set of functions whose code it is: the function that holds it plus every function
     inlined on the way to it (DWARF inline records, as objdump --inlines prints them)."""
-    # Disassemble only the span of the module's own cdef functions: the rest is Cython glue.
+    # Disassemble only the span of the module's own functions (its cdef functions and the C
+    # passes of _resample.h): the rest is Cython glue.
     nm = _run([OBJDUMP.replace("objdump", "nm"), "-S", "--defined-only", so], timeout=60).stdout
     spans = [(int(a, 16), int(a, 16) + int(n, 16)) for a, n, name in
-             re.findall(r"^([0-9a-f]+) ([0-9a-f]+) [tT] (__pyx_f_8dpu_pipe_4_ops_\S+)$", nm, re.M)]
+             re.findall(r"^([0-9a-f]+) ([0-9a-f]+) [tT] (__pyx_f_8dpu_pipe_4_ops_\S+|ops_\S+)$",
+                        nm, re.M)]
     span = ([f"--start-address={min(a for a, _ in spans):#x}",
              f"--stop-address={max(b for _, b in spans):#x}"] if spans else [])
     dis = _run([OBJDUMP, "-d", "-l", "--inlines", "--no-show-raw-insn", *span, so],
