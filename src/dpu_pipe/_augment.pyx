@@ -22,10 +22,6 @@ import numpy as np
 from dpu_pipe.errors import ConfigError
 
 cdef extern from *:
-    # A row written while other rows are read: no aliasing (lets the compiler vectorize).
-    ctypedef uint8_t* u8_restrict "uint8_t* __restrict__"
-
-cdef extern from *:
     # Cython lowers a conditional expression to if/else, which GCC does not vectorize here.
     """
     static inline uint8_t dp_u8min(uint8_t a, uint8_t b) { return a < b ? a : b; }
@@ -354,7 +350,60 @@ cdef extern from *:
             for (int c = 0; c < 3; c++)
                 out[chw ? c * npix + i : 3 * i + c] = (float)img[3 * i + c] * s[c] + b[c];
     }
+
+    /* out = lf[256 c + value] per element (lf: the 3 x 256 converted values), float32, CHW
+       (planes of npix) or HWC: the table's floats gathered straight into vector lanes. */
+    DP_CLONES static void dp_convert_lut_f32(const uint8_t* img, Py_ssize_t npix,
+                                             const float* lf, float* out, int chw) {
+        const float *lr = lf, *lg = lf + 256, *lb = lf + 512;
+        Py_ssize_t i = 0;
+        for (; i + 16 <= npix; i += 16) {
+            const uint8_t* p = img + 3 * i;
+            if (chw) {
+                for (int g = 0; g < 4; g++, p += 12) {
+                    dp_f4 R = {lr[p[0]], lr[p[3]], lr[p[6]], lr[p[9]]};
+                    dp_f4 G = {lg[p[1]], lg[p[4]], lg[p[7]], lg[p[10]]};
+                    dp_f4 B = {lb[p[2]], lb[p[5]], lb[p[8]], lb[p[11]]};
+                    memcpy(out + i + 4 * g, &R, 16);
+                    memcpy(out + npix + i + 4 * g, &G, 16);
+                    memcpy(out + 2 * npix + i + 4 * g, &B, 16);
+                }
+            } else {
+                dp_f4 x[12];
+                dp_gather48(p, lf, x);
+                memcpy(out + 3 * i, x, sizeof x);
+            }
+        }
+        for (; i < npix; i++)
+            for (int c = 0; c < 3; c++)
+                out[chw ? c * npix + i : 3 * i + c] = lf[256 * c + img[3 * i + c]];
+    }
+
+    /* One row of _sharpness: t[j] for j in [3, r - 3) from the rows u (above), p and d
+       (below), r bytes each. The blur sum S <= 13 * 255 and 2 S + 13 fit 16 bits, and
+       ((2 S + 13) * 10083) >> 18 is the high half of a 16-bit product shifted by 2, which
+       GCC vectorizes as such; the blend is float32 as in the scalar formula. */
+    DP_CLONES static void dp_sharpen_row(const uint8_t* __restrict__ u,
+                                         const uint8_t* __restrict__ p,
+                                         const uint8_t* __restrict__ d,
+                                         uint8_t* __restrict__ t, Py_ssize_t r, float alpha) {
+        for (Py_ssize_t j = 3; j < r - 3; j++) {
+            uint16_t s = (uint16_t)((u[j - 3] + u[j] + u[j + 3]) + (p[j - 3] + 5 * p[j] + p[j + 3])
+                                    + (d[j - 3] + d[j] + d[j + 3]));
+            uint16_t m = (uint16_t)(2 * s + 13);
+            uint16_t blur = (uint16_t)(((uint32_t)m * 10083u) >> 16) >> 2;
+            float v = (float)p[j];
+            float f = v + alpha * ((float)blur - v);
+            f = f > 0.0f ? f : 0.0f;
+            f = f < 255.0f ? f : 255.0f;
+            t[j] = (uint8_t)(int)f;
+        }
+    }
     """
+    void dp_sharpen_row(const uint8_t* u, const uint8_t* p, const uint8_t* d, uint8_t* t,
+                        Py_ssize_t r, float alpha) noexcept nogil
+    void dp_convert_lut_f32(const uint8_t* img, Py_ssize_t npix, const float* lf, float* out,
+                            int chw) noexcept nogil
     void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a,
                        const uint8_t* lut) noexcept nogil
     void dp_grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
@@ -785,29 +834,15 @@ cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) no
     1/26 of a half-integer (13 is odd) while the float32 sum is off by under 1e-3, so the
     rounded blur is round(S / 13) = (2 S + 13) // 26 = ((2 S + 13) * 10083) >> 18 (exact for
     S <= 13 * 255): an integer pass over contiguous bytes, then the blend in float32."""
-    cdef float alpha = <float>(1.0 - factor), v, f
-    cdef int y, s, blur
-    cdef Py_ssize_t j, r = <Py_ssize_t>w * 3
+    cdef float alpha = <float>(1.0 - factor)
+    cdef int y
+    cdef Py_ssize_t r = <Py_ssize_t>w * 3
     cdef const uint8_t* p
-    cdef const uint8_t* u
-    cdef const uint8_t* d
-    cdef u8_restrict t
     if h <= 2 or w <= 2:
         return
     for y in range(1, h - 1):
         p = img + y * r
-        u = p - r
-        d = p + r
-        t = tmp + y * r
-        for j in range(3, r - 3):
-            s = ((<int>u[j - 3] + u[j] + u[j + 3]) + (<int>p[j - 3] + 5 * <int>p[j] + p[j + 3])
-                 + (<int>d[j - 3] + d[j] + d[j + 3]))
-            blur = ((2 * s + 13) * 10083) >> 18
-            v = <float>p[j]
-            f = v + alpha * (<float>blur - v)
-            f = f if f > <float>0.0 else <float>0.0
-            f = f if f < <float>255.0 else <float>255.0
-            t[j] = <uint8_t><int>f
+        dp_sharpen_row(p - r, p, p + r, tmp + y * r, r, alpha)
     # The pass reads img and writes tmp (a row's blur needs the rows around it unchanged).
     for y in range(1, h - 1):
         memcpy(img + y * r + 3, tmp + y * r + 3, <size_t>(r - 6))
@@ -1166,16 +1201,7 @@ cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* o
             lf[256 * c + v] = <float>(maps[256 * c + v] if maps != NULL else v) * o.scale[c] \
                 + o.bias[c]
     if o.dtype == OPS_FLOAT32:
-        if o.layout == OPS_CHW:
-            for i in range(npix):
-                f32[i] = lf[img[3 * i]]
-                f32[npix + i] = lf[256 + img[3 * i + 1]]
-                f32[2 * npix + i] = lf[512 + img[3 * i + 2]]
-        else:
-            for i in range(npix):
-                f32[3 * i] = lf[img[3 * i]]
-                f32[3 * i + 1] = lf[256 + img[3 * i + 1]]
-                f32[3 * i + 2] = lf[512 + img[3 * i + 2]]
+        dp_convert_lut_f32(img, npix, lf, f32, o.layout == OPS_CHW)
         return
     for v in range(768):
         lh[v] = _to_f16(lf[v]) if o.dtype == OPS_FLOAT16 else _to_bf16(lf[v])
