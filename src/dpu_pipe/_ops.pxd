@@ -75,7 +75,8 @@ ctypedef struct OpsPlan:
     int src_h             # size of the source image the plan was made for, pixels
     int src_w
     Py_ssize_t rstride    # floats between intermediate rows (>= 3*h.n_pad + 4, multiple of 16)
-    float* hw4            # h.weight with every weight repeated 4 times (vector loads)
+    float* hw4            # h.weight with every weight repeated 4 times (vector loads), by
+                          # pairs of output pixels: _resample.h OPS_HW4_AT
     float* src_row        # one source row span as float32, then 3*h.ksize + 4 zeros
     float* scale3         # 3*ow: OpsOutput.scale repeated per pixel (HWC conversion)
     float* bias3

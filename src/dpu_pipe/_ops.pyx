@@ -50,6 +50,7 @@ cdef extern from "_resample.h":
                       float* d, Py_ssize_t n) noexcept nogil
     void ops_fin_u8(const float* a, const float* r0, const float* r1, float w0, float w1,
                     uint8_t* out, Py_ssize_t n, int ones) noexcept nogil
+    Py_ssize_t OPS_HW4_AT(Py_ssize_t i, Py_ssize_t t, Py_ssize_t K) noexcept nogil
 
     ctypedef float* ops_f32_rp
     ctypedef const float* ops_cf32_rp
@@ -294,7 +295,7 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     left-right if flip. Pointers in p refer to ws: they stay valid until ws is reserved again
     or freed (the next ops_plan on ws)."""
     cdef int rc
-    cdef Py_ssize_t i, ow4 = _pad4(ow), rs = _rstride(ow)
+    cdef Py_ssize_t i, t, c, K, ow4 = _pad4(ow), rs = _rstride(ow)
     cdef size_t kh, kv, span
     cdef char* m
     if src_h < 1 or src_w < 1 or oh < 1 or ow < 1:
@@ -370,12 +371,13 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
                 or p.v.start[i] + p.v.count[i] < p.v.start[i - 1] + p.v.count[i - 1]):
             return OPS_EINTERNAL
     # Each horizontal weight four times over: the pass loads it as a vector instead of
-    # broadcasting a scalar at every tap.
-    for i in range(<Py_ssize_t>p.h.n_pad * p.h.ksize):
-        p.hw4[4 * i] = p.h.weight[i]
-        p.hw4[4 * i + 1] = p.h.weight[i]
-        p.hw4[4 * i + 2] = p.h.weight[i]
-        p.hw4[4 * i + 3] = p.h.weight[i]
+    # broadcasting a scalar at every tap. Laid out per pair of output pixels (OPS_HW4_AT):
+    # tap t of both pixels of a pair is one run of 8 floats.
+    K = p.h.ksize
+    for i in range(p.h.n_pad):
+        for t in range(K):
+            for c in range(4):
+                p.hw4[OPS_HW4_AT(i, t, K) + c] = p.h.weight[i * K + t]
     p.order = _choose_order(&p.h, &p.v)
     for i in range(rs):
         p.zero[i] = 0.0

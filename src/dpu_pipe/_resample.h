@@ -63,79 +63,153 @@ OPS_INLINE void ops_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
     ops_v4f_store(b, B);
 }
 
+/* The horizontal weight table (OpsPlan.hw4): weight t of output pixel i four times over, at
+   float offset OPS_HW4_AT(i, t, K). Pixels pair up (2m, 2m + 1), and tap t of a pair is 8
+   consecutive floats, pixel 2m first: with 8-lane vectors one load gives both. */
+#define OPS_HW4_AT(i, t, K) ((((i) >> 1) * (K) + (t)) * 8 + ((i) & 1) * 4)
+
 /* Horizontal pass over n_pad output pixels (a multiple of 4): pixel j is
-   sum(w4[4 (j K + t)] * buf[3 (start[j] - lo + t) + c] for t < K), four pixels per step (four
+   sum(weight(j, t) * buf[3 (start[j] - lo + t) + c] for t < K), four pixels per step (four
    independent sums keep the adder busy). Every output takes exactly K taps (zero-padded): a
    loop count that never changes is predicted perfectly, and a constant K unrolls it. A zero
    tap adds +0.0 to a non-negative sum, which changes no bit. Planar: R, G, B planes `plane`
    floats apart (each mapped by aff when not NULL); else interleaved RGB, one spare float
    after the last pixel. */
+#define OPS_H_STORE()                                                                          \
+    if (planar) {                                                                              \
+        ops_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j, aff);  \
+    } else { /* In order: each store's spare lane is overwritten by the next pixel. */         \
+        ops_v4f_store(dst + 3 * j, a0);                                                        \
+        ops_v4f_store(dst + 3 * j + 3, a1);                                                    \
+        ops_v4f_store(dst + 3 * j + 6, a2);                                                    \
+        ops_v4f_store(dst + 3 * j + 9, a3);                                                    \
+    }
+
 OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const float *w4,
                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                Py_ssize_t plane, int planar, const ops_v4f *aff) {
-    const Py_ssize_t K4 = 4 * K;
     for (Py_ssize_t j = 0; j < n_pad; j += 4) {
-        const float *k = w4 + j * K4;
+        const float *k01 = w4 + OPS_HW4_AT(j, 0, K), *k23 = w4 + OPS_HW4_AT(j + 2, 0, K);
         const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
         const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
-        ops_v4f a0 = ops_v4f_load(q0) * ops_v4f_load(k);
-        ops_v4f a1 = ops_v4f_load(q1) * ops_v4f_load(k + K4);
-        ops_v4f a2 = ops_v4f_load(q2) * ops_v4f_load(k + 2 * K4);
-        ops_v4f a3 = ops_v4f_load(q3) * ops_v4f_load(k + 3 * K4);
+        ops_v4f a0 = ops_v4f_load(q0) * ops_v4f_load(k01);
+        ops_v4f a1 = ops_v4f_load(q1) * ops_v4f_load(k01 + 4);
+        ops_v4f a2 = ops_v4f_load(q2) * ops_v4f_load(k23);
+        ops_v4f a3 = ops_v4f_load(q3) * ops_v4f_load(k23 + 4);
         for (Py_ssize_t t = 1; t < K; t++) {
-            a0 = a0 + ops_v4f_load(q0 + 3 * t) * ops_v4f_load(k + 4 * t);
-            a1 = a1 + ops_v4f_load(q1 + 3 * t) * ops_v4f_load(k + K4 + 4 * t);
-            a2 = a2 + ops_v4f_load(q2 + 3 * t) * ops_v4f_load(k + 2 * K4 + 4 * t);
-            a3 = a3 + ops_v4f_load(q3 + 3 * t) * ops_v4f_load(k + 3 * K4 + 4 * t);
+            a0 = a0 + ops_v4f_load(q0 + 3 * t) * ops_v4f_load(k01 + 8 * t);
+            a1 = a1 + ops_v4f_load(q1 + 3 * t) * ops_v4f_load(k01 + 8 * t + 4);
+            a2 = a2 + ops_v4f_load(q2 + 3 * t) * ops_v4f_load(k23 + 8 * t);
+            a3 = a3 + ops_v4f_load(q3 + 3 * t) * ops_v4f_load(k23 + 8 * t + 4);
         }
-        if (planar) {
-            ops_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j, aff);
-        } else {
-            /* In order: each store's spare lane is overwritten by the next pixel. */
-            ops_v4f_store(dst + 3 * j, a0);
-            ops_v4f_store(dst + 3 * j + 3, a1);
-            ops_v4f_store(dst + 3 * j + 6, a2);
-            ops_v4f_store(dst + 3 * j + 9, a3);
-        }
+        OPS_H_STORE()
     }
 }
 
-/* ops_h_pixels_k with K a constant for the common tap counts. */
-#define OPS_H_BY_K(planar, aff)                                                                \
+/* ops_h_pixels_k with K a constant for the common tap counts; `pix` names the version. */
+#define OPS_H_BY_K(pix, planar, aff)                                                           \
     switch (K) {                                                                               \
-    case 2: ops_h_pixels_k(buf, start, w4, n_pad, lo, 2, dst, plane, planar, aff); break;      \
-    case 3: ops_h_pixels_k(buf, start, w4, n_pad, lo, 3, dst, plane, planar, aff); break;      \
-    case 4: ops_h_pixels_k(buf, start, w4, n_pad, lo, 4, dst, plane, planar, aff); break;      \
-    case 5: ops_h_pixels_k(buf, start, w4, n_pad, lo, 5, dst, plane, planar, aff); break;      \
-    case 6: ops_h_pixels_k(buf, start, w4, n_pad, lo, 6, dst, plane, planar, aff); break;      \
-    case 7: ops_h_pixels_k(buf, start, w4, n_pad, lo, 7, dst, plane, planar, aff); break;      \
-    case 8: ops_h_pixels_k(buf, start, w4, n_pad, lo, 8, dst, plane, planar, aff); break;      \
-    default: ops_h_pixels_k(buf, start, w4, n_pad, lo, K, dst, plane, planar, aff);            \
+    case 2: pix(buf, start, w4, n_pad, lo, 2, dst, plane, planar, aff); break;                 \
+    case 3: pix(buf, start, w4, n_pad, lo, 3, dst, plane, planar, aff); break;                 \
+    case 4: pix(buf, start, w4, n_pad, lo, 4, dst, plane, planar, aff); break;                 \
+    case 5: pix(buf, start, w4, n_pad, lo, 5, dst, plane, planar, aff); break;                 \
+    case 6: pix(buf, start, w4, n_pad, lo, 6, dst, plane, planar, aff); break;                 \
+    case 7: pix(buf, start, w4, n_pad, lo, 7, dst, plane, planar, aff); break;                 \
+    case 8: pix(buf, start, w4, n_pad, lo, 8, dst, plane, planar, aff); break;                 \
+    default: pix(buf, start, w4, n_pad, lo, K, dst, plane, planar, aff);                       \
     }
 
-DP_CLONES static void ops_h_interleaved(const float *buf, const int32_t *start, const float *w4,
-                                        Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K,
-                                        float *dst) {
-    const Py_ssize_t plane = 0;
-    OPS_H_BY_K(0, (const ops_v4f *)0)
+/* The three entry points of one version of the pass: interleaved, planar, planar with the
+   float32 conversion (affine: 6 floats s_R, s_G, s_B, b_R, b_G, b_B). */
+#define OPS_H_ENTRIES(suffix, attr, pix)                                                       \
+    attr static void ops_h_interleaved##suffix(const float *buf, const int32_t *start,         \
+            const float *w4, Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst) {      \
+        const Py_ssize_t plane = 0;                                                            \
+        OPS_H_BY_K(pix, 0, (const ops_v4f *)0)                                                 \
+    }                                                                                          \
+    attr static void ops_h_planar##suffix(const float *buf, const int32_t *start,              \
+            const float *w4, Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,        \
+            Py_ssize_t plane) {                                                                \
+        OPS_H_BY_K(pix, 1, (const ops_v4f *)0)                                                 \
+    }                                                                                          \
+    attr static void ops_h_planar_affine##suffix(const float *buf, const int32_t *start,       \
+            const float *w4, Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,        \
+            Py_ssize_t plane, const float *affine) {                                           \
+        ops_v4f aff[6];                                                                        \
+        for (int i = 0; i < 6; i++)                                                            \
+            aff[i] = ops_v4f_set1(affine[i]);                                                  \
+        OPS_H_BY_K(pix, 1, aff)                                                                \
+    }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* On AVX2 a pair of output pixels shares one 8-lane vector: its two source spans are loaded
+   into the halves, tap t's weights of both (8 consecutive floats, OPS_HW4_AT) are one load,
+   and each lane does exactly the 4-lane version's operations. (Only here: on 16-byte targets
+   GCC splits 8-lane vectors poorly, so they keep ops_h_pixels_k.) */
+typedef float ops_v8f __attribute__((vector_size(32)));
+
+OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const float *w4,
+                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
+                                Py_ssize_t plane, int planar, const ops_v4f *aff) {
+    for (Py_ssize_t j = 0; j < n_pad; j += 4) {
+        const float *k01 = w4 + OPS_HW4_AT(j, 0, K), *k23 = w4 + OPS_HW4_AT(j + 2, 0, K);
+        const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
+        const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
+        ops_v8f w, a01, a23;
+#define OPS_CAT(p, q) __builtin_shufflevector(ops_v4f_load(p), ops_v4f_load(q), 0, 1, 2, 3, 4, 5, 6, 7)
+        memcpy(&w, k01, sizeof w);
+        a01 = OPS_CAT(q0, q1) * w;
+        memcpy(&w, k23, sizeof w);
+        a23 = OPS_CAT(q2, q3) * w;
+        for (Py_ssize_t t = 1; t < K; t++) {
+            memcpy(&w, k01 + 8 * t, sizeof w);
+            a01 = a01 + OPS_CAT(q0 + 3 * t, q1 + 3 * t) * w;
+            memcpy(&w, k23 + 8 * t, sizeof w);
+            a23 = a23 + OPS_CAT(q2 + 3 * t, q3 + 3 * t) * w;
+        }
+#undef OPS_CAT
+        ops_v4f a0 = __builtin_shufflevector(a01, a01, 0, 1, 2, 3);
+        ops_v4f a1 = __builtin_shufflevector(a01, a01, 4, 5, 6, 7);
+        ops_v4f a2 = __builtin_shufflevector(a23, a23, 0, 1, 2, 3);
+        ops_v4f a3 = __builtin_shufflevector(a23, a23, 4, 5, 6, 7);
+        OPS_H_STORE()
+    }
 }
 
-DP_CLONES static void ops_h_planar(const float *buf, const int32_t *start, const float *w4,
-                                   Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
-                                   Py_ssize_t plane) {
-    OPS_H_BY_K(1, (const ops_v4f *)0)
+OPS_H_ENTRIES(_base, , ops_h_pixels_k)
+OPS_H_ENTRIES(_avx2, __attribute__((target("avx2"))), ops_h_pixels_k8)
+
+/* Which version runs, decided once per process. */
+static int ops_h_avx2(void) {
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return have;
 }
 
-/* aff: 6 floats s_R, s_G, s_B, b_R, b_G, b_B, broadcast to vectors here. */
-DP_CLONES static void ops_h_planar_affine(const float *buf, const int32_t *start,
-                                          const float *w4, Py_ssize_t n_pad, Py_ssize_t lo,
-                                          Py_ssize_t K, float *dst, Py_ssize_t plane,
-                                          const float *affine) {
-    ops_v4f aff[6];
-    for (int i = 0; i < 6; i++)
-        aff[i] = ops_v4f_set1(affine[i]);
-    OPS_H_BY_K(1, aff)
+static void ops_h_interleaved(const float *buf, const int32_t *start, const float *w4,
+                              Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst) {
+    (ops_h_avx2() ? ops_h_interleaved_avx2 : ops_h_interleaved_base)(buf, start, w4, n_pad, lo,
+                                                                     K, dst);
 }
+
+static void ops_h_planar(const float *buf, const int32_t *start, const float *w4,
+                         Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
+                         Py_ssize_t plane) {
+    (ops_h_avx2() ? ops_h_planar_avx2 : ops_h_planar_base)(buf, start, w4, n_pad, lo, K, dst,
+                                                           plane);
+}
+
+static void ops_h_planar_affine(const float *buf, const int32_t *start, const float *w4,
+                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
+                                Py_ssize_t plane, const float *affine) {
+    (ops_h_avx2() ? ops_h_planar_affine_avx2 : ops_h_planar_affine_base)(buf, start, w4, n_pad,
+                                                                         lo, K, dst, plane,
+                                                                         affine);
+}
+#else
+OPS_H_ENTRIES(, , ops_h_pixels_k)
+#endif
 
 /* Vertical pass straight from uint8 source rows (pass order OPS_V_FIRST): d[0:n] =
    sum(k[t] * s[t * stride + 0:n] for t < taps), t ascending, four taps per sweep over d.
