@@ -414,6 +414,12 @@ cdef extern from *:
                     s2 = {s[2], s[0], s[1], s[2]};
         const dp_f4 b0 = {b[0], b[1], b[2], b[0]}, b1 = {b[1], b[2], b[0], b[1]},
                     b2 = {b[2], b[0], b[1], b[2]};
+        /* In registers: out may alias s and b as far as the compiler knows, which would
+           reload them at every store. */
+        const dp_f4 sr = {s[0], s[0], s[0], s[0]}, sg = {s[1], s[1], s[1], s[1]},
+                    sb = {s[2], s[2], s[2], s[2]};
+        const dp_f4 br = {b[0], b[0], b[0], b[0]}, bg = {b[1], b[1], b[1], b[1]},
+                    bb = {b[2], b[2], b[2], b[2]};
         Py_ssize_t i = 0;
         for (; i + 16 <= npix; i += 16) {
             dp_f4 x[12];
@@ -425,9 +431,9 @@ cdef extern from *:
                     Py_ssize_t at = i + 4 * (g / 3);
                     dp_f4 R, G, B;
                     dp_planes4(x0, x1, x2, &R, &G, &B);
-                    R = R * s[0] + b[0];
-                    G = G * s[1] + b[1];
-                    B = B * s[2] + b[2];
+                    R = R * sr + br;
+                    G = G * sg + bg;
+                    B = B * sb + bb;
                     memcpy(out + at, &R, 16);
                     memcpy(out + npix + at, &G, 16);
                     memcpy(out + 2 * npix + at, &B, 16);
