@@ -753,6 +753,9 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     cdef const uint8_t* p
     cdef const uint8_t* srow
     cdef uint8_t* q
+    # No x term from y (TranslateX/Y: r10 == 0): cx is +-0 on every row, which leaves every
+    # sum it enters unchanged, so a row of one chunk has the same source columns on every row.
+    cdef int same_cols = r10 == <float>0.0 and w <= AFFINE_CHUNK, have_cols = 0
     for y in range(h):
         yb = <float>(y - (h - 1) * 0.5)
         cx = yb * r10
@@ -769,15 +772,17 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
             srow = src + <Py_ssize_t>yi * w * 3
             for x0 in range(0, w, AFFINE_CHUNK):
                 n = w - x0 if w - x0 < AFFINE_CHUNK else AFFINE_CHUNK
-                for j in range(n):
-                    xb = <float>(x0 + j) - cw
-                    ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
-                    off[j] = <int32_t>((ix + magic) - magic)
-                # brk[k]: pixel k cannot continue a run of consecutive in-image source
-                # pixels (a vectorized pass; the runs are then found by memchr).
-                brk[0] = 1
-                for j in range(1, n):
-                    brk[j] = (off[j] != off[j - 1] + 1) | (off[j] < 0) | (off[j] >= w)
+                if not have_cols:
+                    for j in range(n):
+                        xb = <float>(x0 + j) - cw
+                        ix = ((xb * r00 + cx) + r20 + <float>1.0) * sx - <float>0.5
+                        off[j] = <int32_t>((ix + magic) - magic)
+                    # brk[k]: pixel k cannot continue a run of consecutive in-image source
+                    # pixels (a vectorized pass; the runs are then found by memchr).
+                    brk[0] = 1
+                    for j in range(1, n):
+                        brk[j] = (off[j] != off[j - 1] + 1) | (off[j] < 0) | (off[j] >= w)
+                    have_cols = same_cols
                 j = 0
                 while j < n:
                     xi = off[j]
@@ -1347,7 +1352,17 @@ cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
     cdef Py_ssize_t at, npix = <Py_ssize_t>h * w, k = 0
     cdef uint32_t words[4]
     cdef float v
+    cdef float* row
     if not prm.erase:
+        return
+    if not cfg.erase_random and o.dtype == OPS_FLOAT32 and o.layout == OPS_CHW:
+        # The common case as plain row fills.
+        for c in range(3):
+            v = cfg.erase_value[c]
+            for y in range(prm.ebox[0], prm.ebox[0] + bh):
+                row = <float*>out + c * npix + <Py_ssize_t>y * w + prm.ebox[1]
+                for x in range(bw):
+                    row[x] = v
         return
     for c in range(3):
         v = cfg.erase_value[c]
