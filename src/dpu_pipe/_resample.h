@@ -106,7 +106,8 @@ OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const flo
     }
 }
 
-/* ops_h_pixels_k with K a constant for the common tap counts; `pix` names the version. */
+/* ops_h_pixels_k with K a constant for the common tap counts (bilinear up to 5 after the DCT
+   scaling, bicubic up to 9); `pix` names the version. */
 #define OPS_H_BY_K(pix, planar, aff)                                                           \
     switch (K) {                                                                               \
     case 2: pix(buf, start, w4, n_pad, lo, 2, dst, plane, planar, aff); break;                 \
@@ -116,6 +117,8 @@ OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const flo
     case 6: pix(buf, start, w4, n_pad, lo, 6, dst, plane, planar, aff); break;                 \
     case 7: pix(buf, start, w4, n_pad, lo, 7, dst, plane, planar, aff); break;                 \
     case 8: pix(buf, start, w4, n_pad, lo, 8, dst, plane, planar, aff); break;                 \
+    case 9: pix(buf, start, w4, n_pad, lo, 9, dst, plane, planar, aff); break;                 \
+    case 10: pix(buf, start, w4, n_pad, lo, 10, dst, plane, planar, aff); break;               \
     default: pix(buf, start, w4, n_pad, lo, K, dst, plane, planar, aff);                       \
     }
 
@@ -142,13 +145,14 @@ OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const flo
     }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
 /* On AVX2 a pair of output pixels shares one 8-lane vector: its two source spans are loaded
    into the halves, tap t's weights of both (8 consecutive floats, OPS_HW4_AT) are one load,
    and each lane does exactly the 4-lane version's operations. (Only here: on 16-byte targets
    GCC splits 8-lane vectors poorly, so they keep ops_h_pixels_k.) */
 typedef float ops_v8f __attribute__((vector_size(32)));
 
-OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const float *w4,
+__attribute__((target("avx2"))) OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const float *w4,
                                 Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                 Py_ssize_t plane, int planar, const ops_v4f *aff) {
     for (Py_ssize_t j = 0; j < n_pad; j += 4) {
@@ -156,7 +160,10 @@ OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const fl
         const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
         const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
         ops_v8f w, a01, a23;
-#define OPS_CAT(p, q) __builtin_shufflevector(ops_v4f_load(p), ops_v4f_load(q), 0, 1, 2, 3, 4, 5, 6, 7)
+/* The second half straight from memory (vinsertf128 m128): GCC does not fold the load of a
+   generic shuffle. */
+#define OPS_CAT(p, q) ((ops_v8f)_mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)), \
+                                                      _mm_loadu_ps(q), 1))
         memcpy(&w, k01, sizeof w);
         a01 = OPS_CAT(q0, q1) * w;
         memcpy(&w, k23, sizeof w);
