@@ -10,7 +10,8 @@
   (tests/kernels/) cross-compiled with it, since no compiler runs there;
 * bit-identity: the same decodes, transforms, fused batches, epoch permutations and shards,
   and Loader batches (seed, epoch, samples) from the aarch64 wheel under emulation and from
-  the x86-64 wheel are byte-identical.
+  the x86-64 wheel are byte-identical; so are the x86-64 wheel's with its AVX2 copies of the
+  hot passes (natively) and with its SSE2 ones (``qemu-x86_64 -cpu Nehalem``).
 
 The wheels come from ``scripts/build_wheels.sh`` (``$DPU_PIPE_AARCH64_WHEEL`` /
 ``$DPU_PIPE_X86_64_WHEEL``, else ``dist/`` when newer than the sources, else built here). The
@@ -450,12 +451,12 @@ def _emulated_digest(root, dataset, ver):
     return _load(work / "arm.npz")
 
 
-def _compare(x86_digest, arm_digest):
+def _compare(x86_digest, arm_digest, names=("x86-64", "aarch64")):
     (x86, x86_report), (arm, arm_report) = x86_digest, arm_digest
-    print(f"\nx86-64 build: {x86_report['build']}\naarch64 build: {arm_report['build']}")
+    print(f"\n{names[0]} build: {x86_report['build']}\n{names[1]} build: {arm_report['build']}")
     for name in x86_report["sections"]:
-        print(f"  {name:8s} x86-64: {x86_report['sections'][name][:70]!s:40s} "
-              f"aarch64: {arm_report['sections'][name][:70]}")
+        print(f"  {name:8s} {names[0]}: {x86_report['sections'][name][:70]!s:40s} "
+              f"{names[1]}: {arm_report['sections'][name][:70]}")
     for rep in (x86_report, arm_report):
         errors = {k: v for k, v in rep["sections"].items() if v.startswith("error")}
         assert not errors, errors
@@ -475,13 +476,39 @@ def _compare(x86_digest, arm_digest):
     print(f"  compared {len(x86)} arrays, {nbytes / 1e6:.1f} MB: {len(differ)} differ")
     for d in differ[:20]:
         print("   ", d)
-    assert not differ, f"{len(differ)} of {len(x86)} arrays differ between x86-64 and aarch64"
+    assert not differ, f"{len(differ)} of {len(x86)} arrays differ between {names[0]} and {names[1]}"
 
 
 def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
     """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads), permutations and
     shards, Loader batches, and the own decoder's boxes (scan and packed index)."""
     _compare(x86_digest, _emulated_digest(userland, dataset, None))
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(ln for ln in f if ln.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+def test_bit_identity_x86_64_sse2_vs_avx2(dataset, x86_digest):
+    """On x86-64 the hot passes are built twice, for the SSE2 baseline and for AVX2, and the
+    copy is picked when the module loads (src/dpu_pipe/_clones.h, _resample.h, the gray passes
+    of _augment.pyx). The x86-64 wheel under ``qemu-x86_64 -cpu Nehalem`` (SSE4.2, no AVX)
+    runs the SSE2 copies: its digest must equal the native one's, which ran the AVX2 copies."""
+    if "avx2" not in _cpu_flags():
+        pytest.skip("this CPU has no AVX2: the native digest ran the SSE2 copies too")
+    qemu = shutil.which("qemu-x86_64-static")
+    if qemu is None:
+        pytest.skip("qemu-x86_64-static absent (apt-get install qemu-user-static)")
+    tmp = dataset.parent
+    env = dict(os.environ, PYTHONPATH=str(tmp / "x86"), OMP_NUM_THREADS="2")
+    proc = _run([qemu, "-cpu", "Nehalem", sys.executable, DIGEST, dataset, tmp / "sse2.npz",
+                 _photos(dataset)], timeout=1800, env=env, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _compare(x86_digest, _load(tmp / "sse2.npz"), ("x86-64 AVX2", "x86-64 SSE2"))
 
 
 # --- every wheel, every Python ------------------------------------------------------------------

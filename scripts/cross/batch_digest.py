@@ -184,6 +184,12 @@ def batch_section(paths, put):
         "train-ta-erase-random-f16": dict(train=True, size=48, auto_augment="ta_wide",
                                           random_erase=0.6, erase_value="random",
                                           dtype="float16"),
+        # The timm ViT recipe into float32, CHW and HWC: the conversion through value maps.
+        "train-vit-f32-chw": dict(train=True, size=64, interpolation="bicubic",
+                                  auto_augment="ra", ra_num_ops=2, ra_magnitude=9, ra_mstd=0.5,
+                                  color_jitter=0.4, random_erase=0.25),
+        "train-ra-jitter-f32-hwc": dict(train=True, size=(36, 52), auto_augment="ra",
+                                        color_jitter=0.4, layout="HWC"),
     }
     for cname, kw in configs.items():
         try:
