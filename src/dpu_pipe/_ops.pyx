@@ -17,6 +17,9 @@
 # an integer estimate of both passes' work, so the choice, like the arithmetic of each order,
 # depends on the sizes only.
 #
+# The inner loops of both passes and of the uint8 rounding are C (_resample.h), built on x86-64
+# for AVX2 beside the SSE2 baseline.
+#
 # Arithmetic, and why it is bit-identical on x86-64 and aarch64:
 #   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
 #   * the passes use float32 multiplies and adds (literals cast to float: a double literal
