@@ -298,8 +298,9 @@ cdef extern from *:
         return total;
     }
 
-    /* The pass, built for the baseline and (x86-64) for AVX2 with 8-lane blocks; the version
-       is picked once per process. The bits are the same either way. */
+    /* The pass, built for the baseline and (x86-64) for AVX2 with 8-lane blocks, the version
+       picked by the CPU (a load and a test of libgcc's CPU model). The bits are the same
+       either way. */
     static int64_t dp_gray_pass_base(uint8_t* img, Py_ssize_t npix, float r, float a, int mode,
                                      const uint8_t* lut) {
         return dp_gray_pass(img, npix, r, a, mode, lut, 0);
@@ -312,10 +313,8 @@ cdef extern from *:
     }
     static int64_t dp_gray_run(uint8_t* img, Py_ssize_t npix, float r, float a, int mode,
                                const uint8_t* lut) {
-        static int have = -1;
-        if (have < 0)
-            have = __builtin_cpu_supports("avx2") ? 1 : 0;
-        return (have ? dp_gray_pass_avx2 : dp_gray_pass_base)(img, npix, r, a, mode, lut);
+        return (__builtin_cpu_supports("avx2") ? dp_gray_pass_avx2 : dp_gray_pass_base)(
+            img, npix, r, a, mode, lut);
     }
     #else
     #define dp_gray_run dp_gray_pass_base

@@ -152,7 +152,8 @@ OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const flo
    GCC splits 8-lane vectors poorly, so they keep ops_h_pixels_k.) */
 typedef float ops_v8f __attribute__((vector_size(32)));
 
-__attribute__((target("avx2"))) OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const float *w4,
+__attribute__((target("avx2")))
+OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const float *w4,
                                 Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                 Py_ssize_t plane, int planar, const ops_v4f *aff) {
     for (Py_ssize_t j = 0; j < n_pad; j += 4) {
@@ -186,13 +187,8 @@ __attribute__((target("avx2"))) OPS_INLINE void ops_h_pixels_k8(const float *buf
 OPS_H_ENTRIES(_base, , ops_h_pixels_k)
 OPS_H_ENTRIES(_avx2, __attribute__((target("avx2"))), ops_h_pixels_k8)
 
-/* Which version runs, decided once per process. */
-static int ops_h_avx2(void) {
-    static int have = -1;
-    if (have < 0)
-        have = __builtin_cpu_supports("avx2") ? 1 : 0;
-    return have;
-}
+/* Which version runs: a load and a test of libgcc's CPU model (filled when it loads). */
+static inline int ops_h_avx2(void) { return __builtin_cpu_supports("avx2"); }
 
 static void ops_h_interleaved(const float *buf, const int32_t *start, const float *w4,
                               Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst) {
@@ -291,8 +287,10 @@ static inline uint8_t ops_to_u8(float v) {
    instructions (to int16, then to uint8; on NEON to uint16, then uint8) do the clamp. */
 OPS_INLINE void ops_round16(ops_v4f x0, ops_v4f x1, ops_v4f x2, ops_v4f x3, uint8_t *o) {
     const ops_v4f h = {0.5f, 0.5f, 0.5f, 0.5f};
-    ops_v4i a = __builtin_convertvector(x0 + h, ops_v4i), b = __builtin_convertvector(x1 + h, ops_v4i);
-    ops_v4i c = __builtin_convertvector(x2 + h, ops_v4i), e = __builtin_convertvector(x3 + h, ops_v4i);
+    ops_v4i a = __builtin_convertvector(x0 + h, ops_v4i);
+    ops_v4i b = __builtin_convertvector(x1 + h, ops_v4i);
+    ops_v4i c = __builtin_convertvector(x2 + h, ops_v4i);
+    ops_v4i e = __builtin_convertvector(x3 + h, ops_v4i);
 #if defined(__SSE2__)
     _mm_storeu_si128((__m128i *)o, _mm_packus_epi16(_mm_packs_epi32((__m128i)a, (__m128i)b),
                                                     _mm_packs_epi32((__m128i)c, (__m128i)e)));
