@@ -190,15 +190,41 @@ cdef extern from *:
     #define DP_LO(v) __builtin_shufflevector(v, v, 0, 1, 2, 3)
     #define DP_HI(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)
 
+    /* The six vectors x[0..5] (8 pixels, as dp_widen gives them) as three of 8 lanes, the
+       pixels 0-3 in the low halves and 4-7 in the high ones; dp_split8 is the way back. */
+    static inline __attribute__((always_inline)) void dp_join8(
+            const dp_f4* x, dp_f8* x0, dp_f8* x1, dp_f8* x2) {
+        *x0 = DP_CAT(x[0], x[3]);
+        *x1 = DP_CAT(x[1], x[4]);
+        *x2 = DP_CAT(x[2], x[5]);
+    }
+
+    static inline __attribute__((always_inline)) void dp_split8(
+            const dp_f8* x0, const dp_f8* x1, const dp_f8* x2, dp_f4* x) {
+        x[0] = DP_LO(*x0);
+        x[3] = DP_HI(*x0);
+        x[1] = DP_LO(*x1);
+        x[4] = DP_HI(*x1);
+        x[2] = DP_LO(*x2);
+        x[5] = DP_HI(*x2);
+    }
+
+    /* dp_planes4 in both halves. (8-lane vectors pass through pointers: 32-byte values
+       passed to functions built for 16-byte registers would change their ABI.) */
+    static inline __attribute__((always_inline)) void dp_planes8(
+            const dp_f8* x0, const dp_f8* x1, const dp_f8* x2, dp_f8* R, dp_f8* G, dp_f8* B) {
+        *R = DP_SHUF8(DP_SHUF8(*x0, *x1, 0, 3, 6, 5), *x2, 0, 1, 2, 5);
+        *G = DP_SHUF8(DP_SHUF8(*x0, *x1, 1, 4, 7, 7), *x2, 0, 1, 2, 6);
+        *B = DP_SHUF8(DP_SHUF8(*x0, *x1, 2, 5, 5, 5), *x2, 0, 1, 4, 7);
+    }
+
     static inline __attribute__((always_inline)) void dp_gray_block8(
             dp_f4* x, float r, float a, int mode, dp_i4* sum) {
         const dp_f8 rv = {r, r, r, r, r, r, r, r}, av = {a, a, a, a, a, a, a, a};
         for (int g = 0; g < 12; g += 6) {
-            dp_f8 x0 = DP_CAT(x[g], x[g + 3]), x1 = DP_CAT(x[g + 1], x[g + 4]);
-            dp_f8 x2 = DP_CAT(x[g + 2], x[g + 5]);
-            dp_f8 R = DP_SHUF8(DP_SHUF8(x0, x1, 0, 3, 6, 5), x2, 0, 1, 2, 5);
-            dp_f8 G = DP_SHUF8(DP_SHUF8(x0, x1, 1, 4, 7, 7), x2, 0, 1, 2, 6);
-            dp_f8 B = DP_SHUF8(DP_SHUF8(x0, x1, 2, 5, 5, 5), x2, 0, 1, 4, 7);
+            dp_f8 x0, x1, x2, R, G, B;
+            dp_join8(x + g, &x0, &x1, &x2);
+            dp_planes8(&x0, &x1, &x2, &R, &G, &B);
             dp_f8 y = (R * 0.2989f + 0.587f * G) + 0.114f * B;
             dp_i8 yi = __builtin_convertvector(y, dp_i8);                  /* y >= 0 */
             if (mode == DP_GRAY_SUM) {
@@ -221,14 +247,18 @@ cdef extern from *:
                                     255.0f, 255.0f, 255.0f, 255.0f} & ~big));
                 }
             }
-            x[g] = DP_LO(e0);
-            x[g + 3] = DP_HI(e0);
-            x[g + 1] = DP_LO(e1);
-            x[g + 4] = DP_HI(e1);
-            x[g + 2] = DP_LO(e2);
-            x[g + 5] = DP_HI(e2);
+            dp_split8(&e0, &e1, &e2, x + g);
         }
     }
+
+    /* dp_hue8: _hue's formula for 8 pixels in the lanes (_hue_lanes.h). */
+    #define DP_HUE_F dp_f8
+    #define DP_HUE_I dp_i8
+    #define DP_HUE_NAME(name) name##8
+    #include "_hue_lanes.h"
+    #undef DP_HUE_F
+    #undef DP_HUE_I
+    #undef DP_HUE_NAME
     #define DP_WIDE_BLOCK 1
     #endif
 
@@ -333,78 +363,70 @@ cdef extern from *:
         return dp_gray_run((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM, lut);
     }
 
-    static inline dp_f4 dp_sel(dp_i4 m, dp_f4 x, dp_f4 y) {      /* m ? x : y, per lane */
-        return (dp_f4)(((dp_i4)x & m) | ((dp_i4)y & ~m));
-    }
+    /* dp_hue4: _hue's formula for 4 pixels in the lanes (_hue_lanes.h). */
+    #define DP_HUE_F dp_f4
+    #define DP_HUE_I dp_i4
+    #define DP_HUE_NAME(name) name##4
+    #include "_hue_lanes.h"
+    #undef DP_HUE_F
+    #undef DP_HUE_I
+    #undef DP_HUE_NAME
 
-    static inline dp_f4 dp_floor(dp_f4 x) {    /* exact for |x| < 2**31 */
-        dp_f4 t = __builtin_convertvector(__builtin_convertvector(x, dp_i4), dp_f4);
-        return t - dp_sel(t > x, (dp_f4){1.0f, 1.0f, 1.0f, 1.0f}, (dp_f4){0.0f, 0.0f, 0.0f, 0.0f});
-    }
-
-    /* _hue's formula for 4 pixels, lane by lane: the channels R, G, B (0..255) in, the
-       channels times `back` out. Every branch of the scalar code is computed and selected,
-       so each lane does the scalar code's float32 operations on its pixel; fmodf(x, 1) is
-       x - trunc(x), exact for the x > 0 it gets. */
-    static inline void dp_hue4(dp_f4* R, dp_f4* G, dp_f4* B, float sc, float hf, float back) {
-        const dp_f4 one = {1.0f, 1.0f, 1.0f, 1.0f}, zero = {0.0f, 0.0f, 0.0f, 0.0f};
-        dp_f4 r = *R * sc, g = *G * sc, b = *B * sc;
-        dp_f4 mx = dp_sel(r > g, r, g);
-        mx = dp_sel(mx > b, mx, b);
-        dp_f4 mn = dp_sel(r < g, r, g);
-        mn = dp_sel(mn < b, mn, b);
-        dp_i4 flat = mx == mn;
-        dp_f4 cr = mx - mn;
-        dp_f4 s = cr / dp_sel(flat, one, mx);
-        cr = dp_sel(flat, one, cr);
-        dp_f4 rc = (mx - r) / cr, gc = (mx - g) / cr, bc = (mx - b) / cr;
-        dp_f4 hh = dp_sel(mx != r, dp_sel(mx == g, (rc + 2.0f) - bc, (gc + 4.0f) - rc), bc - gc);
-        hh = hh * (float)(1.0 / 6.0) + 1.0f;
-        hh = hh - __builtin_convertvector(__builtin_convertvector(hh, dp_i4), dp_f4);
-        hh = hh + hf;
-        hh = hh - dp_floor(hh);
-        dp_f4 h6 = hh * 6.0f;
-        dp_f4 fl = dp_floor(h6);
-        dp_i4 k = __builtin_convertvector(fl, dp_i4);
-        dp_f4 f = h6 - fl;
-        dp_f4 sxf = s * f, oms = 1.0f - s;
-        dp_f4 q = (1.0f - sxf) * mx, t = (sxf + oms) * mx, p = oms * mx;
-        q = dp_sel(q > zero, q, zero);
-        q = dp_sel(q < one, q, one);
-        t = dp_sel(t > zero, t, zero);
-        t = dp_sel(t < one, t, one);
-        p = dp_sel(p > zero, p, zero);
-        p = dp_sel(p < one, p, one);
-        k = k - ((k >= 6) & 6);         /* h6 rounds up to 6.0 just below hue 1 */
-        dp_i4 k0 = k == 0, k1 = k == 1, k2 = k == 2, k3 = k == 3, k4 = k == 4;
-        dp_f4 o0 = dp_sel(k0, mx, dp_sel(k1, q, dp_sel(k2 | k3, p, dp_sel(k4, t, mx))));
-        dp_f4 o1 = dp_sel(k0, t, dp_sel(k1 | k2, mx, dp_sel(k3, q, p)));
-        dp_f4 o2 = dp_sel(k0 | k1, p, dp_sel(k2, t, dp_sel(k3 | k4, mx, q)));
-        *R = o0 * back;
-        *G = o1 * back;
-        *B = o2 * back;
-    }
+    /* The result of dp_hue4 (planes R, G, B of 4 pixels) back in the interleaved order. */
+    #define DP_INTERLEAVE(SHUF, R, G, B, x0, x1, x2) do { \
+        x0 = SHUF(SHUF(R, G, 0, 4, 1, 5), B, 0, 1, 4, 2); \
+        x1 = SHUF(SHUF(G, B, 1, 5, 2, 6), R, 0, 1, 6, 2); \
+        x2 = SHUF(SHUF(R, G, 3, 7, 3, 7), B, 6, 0, 1, 7); } while (0)
+    #define DP_SHUF4(x, y, a, b, c, d) __builtin_shufflevector(x, y, a, b, c, d)
 
     /* _hue on the first npix - npix % 16 pixels (the caller does the rest): 16 pixels
        widened at a time, the result interleaved back and truncated to bytes (values in
-       [0, 256): truncation is _trunc_u8 there). */
-    DP_CLONES static void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+       [0, 256): truncation is _trunc_u8 there). wide: eight pixels to a vector (only inside
+       a function built for AVX2). */
+    static inline __attribute__((always_inline)) void dp_hue_pass(
+            uint8_t* img, Py_ssize_t npix, float sc, float hf, float back, int wide) {
         for (Py_ssize_t i = 0; i + 16 <= npix; i += 16) {
             uint8_t* px = img + 3 * i;
-            dp_f4 x[12], R, G, B;
+            dp_f4 x[12];
             for (int k = 0; k < 3; k++)
                 dp_widen(px + 16 * k, x + 4 * k);
+    #ifdef DP_WIDE_BLOCK
+            if (wide) {
+                for (int g = 0; g < 12; g += 6) {
+                    dp_f8 R, G, B, y0, y1, y2;
+                    dp_join8(x + g, &y0, &y1, &y2);
+                    dp_planes8(&y0, &y1, &y2, &R, &G, &B);
+                    dp_hue8(&R, &G, &B, sc, hf, back);
+                    DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
+                    dp_split8(&y0, &y1, &y2, x + g);
+                }
+            } else
+    #endif
             for (int g = 0; g < 12; g += 3) {
+                dp_f4 R, G, B;
                 dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
                 dp_hue4(&R, &G, &B, sc, hf, back);
-                x[g] = __builtin_shufflevector(__builtin_shufflevector(R, G, 0, 4, 1, 5), B, 0, 1, 4, 2);
-                x[g + 1] = __builtin_shufflevector(__builtin_shufflevector(G, B, 1, 5, 2, 6), R, 0, 1, 6, 2);
-                x[g + 2] = __builtin_shufflevector(__builtin_shufflevector(R, G, 3, 7, 3, 7), B, 6, 0, 1, 7);
+                DP_INTERLEAVE(DP_SHUF4, R, G, B, x[g], x[g + 1], x[g + 2]);
             }
             for (int k = 0; k < 3; k++)
                 dp_narrow(x + 4 * k, px + 16 * k);
         }
     }
+
+    static void dp_hue_base(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+        dp_hue_pass(img, npix, sc, hf, back, 0);
+    }
+    #ifdef DP_WIDE_BLOCK
+    __attribute__((target("avx2")))
+    static void dp_hue_avx2(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+        dp_hue_pass(img, npix, sc, hf, back, 1);
+    }
+    static void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+        (__builtin_cpu_supports("avx2") ? dp_hue_avx2 : dp_hue_base)(img, npix, sc, hf, back);
+    }
+    #else
+    #define dp_hue dp_hue_base
+    #endif
 
     /* out = value * scale[c] + bias[c] per element, float32, CHW (planes of npix) or HWC. */
     DP_CLONES static void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s,

@@ -75,6 +75,13 @@ OPS_INLINE void ops_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
    tap adds +0.0 to a non-negative sum, which changes no bit. Planar: R, G, B planes `plane`
    floats apart (each mapped by aff when not NULL); else interleaved RGB, one spare float
    after the last pixel. */
+/* Output pixels j..j+3: the weights of each pair (k01, k23) and each pixel's first source
+   value (q0..q3). */
+#define OPS_H_GROUP()                                                                          \
+    const float *k01 = w4 + OPS_HW4_AT(j, 0, K), *k23 = w4 + OPS_HW4_AT(j + 2, 0, K);          \
+    const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);          \
+    const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
+
 #define OPS_H_STORE()                                                                          \
     if (planar) {                                                                              \
         ops_store_planar(a0, a1, a2, a3, dst + j, dst + plane + j, dst + 2 * plane + j, aff);  \
@@ -89,9 +96,7 @@ OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const flo
                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                Py_ssize_t plane, int planar, const ops_v4f *aff) {
     for (Py_ssize_t j = 0; j < n_pad; j += 4) {
-        const float *k01 = w4 + OPS_HW4_AT(j, 0, K), *k23 = w4 + OPS_HW4_AT(j + 2, 0, K);
-        const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
-        const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
+        OPS_H_GROUP()
         ops_v4f a0 = ops_v4f_load(q0) * ops_v4f_load(k01);
         ops_v4f a1 = ops_v4f_load(q1) * ops_v4f_load(k01 + 4);
         ops_v4f a2 = ops_v4f_load(q2) * ops_v4f_load(k23);
@@ -157,9 +162,7 @@ OPS_INLINE void ops_h_pixels_k8(const float *buf, const int32_t *start, const fl
                                 Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                 Py_ssize_t plane, int planar, const ops_v4f *aff) {
     for (Py_ssize_t j = 0; j < n_pad; j += 4) {
-        const float *k01 = w4 + OPS_HW4_AT(j, 0, K), *k23 = w4 + OPS_HW4_AT(j + 2, 0, K);
-        const float *q0 = buf + 3 * (start[j] - lo), *q1 = buf + 3 * (start[j + 1] - lo);
-        const float *q2 = buf + 3 * (start[j + 2] - lo), *q3 = buf + 3 * (start[j + 3] - lo);
+        OPS_H_GROUP()
         ops_v8f w, a01, a23;
 /* The second half straight from memory (vinsertf128 m128): GCC does not fold the load of a
    generic shuffle. */

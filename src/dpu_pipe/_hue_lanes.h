@@ -1,0 +1,63 @@
+/* _hue's formula (v2's adjust_hue on uint8, _augment.pyx) in vector lanes, one pixel a lane:
+ * the channels R, G, B (0..255) in, the channels times `back` out. Every branch of the scalar
+ * code is computed and selected, so each lane does the scalar code's float32 operations on its
+ * pixel; fmodf(x, 1) is x - trunc(x), exact for the x > 0 it gets.
+ *
+ * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float and int
+ * vector types (4 lanes everywhere, 8 lanes for the AVX2 build on x86-64), the
+ * function's attributes and DP_HUE_NAME(name) this instance's name. */
+
+#define DP_HSEL(m, x, y) ((DP_HUE_F)(((DP_HUE_I)(x) & (m)) | ((DP_HUE_I)(y) & ~(m))))
+
+/* *x = floor(*x), exact for |x| < 2**31. (Vectors pass through pointers: 32-byte values
+   returned from functions built for 16-byte registers would change their ABI.) */
+static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_floor)(DP_HUE_F* x) {
+    const DP_HUE_F zero = {0}, one = zero + 1.0f;
+    DP_HUE_F t = __builtin_convertvector(__builtin_convertvector(*x, DP_HUE_I), DP_HUE_F);
+    *x = t - DP_HSEL(t > *x, one, zero);
+}
+
+static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
+        DP_HUE_F* R, DP_HUE_F* G, DP_HUE_F* B, float sc, float hf, float back) {
+    const DP_HUE_F zero = {0}, one = zero + 1.0f;
+    DP_HUE_F r = *R * sc, g = *G * sc, b = *B * sc;
+    DP_HUE_F mx = DP_HSEL(r > g, r, g);
+    mx = DP_HSEL(mx > b, mx, b);
+    DP_HUE_F mn = DP_HSEL(r < g, r, g);
+    mn = DP_HSEL(mn < b, mn, b);
+    DP_HUE_I flat = mx == mn;
+    DP_HUE_F cr = mx - mn;
+    DP_HUE_F s = cr / DP_HSEL(flat, one, mx);
+    cr = DP_HSEL(flat, one, cr);
+    DP_HUE_F rc = (mx - r) / cr, gc = (mx - g) / cr, bc = (mx - b) / cr;
+    DP_HUE_F hh = DP_HSEL(mx != r, DP_HSEL(mx == g, (rc + 2.0f) - bc, (gc + 4.0f) - rc), bc - gc);
+    hh = hh * (float)(1.0 / 6.0) + 1.0f;
+    hh = hh - __builtin_convertvector(__builtin_convertvector(hh, DP_HUE_I), DP_HUE_F);
+    hh = hh + hf;
+    DP_HUE_F fh = hh;
+    DP_HUE_NAME(dp_floor)(&fh);
+    hh = hh - fh;
+    DP_HUE_F h6 = hh * 6.0f;
+    DP_HUE_F fl = h6;
+    DP_HUE_NAME(dp_floor)(&fl);
+    DP_HUE_I k = __builtin_convertvector(fl, DP_HUE_I);
+    DP_HUE_F f = h6 - fl;
+    DP_HUE_F sxf = s * f, oms = 1.0f - s;
+    DP_HUE_F q = (1.0f - sxf) * mx, t = (sxf + oms) * mx, p = oms * mx;
+    q = DP_HSEL(q > zero, q, zero);
+    q = DP_HSEL(q < one, q, one);
+    t = DP_HSEL(t > zero, t, zero);
+    t = DP_HSEL(t < one, t, one);
+    p = DP_HSEL(p > zero, p, zero);
+    p = DP_HSEL(p < one, p, one);
+    k = k - ((k >= 6) & 6);         /* h6 rounds up to 6.0 just below hue 1 */
+    DP_HUE_I k0 = k == 0, k1 = k == 1, k2 = k == 2, k3 = k == 3, k4 = k == 4;
+    DP_HUE_F o0 = DP_HSEL(k0, mx, DP_HSEL(k1, q, DP_HSEL(k2 | k3, p, DP_HSEL(k4, t, mx))));
+    DP_HUE_F o1 = DP_HSEL(k0, t, DP_HSEL(k1 | k2, mx, DP_HSEL(k3, q, p)));
+    DP_HUE_F o2 = DP_HSEL(k0 | k1, p, DP_HSEL(k2, t, DP_HSEL(k3 | k4, mx, q)));
+    *R = o0 * back;
+    *G = o1 * back;
+    *B = o2 * back;
+}
+
+#undef DP_HSEL
