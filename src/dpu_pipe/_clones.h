@@ -5,6 +5,11 @@
  * the baseline's bits. Elsewhere (aarch64, Clang) a pass is compiled once. */
 #ifndef DP_CLONES_H
 #define DP_CLONES_H
+/* The kernels' vector code uses __builtin_shufflevector, which GCC has since 12: say so
+   instead of failing on the first use. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 12
+#error "dpu_pipe's kernels need GCC 12 or later: install gcc-12 and build with CC=gcc-12"
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DP_CLONES __attribute__((target_clones("avx2", "default")))
 #else

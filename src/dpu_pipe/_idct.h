@@ -38,6 +38,7 @@
 #include <arm_neon.h>
 #endif
 
+#include "_clones.h"         /* the compiler check */
 #include "_huffman.h"
 
 enum {
