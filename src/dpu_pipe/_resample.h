@@ -29,7 +29,6 @@ typedef int32_t ops_v4i __attribute__((vector_size(16)));
 
 typedef float *__restrict__ ops_f32_rp;
 typedef const float *__restrict__ ops_cf32_rp;
-typedef unsigned char *__restrict__ ops_u8_rp;
 typedef const unsigned char *__restrict__ ops_cu8_rp;
 typedef unsigned short *__restrict__ ops_u16_rp;
 
@@ -68,13 +67,6 @@ OPS_INLINE void ops_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
    consecutive floats, pixel 2m first: with 8-lane vectors one load gives both. */
 #define OPS_HW4_AT(i, t, K) ((((i) >> 1) * (K) + (t)) * 8 + ((i) & 1) * 4)
 
-/* Horizontal pass over n_pad output pixels (a multiple of 4): pixel j is
-   sum(weight(j, t) * buf[3 (start[j] - lo + t) + c] for t < K), four pixels per step (four
-   independent sums keep the adder busy). Every output takes exactly K taps (zero-padded): a
-   loop count that never changes is predicted perfectly, and a constant K unrolls it. A zero
-   tap adds +0.0 to a non-negative sum, which changes no bit. Planar: R, G, B planes `plane`
-   floats apart (each mapped by aff when not NULL); else interleaved RGB, one spare float
-   after the last pixel. */
 /* Output pixels j..j+3: the weights of each pair (k01, k23) and each pixel's first source
    value (q0..q3). */
 #define OPS_H_GROUP()                                                                          \
@@ -92,6 +84,13 @@ OPS_INLINE void ops_store_planar(ops_v4f p0, ops_v4f p1, ops_v4f p2, ops_v4f p3,
         ops_v4f_store(dst + 3 * j + 9, a3);                                                    \
     }
 
+/* Horizontal pass over n_pad output pixels (a multiple of 4): pixel j is
+   sum(weight(j, t) * buf[3 (start[j] - lo + t) + c] for t < K), four pixels per step (four
+   independent sums keep the adder busy). Every output takes exactly K taps (zero-padded): a
+   loop count that never changes is predicted perfectly, and a constant K unrolls it. A zero
+   tap adds +0.0 to a non-negative sum, which changes no bit. Planar: R, G, B planes `plane`
+   floats apart (each mapped by aff when not NULL); else interleaved RGB, one spare float
+   after the last pixel. */
 OPS_INLINE void ops_h_pixels_k(const float *buf, const int32_t *start, const float *w4,
                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
                                Py_ssize_t plane, int planar, const ops_v4f *aff) {
