@@ -495,8 +495,8 @@ def _cpu_flags():
 
 def test_bit_identity_x86_64_sse2_vs_avx2(dataset, x86_digest):
     """On x86-64 the hot passes are built twice, for the SSE2 baseline and for AVX2, and the
-    copy is picked when the module loads (src/dpu_pipe/_clones.h, _resample.h, the gray passes
-    of _augment.pyx). The x86-64 wheel under ``qemu-x86_64 -cpu Nehalem`` (SSE4.2, no AVX)
+    CPU's features pick the copy (at load time for src/dpu_pipe/_clones.h's clones, at each
+    call for _resample.h's horizontal pass and _augment.pyx's gray and hue passes). The x86-64 wheel under ``qemu-x86_64 -cpu Nehalem`` (SSE4.2, no AVX)
     runs the SSE2 copies: its digest must equal the native one's, which ran the AVX2 copies."""
     if "avx2" not in _cpu_flags():
         pytest.skip("this CPU has no AVX2: the native digest ran the SSE2 copies too")
