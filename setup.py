@@ -10,6 +10,8 @@ Environment switches (read once, here):
                        unset: on when the building interpreter is 3.11 or later. Cross-builds set
                        it for their target version (scripts/build_wheels.sh).
   DPU_PIPE_BUILD_JOBS=N  extensions compiled at once (default: the CPUs this process may use).
+  DPU_PIPE_SANITIZE=thread  ThreadSanitizer instrumentation, -O1 -g (scripts/tsan/build.sh;
+                       the interpreter must preload libtsan to import the result).
   JPEG_INCLUDE_DIR / JPEG_LIB_DIR   libjpeg location when pkg-config cannot tell.
 """
 import glob
@@ -29,6 +31,10 @@ DEBUG = os.environ.get("DPU_PIPE_DEBUG", "") not in ("", "0")
 MARCH = os.environ.get("DPU_PIPE_MARCH", "")
 MTUNE = os.environ.get("DPU_PIPE_MTUNE", "")
 OPENMP = os.environ.get("DPU_PIPE_OPENMP", "1") not in ("", "0")
+SANITIZE = os.environ.get("DPU_PIPE_SANITIZE", "")
+if SANITIZE not in ("", "thread"):
+    sys.exit("dpu_pipe: DPU_PIPE_SANITIZE takes only 'thread' (ASan: scripts/asan/build.sh)")
+SANITIZE_ARGS = ["-fsanitize=thread", "-fno-omit-frame-pointer"] if SANITIZE else []
 # Typed memoryviews need the buffer protocol, which entered the Limited API in 3.11: below
 # that, one build per CPython version.
 LIMITED_API_MIN = (3, 11)
@@ -78,7 +84,8 @@ def libjpeg_flags():
 
 def compile_args():
     args = ["-ffp-contract=off", "-fno-math-errno", "-std=c11"]
-    args += ["-O1", "-g"] if DEBUG else ["-O3"]
+    args += ["-O1", "-g"] if DEBUG or SANITIZE else ["-O3"]
+    args += SANITIZE_ARGS
     if MARCH:
         args.append(f"-march={MARCH}")
     if MTUNE:
@@ -104,7 +111,7 @@ common = dict(
                                      "dpu_pipe")],
     library_dirs=libdirs,
     extra_compile_args=compile_args(),
-    extra_link_args=["-fopenmp"] if OPENMP else [],
+    extra_link_args=(["-fopenmp"] if OPENMP else []) + SANITIZE_ARGS,
     define_macros=[("DPU_PIPE_MARCH", '"%s"' % (MARCH or "default")),
                    ("DPU_PIPE_DEBUG", str(int(DEBUG)))]
                   + ([("Py_LIMITED_API", "0x%02X%02X0000" % LIMITED_API_MIN),
