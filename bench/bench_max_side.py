@@ -1,5 +1,5 @@
-"""Pack-time downscale (``dpu-pipe pack --max-side N``): pack size, the interval index it
-carries, and ``Loader`` images/s over packs with and without it.
+"""Pack-time downscale (``dpu-pipe pack --max-side N``): pack size and ``Loader`` images/s
+over packs with and without it.
 
     python bench/bench_max_side.py [--data DIR] [--n 1000] [--sides 256,320] [--rounds 3]
                                    [--json PATH]
@@ -75,7 +75,6 @@ def main(argv=None):
             rows[side] = {"pack_s": time.perf_counter() - t0, "count": len(ds),
                           "data_bytes": ds.meta["data_bytes"],
                           "orig_bytes": ds.meta["orig_bytes"],
-                          "interval_bytes": ds.meta["interval_bytes"],
                           "max_longer_side": max(sizes),
                           "resized": (ds.meta["max_side"] or {}).get("resized", 0),
                           "rates": []}
@@ -91,12 +90,12 @@ def main(argv=None):
     print(f"{len(src)} images, Loader(num_threads=1) train 224, {args.rounds} rounds, packs "
           f"interleaved; load average {os.getloadavg()[0]:.1f}")
     print(f"{'max side':<10}{'resized':>8}{'longest':>8}{'pack MB':>9}{'vs none':>9}"
-          f"{'index B/img':>12}{'img/s':>8}{'min-max':>14}{'vs none':>9}")
+          f"{'img/s':>8}{'min-max':>14}{'vs none':>9}")
     med = {s: sorted(r["rates"])[len(r["rates"]) // 2] for s, r in rows.items()}
     for side, r in rows.items():
         print(f"{str(side or 'none'):<10}{r['resized']:>8}{r['max_longer_side']:>8}"
               f"{r['data_bytes'] / 1e6:>9.1f}{r['data_bytes'] / base['data_bytes']:>8.2f}x"
-              f"{r['interval_bytes'] / r['count']:>12.0f}{med[side]:>8.0f}"
+              f"{med[side]:>8.0f}"
               f"{min(r['rates']):>7.0f}-{max(r['rates']):<6.0f}{med[side] / med[None]:>8.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=2))

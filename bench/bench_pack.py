@@ -19,8 +19,8 @@ Lazy opening: a dataset of N tiny records is packed (64 MB shards), then a fresh
 it and reads 200 random records; reported are the Python heap allocated by opening
 (tracemalloc), private (anonymous) resident memory after opening and after the reads, the
 file-backed resident memory (mapped pages, reclaimable; the kernel maps 64 kB around each page
-touched) and the index blocks checked. The whole index (48 + 8 + 8 bytes per record: entry,
-label, interval-index end) is shown for scale. Numbers only; nothing is asserted.
+touched) and the index blocks checked. The whole index (48 + 8 bytes per record: entry,
+label) is shown for scale. Numbers only; nothing is asserted.
 """
 
 import argparse
@@ -138,7 +138,7 @@ def bench_lazy(sizes, tmp):
         out = os.path.join(tmp, f"tiny-{n}")
         pack(TinySource(n), out, shard_size=64 * 2**20, progress=False, verify=False)
         rows[n] = _child(_LAZY_CHILD, out, n)
-        rows[n]["index_mb"] = n * 64 / 2**20
+        rows[n]["index_mb"] = n * 56 / 2**20
         shutil.rmtree(out)
     return rows
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 import dpu_pipe
-from dpu_pipe import _huffman, pack
+from dpu_pipe import pack
 from dpu_pipe.errors import ConfigError, DecodeError, DpuPipeError
 from dpu_pipe.loader import Loader
 from dpu_pipe.packed import format as fmt
@@ -218,7 +218,7 @@ def test_layout_matches_documented_format(sharded, folder):
     raw = open(os.path.join(sharded.path, "manifest.dpk"), "rb").read()
     (magic, version, hsize, count, nshards, shards_off, labels_off, meta_off, meta_size,
      file_size, shards_crc, meta_crc) = struct.unpack_from("<8sIIQQQQQQQII", raw, 0)
-    assert (magic, version, hsize, count) == (b"DPUPACK\0", 3, 128, N)
+    assert (magic, version, hsize, count) == (b"DPUPACK\0", 4, 128, N)
     assert raw[80:124] == bytes(44) and struct.unpack_from("<I", raw, 124)[0] == \
         zlib.crc32(raw[:124])
     assert len(raw) == file_size == meta_off + meta_size
@@ -237,11 +237,8 @@ def test_layout_matches_documented_format(sharded, folder):
         (smagic, sver, shsize, number, sfirst, scount, data_off, data_size, index_off,
          blocks_off, paths_off, paths_size, sfsize, block_records, alignment,
          blocks_crc, iv_off, iv_size) = struct.unpack_from("<8sIIQQQQQQQQQQIIIQQ", sh, 0)
-        assert (smagic, sver, number, sfirst, scount) == (b"DPUSHRD\0", 3, k, first, n)
-        assert iv_off == paths_off + paths_size + (-(paths_off + paths_size) % 8)
-        assert iv_off + iv_size == sfsize
-        iv_ends = struct.unpack_from(f"<{n}Q", sh, iv_off)
-        iv_entries = sh[iv_off + 8 * n:iv_off + iv_size]
+        assert (smagic, sver, number, sfirst, scount) == (b"DPUSHRD\0", 4, k, first, n)
+        assert (iv_off, iv_size) == (0, 0) and paths_off + paths_size == sfsize
         assert len(sh) == fsize == sfsize and struct.unpack_from("<I", sh, 124)[0] == hcrc \
             == zlib.crc32(sh[:124])
         nblocks = -(-n // block_records)
@@ -257,9 +254,6 @@ def test_layout_matches_documented_format(sharded, folder):
             assert rec == folder.read(i) and crc == zlib.crc32(rec)
             assert label == folder.label(i) and (orig, flags, code) == (ln, 0, 1)
             assert paths[prev_end:path_end].decode("utf-8") == folder.relpath(i)
-            entry = iv_entries[iv_ends[j - 1] if j else 0:iv_ends[j]]
-            want = _huffman.find_intervals(np.frombuffer(rec, np.uint8))
-            assert _varints(entry) == ([] if want is None else np.diff(want, prepend=0).tolist())
             prev_end, total, i = path_end, total + ln, i + 1
         assert data_bytes == orig_bytes == total and transcoded == 0
         for b in range(nblocks):
@@ -268,24 +262,8 @@ def test_layout_matches_documented_format(sharded, folder):
             hi_j = min((b + 1) * block_records, n) - 1
             hi = struct.unpack_from("<Q", sh, index_off + 48 * hi_j + 32)[0]
             entries = sh[index_off + 48 * b * block_records:index_off + 48 * (hi_j + 1)]
-            ends = sh[iv_off + 8 * b * block_records:iv_off + 8 * (hi_j + 1)]
-            ilo = iv_ends[b * block_records - 1] if b else 0
-            crc = zlib.crc32(paths[lo:hi], zlib.crc32(entries))
-            assert zlib.crc32(iv_entries[ilo:iv_ends[hi_j]], zlib.crc32(ends, crc)) == blocks[b]
+            assert zlib.crc32(paths[lo:hi], zlib.crc32(entries)) == blocks[b]
     assert i == N
-
-
-def _varints(raw):
-    """Unsigned LEB128 values of ``raw``, decoded byte by byte."""
-    out, v, shift = [], 0, 0
-    for c in raw:
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if not c & 0x80:
-            out.append(v)
-            v, shift = 0, 0
-    assert shift == 0, "a varint runs past the entry"
-    return out
 
 
 # -- damaged, missing, foreign and lying data -------------------------------------------
@@ -392,8 +370,9 @@ def remeta(raw, meta):
     (lambda raw: b"", "not a dpu_pipe packed dataset"),
     (lambda raw: raw + b"\0", "followed by unexpected bytes"),
     (lambda raw: jc.pil_jpeg(jc.photo_sized("coffee", 16, 16)), "not a dpu_pipe packed"),
-    (lambda raw: rewrite(raw, M, version=1), "version 1 .*single-file.* reads versions 2 and 3"),
-    (lambda raw: rewrite(raw, M, version=4), "version 4 is not supported.*newer"),
+    (lambda raw: rewrite(raw, M, version=1),
+     "version 1 .*single-file.* reads versions 2, 3 and 4"),
+    (lambda raw: rewrite(raw, M, version=5), "version 5 is not supported.*newer"),
     (lambda raw: raw[:20] + b"\x07" + raw[21:], "header corrupted"),
     (lambda raw: raw[:130] + bytes([raw[130] ^ 1]) + raw[131:], "shard table corrupted"),
     (lambda raw: raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:], "metadata corrupted"),
@@ -403,7 +382,7 @@ def remeta(raw, meta):
     (lambda raw: remeta(raw, b'{"classes": [1, 2]}'), "'classes' is not a list of names"),
     (lambda raw: rewrite(raw, M, count=N + 1), "inconsistent part sizes|hold 18 records"),
 ], ids=["minus-1-byte", "short-header", "empty", "trailing-byte", "jpeg", "version-1",
-        "version-4", "header-crc", "table-crc", "meta-crc", "offsets", "meta-nested",
+        "version-5", "header-crc", "table-crc", "meta-crc", "offsets", "meta-nested",
         "meta-missing-key", "meta-classes", "count"])
 def test_damaged_or_foreign_manifest(copy, damage, match):
     manifest = copy / "manifest.dpk"

@@ -1,4 +1,4 @@
-"""The packed dataset format, version 3: every on-disk structure, and the checks that parse it.
+"""The packed dataset format, version 4: every on-disk structure, and the checks that parse it.
 
 A packed dataset is a directory::
 
@@ -30,34 +30,21 @@ Shard (``shard-NNNNNN.dpks``)::
     index_offset     48 × count         RECORD entries, one per record, in record order
     blocks_offset    4 × nblocks        CRC of each index block (see below)
     paths_offset     paths_size         UTF-8 relative paths, concatenated
-    intervals_offset intervals_size     restart-interval index (version 3, 8-aligned): <u8
-                                        end of each record's entry × count, then the entries
     file_size                           end of file
 
 An index block is ``block_records`` consecutive RECORD entries (the last block may be
 shorter); its CRC covers the entries' bytes followed by the bytes of their paths (record j's
-path is ``paths[path_end[j-1]:path_end[j]]``, ``path_end[-1]`` taken as 0) and, in version 3,
-by the block's interval ends and their entries' bytes. A reader loads and checks one block
-when it first needs a record of it, so opening a dataset of a billion records reads its
-manifest header and shard table only.
-
-The restart-interval index (version 3) spares a region decoder the marker scan: record j's
-entry is ``entries[ends[j-1]:ends[j]]`` (``ends[-1]`` taken as 0), empty for a record without
-restart markers (or any record this decoder does not take), else ``intervals + 1`` unsigned
-LEB128 varints: the record offset of interval 0's first entropy-coded byte (the scan's
-start), each further interval's start minus the previous one's, then the end of the last
-interval (the marker after it) minus its start (:func:`encode_intervals`). The entries are
-untrusted like everything else: :func:`check_interval_ends` bounds them here, and the decoder
-(``dpu_pipe._huffman.interval_offsets`` / ``hp_index_intervals``) checks their values against
-the record's header and markers before it reads at any offset.
+path is ``paths[path_end[j-1]:path_end[j]]``, ``path_end[-1]`` taken as 0). A reader loads
+and checks one block when it first needs a record of it, so opening a dataset of a billion
+records reads its manifest header and shard table only.
 
 Records are the sample's encoded bytes: a JPEG (transcoded losslessly to baseline with restart
 markers when ``flags & TRANSCODED``, its original size in ``orig_length``) or whatever the
 source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` marks a record
 whose header its decoder could not read when it was packed; its bytes are kept, so a loader
-reports it as it would the original file. ``flags & RESIZED`` (version 3) marks a JPEG that
-``max_side`` downscaled and re-encoded when it was packed (lossy; ``orig_length`` is still the
-source's size).
+reports it as it would the original file. ``flags & RESIZED`` (versions 3 and 4) marks a JPEG
+that ``max_side`` downscaled and re-encoded when it was packed (lossy; ``orig_length`` is
+still the source's size).
 
 The manifest's JSON object (``classes``, ``data_bytes``, ``orig_bytes``, ``formats``,
 ``unreadable``, ``label_range`` and ``num_labels`` are required, checked when the manifest
@@ -66,16 +53,22 @@ spec of the packed source), ``shard_size`` (the target in bytes), ``transcode`` 
 ``{"restart_interval", "optimize"}``), ``formats`` ({name: record count}), ``unreadable``
 (record count) and ``unreadable_examples`` (up to 20 of their paths), ``data_bytes`` and
 ``orig_bytes`` (sums of the record sizes as stored and as read from the source),
-``label_range`` ([min, max]) and ``num_labels`` (distinct labels), ``interval_bytes`` (the
-shards' restart-interval indexes, ends table included; version 3).
+``label_range`` ([min, max]) and ``num_labels`` (distinct labels).
 
 ``max_side`` (null, or ``{"max_side", "resized", "quality", "resampler"}``: ``dpu-pipe pack
 --max-side``, which re-encoded every JPEG whose longer side exceeded it) is optional.
 
 Versions: 1 was a single file of records plus one index (dpu_pipe 0.1, magic ``DPUPACK\\0``,
-the manifest's magic); 2 is version 3 without the restart-interval index (its header's
-``intervals_offset``/``intervals_size`` are zero, the paths end the file). This module reads
-versions 2 and 3, writes 3, and names any other version it meets.
+the manifest's magic); 2 is version 4 without ``RESIZED`` records. Version 3 shards end with a
+restart-interval index after the paths (at ``intervals_offset``, 8-aligned,
+``intervals_size`` bytes: a ``<u8`` end of each record's entry × count, then the entries:
+each record's restart-interval offsets as LEB128 varints), which only dpu_pipe's own entropy
+decoder read (retired: docs/design/entropy.md); their block CRCs cover, after the paths, the
+block's interval ends and its entries' bytes, and their manifests carry an ``interval_bytes``
+count. In versions 2 and 4 ``intervals_offset`` and ``intervals_size``
+are zero and the paths end the file. This module reads versions 2, 3 and 4 (of version 3 the
+index is bounds- and CRC-checked like the rest of its block, and otherwise ignored), writes
+4, and names any other version it meets.
 
 The functions here are pure (bytes or arrays in, values or :class:`ConfigError` out) so that a
 fuzz harness can drive them directly: :func:`parse_manifest` and :func:`parse_shard` take a
@@ -94,13 +87,14 @@ __all__ = [
     "DEFAULT_BLOCK_RECORDS", "MANIFEST_HEADER", "SHARD_HEADER", "SHARD_ENTRY", "RECORD",
     "TRANSCODED", "UNREADABLE", "RESIZED", "FORMATS", "shard_name", "detect_format", "encode_header",
     "parse_prefix", "parse_manifest_header", "parse_shard_header", "check_shard_table",
-    "check_records", "check_interval_ends", "encode_intervals", "block_crc", "parse_manifest",
-    "parse_shard",
+    "check_records", "check_interval_ends", "block_crc", "parse_manifest", "parse_shard",
 ]
 
-VERSION = 3
-#: Versions this module reads: 2 has no restart-interval index.
-READ_VERSIONS = (2, 3)
+VERSION = 4
+#: Versions this module reads: 3 carries a restart-interval index it checks and ignores.
+READ_VERSIONS = (2, 3, 4)
+#: The version whose shards end with a restart-interval index.
+_INTERVALS_VERSION = 3
 MAGIC = b"DPUPACK\0"
 SHARD_MAGIC = b"DPUSHRD\0"
 HEADER_SIZE = 128
@@ -154,7 +148,7 @@ SHARD_HEADER = np.dtype([
     ("block_records", "<u4"),
     ("alignment", "<u4"),
     ("blocks_crc32", "<u4"),     # of the block CRC table
-    ("intervals_offset", "<u8"), # version 3 (0 in version 2)
+    ("intervals_offset", "<u8"), # version 3 (0 in versions 2 and 4)
     ("intervals_size", "<u8"),
     ("header_crc32", "<u4"),     # of bytes 0..123
 ])
@@ -251,7 +245,7 @@ def _check_version(version, where):
 
 
 def _versions():
-    return " and ".join(map(str, READ_VERSIONS))
+    return ", ".join(map(str, READ_VERSIONS[:-1])) + f" and {READ_VERSIONS[-1]}"
 
 
 def _parse_header(raw, dtype, magic, file_size, where):
@@ -330,7 +324,7 @@ def parse_shard_header(raw, file_size, where):
         raise ConfigError(f"{where}: invalid record count {n} or block size {b}")
     nblocks = -(-n // b)
     io, isz = h["intervals_offset"], h["intervals_size"]
-    if h["version"] >= 3:
+    if h["version"] == _INTERVALS_VERSION:
         paths_end = io - _pad(h["paths_offset"] + h["paths_size"], 8)
         intervals_ok = io % 8 == 0 and isz >= 8 * n and io + isz == file_size
     else:
@@ -347,32 +341,10 @@ def parse_shard_header(raw, file_size, where):
     return h
 
 
-def encode_intervals(offsets):
-    """A record's restart-interval index entry (bytes) from its offsets: ``intervals + 1``
-    byte offsets from the record's start (each interval's first entropy-coded byte, then the
-    end of the last interval; uint32, increasing), as ``dpu_pipe._huffman.find_intervals``
-    gives them. ``b""`` for None. Costs about one byte per interval of up to 127 bytes, two
-    up to 16 KiB."""
-    if offsets is None:
-        return b""
-    v = np.diff(np.asarray(offsets, dtype=np.int64), prepend=0)
-    if len(v) < 2 or v.min() < 0 or v.max() >= 2**32:
-        raise ValueError("interval offsets must be at least two increasing uint32 values")
-    v = v.astype(np.uint64)
-    nbytes = 1 + sum((v >= np.uint64(1 << (7 * k))).astype(np.int64) for k in range(1, 5))
-    out = np.empty(int(nbytes.sum()), np.uint8)
-    pos = np.cumsum(nbytes) - nbytes
-    for k in range(5):
-        m = nbytes > k
-        low7 = (v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        out[pos[m] + k] = low7.astype(np.uint8) | ((nbytes[m] > k + 1) << 7).astype(np.uint8)
-    return out.tobytes()
-
-
 def check_interval_ends(ends, *, lo, entries_size, first, where):
-    """The interval index ends of one index block (``<u8`` array; record ``first`` of its
-    shard first) grow from ``lo`` to at most ``entries_size`` bytes. ConfigError names the
-    first record that fails."""
+    """The interval index ends of one index block of a version-3 shard (``<u8`` array; record
+    ``first`` of its shard first) grow from ``lo`` to at most ``entries_size`` bytes.
+    ConfigError names the first record that fails."""
     ends = np.asarray(ends).astype(np.uint64)
     prev = np.concatenate(([np.uint64(lo)], ends[:-1]))
     bad = (ends < prev) | (ends > np.uint64(entries_size))
@@ -385,7 +357,8 @@ def check_interval_ends(ends, *, lo, entries_size, first, where):
 
 def block_crc(entries_bytes, paths_bytes, intervals=()):
     """CRC of an index block: its RECORD entries' bytes, then its paths' bytes, then (version
-    3) ``intervals``: the bytes of the block's interval index ends and of their entries."""
+    3 only) ``intervals``: the bytes of the block's interval index ends and of their
+    entries."""
     crc = zlib.crc32(paths_bytes, zlib.crc32(entries_bytes))
     for part in intervals:
         crc = zlib.crc32(part, crc)
@@ -472,9 +445,9 @@ _META_REQUIRED = {
 
 def interval_parts(buf, h):
     """``(ends <u8[count], entries bytes-like)`` of a version-3 shard's interval index in
-    ``buf`` (its whole file, or a mapping of it) given its parsed header; ``(None, None)`` for
-    version 2."""
-    if h["version"] < 3:
+    ``buf`` (its whole file, or a mapping of it) given its parsed header, which its block
+    CRCs cover; ``(None, None)`` for versions 2 and 4."""
+    if h["version"] != _INTERVALS_VERSION:
         return None, None
     n, io = h["count"], h["intervals_offset"]
     ends = np.frombuffer(buf, "<u8", count=n, offset=io)

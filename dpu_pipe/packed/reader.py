@@ -16,12 +16,17 @@ import zlib
 
 import numpy as np
 
-from .. import _huffman, _jpeg
+from .. import _jpeg
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
 __all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path",
            "default_max_open_shards"]
+
+
+class ClosedError(ConfigError):
+    """A read of a :class:`PackedDataset` after its :meth:`~PackedDataset.close` (not a
+    damaged shard: never turned into a sample's :class:`DecodeError`)."""
 
 
 def manifest_path(path):
@@ -108,6 +113,7 @@ class PackedShard:
         self.records = np.frombuffer(self._mm, fmt.RECORD, count=h["count"],
                                      offset=h["index_offset"])
         self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
+        # A version-3 shard's restart-interval index: read only for its blocks' CRCs.
         self._interval_ends, self._interval_entries = fmt.interval_parts(self._mm, h)
         self._labels = labels
         # Which index blocks passed check_block; a reader that reopens the same shard (same
@@ -178,36 +184,6 @@ class PackedShard:
         r = self.records[j]
         start = int(r["offset"])
         return memoryview(self._mm)[start:start + int(r["length"])]
-
-    @property
-    def has_intervals(self):
-        """True when the shard has a restart-interval index (format version 3)."""
-        return self._interval_ends is not None
-
-    def interval_entry(self, j):
-        """Record ``j``'s restart-interval index entry (a read-only memoryview of the mapping,
-        empty for a record without one; index checked), or None when the shard has no index
-        (format version 2)."""
-        self.check_block(j // self.header["block_records"])
-        if self._interval_ends is None:
-            return None
-        lo = int(self._interval_ends[j - 1]) if j else 0
-        return self._interval_entries[lo:int(self._interval_ends[j])]
-
-    @property
-    def interval_entries(self):
-        """The interval index's entries of every record, one uint8 array (a view of the
-        mapping; version 3), which :meth:`interval_bounds` indexes."""
-        return np.frombuffer(self._interval_entries, np.uint8)
-
-    def interval_bounds(self, js):
-        """``(lo, hi)`` int64 arrays: records ``js``' entries in :attr:`interval_entries`
-        (their index blocks must have passed :meth:`check_block`, which checks these bounds;
-        version 3)."""
-        js = np.asarray(js, dtype=np.int64)
-        hi = self._interval_ends[js].astype(np.int64)
-        lo = np.where(js > 0, self._interval_ends[np.maximum(js - 1, 0)], 0).astype(np.int64)
-        return lo, hi
 
     def relpath(self, j):
         self.check_block(j // self.header["block_records"])
@@ -313,6 +289,8 @@ class PackedDataset:
         self._checked = {}                       # shard number -> its PackedShard.checked
         self._failed = {}                        # shard number -> its ConfigError
         self._lock = threading.Lock()
+        self._fingerprint = f"crc32:{int.from_bytes(self._mm[124:128].tobytes(), 'little'):08x}"
+        self._closed = False
 
     def __len__(self):
         return self.header["count"]
@@ -329,7 +307,7 @@ class PackedDataset:
     def fingerprint(self):
         """The manifest header's CRC as hex. It covers the shard table, which holds each
         shard's header CRC, which covers that shard's index CRCs (paths and labels)."""
-        return f"crc32:{int.from_bytes(self._mm[124:128].tobytes(), 'little'):08x}"
+        return self._fingerprint
 
     def shard_path(self, k):
         return os.path.join(self.path, fmt.shard_name(k))
@@ -342,22 +320,25 @@ class PackedDataset:
         """Shard ``k``, opened (and checked against the manifest) on first use; raises the
         ConfigError that names it when it is missing or not the shard the manifest lists."""
         with self._lock:
+            self._check_open()
             sh = self._open.get(k)
             if sh is not None:
                 self._open.move_to_end(k)
                 return sh
             if k in self._failed:
                 raise self._failed[k]
-        e = self.shards[k]
-        first, n = int(e["first"]), int(e["count"])
+            e = self.shards[k]
+            first, n = int(e["first"]), int(e["count"])
+            labels = self.labels[first:first + n]
         try:
-            sh = PackedShard(self.shard_path(k), expect=(k, e),
-                             labels=self.labels[first:first + n], checked=self._checked.get(k))
+            sh = PackedShard(self.shard_path(k), expect=(k, e), labels=labels,
+                             checked=self._checked.get(k))
         except ConfigError as exc:
             with self._lock:
                 self._failed[k] = exc
             raise
         with self._lock:
+            self._check_open()
             sh = self._open.setdefault(k, sh)
             self._checked[k] = sh.checked
             self._open.move_to_end(k)
@@ -365,7 +346,12 @@ class PackedDataset:
                 self._open.popitem(last=False)
         return sh
 
+    def _check_open(self):
+        if self._closed:
+            raise ClosedError(f"packed dataset {self.path} is closed")
+
     def _check_index(self, i):
+        self._check_open()
         n = len(self)
         if not 0 <= i < n:
             raise IndexError(f"record {i} out of range for packed dataset {self.path} "
@@ -380,6 +366,8 @@ class PackedDataset:
             sh = self.shard(k)
             j = i - int(self._firsts[k])
             sh.check_block(j // sh.header["block_records"])
+        except ClosedError:
+            raise
         except ConfigError as exc:
             raise DecodeError(str(exc), index=i, path=self.shard_path(k)) from None
         return sh, j
@@ -401,30 +389,6 @@ class PackedDataset:
     def relpath(self, i):
         sh, j = self._locate(i)
         return sh.relpath(j)
-
-    def interval_entry(self, i):
-        """Record ``i``'s restart-interval index entry as stored (read-only memoryview; see
-        :mod:`dpu_pipe.packed.format`), the form the region decoder takes
-        (``dpu_pipe._huffman.decode_box(..., intervals=entry)``, or ``hp_index_intervals`` in
-        C): None when the record has none (a version-2 shard, or a record without restart
-        markers), so the decoder scans for its markers as for any file."""
-        sh, j = self._locate(i)
-        entry = sh.interval_entry(j)
-        return entry if entry is not None and len(entry) else None
-
-    def intervals(self, i):
-        """Record ``i``'s restart-interval offsets: ``uint32`` array of ``intervals + 1``
-        byte offsets from the record's start (each interval's first entropy-coded byte, then
-        the end of the last one), validated against the record's header and markers; None
-        when the record has no index entry. An entry that does not match its record raises
-        :class:`DecodeError` naming the record."""
-        entry = self.interval_entry(i)
-        if entry is None:
-            return None
-        try:
-            return _huffman.interval_offsets(self.record(i), entry)
-        except DecodeError as exc:
-            raise DecodeError(str(exc), index=i, path=self.describe(i)) from None
 
     def describe(self, i):
         self._check_index(i)
@@ -450,13 +414,15 @@ class PackedDataset:
                 return got
         # A shuffled batch touches about as many shards as it has records: one pass over the
         # records, each costing a few dictionary and array look-ups.
-        errors, views, entries, opened = {}, [], {}, {}
+        errors, views, opened = {}, [], {}
         empty = b""
         for p, (k, i) in enumerate(zip(ks.tolist(), indices.tolist())):
             sh = opened.get(k)
             if sh is None:
                 try:
                     sh = self.shard(k)
+                except ClosedError:
+                    raise
                 except ConfigError as exc:
                     sh = exc
                 opened[k] = sh
@@ -481,12 +447,7 @@ class PackedDataset:
                                         index=i, path=self.describe(i))
                 view = empty
             views.append(view)
-            if view is not empty and sh.has_intervals:
-                entries[p] = sh.interval_entry(j)
-        bufs = _jpeg.BufferList.from_buffers(views)
-        if entries:
-            bufs.attach_intervals([entries.get(p) for p in range(n)])
-        return bufs, errors
+        return _jpeg.BufferList.from_buffers(views), errors
 
     def _one_shard(self, k, indices):
         """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,
@@ -497,6 +458,8 @@ class PackedDataset:
             local = indices - sh.first
             for b in np.unique(local // sh.block_records).tolist():
                 sh.check_block(b)
+        except ClosedError:
+            raise
         except ConfigError:
             return None
         rec = sh.records[local]
@@ -507,16 +470,13 @@ class PackedDataset:
             for o, ln, crc in zip(offsets.tolist(), lengths.tolist(), rec["crc32"].tolist()):
                 if zlib.crc32(mv[o:o + ln]) != crc:
                     return None
-        bufs = _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths)
-        if sh.has_intervals:
-            lo, hi = sh.interval_bounds(local)
-            bufs.attach_packed_intervals(sh.interval_entries, lo, hi - lo)
-        return bufs, {}
+        return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
 
     def check(self, shards=None, *, progress=None):
         """Verify shards (all, or the numbers in ``shards``) on their own: header against the
         manifest, every index block, every record's CRC. Returns ``{shard number: message}``
         for the shards that fail; ``progress(nbytes)`` is called as bytes are checked."""
+        self._check_open()
         failures = {}
         for k in (range(self.num_shards) if shards is None else shards):
             k = int(k)
@@ -536,6 +496,10 @@ class PackedDataset:
         return failures
 
     def close(self):
+        """Let go of the mappings (a batch still holding records keeps theirs alive). Any
+        thread may close; a read started after it raises :class:`ConfigError`, one in
+        progress completes."""
         with self._lock:
+            self._closed = True
             self._open.clear()
-        self._mm = self.shards = self.labels = None
+            self._mm = self.shards = self.labels = None

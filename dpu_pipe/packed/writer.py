@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .. import _huffman, _validate, jpeg
+from .. import _validate, jpeg
 from ..errors import ConfigError, DecodeError, DpuPipeError
 from ..sources import PackedSource, open_path
 from . import format as fmt
@@ -106,41 +106,31 @@ def _downscaler(max_side):
 
 
 def _prepare(data, transform, downscale=None):
-    """``(bytes to store, flags, format code, restart-interval index entry)`` of one source
-    record."""
+    """``(bytes to store, flags, format code)`` of one source record."""
     code = fmt.detect_format(data)
     flags = 0
     if code == 1:
         try:
             hdr = jpeg.read_header(data)
         except DecodeError:
-            return data, fmt.UNREADABLE, code, b""
+            return data, fmt.UNREADABLE, code
         if downscale is not None:
             try:
                 small = downscale(data, hdr.width, hdr.height)
             except (OSError, ValueError):  # Pillow cannot read what libjpeg's header did
-                return data, fmt.UNREADABLE, code, b""
+                return data, fmt.UNREADABLE, code
             if small is not None:
                 data, flags = small, fmt.RESIZED
         if transform is not None:
             try:
                 out = transform(data)
             except DecodeError:  # the header reads, the coefficients do not
-                return data, fmt.UNREADABLE, code, b""
+                return data, fmt.UNREADABLE, code
             if out is not None:
                 data, flags = out, flags | fmt.TRANSCODED
-        return data, flags, code, _interval_entry(data)
     elif code == 0:
         flags = fmt.UNREADABLE
-    return data, flags, code, b""
-
-
-def _interval_entry(data):
-    """The index entry locating the restart intervals of a JPEG record (found by the
-    decoder's own marker scan), b"" where it has none."""
-    if isinstance(data, bytes):
-        data = np.frombuffer(data, np.uint8)
-    return fmt.encode_intervals(_huffman.find_intervals(data))
+    return data, flags, code
 
 
 class _ShardWriter:
@@ -156,18 +146,15 @@ class _ShardWriter:
         self.records = np.zeros(1024, dtype=fmt.RECORD)
         self.count = 0
         self.paths = bytearray()
-        self.interval_ends = []
-        self.intervals = bytearray()
 
-    def size_with(self, nbytes, path_len, intervals_len):
+    def size_with(self, nbytes, path_len):
         """Approximate file size after adding a record of ``nbytes`` (index included)."""
         n = self.count + 1
         return (self.pos + fmt._pad(self.pos, self.alignment) + nbytes + 8
                 + fmt.RECORD.itemsize * n + 4 * (n // self.block_records + 1)
-                + len(self.paths) + path_len + 8 + 8 * n + len(self.intervals)
-                + intervals_len)
+                + len(self.paths) + path_len)
 
-    def add(self, data, label, orig_length, flags, code, relpath, intervals):
+    def add(self, data, label, orig_length, flags, code, relpath):
         pad = fmt._pad(self.pos, self.alignment)
         if pad:
             self.f.write(b"\0" * pad)
@@ -176,8 +163,6 @@ class _ShardWriter:
         if self.count == len(self.records):
             self.records = np.concatenate([self.records, np.zeros_like(self.records)])
         self.paths += relpath
-        self.intervals += intervals
-        self.interval_ends.append(len(self.intervals))
         self.records[self.count] = (self.pos, len(data), label, orig_length, len(self.paths),
                                     zlib.crc32(data), flags, code, b"\0\0")
         self.pos += len(data)
@@ -193,33 +178,23 @@ class _ShardWriter:
         b = self.block_records
         blocks = np.empty(-(-self.count // b), dtype="<u4")
         ends = recs["path_end"].astype(np.int64)
-        interval_ends = np.array(self.interval_ends, dtype="<u8")
         lo = 0
         for k in range(len(blocks)):
             block = recs[k * b:(k + 1) * b]
             hi = int(ends[min((k + 1) * b, self.count) - 1])
-            parts = fmt.block_interval_parts(interval_ends, self.intervals, k * b, len(block),
-                                             self.path)
-            blocks[k] = fmt.block_crc(block.tobytes(), bytes(self.paths[lo:hi]), parts)
+            blocks[k] = fmt.block_crc(block.tobytes(), bytes(self.paths[lo:hi]))
             lo = hi
         blocks_offset = index_offset + recs.nbytes
         self.f.write(blocks.tobytes())
         paths_offset = blocks_offset + blocks.nbytes
         self.f.write(self.paths)
-        paths_end = paths_offset + len(self.paths)
-        intervals_offset = paths_end + fmt._pad(paths_end, 8)
-        self.f.write(b"\0" * (intervals_offset - paths_end))
-        self.f.write(interval_ends.tobytes())
-        self.f.write(self.intervals)
-        intervals_size = interval_ends.nbytes + len(self.intervals)
-        file_size = intervals_offset + intervals_size
+        file_size = paths_offset + len(self.paths)
         header = fmt.encode_header(
             fmt.SHARD_HEADER, shard=self.number, first=self.first, count=self.count,
             data_offset=self.data_offset, data_size=data_size, index_offset=index_offset,
             blocks_offset=blocks_offset, paths_offset=paths_offset, paths_size=len(self.paths),
             file_size=file_size, block_records=b, alignment=self.alignment,
-            blocks_crc32=zlib.crc32(blocks), intervals_offset=intervals_offset,
-            intervals_size=intervals_size)
+            blocks_crc32=zlib.crc32(blocks))
         self.f.seek(0)
         self.f.write(header)
         self.f.flush()
@@ -231,7 +206,6 @@ class _ShardWriter:
         entry["orig_bytes"] = int(recs["orig_length"].sum())
         entry["transcoded"] = int(np.count_nonzero(recs["flags"] & fmt.TRANSCODED))
         entry["header_crc32"] = int.from_bytes(header[-4:], "little")
-        self.interval_bytes = intervals_size
         return entry, recs
 
     def abort(self):
@@ -323,11 +297,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     True, False, or None for a tqdm bar only on a terminal. ``alignment`` (bytes, a power of
     two up to 4096) is where each record starts.
 
-    Each JPEG record with restart markers gets its restart intervals' offsets in the shard's
-    interval index (about one byte per interval of a record transcoded with a restart marker
-    every MCU), so a region decoder needs no marker scan.
-
-    Memory: one shard's index (56 bytes per record plus paths and interval offsets),
+    Memory: one shard's index (48 bytes per record plus paths),
     ``threads × 64`` records in
     flight, and the source's label array. Returns the dataset as a
     :class:`~dpu_pipe.sources.PackedSource`.
@@ -383,7 +353,6 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     writer = None
     try:
         table, formats = [], np.zeros(len(fmt.FORMATS), dtype=np.int64)
-        interval_bytes = [0]
         resized = 0
         unreadable = []
 
@@ -403,19 +372,18 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                 _verify_shard(writer.path, len(table), recs, labels[writer.first:
                                                                      writer.first + writer.count])
             table.append(entry)
-            interval_bytes[0] += writer.interval_bytes
 
         for idx, results in chunks():
-            for i, (orig_length, data, flags, code, intervals) in zip(idx, results):
+            for i, (orig_length, data, flags, code) in zip(idx, results):
                 rel = relpath(i).encode("utf-8", "surrogateescape")
                 if writer is not None and writer.count and \
-                        writer.size_with(len(data), len(rel), len(intervals)) > shard_size:
+                        writer.size_with(len(data), len(rel)) > shard_size:
                     close_shard()
                     writer = None
                 if writer is None:
                     writer = _ShardWriter(os.path.join(tmp, fmt.shard_name(len(table))),
                                           len(table), i, alignment, int(block_records))
-                writer.add(data, labels[i], orig_length, flags, code, rel, intervals)
+                writer.add(data, labels[i], orig_length, flags, code, rel)
                 formats[code] += 1
                 resized += bool(flags & fmt.RESIZED)
                 if flags & fmt.UNREADABLE:
@@ -447,7 +415,6 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
             "num_labels": int(len(np.unique(labels))),
             "data_bytes": int(table["data_bytes"].sum()),
             "orig_bytes": int(table["orig_bytes"].sum()),
-            "interval_bytes": interval_bytes[0],
             "max_side": ({"max_side": downscale.max_side, "resized": resized,
                           "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
                          if downscale is not None else None),

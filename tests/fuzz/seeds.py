@@ -184,6 +184,7 @@ def write_all(outdir):
     """Write the seeds of every target under outdir/<target>/. Returns {target: count}."""
     from dpu_pipe import jpeg
     from dpu_pipe.errors import DecodeError, TranscodeUnsupported
+    from dpu_pipe.packed import format as fmt
     from targets import BATCH_TRAILER, DECODE_TRAILER, ENTROPY_TRAILER, _frame
 
     seeds = jpegs()
@@ -211,6 +212,13 @@ def write_all(outdir):
                                           seeds["tiny_9x17"]], tmp)
     put("packed", "three", _frame(manifest, shard, 0))
     put("packed", "three_crc_fixed", _frame(manifest, shard, 1))
+    # A version-3 pack, whose shards end with the restart-interval index it still reads.
+    v3 = os.path.join(os.path.dirname(HERE), "data", "packed_v3")
+    with open(os.path.join(v3, fmt.MANIFEST_NAME), "rb") as f:
+        manifest = f.read()
+    with open(os.path.join(v3, fmt.shard_name(0)), "rb") as f:
+        shard = f.read()
+    put("packed", "v3_crc_fixed", _frame(manifest, shard, 1))
     for name in ("baseline_420", "progressive", "tiny_1x1"):
         data = seeds[name]
         pairs = np.array([[0, len(data)], [1, len(data) - 1], [0, len(data) // 2]], "<i8")

@@ -164,7 +164,7 @@ def _fixed_shard(b):
         recs = np.frombuffer(bytes(b[idx:idx + 48 * n]), fmt.RECORD)
         paths, lo = bytes(b[pth:pth + int(h["paths_size"])]), 0
         ends = entries = None
-        if int(h["version"]) >= 3 and 8 * n <= isz and io + isz <= len(b):
+        if int(h["version"]) == 3 and 8 * n <= isz and io + isz <= len(b):
             ends = np.frombuffer(bytes(b[io:io + 8 * n]), "<u8")
             entries = bytes(b[io + 8 * n:io + isz])
         for k in range(nblocks):
@@ -229,28 +229,6 @@ def _first_batch(src, n):
         pass  # no decodable sample left to replace a bad one with
 
 
-def _packed_intervals(ds, i):
-    """A record's restart-interval index, however mutated: offsets inside the record (or a
-    DecodeError naming it), and the own decoder given the entry decodes or falls back."""
-    from dpu_pipe import _huffman
-
-    try:
-        offsets = ds.intervals(i)
-    except DecodeError as e:
-        assert e.index == i, e
-        offsets = None
-    rec = np.frombuffer(ds.record(i), np.uint8)
-    if offsets is None:
-        return
-    assert offsets[-1] <= len(rec) and (np.diff(offsets.astype(np.int64)) >= 0).all()
-    hdr = _huffman.header(rec)
-    if hdr is not None and hdr["width"] * hdr["height"] <= MAX_PIXELS:
-        box = (0, 0, min(hdr["height"], 16), min(hdr["width"], 16))
-        got = _huffman.decode_box(rec, box, 8, False, max_pixels=MAX_PIXELS,
-                                  intervals=ds.interval_entry(i))
-        assert got is None or got.shape == box[2:] + (3,)
-
-
 def open_packed(path):
     """The reader under test: a packed dataset path → a source. Point the target at another
     reader by replacing this function."""
@@ -306,7 +284,6 @@ def packed(data):
         lo = int(entry["offset"])
         assert ln == int(entry["length"]) and 0 <= lo and lo + ln <= len(sh.buffer), \
             f"record {i} ({lo}+{ln}) outside its {len(sh.buffer)}-byte shard"
-        _packed_intervals(src.dataset, i)
         good.append(i)
         src.describe(i)
     src.classes
@@ -376,8 +353,7 @@ def entropy(data):
     followed by an MCU rectangle: the whole image's coefficients have the shapes its header
     implies, and the rectangle's (read from the covering restart intervals only) are the
     slice of the whole when both decode; then the own region decode of a box the same four
-    bytes choose (see _own_box), with the restart intervals found by the marker scan and
-    from a packed index entry, intact and damaged (see _indexed)."""
+    bytes choose (see _own_box), with the restart intervals found by the marker scan."""
     from dpu_pipe import _huffman
 
     n = struct.calcsize(ENTROPY_TRAILER_FMT)
@@ -427,32 +403,7 @@ def entropy(data):
     assert (inter is None) == (part is None), lanes
     if part is not None:
         assert all(np.array_equal(x, y) for x, y in zip(inter, part)), lanes
-    _indexed(img, a, b, c, _own_box(img, hdr, a, b, c, d))
-
-
-def _indexed(img, a, b, c, box):
-    """The packed index path: the entry the writer stores for ``img`` gives the offsets the
-    scan finds and the same pixels for ``box``; the entry with one byte changed (position
-    and value from the trailer) gives offsets and pixels, a DecodeError, or None, never a
-    read outside the record."""
-    from dpu_pipe import _huffman
-    from dpu_pipe.packed import format as fmt
-
-    offsets = _huffman.find_intervals(img)
-    if offsets is None:
-        return
-    entry = fmt.encode_intervals(offsets)
-    assert np.array_equal(_huffman.interval_offsets(img, _exact(entry)), offsets)
-    bad = bytearray(entry)
-    bad[a * len(bad) // 256] ^= b | 1
-    bad = _exact(bytes(bad[:len(bad) - (c & 1)]))
-    with contextlib.suppress(DecodeError):
-        _huffman.interval_offsets(img, bad)
-    args, want = box
-    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=_exact(entry))
-    assert (got is None) == (want is None) and (got is None or np.array_equal(got, want))
-    got = _huffman.decode_box(*args, max_pixels=MAX_PIXELS, intervals=bad)
-    assert got is None or got.shape == args[1][2:] + (3,)
+    _own_box(img, hdr, a, b, c, d)
 
 
 def _own_box(img, hdr, a, b, c, d):
