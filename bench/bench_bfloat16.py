@@ -1,16 +1,15 @@
 """bfloat16 batches: written by the kernel against float32 from the kernel converted by torch
-(``.to(torch.bfloat16)``), one thread, methods alternating every round; median and min-max of
-the rounds. Not run by pytest: ``python bench/bench_bfloat16.py --data DIR [-n N]``."""
+(``.to(torch.bfloat16)``), one thread, methods alternating every round
+(``dpu_pipe.tools.harness.interleaved``); median and min-max of the rounds. Not run by
+pytest: ``python bench/bench_bfloat16.py --data DIR [-n N]``."""
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from dpu_pipe.batch import BatchProcessor
-from dpu_pipe.tools.bench_decode import load_buffers
+from dpu_pipe.tools.harness import interleaved, load_buffers, rate_stats
 from dpu_pipe.tools.sample_data import sample_dataset
 from dpu_pipe.transforms import TransformConfig
 
@@ -44,20 +43,15 @@ def main(argv=None):
 
     methods = {"float32 kernel + torch .to(bfloat16)": convert_after,
                "bfloat16 kernel": in_kernel}
-    times = {name: [] for name in methods}
     for fn in methods.values():
         fn()                                # warm-up
-    for r in range(args.repeat):
-        order = list(methods) if r % 2 == 0 else list(methods)[::-1]
-        for name in order:
-            t0 = time.perf_counter()
-            methods[name]()
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved({name: (lambda fn: lambda a, b: fn())(fn)
+                         for name, fn in methods.items()}, 1, chunk=1, repeat=args.repeat)
     print(f"{n} images, batches of {BATCH}, one thread, {args.repeat} rounds\n")
     print("| method | img/s | min–max |\n|---|---:|---:|")
     for name, ts in times.items():
-        rates = [n / t for t in ts]
-        print(f"| {name} | {statistics.median(rates):.0f} | {min(rates):.0f}–{max(rates):.0f} |")
+        med, lo, hi = rate_stats(ts, n)
+        print(f"| {name} | {med:.0f} | {lo:.0f}–{hi:.0f} |")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ there only the upsampling differs.
 
 Measured here, on the ImageNet-like sample dataset (real photographs, as ``dpu-pipe bench``
 makes it) or ``--data``, file bytes in memory, one process pinned to one core, the two modes
-interleaved in chunks of 32 images within every round (the order alternating round by round),
+interleaved in chunks of 32 images within every round (``dpu_pipe.tools.harness.interleaved``),
 the median round reported:
 
 * ``full``: whole-image decode;
-* ``region``: the RandomResizedCrop boxes of ``dpu-pipe bench-decode`` at ``min_size=(224, 224)``,
+* ``region``: the RandomResizedCrop boxes of ``bench/bench_decode.py`` at ``min_size=(224, 224)``,
   as the loaders decode them, split by the DCT scale libjpeg ends up using (1 = the 8x8 IDCT);
 * ``batch``: the loaders' batch kernel (decode + crop + resample + flip + normalize, float32
   CHW 224), the figure a training run sees.
@@ -29,37 +29,16 @@ import json
 import os
 import platform
 import sys
-import time
-
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from dpu_pipe import jpeg  # noqa: E402
-from dpu_pipe.tools import pinning  # noqa: E402
-from dpu_pipe.tools.bench_decode import load_buffers, random_resized_crop_boxes  # noqa: E402
+from bench_decode import random_resized_crop_boxes  # noqa: E402
+from dpu_pipe.tools.harness import interleaved, load_buffers, one_core  # noqa: E402
 
 CHUNK = 32
-
-
-def _interleaved(methods, n, rounds):
-    """{name: [seconds per round]}: every round runs every method over all n items, the
-    methods taking turns every CHUNK items, the first method alternating between rounds."""
-    names = list(methods)
-    times = {k: [] for k in names}
-    for r in range(rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        spent = dict.fromkeys(names, 0.0)
-        for start in range(0, n, CHUNK):
-            stop = min(n, start + CHUNK)
-            for k in order:
-                t = time.perf_counter()
-                methods[k](start, stop)
-                spent[k] += time.perf_counter() - t
-        for k in names:
-            times[k].append(spent[k])
-    return times
 
 
 def main():
@@ -115,12 +94,12 @@ def main():
     }
     out = {"machine": platform.processor() or platform.machine(), "n": n,
            "rounds": args.rounds, "rows": []}
-    with pinning.pinned(True) as cores:
+    with one_core() as cores:
         out["core"] = cores
         for name, (methods, count) in groups.items():
             for fn in methods.values():
                 fn(0, min(count, CHUNK))   # warm-up
-            times = _interleaved(methods, count, args.rounds)
+            times = interleaved(methods, count, chunk=CHUNK, repeat=args.rounds)
             acc = count / float(np.median(times["accurate"]))
             fst = count / float(np.median(times["fast"]))
             out["rows"].append({"what": name, "images": count, "accurate_img_s": acc,

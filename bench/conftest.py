@@ -2,8 +2,9 @@
 
 The ImageNet-like sample dataset is made once from real photographs under
 ``$XDG_CACHE_HOME/dpu_pipe`` (``~/.cache/dpu_pipe``, the same place ``dpu-pipe bench`` uses) and
-reused by later runs. File bytes and RandomResizedCrop boxes are prepared before any timing; the session runs pinned to one core with OpenCV on one thread, as
-``dpu_pipe.tools.bench_decode.decode_benchmark`` does.
+reused by later runs. File bytes and RandomResizedCrop boxes are prepared before any timing;
+the session runs pinned to one core with OpenCV on one thread
+(``dpu_pipe.tools.harness.one_core``), as ``bench_decode.py`` does.
 
 ``DPU_PIPE_BENCH_N`` sets the number of images (default 200: each benchmark round decodes all of
 them, keeping a full run well under a minute per method).
@@ -31,20 +32,10 @@ def _bench_n():
 @pytest.fixture(scope="session", autouse=True)
 def one_core():
     """Pin the session to one core and OpenCV to one thread; restored afterwards."""
-    from dpu_pipe.tools import pinning
+    from dpu_pipe.tools.harness import one_core
 
-    previous = pinning.pin(True)
-    try:
-        import cv2
-    except ImportError:
-        cv2 = None
-    threads = cv2.getNumThreads() if cv2 is not None else None
-    if cv2 is not None:
-        cv2.setNumThreads(1)
-    yield
-    if cv2 is not None:
-        cv2.setNumThreads(threads)
-    pinning.restore(previous)
+    with one_core():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +56,8 @@ def decode_inputs(imagenet_like):
     RandomResizedCrop boxes (N, 4) drawn with seed 0."""
     from PIL import Image
 
-    from dpu_pipe.tools.bench_decode import load_buffers, random_resized_crop_boxes
+    from bench_decode import random_resized_crop_boxes
+    from dpu_pipe.tools.harness import load_buffers
 
     _, buffers = load_buffers(imagenet_like[0], _bench_n())
     sizes = []

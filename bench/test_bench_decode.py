@@ -1,14 +1,14 @@
-"""Decode microbenchmarks: one pytest-benchmark per method of ``dpu_pipe.tools.bench_decode.METHODS``.
+"""Decode microbenchmarks: one pytest-benchmark per method of ``bench_decode.METHODS``.
 
 Each benchmark round decodes every image of the sample (see conftest.py); ``extra_info`` holds
 the images per second of the median round. Timings are reported, never asserted.
-``dpu-pipe bench-decode`` / ``dpu_pipe.tools.bench_decode.decode_benchmark`` gives the interleaved comparison table.
+``python bench/bench_decode.py`` gives the interleaved comparison table.
 """
 
 import numpy as np
 import pytest
 
-from dpu_pipe.tools.bench_decode import BATCH, METHODS, decode_methods, random_resized_crop_boxes
+from bench_decode import BATCH, METHODS, decode_methods, random_resized_crop_boxes
 
 ROUNDS = 5
 

@@ -1,4 +1,4 @@
-"""The benchmark commands on a user's own data: read only, numbers that add up, JSON and
+"""``dpu-pipe bench`` on a user's own data: read only, numbers that add up, JSON and
 plots, argument errors that name the flag; generated data under the XDG cache."""
 
 import json
@@ -55,25 +55,8 @@ def test_bench_measures_the_users_data_and_writes_nothing_there(user_data, tmp_p
             assert im.format == "PNG" and im.size[0] > 300
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["folder", "packed"])
-def test_bench_decode_json_on_stdout(user_data, tmp_path, capsys, packed):
-    data = user_data
-    if packed:
-        from dpu_pipe import pack
-        from dpu_pipe.sources import FileList
-        # The JPEGs only: a packed dataset written from them.
-        rows = [(str(p), 0) for p in sorted(user_data.rglob("0*.jpg"))]
-        data = tmp_path / "mine.dpk"
-        pack(FileList(rows), data, progress=False)
-    assert cli.main(["bench-decode", "--data", str(data), "-n", "4", "--repeat", "1",
-                     "--methods", "pillow,dpu", "--no-pin", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["benchmark"] == "decode" and result["n"] == 4
-    assert [r["method"] for r in result["rows"]] == ["pillow", "dpu"]
-
-
 @pytest.mark.parametrize("argv, flag", [
-    (["bench", "-n", "0"], "-n/--images"), (["bench-decode", "--images", "-3"], "-n/--images"),
+    (["bench", "-n", "0"], "-n/--images"), (["bench", "--images", "-3"], "-n/--images"),
     (["bench", "--repeat", "0"], "--repeat"), (["bench", "--seed", "x"], "--seed"),
     (["pack", "a", "b", "--alignment", "0"], "--alignment")])
 def test_argument_errors_name_the_flag(argv, flag, capsys):
@@ -83,7 +66,7 @@ def test_argument_errors_name_the_flag(argv, flag, capsys):
     assert f"argument {flag}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["pack", "info", "bench", "bench-decode"])
+@pytest.mark.parametrize("command", ["pack", "info", "bench", "bench-train", "demo", "plan"])
 def test_every_option_has_help(command):
     parser = cli._parser()
     sub = next(a for a in parser._actions if a.dest == "command")

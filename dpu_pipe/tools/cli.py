@@ -4,7 +4,7 @@ Each subcommand is one entry of :data:`COMMANDS`: ``name -> (help, add_args, run
 ``add_args(parser)`` declares its arguments on an ``argparse`` sub-parser and
 ``run(args) -> int`` does the work and returns the exit status. Adding a subcommand is
 adding one entry; ``add_args`` and ``run`` may also be ``"module:function"`` strings
-(relative to ``dpu_pipe.tools``, e.g. ``".bench_decode:run"``), imported only when
+(relative to ``dpu_pipe.tools``, e.g. ``".demo:run"``), imported only when
 needed, so a subcommand can live in its own module.
 
 Exit status: 0 on success, 1 when the work failed, 2 for invalid arguments or configuration
@@ -397,11 +397,6 @@ COMMANDS = {
     "bench-train": ("epoch time of a CNN's training with torchvision, DataLoader, Loader, offload "
                     "and offloaded validation, side by side (table, JSON, plots)",
                     ".bench_train:add_args", ".bench_train:run"),
-    "bench-decode": ("JPEG decode img/s (full, region, DCT-scaled) against Pillow and OpenCV",
-                     ".bench_decode:add_args", ".bench_decode:run"),
-    "bench-transcode": ("what restart-interval transcoding buys: size against region-decode and "
-                        "end-to-end img/s, with Pillow and a C region decode as anchors",
-                        ".bench_transcode:add_args", ".bench_transcode:run"),
     "plan": ("producer cores, window and producer memory, bandwidth a host needs for a "
              "training rate", ".plan:add_args", ".plan:run"),
 }

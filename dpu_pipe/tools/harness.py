@@ -1,22 +1,33 @@
-"""The training harness ``dpu-pipe demo`` and ``dpu-pipe bench-train`` share: one training run
-of a small ResNet fed by a loader, timed per step (host compute, host waiting for data,
-validation on the host's path), with the producers' counters, as a JSON-serialisable record;
-the MPI job that runs the offloaded configurations (host rank on ``HOST_CORE``, producer ranks
-on ``PRODUCER_CORE``); and the plots of such records.
+"""The benchmark harness, shared by ``dpu-pipe bench``, ``dpu-pipe bench-train``, the demo and
+the developer benchmarks under ``bench/``:
 
-A *job* is a dict describing the run: ``epochs``, ``steps``, ``batch_size``, ``size``, ``seed``,
-``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``, ``producers``,
-``progress`` and, for MPI jobs, ``configs`` and ``limit_s``. Configuration numbers are those
-of :data:`CONFIGS`.
+* throughput benchmarks: JPEG bytes read into memory (:func:`load_buffers`), one core with
+  OpenCV on one thread (:func:`one_core`), methods interleaved chunk by chunk and round by
+  round (:func:`interleaved`), median and min-max images/s (:func:`rate_stats`), markdown
+  tables (:func:`markdown_table`);
+* training runs (``demo``, ``bench-train``): one run of a small ResNet fed by a loader, timed
+  per step (host compute, host waiting for data, validation on the host's path), with the
+  producers' counters, as a JSON-serialisable record; the MPI job that runs the offloaded
+  configurations (host rank on ``HOST_CORE``, producer ranks on ``PRODUCER_CORE``); and the
+  plots of such records.
+
+A *job* is a dict describing a training run: ``epochs``, ``steps``, ``batch_size``, ``size``,
+``seed``, ``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``,
+``producers``, ``progress`` and, for MPI jobs, ``configs`` and ``limit_s``. Configuration
+numbers are those of :data:`CONFIGS`.
 """
 
 import argparse
+import contextlib
+import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -24,8 +35,142 @@ from ..errors import ConfigError
 from . import pinning
 from .progress import bar
 
-#: The configurations a run can be, by number (``dpu-pipe bench-train`` runs them all; the demo
-#: runs 3 and 5). 1-2 are the baselines of :mod:`dpu_pipe.tools.baselines`.
+#: What :func:`load_buffers` takes for a JPEG file when it searches a directory.
+JPEG_EXTENSIONS = (".jpeg", ".jpg", ".jpe", ".jfif")
+
+
+# -- throughput benchmarks ----------------------------------------------------------------
+
+def load_buffers(root_or_files, n=None):
+    """Read up to ``n`` images into memory.
+
+    Parameters
+    ----------
+    root_or_files : path or sequence of paths
+        A directory (one made by :func:`dpu_pipe.tools.sample_data.make_imagenet_like` is read
+        in sample order; any other is searched recursively for :data:`JPEG_EXTENSIONS` files,
+        in path order), a packed dataset or a file list (its samples, in order), one JPEG
+        file, or a sequence of paths.
+    n : int, optional
+        At most this many images (default: all).
+
+    Returns
+    -------
+    (paths, buffers): the images' paths (or a source's descriptions) and their bytes.
+    """
+    from ..packed.reader import is_packed
+    from .sample_data import MANIFEST_NAME, dataset_files
+
+    if isinstance(root_or_files, (str, os.PathLike)):
+        path = Path(root_or_files)
+        if path.is_dir() and (path / MANIFEST_NAME).is_file():
+            files = dataset_files(path)[0]
+        elif path.is_dir() and not is_packed(path):
+            files = sorted(p for p in path.rglob("*") if p.suffix.lower() in JPEG_EXTENSIONS)
+        elif path.is_file() and path.suffix.lower() in JPEG_EXTENSIONS:
+            files = [path]
+        else:
+            from ..sources import as_source
+            src = as_source(root_or_files)
+            count = len(src) if n is None else min(n, len(src))
+            return [src.describe(i) for i in range(count)], [src.read(i) for i in range(count)]
+    else:
+        files = [Path(f) for f in root_or_files]
+    if not files:
+        raise ConfigError(f"no JPEG files ({', '.join(JPEG_EXTENSIONS)}) in {root_or_files}")
+    files = files[:n]
+    return files, [f.read_bytes() for f in files]
+
+
+@contextlib.contextmanager
+def one_core(core=True):
+    """``with one_core():`` pin this process to one core (``core``: see
+    :func:`dpu_pipe.tools.pinning.pin`; False leaves the affinity alone) and OpenCV, when
+    installed, to one thread; both restored afterwards. Yields the cores now allowed."""
+    try:
+        import cv2
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+    except ImportError:
+        cv2 = None
+    try:
+        with pinning.pinned(core) as cores:
+            yield cores
+    finally:
+        if cv2 is not None:
+            cv2.setNumThreads(threads)
+
+
+def interleaved(methods, n, *, chunk, repeat, clock=time.perf_counter, before_round=None,
+                progress=None):
+    """Time methods that share the machine fairly: every round runs every method over items
+    ``0..n-1``, the methods taking turns every ``chunk`` items (the first one rotating with
+    the chunk and the round), so a burst of load from other processes falls on all of them
+    alike. The garbage collector is off during a round (a collection would be charged to
+    whichever method it lands in).
+
+    Parameters
+    ----------
+    methods : dict
+        name -> ``fn(start, stop)`` doing items ``start..stop-1``.
+    n, chunk, repeat : int
+        Items per round, items per turn, rounds.
+    clock : callable
+        Seconds (``time.perf_counter``; ``time.thread_time`` counts this thread's CPU time
+        only, which preemption on a loaded machine does not inflate).
+    before_round, progress : callable, optional
+        Called with the round's number before it (untimed) and after it.
+
+    Returns
+    -------
+    dict: name -> list of seconds, one per round.
+    """
+    names = list(methods)
+    times = {name: [] for name in names}
+    enabled = gc.isenabled()
+    try:
+        for r in range(repeat):
+            if before_round is not None:
+                before_round(r)
+            gc.disable()
+            spent = dict.fromkeys(names, 0.0)
+            for c, start in enumerate(range(0, n, chunk)):
+                k = (r + c) % len(names)
+                for name in names[k:] + names[:k]:
+                    t0 = clock()
+                    methods[name](start, min(n, start + chunk))
+                    spent[name] += clock() - t0
+            if enabled:
+                gc.enable()
+            for name in names:
+                times[name].append(spent[name])
+            if progress is not None:
+                progress(r)
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def rate_stats(seconds, n):
+    """``(median, slowest, fastest)`` items per second of rounds that took ``seconds`` each
+    for ``n`` items."""
+    rates = [n / t for t in seconds]
+    return statistics.median(rates), min(rates), max(rates)
+
+
+def markdown_table(rows, columns):
+    """A markdown table of ``rows`` (dicts; a missing key is an empty cell), one column per
+    key of ``columns``, in that order."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# -- training runs ------------------------------------------------------------------------
+
+#: The configurations a training run can be, by number (``dpu-pipe bench-train`` runs them all;
+#: the demo runs 3 and 5). 1-2 are the baselines of :mod:`dpu_pipe.tools.baselines`.
 CONFIGS = {
     1: "host serial + torchvision",
     2: "DataLoader(num_workers=1) + torchvision",
