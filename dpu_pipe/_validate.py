@@ -10,10 +10,12 @@ import numbers
 
 import numpy as np
 
+from .constants import OUTPUT_DTYPES
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
-           "seconds", "names", "dtype", "bad_budget", "hook_path", "OUTPUT_DTYPES"]
+           "seconds", "names", "dtype", "bad_budget", "hook_path", "color_jitter",
+           "erase_value", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -115,6 +117,25 @@ def erase_value(value, dtype, size):
     return triple((value,) * 3 if isinstance(value, (int, float)) else value, "erase_value")
 
 
+def color_jitter(value, name="color_jitter"):
+    """ColorJitter's ``(brightness, contrast, saturation, hue)`` as four floats (one number:
+    the first three, hue 0; three numbers: hue 0), or None when every factor is 0."""
+    if value is None:
+        return None
+    cj = (value, value, value, 0.0) if isinstance(value, (int, float)) else value
+    try:
+        cj = tuple(float(v) for v in cj)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be None, a number or (brightness, contrast, "
+                          f"saturation, hue), got {value!r}") from None
+    if len(cj) == 3:
+        cj = cj + (0.0,)
+    if len(cj) != 4 or not all(0.0 <= v < 1e6 for v in cj) or cj[3] > 0.5:
+        raise ConfigError(f"{name} must be (brightness, contrast, saturation, hue) with each "
+                          f">= 0 and hue <= 0.5, got {value!r}")
+    return cj if any(cj) else None
+
+
 def choice(value, name, options):
     """``value`` if it is one of ``options``."""
     if isinstance(value, str) and value in options:
@@ -157,10 +178,6 @@ def names(value, name, reserved=()):
     if len(set(items)) != len(items):
         raise ConfigError(f"{name} must not repeat a name, got {list(items)}")
     return items
-
-
-#: Output dtypes a loader yields, by canonical name.
-OUTPUT_DTYPES = ("float32", "float16", "bfloat16", "uint8")
 
 
 def dtype(value, name="dtype"):

@@ -9,9 +9,10 @@ bits ``round(8 - arange(bins) / ((bins - 1) / d))``. Nothing here runs per sampl
 
 import numpy as np
 
+from .constants import AUTO_AUGMENT
+
 __all__ = ["kernel_spec", "AUTO_AUGMENT", "TA_WIDE_SPACE", "RA_SPACE", "IMAGENET_POLICY"]
 
-AUTO_AUGMENT = ("ta_wide", "ra", "imagenet")
 _MODES = {None: 0, "ta_wide": 1, "ra": 2, "imagenet": 3}
 
 # (name, signed, kind, start, end): kind 0 linear bins start..end, 1 posterize (end: the divisor
@@ -102,7 +103,9 @@ def _jitter_ranges(color_jitter):
 
 
 def kernel_spec(config):
-    """The dict ``_augment.Augmenter`` and the batch kernel read, from a TransformConfig."""
+    """The dict ``_augment.Augmenter`` and the batch kernel read, from a TransformConfig's
+    :class:`~dpu_pipe.transforms.SampleRecipe`."""
+    config = config.recipe
     oh, ow = config.size
     mode = config.auto_augment if config.train else None
     num_bins = config.ra_num_bins if mode == "ra" else (10 if mode == "imagenet" else 31)

@@ -104,8 +104,8 @@ class BatchProcessor:
         elif not (isinstance(out, np.ndarray) and out.dtype == self.config.np_dtype
                   and out.shape == (n,) + self.config.sample_shape
                   and out.flags.c_contiguous and out.flags.writeable):
-            raise ConfigError(f"out must be a writable C-contiguous {self.config.dtype} array "
-                              f"of shape {(n,) + self.config.sample_shape}")
+            raise ConfigError(f"out must be a writable C-contiguous {self.config.recipe.dtype} "
+                              f"array of shape {(n,) + self.config.sample_shape}")
         info = np.zeros((n, len(SampleInfo)), dtype=np.int32)
         messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
         for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
@@ -147,9 +147,9 @@ class BatchProcessor:
         img = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
         if img is None:
             return "neither a JPEG stream nor an image format OpenCV decodes"
-        if img.shape[0] * img.shape[1] > self.config.max_pixels:
+        if img.shape[0] * img.shape[1] > self.config.decode.max_pixels:
             return (f"image of {img.shape[1]}x{img.shape[0]} pixels exceeds max_pixels="
-                    f"{self.config.max_pixels}")
+                    f"{self.config.decode.max_pixels}")
         rgb = np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
         msg = self._kernel.run_decoded(rgb, index, seed, epoch, out, i, info)
         if msg is None:

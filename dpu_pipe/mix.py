@@ -53,15 +53,16 @@ class MixParams(dict):
 def mix_params(config, seed, epoch, step, rank=0):
     """The :class:`MixParams` of batch ``step`` of ``epoch`` for ``config`` (a train
     TransformConfig; the output size gives the CutMix box)."""
-    h, w = config.size
+    h, w = config.recipe.size
+    ops = config.batch_ops
     index = int(step) | int(rank) << 32
     # The kernel twins of rng.uniforms and rng.beta_variate (tests hold them equal): a few
     # microseconds per batch instead of numpy's per-call overheads.
     u_mix, u_switch = _mix.uniforms(seed, epoch, index, rng.STREAM_MIX, 0)
-    a_mix, a_cut = config.mixup_alpha, config.cutmix_alpha
-    if not (a_mix > 0 or a_cut > 0) or not u_mix < config.mix_p:
+    a_mix, a_cut = ops.mixup_alpha, ops.cutmix_alpha
+    if not (a_mix > 0 or a_cut > 0) or not u_mix < ops.mix_p:
         return MixParams(mode=None, lam=1.0, box=None)
-    cut = a_cut > 0 and (a_mix == 0 or u_switch < config.mix_switch_p)
+    cut = a_cut > 0 and (a_mix == 0 or u_switch < ops.mix_switch_p)
     alpha = a_cut if cut else a_mix
     lam = _mix.beta_variate(seed, epoch, index, rng.STREAM_MIX, alpha, alpha, first_block=2)
     if not cut:
@@ -116,8 +117,8 @@ class BatchOps:
         self.config = config
         self.seed, self.rank = int(seed), int(rank)
         self.soft = config.soft_labels
-        self.hook_path = config.batch_hook
-        self.hook = load_hook(config.batch_hook) if config.batch_hook else None
+        self.hook_path = config.batch_ops.batch_hook
+        self.hook = load_hook(self.hook_path) if self.hook_path else None
 
     @property
     def active(self):
@@ -130,13 +131,13 @@ class BatchOps:
         """Mix ``images`` (n rows) and write the soft labels of ``classes`` (int64 (n,))
         into ``labels`` (float32 (n, num_classes)) when mixing or smoothing; then run the
         hook on ``(images, labels)``. ``indices`` (the rows' samples) name a failing batch."""
-        cfg = self.config
+        recipe, cfg = self.config.recipe, self.config.batch_ops
         if self.soft:
             p = self.params(epoch, step)
             if p["mode"] == "mixup":
-                _mix.mixup(images, p["lam"], cfg.dtype)
+                _mix.mixup(images, p["lam"], recipe.dtype)
             elif p["mode"] == "cutmix":
-                _mix.cutmix(images, p["box"], cfg.layout)
+                _mix.cutmix(images, p["box"], recipe.layout)
             bad = np.flatnonzero((classes < 0) | (classes >= cfg.num_classes))
             if bad.size:
                 j = int(bad[0])

@@ -18,15 +18,12 @@ import numpy as np
 
 from . import _ops
 from . import _validate as _v
+from .constants import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS
 from .errors import ConfigError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resize_crop", "center_crop_box", "output_shape"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 _DTYPES = {"float32": np.float32, "uint8": np.uint8, "float16": np.float16}
-_LAYOUTS = ("CHW", "HWC")
 
 _local = threading.local()
 
@@ -68,7 +65,7 @@ def _triple(values, name):
 def output_shape(size, layout="CHW"):
     """Shape of one output sample: ``(3, oh, ow)`` for CHW, ``(oh, ow, 3)`` for HWC."""
     oh, ow = _size_pair(size)
-    _v.choice(layout, "layout", _LAYOUTS)
+    _v.choice(layout, "layout", LAYOUTS)
     return (3, oh, ow) if layout == "CHW" else (oh, ow, 3)
 
 

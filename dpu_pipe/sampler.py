@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _validate as _v
 from ._rng import permute
+from .constants import SHARD_TAILS
 from .errors import ConfigError
 from .rng import check_epoch, check_seed
 
@@ -24,8 +25,6 @@ __all__ = ["EpochSampler", "SHARD_TAILS", "MAX_SAMPLES"]
 
 MAX_SAMPLES = 1 << 40
 
-#: How shards treat the samples left over when ``world_size`` does not divide the dataset.
-SHARD_TAILS = ("pad", "drop", "uneven", "mask")
 
 # Positions go to the kernel this many at a time: bounded memory for whole-shard requests.
 _CHUNK = 1 << 16

@@ -10,14 +10,13 @@ what travels to the producers.
 from dataclasses import dataclass
 
 from . import _validate as _v
+from .constants import ON_ERROR
 from .rng import check_seed
 from .sampler import SHARD_TAILS, check_resume
 from .sources import open_source
 from .transforms import TransformConfig
 
 __all__ = ["StreamSpec", "ON_ERROR"]
-
-ON_ERROR = ("raise", "skip")
 
 #: Fields a saved loader state records and a resume must match, beside ``num_samples``.
 _STATE_FIELDS = ("seed", "batch_size", "rank", "world_size", "drop_last", "shard_tail",
@@ -80,8 +79,6 @@ class StreamSpec:
         d = {k: getattr(self, k) for k in _STATE_FIELDS}
         d["num_samples"] = len(self.source)
         d["transform"] = self.transform.to_dict()
-        # The decoder changes no pixel: a stream saved with one resumes with the other.
-        d["transform"].pop("jpeg_decoder", None)
         return d
 
     def to_wire(self):

@@ -139,7 +139,7 @@ class BatchMaker:
     def label_shape(self):
         """One row's labels: (num_classes,) when mixing or smoothing, else the source's."""
         if self.batch_ops.soft:
-            return (self.transform.num_classes,)
+            return (self.transform.batch_ops.num_classes,)
         return self.labels.shape[1:]
 
     def describe_mix(self, epoch, index):

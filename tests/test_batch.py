@@ -59,6 +59,7 @@ def _header(data):
 def reference_sample(data, index, cfg, *, seed=SEED, epoch=EPOCH):
     """One sample made from the public parts: returns (output, (top, left, h, w, flip, scale))."""
     H, W = _header(data)
+    cfg = cfg.recipe
     oh, ow = cfg.size
     kw = dict(dtype=cfg.dtype, layout=cfg.layout, mean=cfg.mean, std=cfg.std)
     if cfg.train:
@@ -168,8 +169,9 @@ def test_train_crop_and_flip_follow_the_python_twin():
                               (6, 2, dict(scale=(1.0, 1.0), ratio=(1.0, 1.0), flip_p=1.0))]:
         cfg = TransformConfig(size=16, dtype="uint8", **opts)
         info = BatchProcessor(cfg, 2).run([data] * n, idx, epoch=epoch, seed=seed)[1]
-        top, left, h, w = rng.random_resized_crop(seed, epoch, idx, H, W, cfg.scale, cfg.ratio)
-        flip = rng.random_flip(seed, epoch, idx, cfg.flip_p)
+        top, left, h, w = rng.random_resized_crop(seed, epoch, idx, H, W, cfg.recipe.scale,
+                                                  cfg.recipe.ratio)
+        flip = rng.random_flip(seed, epoch, idx, cfg.recipe.flip_p)
         assert np.array_equal(info[:, COL["top"]], top)
         assert np.array_equal(info[:, COL["left"]], left)
         assert np.array_equal(info[:, COL["height"]], h)
@@ -189,7 +191,7 @@ def test_val_is_the_center_crop_box(images):
     info = BatchProcessor(cfg).run(images, idx)[1]
     for i, data in enumerate(images):
         H, W = _header(data)
-        box = ops.center_crop_box(H, W, 32, cfg.resize)
+        box = ops.center_crop_box(H, W, 32, cfg.recipe.resize)
         assert tuple(info[i, 1:5]) == tuple(int(math.floor(v)) for v in box)
         assert info[i, COL["flip"]] == 0
     # Validation ignores the RNG: another seed or epoch gives the very same batch.

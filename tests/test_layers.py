@@ -19,7 +19,8 @@ PACKAGE = "dpu_pipe"
 #: package by its own name) in each. The root package is the public facade: it may import
 #: anything, nothing inside may import it.
 LAYERS = [
-    ("jpeg", ["constants", "errors", "_validate", "_version", "_torch", "deadline", "_jpeg", "_ops", "_rng",
+    ("jpeg", ["constants", "errors", "_validate", "_version", "_torch", "deadline", "_jpeg",
+              "_ops", "_rng",
               "_pipeline", "_augment", "_mix", "jpeg", "build_info"]),
     ("ops", ["ops", "rng", "transforms", "augment", "mix", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",

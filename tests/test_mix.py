@@ -8,14 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from dpu_pipe import _mix, mix, rng
 from dpu_pipe.errors import ConfigError, DpuPipeError
 from dpu_pipe.loader import Loader
 from dpu_pipe.transforms import TransformConfig
 
-import jpeg_corpus as jc
 
 try:
     import torch
@@ -30,15 +28,9 @@ MIX = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=K
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(photo_folder):
     """13 JPEGs in 4 classes: batches of 5 leave a last batch of 3."""
-    root = tmp_path_factory.mktemp("mix")
-    for k in range(13):
-        d = root / f"c{k % K}"
-        d.mkdir(exist_ok=True)
-        Image.fromarray(jc.photo_sized(["astronaut", "coffee", "chelsea"][k % 3], 70 + 5 * k,
-                                       96 - 3 * k)).save(d / f"{k}.jpg", quality=90)
-    return str(root)
+    return str(photo_folder(13, classes=K, shape=(70, 5, 96, -3), quality=90))
 
 
 @pytest.fixture
@@ -232,8 +224,8 @@ def test_loader_mix_is_torchvision_on_the_plain_stream(data, out):
             assert np.array_equal(ip, im)
             p = mix.mix_params(cfg, SEED, epoch, step)
             modes.add(p["mode"])
-            hwc = cfg.layout == "HWC"
-            t = _as_torch_f32(xp, cfg.dtype)
+            hwc = cfg.recipe.layout == "HWC"
+            t = _as_torch_f32(xp, cfg.recipe.dtype)
             t = (t.permute(0, 3, 1, 2) if hwc else t).contiguous()
             params = {"labels": torch.from_numpy(yp), "batch_size": len(yp),
                       "lam_adjusted": p["lam"], **p}
@@ -242,7 +234,7 @@ def test_loader_mix_is_torchvision_on_the_plain_stream(data, out):
             elif p["mode"] == "cutmix":
                 t = v2.CutMix(num_classes=K).transform(t, params)
             t = (t.permute(0, 2, 3, 1) if hwc else t).contiguous()
-            assert np.array_equal(xm, _from_torch_f32(t, cfg.dtype)), (b, p)
+            assert np.array_equal(xm, _from_torch_f32(t, cfg.recipe.dtype)), (b, p)
             assert ym.dtype == np.float32 and ym.shape == (len(yp), K)
             assert np.array_equal(ym, timm_mixup_target(yp, K, p["lam"], 0.1)), (b, p)
             for row, index in enumerate(im.tolist()):

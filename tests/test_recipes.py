@@ -97,7 +97,7 @@ def test_ops_match_torchvision_on_the_plain_output(images, recipe):
         params = aug_k.params(SEED, EPOCH, int(index))
         names = [n for n, _ in params["ops"]] + list(params["jitter"])
         seen.update(names + ["grayscale"] * params["grayscale"])
-        ref = _tv_apply(plain[i], params, cfg.fill)
+        ref = _tv_apply(plain[i], params, cfg.recipe.fill)
         diff = np.abs(ref.astype(int) - aug[i].astype(int))
         if all(n in EXACT for n in names):
             assert diff.max() == 0, (index, params)
@@ -447,27 +447,21 @@ def test_recipe_round_trips_through_to_dict():
     cfg = TransformConfig(auto_augment="ra", ra_mstd=0.5, color_jitter=0.4, random_erase=0.25,
                           interpolation="bicubic", fill=128)
     assert TransformConfig.from_dict(cfg.to_dict()) == cfg
-    assert cfg.color_jitter == (0.4, 0.4, 0.4, 0.0) and cfg.fill == (128, 128, 128)
-    assert math.isclose(cfg.erase_scale[1], 0.33)
+    assert cfg.recipe.color_jitter == (0.4, 0.4, 0.4, 0.0)
+    assert cfg.recipe.fill == (128, 128, 128)
+    assert math.isclose(cfg.recipe.erase_scale[1], 0.33)
 
 
 @needs_tv
-def test_loader_describe_gives_the_parameters_of_its_batches(tmp_path):
+def test_loader_describe_gives_the_parameters_of_its_batches(photo_folder):
     """describe(epoch, index) of a Loader: the crop and flip of the plain recipe (its kernel
     info), and ops that turn the plain Loader's sample into the augmented Loader's."""
-    from PIL import Image
-
     from dpu_pipe.loader import Loader
 
-    for k in range(6):
-        d = tmp_path / f"c{k % 2}"
-        d.mkdir(exist_ok=True)
-        Image.fromarray(jc.photo_sized(["astronaut", "coffee", "chelsea"][k % 3], 90 + 7 * k,
-                                       120 - 5 * k)).save(d / f"{k}.jpg", quality=90)
+    root = str(photo_folder(6, classes=2, shape=(90, 7, 120, -5), quality=90))
     kw = dict(size=SIZE, dtype="uint8", layout="HWC", seed=SEED, shuffle=False)
     recipe = dict(auto_augment="ta_wide", color_jitter=0.3, random_erase=0.5)
-    with Loader(str(tmp_path), 6, **kw) as plain, \
-            Loader(str(tmp_path), 6, **kw, **recipe) as aug:
+    with Loader(root, 6, **kw) as plain, Loader(root, 6, **kw, **recipe) as aug:
         plain.set_epoch(EPOCH)
         aug.set_epoch(EPOCH)
         (xp, _), = list(plain)
