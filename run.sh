@@ -113,7 +113,8 @@ case "$cmd" in
     for a in "$@"; do
       case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && where=() ;; esac
     done
-    "$PY" -m pytest -q -p no:cacheprovider "$@" "${where[@]}"
+    # -rs lists every skipped test with its reason: a skip is a check that did not run.
+    "$PY" -m pytest -q -rs -p no:cacheprovider "$@" "${where[@]}"
     ;;
   bench)
     setup
@@ -128,7 +129,7 @@ case "$cmd" in
   slurm)
     setup
     slurm_deps
-    "$PY" -m pytest -q -p no:cacheprovider "$@" tests/mpi/test_slurm.py
+    "$PY" -m pytest -q -rs -p no:cacheprovider "$@" tests/mpi/test_slurm.py
     ;;
   *)
     echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm [args...]" >&2
