@@ -3,7 +3,6 @@ CrossEntropyLoss and topk, exact merging of partial results, and the producer-si
 evaluation against the same snapshot evaluated through ``Loader(train=False)``.
 """
 
-import os
 import sys
 
 import numpy as np
@@ -20,7 +19,6 @@ from dpu_pipe.sources import ImageFolder  # noqa: E402
 from dpu_pipe.weights import (TENSOR_ENTRY, WEIGHTS_HEADER, load_state,  # noqa: E402
                               pack_state, read_entries)
 
-import jpeg_corpus as jc  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,17 +28,10 @@ MODEL_KW = {"classes": CLASSES, "width": 8}
 
 
 @pytest.fixture(scope="module")
-def val_folder(tmp_path_factory):
+def val_folder(photo_folder):
     """ImageFolder of 23 photos of different sizes in 5 classes (23 is prime: no batch size
     or shard count divides it)."""
-    root = tmp_path_factory.mktemp("evaluate") / "val"
-    for i in range(23):
-        d = root / f"class{i % CLASSES}"
-        d.mkdir(parents=True, exist_ok=True)
-        h, w = 48 + (i * 37) % 50, 48 + (i * 53) % 50
-        (d / f"{i:03d}.jpg").write_bytes(jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], h, w),
-                                                      quality=90))
-    return str(root)
+    return str(photo_folder(23, classes=CLASSES, shape=(48, 2, 48, 2), quality=90))
 
 
 def trained_model(seed=3):

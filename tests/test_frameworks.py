@@ -14,7 +14,6 @@ import warnings
 
 import pytest
 
-import jpeg_corpus as jc
 from dpu_pipe import ConfigError, Loader
 
 torch = pytest.importorskip("torch")
@@ -27,13 +26,8 @@ KW = dict(size=32, seed=5, return_meta=True, output="torch", num_threads=1, pref
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("frameworks") / "ds"
-    for i in range(N):
-        p = root / f"class{i % 3}" / f"{i:03d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 50 + 3 * i, 60 + 2 * i)))
-    return root
+def root(photo_folder):
+    return photo_folder(N, classes=3, shape=(50, 3, 60, 2))
 
 
 def key(batch):

@@ -21,8 +21,8 @@ batches, same_stream = dfm.batches, dfm.same_stream
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return ImageFolder(dfm.make_folder(str(tmp_path_factory.mktemp("pq") / "folder")))
+def folder(format_folder):
+    return ImageFolder(format_folder)
 
 
 LAYOUTS = {

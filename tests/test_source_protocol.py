@@ -2,7 +2,6 @@
 source (tar shards, Parquet, a user's factory) with ``pack`` and ``dpu-pipe pack``."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -15,16 +14,15 @@ from dpu_pipe.sources import ImageFolder, PackedSource, check_spec, open_source
 
 import dataset_formats as dfm
 import user_source as us
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from helpers import TESTS, repo_env
 
 
 batches, same_stream = dfm.batches, dfm.same_stream
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return dfm.make_folder(str(tmp_path_factory.mktemp("proto") / "folder"))
+def root(format_folder):
+    return format_folder
 
 
 def test_user_source_spec_round_trips(root):
@@ -70,10 +68,8 @@ def test_user_source_in_a_loader(root):
 
 
 def _run_cli(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH",
-                                                                            "")]))
     return subprocess.run([sys.executable, "-m", "dpu_pipe", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=repo_env(TESTS), timeout=300)
 
 
 def test_pack_from_tar_parquet_and_factory(root, tmp_path):

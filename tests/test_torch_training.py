@@ -4,7 +4,6 @@ IterableDataset view behind a DataLoader; rank defaults from a gloo process grou
 processes."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,9 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-import jpeg_corpus as jc
 from dpu_pipe import ConfigError, Loader
 from dpu_pipe.sources import ImageFolder
+from helpers import repo_env
 
 torch = pytest.importorskip("torch")
 
@@ -26,13 +25,8 @@ KW = dict(size=32, seed=11, drop_last=True)  # full batches, as a training loop 
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train") / "ds"
-    for i in range(N):
-        p = root / f"class{i % CLASSES}" / f"{i:03d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 60 + 5 * i, 70 + 3 * i)))
-    return root
+def root(photo_folder):
+    return photo_folder(N, classes=CLASSES, shape=(60, 5, 70, 3))
 
 
 def _net():
@@ -165,13 +159,11 @@ def _free_port():
 def test_rank_defaults_from_a_gloo_process_group_of_two(root, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     port = str(_free_port())
     procs = []
     for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
-                   WORLD_SIZE="2", PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   OMP_NUM_THREADS="1")
+        env = repo_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
+                       WORLD_SIZE="2", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, str(script), str(root)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))

@@ -3,7 +3,6 @@
 defaults — and the Cython kernels raising dpu_pipe's own errors."""
 
 import io
-import os
 
 import numpy as np
 import pytest
@@ -25,19 +24,24 @@ KW = dict(size=24, seed=3, shuffle=False, drop_last=False)
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """An ImageFolder of N samples (label = index), the same as a .txt and a .csv list and
-    a packed file."""
+def folder(photo_folder):
+    """An ImageFolder of N samples, label = index (the session's, shared: read only)."""
+    return photo_folder(N)
+
+
+def sample(folder, i):
+    return folder / f"c{i:03d}" / f"{i:03d}.jpg"
+
+
+@pytest.fixture(scope="module")
+def data(folder, tmp_path_factory):
+    """The folder's samples as a .txt and a .csv list and a packed file, in a directory of
+    this module's own."""
     d = tmp_path_factory.mktemp("user")
-    rows = []
-    for i in range(N):
-        p = d / "folder" / f"c{i:02d}" / "x.jpg"
-        p.parent.mkdir(parents=True)
-        p.write_bytes(jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 40 + 3 * i, 50 + 2 * i)))
-        rows.append((str(p), i))
+    rows = [(str(sample(folder, i)), i) for i in range(N)]
     (d / "list.txt").write_text("".join(f"{p} {i}\n" for p, i in rows))
     (d / "list.csv").write_text("path,label\n" + "".join(f"{p},{i}\n" for p, i in rows))
-    pack(ImageFolder(d / "folder"), d / "data.dpk", progress=False)
+    pack(ImageFolder(folder), d / "data.dpk", progress=False)
     return d
 
 
@@ -49,9 +53,9 @@ def batches(loader):
 
 @pytest.mark.parametrize("name, kind", [("folder", ImageFolder), ("data.dpk", PackedSource),
                                         ("list.txt", FileList), ("list.csv", FileList)])
-def test_loader_accepts_a_dataset_path(data, name, kind):
-    with Loader(data / name, 4, **KW) as by_path, Loader(ImageFolder(data / "folder"), 4,
-                                                          **KW) as by_source:
+def test_loader_accepts_a_dataset_path(data, folder, name, kind):
+    path = folder if name == "folder" else data / name
+    with Loader(path, 4, **KW) as by_path, Loader(ImageFolder(folder), 4, **KW) as by_source:
         assert isinstance(by_path.source, kind)
         got, ref = batches(by_path), batches(by_source)
     assert len(got) == len(ref) == 3
@@ -85,9 +89,9 @@ def test_loader_rejects_what_is_not_a_dataset(data, what, message):
     (dict(layout="NCHW"), "layout"), (dict(output="jax"), "output"),
     (dict(memory_format="nhwc"), "memory_format"),
 ])
-def test_bad_arguments_are_config_errors_naming_them(data, kw, name):
+def test_bad_arguments_are_config_errors_naming_them(folder, kw, name):
     with pytest.raises(ConfigError, match=name):
-        Loader(data / "folder", 4, **{**KW, **kw})
+        Loader(folder, 4, **{**KW, **kw})
 
 
 @pytest.mark.parametrize("field, value", [("mean", (0.4, float("nan"), 0.4)),
@@ -119,30 +123,30 @@ def test_kernels_raise_dpu_pipe_errors():
 # --- dtypes, layouts, devices ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def reference(data):
-    with Loader(data / "folder", 4, **KW) as loader:
+def reference(folder):
+    with Loader(folder, 4, **KW) as loader:
         return batches(loader)
 
 
 @pytest.mark.parametrize("dtype", ["float32", np.float32, np.dtype("float32"),
                                    torch.float32], ids=str)
-def test_dtype_as_string_numpy_or_torch(data, reference, dtype):
-    with Loader(data / "folder", 4, dtype=dtype, **KW) as loader:
+def test_dtype_as_string_numpy_or_torch(folder, reference, dtype):
+    with Loader(folder, 4, dtype=dtype, **KW) as loader:
         x, _ = next(iter(loader))
         assert isinstance(x, torch.Tensor) == (dtype is torch.float32)
         assert np.array_equal(np.asarray(x), reference[0][0])
 
 
-def test_float16_from_torch_dtype(data, reference):
-    with Loader(data / "folder", 4, dtype=torch.float16, **KW) as loader:
+def test_float16_from_torch_dtype(folder, reference):
+    with Loader(folder, 4, dtype=torch.float16, **KW) as loader:
         x, y = next(iter(loader))
     assert x.dtype == torch.float16 and y.dtype == torch.int64
     np.testing.assert_allclose(x.float().numpy(), reference[0][0], atol=2e-2, rtol=1e-3)
 
 
-def test_bfloat16_is_the_float32_stream_rounded(data, reference):
+def test_bfloat16_is_the_float32_stream_rounded(folder, reference):
     """The kernel writes bfloat16 itself: bit for bit what torch makes of the float32 stream."""
-    with Loader(data / "folder", 4, dtype="bfloat16", **KW) as loader:
+    with Loader(folder, 4, dtype="bfloat16", **KW) as loader:
         got = [(x.clone(), y) for x, y in loader]
         assert loader.transform.sample_bytes == 3 * 24 * 24 * 2
     assert len(got) == len(reference)
@@ -155,9 +159,9 @@ def test_bfloat16_is_the_float32_stream_rounded(data, reference):
 
 @pytest.mark.parametrize("layout", ["CHW", "HWC"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_bfloat16_kernel_matches_torch_rounding(data, layout, train):
+def test_bfloat16_kernel_matches_torch_rounding(folder, layout, train):
     from dpu_pipe.batch import BatchProcessor
-    bufs = [(data / "folder" / f"c{i:02d}" / "x.jpg").read_bytes() for i in range(N)]
+    bufs = [sample(folder, i).read_bytes() for i in range(N)]
     idx = np.arange(N)
     f32 = BatchProcessor(TransformConfig(size=(20, 28), layout=layout, train=train)) \
         .run(bufs, idx, seed=2)[0]
@@ -168,13 +172,13 @@ def test_bfloat16_kernel_matches_torch_rounding(data, layout, train):
     assert np.array_equal(bf, want)
 
 
-def test_bfloat16_needs_torch_output(data):
+def test_bfloat16_needs_torch_output(folder):
     with pytest.raises(ConfigError, match="output='torch'"):
-        Loader(data / "folder", 4, dtype="bfloat16", output="numpy")
+        Loader(folder, 4, dtype="bfloat16", output="numpy")
 
 
-def test_channels_last_is_nhwc_memory_with_nchw_shape(data, reference):
-    with Loader(data / "folder", 4, memory_format=torch.channels_last, **KW) as loader:
+def test_channels_last_is_nhwc_memory_with_nchw_shape(folder, reference):
+    with Loader(folder, 4, memory_format=torch.channels_last, **KW) as loader:
         x, _ = next(iter(loader))
         assert x.shape == (4, 3, 24, 24)
         assert x.is_contiguous(memory_format=torch.channels_last)
@@ -182,18 +186,18 @@ def test_channels_last_is_nhwc_memory_with_nchw_shape(data, reference):
         assert np.array_equal(x.numpy(), reference[0][0])
 
 
-def test_device_cpu_yields_tensors_like_output_torch(data, reference):
-    with Loader(data / "folder", 4, device="cpu", **KW) as loader:
+def test_device_cpu_yields_tensors_like_output_torch(folder, reference):
+    with Loader(folder, 4, device="cpu", **KW) as loader:
         got = [(x.clone(), y) for x, y in loader]
     assert all(x.device.type == "cpu" and np.array_equal(x.numpy(), r[0])
                for (x, _), r in zip(got, reference))
 
 
-def test_pin_memory_without_an_accelerator_warns_and_yields_cpu_tensors(data, reference):
+def test_pin_memory_without_an_accelerator_warns_and_yields_cpu_tensors(folder, reference):
     if torch.cuda.is_available():
         pytest.skip("an accelerator is present: pinning works")
     with pytest.warns(RuntimeWarning, match="no accelerator"):
-        loader = Loader(data / "folder", 4, pin_memory=True, **KW)
+        loader = Loader(folder, 4, pin_memory=True, **KW)
     with loader:
         x, _ = next(iter(loader))
     assert isinstance(x, torch.Tensor) and np.array_equal(x.numpy(), reference[0][0])
@@ -283,10 +287,10 @@ def test_undecodable_non_jpeg_is_a_decode_error_naming_the_file(tmp_path):
     ([0.5 * i for i in range(N)], np.float32, ()),
     ([(i % 2, i % 3, 1) for i in range(N)], np.int64, (3,)),
     ([(0.1 * i, -i) for i in range(N)], np.float32, (2,))], ids=["float", "multi", "multi-float"])
-def test_loader_yields_float_and_multi_labels(data, labels, dtype, shape):
-    rows = [(str(data / "folder" / f"c{i:02d}" / "x.jpg"), lab) for i, lab in enumerate(labels)]
+def test_loader_yields_float_and_multi_labels(folder, labels, dtype, shape):
+    rows = [(str(sample(folder, i)), lab) for i, lab in enumerate(labels)]
     src = FileList(rows)
-    with Loader(src, 4, **KW) as loader, Loader(data / "folder", 4, **KW) as ref_loader:
+    with Loader(src, 4, **KW) as loader, Loader(folder, 4, **KW) as ref_loader:
         got, ref = list(batches(loader)), batches(ref_loader)
     want = np.asarray(labels, dtype=dtype)
     for k, ((x, y), (rx, _)) in enumerate(zip(got, ref)):

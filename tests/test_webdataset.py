@@ -20,8 +20,8 @@ batches = dfm.batches
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return ImageFolder(dfm.make_folder(str(tmp_path_factory.mktemp("wds") / "folder")))
+def folder(format_folder):
+    return ImageFolder(format_folder)
 
 
 @pytest.fixture
