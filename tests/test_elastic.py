@@ -22,7 +22,6 @@ from dpu_pipe.sources import ImageFolder
 from dpu_pipe.spec import StreamSpec
 from dpu_pipe.transforms import TransformConfig
 
-import jpeg_corpus as jc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,12 +32,8 @@ KW = dict(size=16, dtype="uint8", seed=SEED)
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    root = tmp_path_factory.mktemp("elastic")
-    for i in range(N):
-        img = jc.photo_sized(jc.PHOTOS[i % 3], 40 + i % 7, 48 + (i * 5) % 11)
-        jc.write_file(str(root / f"c{i:03d}" / "img.jpg"), jc.pil_jpeg(img, quality=85))
-    s = ImageFolder(root)
+def src(photo_folder):
+    s = ImageFolder(photo_folder(N, shape=(40, 1, 48, 1), quality=85))
     assert s.labels.tolist() == list(range(N))
     return s
 
@@ -71,8 +66,8 @@ def epoch_rows(loader, check_images=None):
 
 
 def loader_transform(loader):
-    t = loader.transform
-    return dict(train=t.train, size=t.size, dtype=t.dtype, layout=t.layout)
+    t = loader.transform.to_dict()
+    return {k: t[k] for k in ("train", "size", "dtype", "layout")}
 
 
 def saved(loaders):
