@@ -6,6 +6,7 @@ The writer sits above :mod:`dpu_pipe.sources` (it reads any source and returns a
 """
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -244,16 +245,25 @@ def _fsync_dir(path):
         pass
 
 
+class _NoBar(contextlib.nullcontext):
+    def __enter__(self):
+        return self
+
+    def update(self, n):
+        pass
+
+
 def _progress_bar(progress, total, desc):
+    """A tqdm bar (used as a context manager), or a silent stand-in with the same calls."""
     if progress is False:
-        return None
+        return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         if progress:
             raise ConfigError("progress bars need tqdm: pip install tqdm "
                               "(or dpu_pipe[tools]), or pass progress=False") from None
-        return None
+        return _NoBar()
     return tqdm(total=total, desc=desc, unit="img", unit_scale=True, dynamic_ncols=True,
                 disable=None if progress is None else False)
 
@@ -302,8 +312,50 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     flight, and the source's label array. Returns the dataset as a
     :class:`~dpu_pipe.sources.PackedSource`.
     """
-    from .._version import __version__
+    source, labels = _packable(source)
+    shard_size = _shard_size(shard_size)
+    alignment = int(alignment)
+    if alignment < 1 or alignment > 4096 or alignment & (alignment - 1):
+        raise ConfigError(f"alignment must be a power of two between 1 and 4096 bytes, "
+                          f"got {alignment}")
+    if not 1 <= int(block_records) <= 2**20:
+        raise ConfigError(f"block_records must be in [1, 2**20], got {block_records!r}")
+    threads = _threads(threads)
+    if not isinstance(transcode, bool):
+        raise ConfigError(f"transcode must be True or False, got {transcode!r}")
+    prep = _Preparer(source, _transcoder(restart_interval) if transcode else None,
+                     _downscaler(max_side))
+    out = os.path.abspath(os.fspath(out))
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"output directory does not exist: {parent}")
+    if os.path.lexists(out) and manifest_path(out) is None:
+        raise ConfigError(f"refusing to replace {out}: it exists and is not a packed dataset")
 
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
+    os.mkdir(tmp)  # mode 0o777 minus the umask, as any directory the user creates
+    shards = _Shards(tmp, labels, shard_size, alignment, int(block_records), verify)
+    try:
+        with _progress_bar(progress, len(source), f"packing {os.path.basename(out)}") as bar:
+            for i, (orig_length, data, flags, code) in prep.results(int(threads)):
+                shards.add(i, source, orig_length, data, flags, code)
+                bar.update(1)
+        shards.close()
+        meta = _pack_meta(source, labels, shards, shard_size, prep,
+                          restart_interval if transcode else None)
+        _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, shards.table(),
+                        json.dumps(meta, sort_keys=True).encode("utf-8"))
+        _fsync_dir(tmp)
+        _install(tmp, out, parent)
+    except BaseException:
+        shards.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PackedSource(out)
+
+
+def _packable(source):
+    """(source, int64 labels) of what :func:`pack` was given: a source or a dataset path."""
     if isinstance(source, (str, os.PathLike)):
         source = open_path(source)
     if not all(hasattr(source, a) for a in ("read", "labels", "__len__")):
@@ -313,140 +365,146 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     if labels.ndim != 1 or labels.dtype.kind not in "iub":
         raise ConfigError(f"a packed dataset holds one integer label per sample; this source's "
                           f"labels are {labels.dtype} of shape {labels.shape}")
-    # A source without names of its own (the protocol makes relpath optional) gets its index.
-    relpath = getattr(source, "relpath", str)
-    classes = getattr(source, "classes", None)
+    if len(source) == 0:
+        raise ConfigError(f"nothing to pack: the source has no records ({source!r})")
+    return source, np.ascontiguousarray(labels, dtype="<i8")
+
+
+def _shard_size(shard_size):
     shard_size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
     if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)) \
             or shard_size < 1:
         raise ConfigError(f"shard_size must be a positive number of bytes, got {shard_size!r}")
-    alignment = int(alignment)
-    if alignment < 1 or alignment > 4096 or alignment & (alignment - 1):
-        raise ConfigError(f"alignment must be a power of two between 1 and 4096 bytes, "
-                          f"got {alignment}")
-    if not 1 <= int(block_records) <= 2**20:
-        raise ConfigError(f"block_records must be in [1, 2**20], got {block_records!r}")
+    return int(shard_size)
+
+
+def _threads(threads):
     if threads is None:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
-    if not isinstance(transcode, bool):
-        raise ConfigError(f"transcode must be True or False, got {transcode!r}")
-    transform = _transcoder(restart_interval) if transcode else None
-    downscale = _downscaler(max_side)
-    count = len(source)
-    if count == 0:
-        raise ConfigError(f"nothing to pack: the source has no records ({source!r})")
-    out = os.path.abspath(os.fspath(out))
-    parent = os.path.dirname(out)
-    if not os.path.isdir(parent):
-        raise ConfigError(f"output directory does not exist: {parent}")
-    if os.path.lexists(out) and manifest_path(out) is None:
-        raise ConfigError(f"refusing to replace {out}: it exists and is not a packed dataset")
-    labels = np.ascontiguousarray(source.labels, dtype="<i8")
+    return int(threads)
 
-    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
-    os.mkdir(tmp)  # mode 0o777 minus the umask, as any directory the user creates
-    bar = _progress_bar(progress, count, f"packing {os.path.basename(out)}")
-    pool = concurrent.futures.ThreadPoolExecutor(int(threads)) if threads > 1 else None
-    writer = None
-    try:
-        table, formats = [], np.zeros(len(fmt.FORMATS), dtype=np.int64)
-        resized = 0
-        unreadable = []
 
-        def prepared(i):
-            data = source.read(i)
-            return (len(data),) + _prepare(data, transform, downscale)
+class _Preparer:
+    """Reads, transcodes and downscales a source's records, in order, on a thread pool; counts
+    what it did (records resized)."""
 
-        def chunks():
-            step = 64 * int(threads)
-            for lo in range(0, count, step):
-                idx = range(lo, min(lo + step, count))
-                yield idx, (pool.map(prepared, idx) if pool else map(prepared, idx))
+    def __init__(self, source, transform, downscale):
+        self.source, self.transform, self.downscale = source, transform, downscale
+        self.resized = 0
 
-        def close_shard():
-            entry, recs = writer.finish()
-            if verify:
-                _verify_shard(writer.path, len(table), recs, labels[writer.first:
-                                                                     writer.first + writer.count])
-            table.append(entry)
+    def _one(self, i):
+        data = self.source.read(i)
+        return (len(data),) + _prepare(data, self.transform, self.downscale)
 
-        for idx, results in chunks():
-            for i, (orig_length, data, flags, code) in zip(idx, results):
-                rel = relpath(i).encode("utf-8", "surrogateescape")
-                if writer is not None and writer.count and \
-                        writer.size_with(len(data), len(rel)) > shard_size:
-                    close_shard()
-                    writer = None
-                if writer is None:
-                    writer = _ShardWriter(os.path.join(tmp, fmt.shard_name(len(table))),
-                                          len(table), i, alignment, int(block_records))
-                writer.add(data, labels[i], orig_length, flags, code, rel)
-                formats[code] += 1
-                resized += bool(flags & fmt.RESIZED)
-                if flags & fmt.UNREADABLE:
-                    unreadable.append(relpath(i))
-                if bar is not None:
-                    bar.update(1)
-        close_shard()
-        writer = None
-        if bar is not None:
-            bar.close()
-            bar = None
+    def results(self, threads):
+        """``(i, (orig_length, data, flags, code))`` for every record; ``threads × 64``
+        records in flight at most."""
+        pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+        try:
+            step = 64 * threads
+            for lo in range(0, len(self.source), step):
+                idx = range(lo, min(lo + step, len(self.source)))
+                for i, r in zip(idx, pool.map(self._one, idx) if pool else map(self._one, idx)):
+                    self.resized += bool(r[2] & fmt.RESIZED)
+                    yield i, r
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
 
-        table = np.array(table, dtype=fmt.SHARD_ENTRY)
-        spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
-        if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
-            del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
-        meta = {
-            "classes": classes,
-            "created_by": f"dpu_pipe {__version__}",
-            "source": spec,
-            "shard_size": int(shard_size),
-            "transcode": ({"restart_interval": restart_interval if restart_interval == "row"
-                           else int(restart_interval), "optimize": True}
-                          if transcode else None),
-            "formats": {name: int(n) for name, n in zip(fmt.FORMATS, formats) if n},
-            "unreadable": len(unreadable),
-            "unreadable_examples": unreadable[:20],
-            "label_range": [int(labels.min()), int(labels.max())],
-            "num_labels": int(len(np.unique(labels))),
-            "data_bytes": int(table["data_bytes"].sum()),
-            "orig_bytes": int(table["orig_bytes"].sum()),
-            "max_side": ({"max_side": downscale.max_side, "resized": resized,
-                          "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
-                         if downscale is not None else None),
-        }
-        _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, table,
-                        json.dumps(meta, sort_keys=True).encode("utf-8"))
-        _fsync_dir(tmp)
-        if os.path.lexists(out):
-            # A directory cannot be renamed over a non-empty one: move the old dataset aside,
-            # put the new one in place (or the old one back), then delete the old one.
-            old = os.path.join(parent, f".{os.path.basename(out)}.old-{uuid.uuid4().hex[:12]}")
-            os.rename(out, old)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            (shutil.rmtree if os.path.isdir(old) else os.unlink)(old)
-        else:
+
+class _Shards:
+    """The shards of a pack being written into ``tmp``: a new one when the current one would
+    outgrow ``shard_size``, each verified when closed (with ``verify``)."""
+
+    def __init__(self, tmp, labels, shard_size, alignment, block_records, verify):
+        self.tmp, self.labels, self.shard_size = tmp, labels, shard_size
+        self.alignment, self.block_records, self.verify = alignment, block_records, verify
+        self.entries, self.writer = [], None
+        self.formats = np.zeros(len(fmt.FORMATS), dtype=np.int64)
+        self.unreadable = []
+
+    def add(self, i, source, orig_length, data, flags, code):
+        relpath = getattr(source, "relpath", str)   # a source without names: its index
+        rel = relpath(i).encode("utf-8", "surrogateescape")
+        w = self.writer
+        if w is not None and w.count and w.size_with(len(data), len(rel)) > self.shard_size:
+            self.close()
+        if self.writer is None:
+            self.writer = _ShardWriter(os.path.join(self.tmp, fmt.shard_name(len(self.entries))),
+                                       len(self.entries), i, self.alignment, self.block_records)
+        self.writer.add(data, self.labels[i], orig_length, flags, code, rel)
+        self.formats[code] += 1
+        if flags & fmt.UNREADABLE:
+            self.unreadable.append(relpath(i))
+
+    def close(self):
+        w, self.writer = self.writer, None
+        if w is None:
+            return
+        entry, recs = w.finish()
+        if self.verify:
+            _verify_shard(w.path, len(self.entries), recs,
+                          self.labels[w.first:w.first + w.count])
+        self.entries.append(entry)
+
+    def abort(self):
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
+
+    def table(self):
+        return np.array(self.entries, dtype=fmt.SHARD_ENTRY)
+
+
+def _pack_meta(source, labels, shards, shard_size, prep, restart_interval):
+    """The manifest's metadata: provenance, settings and what was packed."""
+    from .._version import __version__
+
+    table = shards.table()
+    spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
+    if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
+        del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
+    downscale = prep.downscale
+    return {
+        "classes": getattr(source, "classes", None),
+        "created_by": f"dpu_pipe {__version__}",
+        "source": spec,
+        "shard_size": int(shard_size),
+        "transcode": ({"restart_interval": restart_interval if restart_interval == "row"
+                       else int(restart_interval), "optimize": True}
+                      if restart_interval is not None else None),
+        "formats": {name: int(n) for name, n in zip(fmt.FORMATS, shards.formats) if n},
+        "unreadable": len(shards.unreadable),
+        "unreadable_examples": shards.unreadable[:20],
+        "label_range": [int(labels.min()), int(labels.max())],
+        "num_labels": int(len(np.unique(labels))),
+        "data_bytes": int(table["data_bytes"].sum()),
+        "orig_bytes": int(table["orig_bytes"].sum()),
+        "max_side": ({"max_side": downscale.max_side, "resized": prep.resized,
+                      "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
+                     if downscale is not None else None),
+    }
+
+
+def _install(tmp, out, parent):
+    """Put the complete dataset ``tmp`` at ``out``, replacing a packed dataset there."""
+    if os.path.lexists(out):
+        # A directory cannot be renamed over a non-empty one: move the old dataset aside,
+        # put the new one in place (or the old one back), then delete the old one.
+        old = os.path.join(parent, f".{os.path.basename(out)}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(out, old)
+        try:
             os.rename(tmp, out)
-        _fsync_dir(parent)
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        if bar is not None:
-            bar.close()
-    return PackedSource(out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        (shutil.rmtree if os.path.isdir(old) else os.unlink)(old)
+    else:
+        os.rename(tmp, out)
+    _fsync_dir(parent)
 
 
 def _verify_shard(path, number, recs, labels):
