@@ -1,15 +1,13 @@
 """The README's two quickstarts run as written: the `Loader` block as a script, and the
 `DPULoader` block as `train.py` under the README's own `mpiexec` line."""
-import os
 import re
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, repo_env, run
+
 README = (ROOT / "README.md").read_text()
 
 
@@ -17,18 +15,8 @@ def _python_blocks():
     return re.findall(r"```python\n(.*?)```", README, re.S)
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
-                                                       .split(os.pathsep) if p])
-    return env
-
-
 def _run(argv, cwd, limit):
-    proc = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=limit)
-    assert proc.returncode == 0, f"{argv}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    return proc.stdout
+    return run(argv, cwd=cwd, env=repo_env(), timeout=limit).stdout
 
 
 def test_readme_has_the_two_quickstarts():

@@ -21,6 +21,7 @@ from dpu_pipe.transforms import TransformConfig
 
 import jpeg_corpus as jc
 import test_jpeg as tj
+from helpers import rss_bytes
 
 pytestmark = pytest.mark.timeout(120)
 BUDGET = (jpeg.DEFAULT_MAX_PIXELS, jpeg.DEFAULT_MAX_SCANS)
@@ -477,9 +478,9 @@ def test_transcode_paths_do_not_leak():
                 pass
 
     run(400)
-    before = tj._rss()
+    before = rss_bytes()
     run(4000)
-    growth = tj._rss() - before
+    growth = rss_bytes() - before
     # A leaked decompress or compress object is several KB: 4000 of them would be > 8 MB.
     assert growth < 4 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 4000 transcodes"
 
