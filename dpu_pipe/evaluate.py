@@ -16,6 +16,7 @@ it. torch is optional for dpu_pipe as a whole: everything here that needs it rai
 import importlib
 import json
 import math
+import threading
 import time
 
 import numpy as np
@@ -262,6 +263,9 @@ class ShardEvaluator:
     def __init__(self):
         self._models = {}
         self._makers = {}
+        # One evaluation at a time: the cached model and each maker's kernel and buffers
+        # are not for two threads at once.
+        self._lock = threading.Lock()
 
     def model(self, spec, kwargs):
         key = (spec, json.dumps(kwargs or {}, sort_keys=True))
@@ -297,7 +301,12 @@ class ShardEvaluator:
     def run(self, spec, weights, part=0, parts=1):
         """Evaluate the steps ``part, part + parts, ...`` of the shard ``spec`` describes with
         the weights buffer ``weights`` (see :mod:`dpu_pipe.weights`) loaded into the model.
-        Returns (:class:`Metrics`, make seconds, model seconds)."""
+        Returns (:class:`Metrics`, make seconds, model seconds). Calls from several threads
+        run one after the other."""
+        with self._lock:
+            return self._run(spec, weights, part, parts)
+
+    def _run(self, spec, weights, part, parts):
         model = self.model(spec["model"], spec.get("model_kwargs"))
         load_state(model, weights)
         model.eval()

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, Produc
 from .sampler import EpochSampler
 from .sources import as_source
 from .spec import StreamSpec
+from .batch import BatchProcessor
 from .steps import BatchMaker, MakerStats
 from .transforms import TransformConfig
 
@@ -106,6 +108,9 @@ class Engine:
 
     makers = ()
     remote_bad = {}
+    #: Set (a ``threading.Event``) by the loader when another thread ends the iteration
+    #: :meth:`_next_data` is waiting for: the wait then raises :class:`Cancelled`.
+    cancel = None
 
     def start(self, epoch, step, end):
         raise NotImplementedError
@@ -126,6 +131,11 @@ class Engine:
         """The loader's counters given ``made``, the :class:`~dpu_pipe.steps.MakerStats`
         summed over :attr:`makers`."""
         return made.as_dict()
+
+
+class Cancelled(Exception):
+    """An engine's wait for a batch ended because another thread ended its iteration (the
+    loader turns it into a :class:`ConfigError` saying who)."""
 
 
 def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, stop):
@@ -171,6 +181,10 @@ class LocalEngine(Engine):
 
     def start(self, epoch, step, end):
         self.pause()
+        if self.thread is not None and self.thread.is_alive():
+            # A second thread would run the maker's kernel (and its scratch memory) at once.
+            raise PipeTimeout(f"the loader's maker thread did not stop within "
+                              f"{self.timeout:.0f} s (a batch still being made); try again")
         self.free = queue.Queue()
         self.ready = queue.Queue()
         self.stop_flag = threading.Event()
@@ -184,10 +198,11 @@ class LocalEngine(Engine):
         self.thread.start()
 
     def release_held(self):
-        if self.held is not None:
-            if self.free is not None:
-                self.free.put(self.held)
-            self.held = None
+        slot, self.held = self.held, None
+        # Cleared first: interrupted in between, a slot is lost until the next start(), never
+        # handed to the maker twice.
+        if slot is not None and self.free is not None:
+            self.free.put(slot)
 
     def _next_data(self, epoch, step):
         deadline = deadline_in(self.timeout)
@@ -196,6 +211,8 @@ class LocalEngine(Engine):
                 _, slot, n, exc = self.ready.get(timeout=0.2)
                 break
             except queue.Empty:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise Cancelled() from None
                 if not self.thread.is_alive() and self.ready.empty():
                     raise ProducerError("the loader's maker thread ended without a batch",
                                         producer="loader thread") from None
@@ -216,8 +233,10 @@ class LocalEngine(Engine):
         if thread is None:
             return
         self.stop_flag.set()
-        if thread.is_alive() and thread is not threading.current_thread():
-            # The maker notices the stop flag once the batch it is making is done.
+        # The maker notices the stop flag once the batch it is making is done. At interpreter
+        # exit a daemon thread may already be frozen (it never ends): no join then.
+        if thread.is_alive() and thread is not threading.current_thread() \
+                and not sys.is_finalizing():
             thread.join(timeout=self.timeout)
 
     def close(self):
@@ -243,8 +262,11 @@ class _EpochIter:
     so the last batch can still be read after the loop.
 
     Only the loader's current iteration may yield: one superseded by a new ``iter()``,
-    ``set_epoch``, ``load_state_dict`` or ``close`` raises instead of handing out buffers
-    that the new one is overwriting.
+    ``set_epoch``, ``load_state_dict`` or ``close`` — in this thread or another, also while
+    it waits for a batch — raises :class:`ConfigError` instead of handing out buffers that
+    the new one is overwriting. An exception that is not an ``Exception`` (a
+    ``KeyboardInterrupt``) ends the iteration too: a new ``iter()`` continues from the
+    loader's position, the batch it interrupted included.
     """
 
     def __init__(self, loader, engine, epoch, start):
@@ -253,39 +275,83 @@ class _EpochIter:
         self.epoch = epoch
         self.next_step = start
         self.end = len(loader)
+        #: Why this iteration stopped being current (set by the call that ended it).
+        self.why = None
+        self.cancel = threading.Event()
+        engine.cancel = self.cancel
         engine.start(epoch, start, self.end)
 
     def __iter__(self):
         return self
 
+    def _stale(self):
+        why = self.why or ("the loader started another iteration, or moved with "
+                           "set_epoch/load_state_dict/close")
+        return ConfigError(f"this iterator is no longer current: {why}")
+
     def __next__(self):
         loader = self.loader
-        if loader._iter is not self:
-            raise DpuPipeError("this iterator is no longer current: the loader started another "
-                               "iteration, or moved with set_epoch/load_state_dict/close")
+        with loader._locked("next()"):
+            if loader._iter is not self or self.why is not None:
+                raise self._stale()
+            with loader._state_lock:
+                mark = (loader._epoch, loader._step, loader._yielded)
+            try:
+                return self._next(loader)
+            except Cancelled:
+                # The call that cancelled it ends it (and waits for the engine to stop).
+                raise self._stale() from None
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    # Interrupted anywhere (KeyboardInterrupt, SystemExit): the batch was not
+                    # handed out, and the engine and the position may disagree on which
+                    # comes next. Back to the position before this call, iteration ended.
+                    with loader._state_lock:
+                        loader._epoch, loader._step, loader._yielded = mark
+                    loader._end_iteration()
+                raise
+
+    def _next(self, loader):
         if self.next_step >= self.end:
             loader._end_iteration()
-            loader._epoch += 1
-            loader._step = 0
-            # The wrapper that fetched ahead learns here that the epoch ended; the batch it
-            # trains on now is the last one (see Loader's ``lookahead``).
-            loader._fetched.append((loader._epoch, 0))
+            with loader._state_lock:
+                loader._epoch += 1
+                loader._step = 0
+                # The wrapper that fetched ahead learns here that the epoch ended; the batch
+                # it trains on now is the last one (see Loader's ``lookahead``).
+                loader._fetched.append((loader._epoch, 0))
             raise StopIteration
         self.engine.release_held()
         t0 = time.monotonic()
         with _wait_range():
             images, labels, indices = self.engine._next_data(self.epoch, self.next_step)
-        loader._wait_s += time.monotonic() - t0
+        with loader._state_lock:
+            loader._wait_s += time.monotonic() - t0
         loader._check_bad()
-        loader._yielded += len(labels)
-        loader.valid_rows = loader.maker.valid_rows(self.epoch, self.next_step)
-        self.next_step += 1
-        loader._step += 1
-        loader._fetched.append((loader._epoch, loader._step))
+        valid_rows = loader.maker.valid_rows(self.epoch, self.next_step)
+        with loader._state_lock:
+            loader._yielded += len(labels)
+            loader.valid_rows = valid_rows
+            self.next_step += 1
+            loader._step += 1
+            loader._fetched.append((loader._epoch, loader._step))
         x, y = loader.out.emit(images, labels)
         if loader.return_meta:
-            return x, y, loader._meta(indices, loader.valid_rows)
+            return x, y, loader._meta(indices, valid_rows)
         return x, y
+
+
+#: Every loader alive in this process (the fork handler gives each new locks).
+_LIVE = weakref.WeakSet()
+
+
+def _forked_child():
+    for loader in list(_LIVE):
+        loader._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
 
 
 class Loader:
@@ -418,6 +484,8 @@ class Loader:
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
                  timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None, lookahead=0,
                  **transform_options):
+        self._init_locks()
+        _LIVE.add(self)
         _v.torch_loader_args(transform_options, type(self).__name__)
         self.lookahead = _v.integer(lookahead, "lookahead", 0)
         # A framework fetching ahead holds lookahead + 1 batches: ring buffers would be
@@ -475,6 +543,63 @@ class Loader:
         """The engine of :attr:`mode` (``"local"`` here; see DPULoader for the others)."""
         return LocalEngine(self.maker, self.prefetch, self.timeout)
 
+    # --- threads ------------------------------------------------------------------------
+    # ``_lock`` (re-entrant) is held by whatever moves the loader or drives its engine:
+    # next(), iter(), set_epoch, load_state_dict, close — one thread at a time, so the
+    # engine (its queues, its maker's kernel, the host window) is never driven from two
+    # threads. ``_state_lock`` guards the position and counters for the readers (state_dict,
+    # stats), who never wait for a batch. See docs/guides/threads.md.
+
+    def _init_locks(self):
+        self._lock = threading.RLock()
+        self._state_lock = threading.Lock()
+        self._describe_lock = threading.Lock()
+        self._describe_kernel = None     # describe()'s own batch kernel, made on first use
+        self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def _locked(self, what):
+        """Hold ``_lock`` for ``what``; the thread holding it lets go within one batch
+        (``timeout``) or, waiting for a batch, as soon as it is told (:meth:`_supersede`)."""
+        limit = getattr(self, "timeout", DEFAULT_TIMEOUT) + 5.0
+        if not self._lock.acquire(timeout=limit):
+            raise PipeTimeout(f"{what}: another thread kept the loader busy for "
+                              f"{limit:.0f} s")
+        try:
+            if self._pid != os.getpid():
+                self._after_fork()
+            yield
+        finally:
+            self._lock.release()
+
+    def _supersede(self, why):
+        """Tell the current iteration — which another thread may be waiting in — that
+        ``why`` ends it, so that the wait lets go of the loader at once."""
+        it = getattr(self, "_iter", None)
+        if it is not None and it.why is None:
+            it.why = f"{why} (in thread {threading.current_thread().name!r})"
+            it.cancel.set()
+
+    def _forked(self):
+        """In the child of a fork (``os.fork``, a DataLoader worker), at once: the parent's
+        threads did not come along, and the locks, queues and kernels they were using may
+        have been caught in use. New locks; the engine and the iteration are dropped (its
+        iterator raises), the maker is remade at the next use (:meth:`_after_fork`)."""
+        pid = self._pid
+        self._init_locks()
+        self._pid = pid
+        if self._iter is not None:
+            self._iter.why = "the process forked; iterate the loader again"
+        self._iter = None
+        self._engine = None
+        self.maker._busy_lock = threading.Lock()
+
+    def _after_fork(self):
+        """First use of the loader in a forked child: a new maker (same stream, position
+        kept)."""
+        self._pid = os.getpid()
+        self._set_stream(self.stream_spec)
+
     # --- position in the stream ---------------------------------------------------------
 
     def __len__(self):
@@ -488,16 +613,19 @@ class Loader:
         return self._epoch
 
     def __iter__(self):
-        self._end_iteration()
-        if self._step >= len(self) > 0:
-            self._epoch += 1
-            self._step = 0
-        if self._engine is None:
-            self._engine = self._new_engine()
-        self._fetched.clear()
-        self._fetched.append((self._epoch, self._step))
-        self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
-        return self._iter
+        self._supersede("a new iter()")
+        with self._locked("iter()"):
+            self._end_iteration()
+            with self._state_lock:
+                if self._step >= len(self) > 0:
+                    self._epoch += 1
+                    self._step = 0
+                self._fetched.clear()
+                self._fetched.append((self._epoch, self._step))
+            if self._engine is None:
+                self._engine = self._new_engine()
+            self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
+            return self._iter
 
     def set_epoch(self, epoch):
         """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
@@ -514,9 +642,14 @@ class Loader:
         epoch = check_epoch(epoch)
         if epoch == self._epoch:
             return
-        self._end_iteration()
-        self._epoch = epoch
-        self._step = 0
+        self._supersede(f"set_epoch({epoch})")
+        with self._locked("set_epoch()"):
+            if epoch == self._epoch:
+                return
+            self._end_iteration()
+            with self._state_lock:
+                self._epoch = epoch
+                self._step = 0
 
     def state_dict(self):
         """Position in the stream: restoring it (in this or a new process, with the same
@@ -524,12 +657,14 @@ class Loader:
         run. With ``lookahead`` it is the position of the training step, behind what was
         fetched ahead of it. JSON-serialisable; ``"resume"`` is the resume point of an
         elastic resume when the position is in the epoch it applies to (else None)."""
-        epoch, step = self._epoch, self._step
-        if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
-            epoch, step = self._fetched[0]
+        with self._state_lock:
+            epoch, step = self._epoch, self._step
+            if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
+                epoch, step = self._fetched[0]
+            spec = self.stream_spec
         state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
-        state.update(self.stream_spec.state())
-        resume = self.stream_spec.resume
+        state.update(spec.state())
+        resume = spec.resume
         state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
         state["source"] = self._source_identity()
         return state
@@ -567,6 +702,21 @@ class Loader:
             raise ConfigError("a list of states is for load_state_dict(states, elastic=True) "
                               "(an elastic resume from every rank's state); pass this rank's "
                               "state to resume on as many ranks as were saved")
+        # Checked before the current iteration is told to end: a bad state changes nothing.
+        self._position_of(states, elastic)
+        self._supersede("load_state_dict()")
+        with self._locked("load_state_dict()"):
+            epoch, step, resume = self._position_of(states, elastic)
+            self._end_iteration()
+            spec = dataclasses.replace(self.stream_spec, resume=resume)
+            if spec != self.stream_spec:
+                self._set_stream(spec)
+            with self._state_lock:
+                self._epoch = epoch
+                self._step = int(step)
+
+    def _position_of(self, states, elastic):
+        """``(epoch, step, resume point)`` the checked ``states`` resume at."""
         for st in states:
             self._check_state(st, elastic)
         first = states[0]
@@ -586,12 +736,7 @@ class Loader:
         else:
             epoch, start = self._elastic_point(states, epoch, resume)
             resume, step = (epoch, start), 0
-        self._end_iteration()
-        spec = dataclasses.replace(self.stream_spec, resume=resume)
-        if spec != self.stream_spec:
-            self._set_stream(spec)
-        self._epoch = epoch
-        self._step = int(step)
+        return epoch, step, resume
 
     def _check_state(self, state, elastic):
         """ConfigError unless ``state`` is a loader state of this dataset and of these
@@ -725,9 +870,11 @@ class Loader:
             self._engine.close()
             self._engine = None
         old = self.maker
-        self.stream_spec = spec
-        self.maker = BatchMaker(spec, self.num_threads)
-        self.maker.stats, self.maker.bad_samples = old.stats, old.bad_samples
+        maker = BatchMaker(spec, self.num_threads)
+        maker.stats, maker.bad_samples = old.stats, old.bad_samples
+        with self._state_lock:
+            self.stream_spec = spec
+            self.maker = maker
 
     def iterable_dataset(self):
         """This loader as a ``torch.utils.data.IterableDataset`` of whole batches (see
@@ -737,8 +884,9 @@ class Loader:
 
     # --- what was made ------------------------------------------------------------------
 
-    def _makers(self):
-        return self._engine.makers if self._engine is not None else (self.maker,)
+    def _makers(self, engine=None):
+        engine = self._engine if engine is None else engine
+        return engine.makers if engine is not None else (self.maker,)
 
     def describe(self, epoch, index):
         """The exact augmentation parameters sample ``index`` (of the dataset) gets in
@@ -751,10 +899,16 @@ class Loader:
         (see :meth:`dpu_pipe.steps.BatchMaker.describe_mix`)."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
         epoch = check_epoch(epoch)
-        out = self.maker.kernel.describe(self.source.read(index), index, epoch=epoch,
-                                         seed=self.maker.seed)
-        if self.maker.batch_ops.soft:
-            out["mix"] = self.maker.describe_mix(epoch, index)
+        maker = self.maker
+        data = self.source.read(index)
+        # A kernel of its own: the makers' kernels (and their scratch memory) are in use by
+        # the threads making batches. One thread is enough: the answer is the same.
+        with self._describe_lock:
+            if self._describe_kernel is None:
+                self._describe_kernel = BatchProcessor(self.stream_spec.transform, 1)
+            out = self._describe_kernel.describe(data, index, epoch=epoch, seed=maker.seed)
+        if maker.batch_ops.soft:
+            out["mix"] = maker.describe_mix(epoch, index)
         return out
 
     def _check_bad(self):
@@ -772,11 +926,12 @@ class Loader:
     @property
     def bad_samples(self):
         """{sample index: message} of the samples skipped as undecodable (on_error='skip')."""
+        engine = self._engine
         bad = {}
-        for m in self._makers():
+        for m in self._makers(engine):
             bad.update(m.bad_samples)
-        if self._engine is not None:
-            bad.update(self._engine.remote_bad)
+        if engine is not None:
+            bad.update(engine.remote_bad)
         return bad
 
     def stats(self, interval=False):
@@ -797,19 +952,23 @@ class Loader:
         host's makers count the batch in progress as it runs, so their share is at most 1;
         producer ranks report a batch's seconds when it arrives, so over an interval shorter
         than a few batches their share can read above 1."""
+        engine = self._engine
         made = MakerStats()
-        for m in self._makers():
+        for m in self._makers(engine):
             made += m.stats
-        d = self._engine.stats(made) if self._engine is not None else made.as_dict()
+        d = engine.stats(made) if engine is not None else made.as_dict()
         d["wait_s"] = self._wait_s
         d.update(self.out.stats())
         if not interval:
             return d
         busy, makers = self._busy(d)
-        now = time.monotonic()      # after busy: its interval never outgrows this one
-        counts = (self._yielded, self._wait_s, busy, len(self.bad_samples))
-        then, last = self._mark if self._mark is not None else (self._created, (0, 0.0, 0.0, 0))
-        self._mark = (now, counts)
+        bad = len(self.bad_samples)
+        with self._state_lock:
+            now = time.monotonic()      # after busy: its interval never outgrows this one
+            counts = (self._yielded, self._wait_s, busy, bad)
+            then, last = self._mark if self._mark is not None else (self._created,
+                                                                    (0, 0.0, 0.0, 0))
+            self._mark = (now, counts)
         dt = max(now - then, 1e-9)
         return {"seconds": dt, "samples": counts[0] - last[0],
                 "img_per_s": (counts[0] - last[0]) / dt,
@@ -845,17 +1004,26 @@ class Loader:
     def _end_iteration(self):
         # Nothing is fetched ahead of a position the iteration does not continue from.
         if getattr(self, "_fetched", None) is not None:
-            self._fetched.clear()
-            self._fetched.append((self._epoch, self._step))
+            with self._state_lock:
+                self._fetched.clear()
+                self._fetched.append((self._epoch, self._step))
         if getattr(self, "_iter", None) is not None:
             self._iter = None
             self._engine.pause()
 
     def close(self):
-        """Stop background work and release buffers. Idempotent."""
-        self._end_iteration()
-        if getattr(self, "_engine", None) is not None:
-            self._engine.close()
+        """Stop background work and release buffers. Idempotent. From another thread, an
+        iteration in progress ends: its next ``next()`` — or the one waiting — raises
+        :class:`ConfigError`. The loader can be iterated again afterwards."""
+        if getattr(self, "_lock", None) is None or self._pid != os.getpid():
+            # __init__ failed before there was anything to close, or a forked child's copy
+            # (the parent's threads and window are not this process's to stop).
+            return
+        self._supersede("close()")
+        with self._locked("close()"):
+            self._end_iteration()
+            if getattr(self, "_engine", None) is not None:
+                self._engine.close()
 
     def __enter__(self):
         return self

@@ -8,7 +8,9 @@ Each element is one whole batch made by the loader, ``(images, labels)`` or, wit
 ``return_meta=True``, ``(images, labels, meta)`` (``batch_size=None`` turns off the
 DataLoader's own batching; its default conversion leaves the meta dict's lists and tensors as
 they are); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
-copy it and read the dataset once per worker, so the view refuses to run in one.
+copy it and read the dataset once per worker, so the view refuses to run in one (a
+:class:`~dpu_pipe.ConfigError` naming ``num_workers``, which the DataLoader raises in the
+main process).
 
 A wrapper that fetches one batch ahead of the training step (Accelerate's ``DataLoaderShard``)
 needs the loader built with ``lookahead=1``: the batches it holds stay valid and
@@ -39,8 +41,11 @@ class LoaderDataset(_base()):
 
         info = torch.utils.data.get_worker_info()
         if info is not None:
-            raise ConfigError("a dpu_pipe loader runs its own producers: use "
-                              "DataLoader(dataset, batch_size=None, num_workers=0)")
+            # Each worker would hold a copy of the loader and yield every batch once more.
+            raise ConfigError(f"a dpu_pipe loader makes its batches on its own threads (or "
+                              f"DPU producers): a DataLoader worker (num_workers="
+                              f"{info.num_workers}) would read the whole stream again; use "
+                              f"DataLoader(dataset, batch_size=None, num_workers=0)")
         return iter(self.loader)
 
     def __len__(self):

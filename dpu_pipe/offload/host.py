@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _validate as _v
 from ..errors import ConfigError, DpuPipeError
-from ..loader import Engine, Loader
+from ..loader import Cancelled, Engine, Loader
 from ..sources import check_spec
 from ..steps import BatchMaker
 from . import rendezvous, wire
@@ -58,6 +58,10 @@ __all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
 log = logging.getLogger("dpu_pipe")
 
 MODES = ("offload", "hybrid", "local")
+
+#: Held by whatever drives the host group's transport (one per process): the engines of two
+#: loaders iterated in two threads take turns on it instead of driving it at once.
+_TRANSPORT_LOCK = threading.RLock()
 
 
 class DPULoader(Loader):
@@ -171,6 +175,15 @@ class DPULoader(Loader):
         if self.mode == "local":
             return super()._new_engine()
         return OffloadEngine(self)
+
+    def _after_fork(self):
+        if self.mode != "local":
+            raise ConfigError(
+                f"DPULoader(mode={self.mode!r}) used in a process forked from the one that "
+                f"made it: the host window and the producers belong to the MPI process that "
+                f"joined them. Use it in that process only (a DataLoader over it needs "
+                f"num_workers=0), or make a Loader in the child")
+        super()._after_fork()
 
     def spec(self):
         """What producers need to make this loader's stream (JSON-serialisable): the
@@ -291,6 +304,7 @@ class OffloadEngine(Engine):
         #: {sample index: message} of bad samples the producers reported.
         self.remote_bad = {}
         self.received = RemoteStats()
+        self.stats_lock = threading.Lock()
         self.id = None
         self.spec_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
@@ -337,6 +351,10 @@ class OffloadEngine(Engine):
     def start(self, epoch, step, end):
         """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
         continue from there, else cancel them."""
+        with _TRANSPORT_LOCK:
+            self._start(epoch, step)
+
+    def _start(self, epoch, step):
         self.failed = None
         self._ensure()
         self.hostgroup.activate(self)
@@ -402,18 +420,19 @@ class OffloadEngine(Engine):
         if self.failed is not None:
             raise DpuPipeError(f"this iteration ended with an error at epoch {epoch} "
                                f"step {step}: {self.failed}; start a new one")
-        try:
-            return self._next(epoch, step)
-        except BaseException as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            self.suspend()
-            raise
+        with _TRANSPORT_LOCK:
+            try:
+                return self._next(epoch, step)
+            except BaseException as exc:
+                self.failed = f"{type(exc).__name__}: {exc}"
+                self.suspend()
+                raise
 
     def _next(self, epoch, step):
         t = self.transport
         if self.hostgroup.active is not self:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
-            self.start(epoch, step, self.first_maker.batches_in(epoch))
+            self._start(epoch, step)
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):
@@ -421,6 +440,8 @@ class OffloadEngine(Engine):
                                f"expected epoch {epoch} step {step}")
 
         def between():
+            if self.cancel is not None and self.cancel.is_set():
+                raise Cancelled()
             self._check_specs()
             if self.threads:
                 self._run_local()
@@ -446,19 +467,24 @@ class OffloadEngine(Engine):
                 self.remote_bad[index] = message
                 log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
         r = self.received
-        r.bytes += payload.nbytes
-        r.batches += 1
-        r.per_producer[d.producer] = r.per_producer.get(d.producer, 0) + 1
-        if d.producer:
-            r.read_s += head["read_ns"] * 1e-9
-            r.process_s += head["process_ns"] * 1e-9
-            r.publish_s += head["publish_ns"] * 1e-9
-            r.producer_samples += n
-        else:
-            r.host_samples += n
+        with self.stats_lock:       # stats() may read them from another thread
+            r.bytes += payload.nbytes
+            r.batches += 1
+            r.per_producer[d.producer] = r.per_producer.get(d.producer, 0) + 1
+            if d.producer:
+                r.read_s += head["read_ns"] * 1e-9
+                r.process_s += head["process_ns"] * 1e-9
+                r.publish_s += head["publish_ns"] * 1e-9
+                r.producer_samples += n
+            else:
+                r.host_samples += n
         return images, labels, indices
 
     def release_held(self):
+        with _TRANSPORT_LOCK:
+            self._release_held()
+
+    def _release_held(self):
         if self.held is not None:
             # A device copy may still read the batch from its window slot: the producers
             # get the slot back only once it is done.
@@ -473,12 +499,16 @@ class OffloadEngine(Engine):
     def suspend(self, release=True):
         """Cancel the tickets in flight (and, with ``release``, give back the held batch):
         the stream continues later from its loader's position."""
+        with _TRANSPORT_LOCK:
+            self._suspend(release)
+
+    def _suspend(self, release):
         t = self.transport
         if t is None or t.closed:
             self.pending.clear()
             return
         if release:
-            self.release_held()
+            self._release_held()
         tickets = [tk for tk, _, _ in self.pending]
         t.cancel(tickets)
         # Buffers of host threads still making a cancelled ticket come back when they finish.
@@ -491,13 +521,15 @@ class OffloadEngine(Engine):
         self.hostgroup.deactivate(self)
 
     def close(self):
-        self.suspend()
-        for th in self.threads:
-            th.todo.put(None)
-        self.threads = []
+        with _TRANSPORT_LOCK:
+            self._suspend(True)
+            for th in self.threads:
+                th.todo.put(None)
+            self.threads = []
 
     def stats(self, made):
         d = made.as_dict()
-        d["samples"] += self.received.producer_samples
-        d.update(self.received.as_dict())
+        with self.stats_lock:
+            d["samples"] += self.received.producer_samples
+            d.update(self.received.as_dict())
         return d

@@ -56,6 +56,11 @@ __all__ = ["RemoteValidation", "ValidationFuture", "ValidationService"]
 
 _POLL = 0.002
 
+#: Held by whatever reads or changes the host's validation channel (its pending sends, its
+#: futures, the window's attached buffers): submit(), and every poll of a future, from any
+#: thread. Never held while waiting: result() polls, taking it once per poll.
+_CHANNEL_LOCK = threading.RLock()
+
 
 # -- producer side ----------------------------------------------------------------------------
 
@@ -147,10 +152,11 @@ class ValidationFuture:
 
     def done(self):
         """True once the result (or an error) is in; polls without blocking."""
-        if self._value is None and self._error is None:
-            self._owner._poll()
-            self._finish()
-        return self._value is not None or self._error is not None
+        with _CHANNEL_LOCK:
+            if self._value is None and self._error is None:
+                self._owner._poll()
+                self._finish()
+            return self._value is not None or self._error is not None
 
     def result(self, timeout=None):
         """The metrics ``{"tag", "count", "loss", "top1", "top5", ..., "seconds", "by_rank"}``
@@ -285,11 +291,17 @@ class RemoteValidation:
     def submit(self, state_dict, tag=None):
         """Post a snapshot of ``state_dict`` (e.g. ``model.state_dict()``) for evaluation;
         returns a :class:`ValidationFuture` at once. The tensors are copied into the posted
-        buffer before it returns, so training may change the model right away."""
+        buffer before it returns, so training may change the model right away. Any thread
+        may submit; snapshots submitted from several threads are evaluated in the order the
+        calls took the channel (every host must submit the same sequence)."""
+        buf = pack_state(state_dict)
+        with _CHANNEL_LOCK:
+            return self._submit(buf, tag)
+
+    def _submit(self, buf, tag):
         if self._closed:
             raise ConfigError("this RemoteValidation is closed")
         ch = self.channel
-        buf = pack_state(state_dict)
         ch.win.Attach(buf)
         job = ch.next_job()
         address = ch.MPI.Get_address(buf)
@@ -309,6 +321,7 @@ class RemoteValidation:
 
     # -- receiving ----------------------------------------------------------------------------
     def _poll(self):
+        # Called with _CHANNEL_LOCK held (ValidationFuture.done).
         ch = self.channel
         MPI = ch.MPI
         status = MPI.Status()
@@ -349,9 +362,11 @@ class RemoteValidation:
         return f"producer rank {producer} of host {self.host_index}"
 
     def close(self):
-        """Stop accepting snapshots. Buffers of unanswered snapshots stay attached (a
-        producer may still read them)."""
-        self._closed = True
+        """Stop accepting snapshots (a later :meth:`submit` raises :class:`ConfigError`);
+        futures already returned still complete. Buffers of unanswered snapshots stay
+        attached (a producer may still read them)."""
+        with _CHANNEL_LOCK:
+            self._closed = True
 
     def __enter__(self):
         return self
