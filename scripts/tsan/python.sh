@@ -27,14 +27,16 @@ LIBTSAN=$(readlink -f "$(gcc -print-file-name=libtsan.so)")
 LOGS=${TSAN_LOG_DIR:-$OUT/logs}
 mkdir -p "$LOGS"
 export LD_PRELOAD=$LIBTSAN:$SHIM${LD_PRELOAD:+:$LD_PRELOAD}
-# history_size=4: the earlier access of a race is reported with its stack even when the
+# history_size=7: the earlier access of a race is reported with its stack even when the
 # threads ran many kernels in between (the default history loses it: "failed to restore
 # the stack").
-defaults="exitcode=66 halt_on_error=0 history_size=4 second_deadlock_stack=1"
+defaults="exitcode=66 halt_on_error=0 history_size=7 second_deadlock_stack=1"
 defaults="$defaults suppressions=$ROOT/scripts/tsan/suppressions.txt log_path=$LOGS/tsan"
 export TSAN_OPTIONS="$defaults${TSAN_OPTIONS:+ $TSAN_OPTIONS}"
 export PYTHONMALLOC=malloc
 # Not the working directory: a checkout's own dpu_pipe/ would shadow the instrumented one.
 export PYTHONSAFEPATH=1
 export PYTHONPATH=$OUT/tree${PYTHONPATH:+:$PYTHONPATH}
+# For scripts/tsan/pytest_tsan.py: where the build and the reports are.
+export DPU_PIPE_TSAN_TREE=$OUT/tree DPU_PIPE_TSAN_LOGS=$LOGS
 exec "$PY" "$@"
