@@ -29,7 +29,6 @@ at a directory holding it. Without it the column is skipped with a message.
 import argparse
 import io
 import os
-import time
 
 import numpy as np
 
@@ -162,6 +161,7 @@ def main():
         have_dali = False
         print("DALI not installed (pip install nvidia-dali-cuda120): its column is skipped")
 
+    from dpu_pipe.tools.harness import interleaved
     from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
 
     root = sample_dataset(args.n, progress=False)
@@ -180,12 +180,8 @@ def main():
             methods[("dali", recipe)] = _dali_method(bufs, recipe)
     for run in methods.values():        # warm-up: worker start, first allocations
         run()
-    times = {k: [] for k in methods}
-    for _ in range(args.repeat):
-        for k, run in methods.items():
-            t = time.perf_counter()
-            run()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved({k: (lambda run: lambda a, b: run())(run) for k, run in methods.items()},
+                        1, chunk=1, repeat=args.repeat)
     rate = {k: len(bufs) / min(v) for k, v in times.items()}
     load = os.getloadavg()
     print(f"{len(bufs)} images, best of {args.repeat}, img/s on one core; load average "

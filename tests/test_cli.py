@@ -14,6 +14,7 @@ from PIL import Image
 import dpu_pipe
 from dpu_pipe.tools import cli
 from dpu_pipe import pack
+from dpu_pipe.packed.format import VERSION
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(dpu_pipe.__file__)))
@@ -109,7 +110,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     r = run("info", "--data", out, "--json", "--verify", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     packed = json.loads(r.stdout)["dataset"]
-    assert packed["format"] == "dpu_pipe packed v3" and packed["bad_shards"] == {}
+    assert packed["format"] == f"dpu_pipe packed v{VERSION}" and packed["bad_shards"] == {}
     keys = ("count", "total_bytes", "classes", "num_labels", "label_range")
     assert {k: packed[k] for k in keys} == {k: folder[k] for k in keys}
     assert (packed["original_bytes"], packed["transcoded"], packed["size_growth"]) == \
@@ -121,7 +122,7 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     r = run("info", "--data", flip, "--verify", "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     shard = json.loads(r.stdout)["dataset"]
-    assert shard["format"] == "dpu_pipe packed v3 shard" and shard["count"] == 5
+    assert shard["format"] == f"dpu_pipe packed v{VERSION} shard" and shard["count"] == 5
     assert "1 of 5 records fail their CRC check" in shard["bad_shards"]["0"]
     r = run("info", out, cwd=tmp_path)  # human-readable form
     assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ import random
 import numpy as np
 
 from ..errors import ConfigError
-from .harness import HOST_CORE, Run, load_torch, now, pin, recipe_options, stack
+from .harness import HOST_CORE, Run, load_torch, now, pin, recipe_options
 
 __all__ = ["Recipe", "RecipeDataset", "run_serial", "run_dataloader"]
 
@@ -158,6 +158,12 @@ class RecipeDataset:
         t = now()
         x = self.recipe(self.source.read(i), _key(self.seed, self.epoch, i))
         return x, int(self.source.labels[i]), now() - t
+
+
+def stack(torch, items):
+    """(images (B, 3, H, W), int64 labels (B,), seconds) of :class:`RecipeDataset` items."""
+    xs, ys, secs = zip(*items)
+    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), float(sum(secs))
 
 
 def _key(seed, epoch, index):

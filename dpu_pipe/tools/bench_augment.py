@@ -159,12 +159,9 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
     root_or_files : path or sequence of paths
         What :func:`dpu_pipe.tools.harness.load_buffers` reads; files that are not decodable
         JPEGs are skipped (and counted).
-    n, repeat, chunk : int
-        Images, interleaved rounds, images per turn.
-    seed, epoch : int
-        Of the crops and flips.
-    threads : int
-        Kernel threads of the scaling measurement.
+    n, repeat, chunk, seed, epoch, threads : int
+        Images, interleaved rounds, images per turn, seed and epoch of the crops and flips,
+        kernel threads of the scaling measurement.
     progress : callable, optional
         Called after each timing round.
 

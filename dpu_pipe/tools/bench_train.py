@@ -1,37 +1,24 @@
 """``dpu-pipe bench-train``: what offloading buys a training run, end to end.
 
-The host (pinned to core 0, PyTorch on one thread) trains a small ResNet
-(:func:`dpu_pipe.models.resnet_tiny`) for the same number of steps, from the same initial
-weights and seed, under each configuration:
+The host (core 0, PyTorch on one thread) trains a small ResNet
+(:func:`dpu_pipe.models.resnet_tiny`) for the same steps, from the same weights and seed,
+under each configuration of :data:`dpu_pipe.tools.harness.CONFIGS`: 1. torchvision's
+transforms in the training process; 2. ``DataLoader(num_workers=1)`` + torchvision, its worker
+on core 0 too; 3. :class:`~dpu_pipe.Loader` on the host; 4. ``DPULoader`` offload (producer
+ranks on core 1), validation evaluated on the host; 5. offload + ``RemoteValidation`` (the
+producers evaluate a snapshot of the model while the host trains on); 6. ``mode="hybrid"``.
+When torchvision cannot be imported, 1-2 run its recipe written with Pillow and torch (the
+report says which ran).
 
-1. host only, serial: torchvision's transforms in the training process (the baseline);
-2. PyTorch ``DataLoader(num_workers=1)`` + torchvision, its worker pinned to core 0 too (every
-   piece of work on the host's cores, as on a host without DPUs);
-3. :class:`~dpu_pipe.Loader` on the host (core 0);
-4. :class:`~dpu_pipe.DPULoader` offload (producer ranks pinned to core 1), validation batches
-   made by the producers and evaluated on the host;
-5. :class:`~dpu_pipe.DPULoader` offload + :class:`~dpu_pipe.RemoteValidation` (the producers
-   evaluate a snapshot of the model while the host keeps training);
-6. ``DPULoader(mode="hybrid")``, where the installed dpu_pipe has it.
+Two operating points, set by calibrating the model's width (and depth) against the measured
+cost of torchvision's augmentation of a batch on one core: ``aug-bound`` (augmentation ≈ 2× a
+training step) and ``research`` (augmentation ≈ 17.5 % of a serial step, validation ≈ 10 % of
+a serial epoch, as in Jain et al., IEEE Micro 2022).
 
-at two operating points, set by calibrating the model's width (and depth, when the narrowest
-model is still too slow) against the measured cost of the
-torchvision augmentation of one batch on one core: ``aug-bound`` (augmentation ≈ 2× a training
-step) and ``research`` (augmentation ≈ 17.5 % of a serial step, validation ≈ 10 % of a serial
-epoch, as in Jain et al., IEEE Micro 2022). Every configuration runs once, configurations in
-order within an operating point.
-
-When torchvision cannot be imported (its wheels are built against one torch build), configs
-1–2 use the same recipe written with Pillow and torch: full PIL decode, RandomResizedCrop's
-parameters drawn as torchvision draws them, PIL bilinear resize of the crop, flip, to-tensor,
-normalize; the report says which ran.
-
-Outputs: a markdown table on stdout, every figure in ``--json PATH``, and PNG plots in
-``--plots DIR`` (epoch-time breakdown per configuration; per-step timelines of host compute,
-host wait and producer busy time for configurations 2 and 5).
+Outputs: a markdown table on stdout, every figure in ``--json PATH``, PNG plots in ``--plots
+DIR`` (epoch-time breakdown; per-step timelines of configurations 2 and 5).
 """
 
-import argparse
 import math
 import os
 import sys
@@ -105,52 +92,38 @@ def _median_time(fn, reps):
     return float(np.median(times))
 
 
-def calibrate(train_src, args, classes, quick):
-    """Seconds per batch of the torchvision recipe on one core, and model widths that put
-    the training step at each operating point's ratio."""
+def _step_time(torch, classes, width, blocks, x, y, reps):
+    """(seconds of a training step, of a forward pass) of a model of that width and depth."""
     from ..models import resnet_tiny
 
+    model = resnet_tiny(classes=classes, width=width, blocks=blocks)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()
+    train = _median_time(step, reps)
+    model.eval()
+    with torch.no_grad():
+        return train, _median_time(lambda: model(x), 2)
+
+
+def calibrate(train_src, args, classes, quick):
+    """Seconds per batch of the torchvision recipe on one core, and per operating point the
+    model width and depth that put the training step at the point's ratio."""
     torch = load_torch()
-    B, size = args.batch_size, args.size
-    rec = Recipe(size, True)
+    B = args.batch_size
     n = min(len(train_src), B)
     datas = [train_src.read(i) for i in range(n)]
-    val_rec = Recipe(size, False)
+    rec, val_rec = Recipe(args.size, True), Recipe(args.size, False)
     aug = _median_time(lambda: [rec(d, i) for i, d in enumerate(datas)], 1 if quick else 2) \
         * B / n
     val_aug = _median_time(lambda: [val_rec(d, i) for i, d in enumerate(datas)], 1) * B / n
-    x = torch.randn(B, 3, size, size)
-    y = torch.randint(0, classes, (B,))
-
-    def step_time(width, blocks):
-        model = resnet_tiny(classes=classes, width=width, blocks=blocks)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step():
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        step()
-        train = _median_time(step, 2 if quick else 3)
-        model.eval()
-        with torch.no_grad():
-            fwd = _median_time(lambda: model(x), 2)
-        return train, fwd
-
-    def fit_width(target, blocks, width):
-        """Width whose step takes about ``target`` seconds, with ``blocks``, searched from
-        ``width``."""
-        for _ in range(2 if quick else 5):
-            t, _ = step_time(width, blocks)
-            new = max(MIN_WIDTH, int(round(width * math.sqrt(target / t))))
-            if quick:   # a smoke run: the ratio may fall short, the report says by how much
-                new = min(new, 48)
-            if new == width:
-                break
-            width = new
-        return width
-
+    x, y = torch.randn(B, 3, args.size, args.size), torch.randint(0, classes, (B,))
+    reps = 2 if quick else 3
     points = {}
     for name in args.points:
         target = aug / POINTS[name]
@@ -158,8 +131,15 @@ def calibrate(train_src, args, classes, quick):
         # crops, a fast machine) would otherwise never reach the augmentation-bound point.
         width = 16
         for blocks in ARCHS:
-            width = fit_width(target, blocks, width)
-            t, fwd = step_time(width, blocks)
+            for _ in range(2 if quick else 5):   # the width whose step takes about target
+                t, _ = _step_time(torch, classes, width, blocks, x, y, reps)
+                new = max(MIN_WIDTH, int(round(width * math.sqrt(target / t))))
+                if quick:   # a smoke run: the ratio may fall short, the report says by how much
+                    new = min(new, 48)
+                if new == width:
+                    break
+                width = new
+            t, fwd = _step_time(torch, classes, width, blocks, x, y, reps)
             if t <= target * 1.25:
                 break
         points[name] = {"width": width, "blocks": list(blocks), "aug_batch_s": aug,
@@ -318,7 +298,35 @@ def _defaults(args):
         raise ConfigError("--producers must be >= 1")
 
 
+def _run_point(args, point, cal, train_src, val_src, classes):
+    """Every configuration of ``args.configs`` at one operating point; their records."""
+    job = {"point": point, "epochs": args.epochs, "steps": args.steps,
+           "batch_size": args.batch_size, "size": args.size, "seed": args.seed, "lr": 0.05,
+           "producers": args.producers, "recipe": args.recipe,
+           # The MPI job's stderr is a pipe; its bars show when ours would.
+           "progress": not args.quiet and sys.stderr.isatty(),
+           "model_kwargs": {"classes": classes, "width": cal["width"],
+                            "blocks": cal["blocks"], "seed": args.seed},
+           "train": train_src.spec(), "val": val_src.spec(), "val_count": len(val_src)}
+    host_runs = {1: run_serial, 2: run_dataloader, 3: run_loader}
+    host = [c for c in args.configs if c in HOST_CONFIGS]
+    res = []
+    with bar(len(host) * args.epochs, f"{point}: host", unit="epoch",
+             enabled=not args.quiet) as b:
+        job["tick"] = lambda: b.update(1)
+        for c in host:
+            res.append(host_runs[c](job, train_src, val_src))
+    mpi = [c for c in args.configs if c in MPI_CONFIGS]
+    if mpi:
+        mjob = {k: v for k, v in job.items() if k != "tick"}
+        res += launch_mpi(dict(mjob, configs=mpi, limit_s=3600), args)
+    for r in res:
+        r["epochs_run"] = args.epochs
+    return res
+
+
 def run(args):
+    """``dpu-pipe bench-train``: calibrate, run, report; returns the exit status."""
     from .cli import write_json
 
     _defaults(args)
@@ -327,13 +335,11 @@ def run(args):
     t_start = now()
     train_src, val_of, data_desc = prepare_data(args)
     classes = int(train_src.labels.max()) + 1
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json == "-" \
-        else (lambda *a: print(*a, flush=True))
-    say(f"data: {data_desc}")
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(f"data: {data_desc}", file=out, flush=True)
     calibration = calibrate(train_src, args, classes, args.quick)
     if val_of is None:
-        vals = val_for_points(args, calibration)
-        val_of = vals.__getitem__
+        val_of = val_for_points(args, calibration).__getitem__
     results = {"args": dict(vars(args)),
                "machine": {"cores": os.cpu_count(), "host_core": HOST_CORE,
                            "producer_core": PRODUCER_CORE, "torch": torch.__version__,
@@ -341,34 +347,11 @@ def run(args):
                "recipe": Recipe(args.size, True, args.recipe, classes).kind,
                "recipe_name": args.recipe,
                "data": data_desc, "calibration": calibration, "points": {}}
-    host_runs = {1: run_serial, 2: run_dataloader, 3: run_loader}
     for point in args.points:
-        cal = calibration[point]
-        val_src = val_of(point)
-        job = {"point": point, "epochs": args.epochs, "steps": args.steps,
-               "batch_size": args.batch_size, "size": args.size, "seed": args.seed,
-               "lr": 0.05, "producers": args.producers, "recipe": args.recipe,
-               # The MPI job's stderr is a pipe; its bars show when ours would.
-               "progress": not args.quiet and sys.stderr.isatty(),
-               "model_kwargs": {"classes": classes, "width": cal["width"],
-                                "blocks": cal["blocks"], "seed": args.seed},
-               "train": train_src.spec(), "val": val_src.spec(), "val_count": len(val_src)}
-        say(f"{point}: model width {cal['width']}, blocks {cal['blocks']}, "
-            f"{len(val_src)} validation images")
-        res = []
-        host = [c for c in args.configs if c in HOST_CONFIGS]
-        with bar(len(host) * args.epochs, f"{point}: host", unit="epoch",
-                 enabled=not args.quiet) as b:
-            job["tick"] = lambda: b.update(1)
-            for c in host:
-                res.append(host_runs[c](job, train_src, val_src))
-        mpi = [c for c in args.configs if c in MPI_CONFIGS]
-        if mpi:
-            mjob = {k: v for k, v in job.items() if k != "tick"}
-            mjob.update(configs=mpi, limit_s=3600)
-            res += launch_mpi(mjob, args)
-        for r in res:
-            r["epochs_run"] = args.epochs
+        cal, val_src = calibration[point], val_of(point)
+        print(f"{point}: model width {cal['width']}, blocks {cal['blocks']}, "
+              f"{len(val_src)} validation images", file=out, flush=True)
+        res = _run_point(args, point, cal, train_src, val_src, classes)
         results["points"][point] = {"configs": res, "summary": summarize(res, point),
                                     "val_count": len(val_src)}
     results["seconds"] = now() - t_start
@@ -376,18 +359,6 @@ def run(args):
         print(table(results), flush=True)
     if args.json:
         write_json(args.json, results)
-    if args.plots:
-        for p in write_plots(results, args.plots):
-            print(f"wrote {p}", file=sys.stderr if args.json == "-" else sys.stdout)
+    for p in write_plots(results, args.plots) if args.plots else ():
+        print(f"wrote {p}", file=out)
     return 0
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="dpu-pipe bench-train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -158,16 +158,3 @@ def _report(host, off, speedup):
               f"offloaded {b['top1']:.4f} ({b['count']} images) — {same}")
     print(f"\nspeed-up of the offloaded run over the host-only run: {speedup:.2f}x "
           f"({host['wall_s']:.2f} s -> {off['wall_s']:.2f} s)")
-
-
-def main(argv=None):
-    import argparse
-
-    p = argparse.ArgumentParser(prog="dpu-pipe demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -191,6 +191,7 @@ def pin(core):
 
 
 def load_torch():
+    """torch, on one thread (or a ConfigError saying to install it)."""
     from ..evaluate import require_torch
     torch = require_torch()
     torch.set_num_threads(1)
@@ -199,9 +200,6 @@ def load_torch():
 
 now = time.perf_counter
 
-
-
-# -- training ---------------------------------------------------------------------------------
 
 #: The training recipes ``bench-train --recipe`` compares: dpu_pipe's transform options
 #: (``TransformConfig`` keywords; mixing also needs ``num_classes``) and what torchvision runs.
@@ -321,10 +319,6 @@ class Run:
         return out
 
 
-def stack(torch, items):
-    xs, ys, secs = zip(*items)
-    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), float(sum(secs))
-
 
 
 def train_options(job):
@@ -356,85 +350,89 @@ def run_loader(job, train_src, val_src):
     return run.result({"producer_busy_s": busy, "producers": 0})
 
 
-def run_offload(job, train_src, val_src, config):
-    """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
-    core 1."""
+def _offload_loaders(job, train_src, val_src, config):
+    """(train DPULoader, validation DPULoader or None, RemoteValidation or None) of an
+    offloaded configuration."""
     from ..offload import DPULoader
+    from ..offload.validation import RemoteValidation
 
-    run = Run(job, config)
     kw = dict(size=job["size"], seed=job["seed"], output="torch")
-    mode = "hybrid" if config == 6 else "offload"
-    extra = {"producers": job["producers"]}
     if config == 6:
         kw["host_threads"] = 1
-    train = DPULoader(train_src, job["batch_size"], train=True, mode=mode, **kw,
-                      **train_options(job))
-    rv = val = None
+    train = DPULoader(train_src, job["batch_size"], train=True,
+                      mode="hybrid" if config == 6 else "offload", **kw, **train_options(job))
     if config == 4:
-        val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
-                        drop_last=False, **kw)
-    else:
-        from ..offload.validation import RemoteValidation
-        rv = RemoteValidation(val_src, job["batch_size"], model=MODEL,
-                              model_kwargs=job["model_kwargs"], size=job["size"],
-                              topk=(1, 5))
+        return train, DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
+                                drop_last=False, **kw), None
+    return train, None, RemoteValidation(val_src, job["batch_size"], model=MODEL,
+                                         model_kwargs=job["model_kwargs"], size=job["size"],
+                                         topk=(1, 5))
 
-    def made():
-        s = train.stats()
-        return s.get("producer_read_s", 0.0) + s.get("producer_process_s", 0.0) \
-            + s.get("producer_publish_s", 0.0)
 
-    pending = []
-    extra["drain_s"] = 0.0
+def _producer_s(stats):
+    """The producers' busy seconds in a DPULoader's stats."""
+    return sum(stats.get(f"producer_{k}_s", 0.0) for k in ("read", "process", "publish"))
 
-    def collect(block):
-        """Results that are in (or, at the end, all of them: the last epoch's validation
-        has no training left to hide behind, so its wait is the run's drain)."""
-        while pending and (block or pending[0][1].done()):
-            epoch, fut = pending.pop(0)
+
+class _Remote:
+    """The epochs whose remote validation is pending, collected as they come in."""
+
+    def __init__(self, run, rv, extra):
+        self.run, self.rv, self.extra, self.pending = run, rv, extra, []
+        extra.update(remote_val_s=0.0, remote_val_cpu_s=0.0)
+
+    def submit(self, epoch):
+        t = now()
+        self.pending.append((epoch, self.rv.submit(self.run.model.state_dict(), tag=epoch)))
+        self.run.val_host_s += now() - t
+        self.collect(False)
+
+    def collect(self, block):
+        """Results that are in (with ``block``, all of them: the last epoch's validation has
+        no training left to hide behind, so its wait is the run's drain)."""
+        while self.pending and (block or self.pending[0][1].done()):
+            epoch, fut = self.pending.pop(0)
             t = now()
             res = fut.result(timeout=600)
             waited = now() - t
-            run.val_host_s += waited
-            if block:
-                extra["drain_s"] += waited
-            run.record(epoch, res)
-            extra.setdefault("remote_val_s", 0.0)
-            extra["remote_val_s"] += sum(p["seconds"] for p in res["by_rank"])
-            extra.setdefault("remote_val_cpu_s", 0.0)
-            extra["remote_val_cpu_s"] += sum(p["cpu_s"] for p in res["by_rank"])
+            self.run.val_host_s += waited
+            self.extra["drain_s"] += waited if block else 0.0
+            self.run.record(epoch, res)
+            self.extra["remote_val_s"] += sum(p["seconds"] for p in res["by_rank"])
+            self.extra["remote_val_cpu_s"] += sum(p["cpu_s"] for p in res["by_rank"])
 
+
+def run_offload(job, train_src, val_src, config):
+    """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
+    core 1."""
+    run = Run(job, config)
+    extra = {"producers": job["producers"], "drain_s": 0.0}
+    train, val, rv = _offload_loaders(job, train_src, val_src, config)
+    remote = _Remote(run, rv, extra) if rv is not None else None
     try:
         for epoch in range(job["epochs"]):
             train.set_epoch(epoch)
-            run.train_epoch(train, producer_s=made)
+            run.train_epoch(train, producer_s=lambda: _producer_s(train.stats()))
             if val is not None:
                 val.set_epoch(0)
                 run.validate_host(epoch, val)
             else:
-                t = now()
-                pending.append((epoch, rv.submit(run.model.state_dict(), tag=epoch)))
-                run.val_host_s += now() - t
-                collect(False)
+                remote.submit(epoch)
             job["tick"]()
-        collect(True)
-        extra["train_stats"] = {k: v for k, v in train.stats().items()
+        if remote is not None:
+            remote.collect(True)
+        stats = train.stats()
+        extra["train_stats"] = {k: v for k, v in stats.items()
                                 if isinstance(v, (int, float, dict))}
-        busy = made()
-        if val is not None:
-            s = val.stats()
-            busy += s["producer_read_s"] + s["producer_process_s"] + s["producer_publish_s"]
         # CPU seconds for validation: its wall seconds include the batch making it yields to.
-        busy += extra.get("remote_val_cpu_s", 0.0)
-        extra["producer_busy_s"] = busy
+        extra["producer_busy_s"] = _producer_s(stats) + extra.get("remote_val_cpu_s", 0.0) \
+            + (_producer_s(val.stats()) if val is not None else 0.0)
         if config == 6:
-            extra["made_by"] = {k: v for k, v in train.stats().items() if "made" in k}
+            extra["made_by"] = {k: v for k, v in stats.items() if "made" in k}
     finally:
-        train.close()
-        if val is not None:
-            val.close()
-        if rv is not None:
-            rv.close()
+        for closeable in (train, val, rv):
+            if closeable is not None:
+                closeable.close()
     return run.result(extra)
 
 
