@@ -43,6 +43,7 @@ def test_bench_measures_the_users_data_and_writes_nothing_there(user_data, tmp_p
     assert _snapshot(user_data) == before
     result = json.loads(out.read_text())
     assert result["n"] == N and result["skipped_undecodable"] == 1
+    assert result["mad_vs_pillow"] < 0.05   # the same crops and flips as Pillow's
     sp = result["split_ms"]
     assert sp["decode"] > 0 and sp["total"] > 0   # (a loaded machine can swap them on 12)
     assert sp["decode"] + sp["augment"] == pytest.approx(sp["total"])
@@ -81,3 +82,22 @@ def test_generated_data_goes_to_the_xdg_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_cache_dir() == os.path.join(str(tmp_path), "home", ".cache", "dpu_pipe")
+
+
+def test_bench_baselines_cut_the_same_crop_and_flip():
+    """Pillow's and OpenCV's methods of ``dpu-pipe bench`` make the same sample up to their
+    resampling filters; a mirrored crop differs many times more."""
+    from dpu_pipe.tools.bench_augment import opencv_augment, pillow_augment
+
+    pytest.importorskip("cv2")
+    data = jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[0], 360, 480), quality=95)
+    box = (40, 100, 250, 300)
+    out = {}
+    for name, fn in (("pillow", pillow_augment), ("opencv", opencv_augment)):
+        for flip in (False, True):
+            out[name, flip] = np.empty((3, 224, 224), np.float32)
+            fn(data, box, flip, out[name, flip])
+    same = np.abs(out["pillow", True] - out["opencv", True]).mean()
+    assert same < 0.05
+    assert np.abs(out["pillow", False] - out["opencv", True]).mean() > 5 * same
+    assert np.abs(out["pillow", True][:, :, ::-1] - out["pillow", False]).max() < 1e-5
