@@ -411,7 +411,9 @@ def test_stress_every_method_from_every_thread(folder, num_threads):
     def fresh_state(state):
         check.load_state_dict(state)      # a state another thread saw is a valid state
 
-    ld = Loader(folder, 4, num_threads=num_threads, prefetch=2, **KW)
+    # copy=True: a yielded batch is valid until the next next() — from any thread — and the
+    # threads here check theirs while the others move on.
+    ld = Loader(folder, 4, num_threads=num_threads, prefetch=2, copy=True, **KW)
     consumed, moved = stress(ld, ref, STRESS_SECONDS / 2, fresh_describe, fresh_state)
     assert consumed > 10 and moved > 5, (consumed, moved)
 

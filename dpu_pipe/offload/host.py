@@ -36,14 +36,17 @@ before it remakes the window.
 
 import logging
 import queue
+import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import _validate as _v
-from ..errors import ConfigError, DpuPipeError
+from ..deadline import deadline_in
+from ..errors import ConfigError, DpuPipeError, PipeTimeout
 from ..loader import Cancelled, Engine, Loader
 from ..sources import check_spec
 from ..steps import BatchMaker
@@ -203,7 +206,8 @@ class DPULoader(Loader):
     def _busy(self, stats):
         if self.mode == "local":
             return super()._busy(stats)
-        return (stats["producer_read_s"] + stats["producer_process_s"],
+        # Before the first iteration (no engine yet) nothing was received.
+        return (stats.get("producer_read_s", 0.0) + stats.get("producer_process_s", 0.0),
                 max(1, self._group.producers))
 
     def stats(self, interval=False):
@@ -312,6 +316,7 @@ class OffloadEngine(Engine):
         self.held = None            # ticket (or local buffer) the caller holds
         self.failed = None          # why the current iteration ended, if it failed
         self.threads = []
+        self.stopping = []          # host threads told to stop by close(), maybe still making
         self.local_free = []
         self.local_done = queue.Queue()
         self.local = {}             # ticket -> local buffer, made or being made
@@ -327,6 +332,9 @@ class OffloadEngine(Engine):
             if self.out.device is not None:
                 self.out.window = self.hostgroup.pinned_window(self.out, self.timeout)
         if self.host_threads and not self.threads:
+            if any(th.is_alive() for th in self.stopping):
+                raise PipeTimeout(f"a hybrid host thread of this loader did not stop within "
+                                  f"{self.timeout:.0f} s (a batch still being made); try again")
             if not self.makers:     # kept across close(): their stats are the loader's
                 makers = [self.first_maker] + [BatchMaker(self.stream_spec, self.num_threads)
                                                for _ in range(self.host_threads - 1)]
@@ -523,9 +531,18 @@ class OffloadEngine(Engine):
     def close(self):
         with _TRANSPORT_LOCK:
             self._suspend(True)
-            for th in self.threads:
+            threads, self.threads = self.threads, []
+            for th in threads:
                 th.todo.put(None)
-            self.threads = []
+        # The next start() gives the same makers to new threads: these must have let go of
+        # them (a maker's kernel is for one thread at a time). At interpreter exit daemon
+        # threads may be frozen for good: no join then.
+        if sys.is_finalizing():
+            return
+        deadline = deadline_in(self.timeout)
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        self.stopping = [th for th in threads if th.is_alive()]
 
     def stats(self, made):
         d = made.as_dict()
