@@ -43,6 +43,12 @@ stamp="openmp=$OPENMP"
 if [ "$(cat "$T/.build_switches" 2>/dev/null)" != "$stamp" ]; then
   rm -f "$T"/dpu_pipe/_*.so
 fi
+# Nor an extension whose source has left the checkout.
+for so in "$T"/dpu_pipe/_*.so; do
+  [ -e "$so" ] || continue
+  name=$(basename "$so"); name=${name%%.*}
+  [ -f "$T/src/dpu_pipe/$name.pyx" ] || rm -f "$so"
+done
 
 # 2. The extensions, in place in the copy (the copy's build/ holds Cython's C files).
 log "building the extensions in $T (OpenMP: $OPENMP)"
