@@ -102,7 +102,14 @@ else
     VENV=$WORK/venv
     say "venv $VENV from $BASE_PY, wheels from $WH"
     rm -rf "$VENV"
-    "$BASE_PY" -m venv "$VENV" > "$LOGS/install.log" 2>&1 || fail "venv: $(tail -5 "$LOGS/install.log")"
+    # pip runs from the wheelhouse's pip wheel: the base may have no pip of its own (a uv
+    # venv) nor ensurepip (a distribution's Python without its venv package).
+    pipwhl=$(ls "$WH"/pip-*.whl 2>/dev/null | tail -n 1)
+    if [ -n "$pipwhl" ]; then
+        "$BASE_PY" -m venv --without-pip "$VENV" > "$LOGS/install.log" 2>&1
+    else
+        "$BASE_PY" -m venv "$VENV" > "$LOGS/install.log" 2>&1
+    fi || fail "venv: $(tail -5 "$LOGS/install.log")"
     PY=$VENV/bin/python
     # The base's packages (torch, numpy, ...) behind the venv's own: a venv made from a venv
     # would otherwise see only the base interpreter's site-packages.
@@ -118,8 +125,12 @@ with open(os.path.join(sys.argv[1], "_gpu_check_base.pth"), "w") as f:
     for d in dirs:
         f.write(f"import site; site.addsitedir({d!r})\n")
 EOF
-    pipi() { "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check \
-                 --find-links "$WH" "$@" >> "$LOGS/install.log" 2>&1; }
+    pipi() {
+        local pip=("$PY" -m pip)
+        [ -n "$pipwhl" ] && pip=("$PY" "$pipwhl/pip")
+        "${pip[@]}" install -q --no-index --no-deps --disable-pip-version-check \
+            --find-links "$WH" "$@" >> "$LOGS/install.log" 2>&1
+    }
     pipi dpu_pipe mpich || fail "pip install dpu_pipe mpich: $(tail -5 "$LOGS/install.log")"
     if ! timeout 60 "$PY" -c "from mpi4py import MPI; MPI.Get_library_version()" >> "$LOGS/install.log" 2>&1; then
         say "the base's mpi4py does not load MPICH: the wheelhouse's mpi4py"

@@ -12,6 +12,8 @@
 #   mpich-*.whl, mpi4py-*.whl            binary wheels for CPython X.Y on x86-64 (pip download):
 #                                        the MPI library, and an mpi4py for it in case the
 #                                        machine's own does not load it
+#   pip-*.whl                            pip itself, run from its wheel: the machine's Python
+#                                        may have neither pip nor ensurepip
 #   photos/                              the four sample photographs the tests' data helpers
 #                                        read through skimage.data (from the scikit-image wheel,
 #                                        with SHA256SUMS): scikit-image needs SciPy, which is
@@ -23,6 +25,7 @@
 #   --out DIR       the wheelhouse (default build/gpu-wheelhouse; emptied first)
 #   --python X.Y    the GPU machine's CPython (default 3.12)
 #   --worktree      build the dpu_pipe wheel from the working tree instead of HEAD
+#   --reuse-wheel   keep the dpu_pipe wheel already in --out (refresh the rest only)
 #   --no-install    passed to build_wheels.sh: its toolchain must already be there
 # Environment: PYTHON (runs pip and the build, default python3), MPICH_SPEC and MPI4PY_SPEC
 # (requirement strings, default "mpich" and "mpi4py").
@@ -30,12 +33,13 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 
-OUT=$root/build/gpu-wheelhouse PYVER=3.12 WORKTREE=0 BUILD_ARGS=()
+OUT=$root/build/gpu-wheelhouse PYVER=3.12 WORKTREE=0 REUSE=0 BUILD_ARGS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --out) OUT=$2; shift 2 ;;
         --python) PYVER=$2; shift 2 ;;
         --worktree) WORKTREE=1; shift ;;
+        --reuse-wheel) REUSE=1; shift ;;
         --no-install) BUILD_ARGS+=(--no-install); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_wheelhouse.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -47,12 +51,20 @@ log() { printf '[gpu-wheelhouse] %s\n' "$*" >&2; }
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -rf "${OUT:?}"/* 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+if [ "$REUSE" = 1 ]; then
+    ls "$OUT"/dpu_pipe-*-cp311-abi3-*x86_64.whl >/dev/null 2>&1 \
+        || { log "--reuse-wheel: no dpu_pipe wheel in $OUT"; exit 1; }
+    mkdir -p "$tmp/keep" && mv "$OUT"/dpu_pipe-*.whl "$tmp/keep/"
+fi
+rm -rf "${OUT:?}"/*
 
 # --- the dpu_pipe wheel ------------------------------------------------------------------------
-if [ "$WORKTREE" = 1 ]; then
+if [ "$REUSE" = 1 ]; then
+    mv "$tmp"/keep/*.whl "$OUT/"
+    log "dpu_pipe wheel kept: $(cd "$OUT" && ls dpu_pipe-*.whl)"
+elif [ "$WORKTREE" = 1 ]; then
     src=$root
     log "dpu_pipe wheel from the working tree"
 else
@@ -62,17 +74,20 @@ else
     git -C "$root" archive HEAD | tar -x -C "$src"
     log "dpu_pipe wheel from HEAD $(git -C "$root" rev-parse --short HEAD)"
 fi
-# build_wheels.sh builds in its own copy under $src/build/wheels: never in dpu_pipe/ in place.
-PYTHON=$PY "$root/scripts/build_wheels.sh" --arch x86_64 --python "$PYVER" --src "$src" \
-    --out "$OUT" --no-resolve "${BUILD_ARGS[@]}"
+if [ "$REUSE" = 0 ]; then
+    # build_wheels.sh builds in its own copy under $src/build/wheels, never in dpu_pipe/ in
+    # place.
+    PYTHON=$PY "$root/scripts/build_wheels.sh" --arch x86_64 --python "$PYVER" --src "$src" \
+        --out "$OUT" --no-resolve "${BUILD_ARGS[@]}"
+fi
 
 # --- MPI -----------------------------------------------------------------------------------------
 plats=()
 for m in $(seq 35 -1 17); do plats+=(--platform "manylinux_2_${m}_x86_64"); done
 plats+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-log "pip download ${MPICH_SPEC:-mpich} ${MPI4PY_SPEC:-mpi4py} for CPython $PYVER x86-64"
+log "pip download ${MPICH_SPEC:-mpich} ${MPI4PY_SPEC:-mpi4py} pip for CPython $PYVER x86-64"
 "$PY" -m pip download -q --no-deps --only-binary :all: "${plats[@]}" --python-version "$PYVER" \
-    --implementation cp -d "$OUT" "${MPICH_SPEC:-mpich}" "${MPI4PY_SPEC:-mpi4py}"
+    --implementation cp -d "$OUT" "${MPICH_SPEC:-mpich}" "${MPI4PY_SPEC:-mpi4py}" pip
 
 # --- the tests' sample photographs ----------------------------------------------------------------
 log "scikit-image's sample photographs"
@@ -105,7 +120,7 @@ EOF
 done) > "$OUT/MANIFEST"
 ls "$OUT"/dpu_pipe-*-cp311-abi3-*x86_64.whl >/dev/null \
     || { log "no dpu_pipe x86-64 abi3 wheel in $OUT"; exit 1; }
-ls "$OUT"/mpich-*.whl "$OUT"/mpi4py-*.whl >/dev/null
+ls "$OUT"/mpich-*.whl "$OUT"/mpi4py-*.whl "$OUT"/pip-*.whl >/dev/null
 bytes=$(du -sb "$OUT" | cut -f1)
 log "$OUT: $(( bytes / 1024 / 1024 )) MiB"
 sed 's/^/    /' "$OUT/MANIFEST" >&2

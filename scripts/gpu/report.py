@@ -74,7 +74,7 @@ def render(results, expect):
         ov = timing.get("overlap", {})
         if ov:
             lines += ["", f"Overlap of the copy of batch k+1 with compute on batch k "
-                      f"({timing.get('matmuls_per_iteration')} fp16 4096² matmuls per step):",
+                      f"({timing.get('matmuls_per_iteration')} fp16 8192² matrix products per step):",
                       "", "| path | median share of the copy inside the compute | copy ms | "
                       "compute ms |", "|---|---|---|---|"]
             for name, o in ov.items():
