@@ -144,204 +144,242 @@ def gather(obj):
     return out
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    info = dpu_dist.init_process_group()
-    rank, world = info.rank, info.world_size
+def pick_device(args, local_rank):
     if args.device:
-        device = torch.device(args.device)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda", info.local_rank)
-    else:
-        device = torch.device("cpu")
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
+        return torch.device(args.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
 
-    train_src, val_src = as_source(args.train), as_source(args.val)
-    classes = len(train_src.classes) if train_src.classes else int(train_src.labels.max()) + 1
-    model, spec, model_kwargs = build_model(args, classes)
-    model = model.to(device, memory_format=torch.channels_last if cuda else torch.contiguous_format)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                          weight_decay=args.weight_decay)
-    scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
-    out = dict(output="torch", device=device if cuda else None, timeout=args.timeout,
-               memory_format=torch.channels_last if cuda else None)
-    loader = dpu_pipe.DPULoader(train_src, args.batch_size, mode=args.mode, size=args.size,
-                                seed=args.seed, num_threads=args.threads,
-                                host_threads=max(1, args.threads), **out)
-    producers = loader._group.producers if loader._group is not None else 0
-    producers = int(sum(gather(producers)))
-    vbs = args.val_batch_size or args.batch_size
-    remote = None
-    if args.mode != "local" and producers:
-        remote = dpu_pipe.RemoteValidation(val_src, vbs, model=spec, model_kwargs=model_kwargs,
-                                           size=args.size, timeout=args.timeout)
-        val_loader = None
-    else:
-        val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size, **out)
+class Training:
+    """One run: the model, its optimizer and AMP scaler, the loaders, the epoch records and
+    the remote validation in flight; :meth:`run` trains from the start or from a checkpoint."""
 
-    full_steps = len(loader)        # of a whole epoch: the learning-rate schedule's unit
-    start_epoch, partial, records = 0, None, []
-    ckpt = os.path.join(args.checkpoint, "last.pt") if args.checkpoint else None
-    if args.resume and ckpt and os.path.exists(ckpt):
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        if len(state["loader"]) == world:
-            loader.load_state_dict(state["loader"][rank])
-            partial = state["partial"][rank]
+    def __init__(self, args):
+        self.args = args
+        info = dpu_dist.init_process_group()
+        self.rank, self.world = info.rank, info.world_size
+        self.device = device = pick_device(args, info.local_rank)
+        self.cuda = cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(device)
+            torch.backends.cudnn.benchmark = True
+        train_src, val_src = as_source(args.train), as_source(args.val)
+        classes = len(train_src.classes) if train_src.classes \
+            else int(train_src.labels.max()) + 1
+        model, spec, model_kwargs = build_model(args, classes)
+        self.model = model.to(device, memory_format=torch.channels_last if cuda
+                              else torch.contiguous_format)
+        self.ddp = DistributedDataParallel(self.model,
+                                           device_ids=[device.index] if cuda else None)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr,
+                                   momentum=args.momentum, weight_decay=args.weight_decay)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+        out = dict(output="torch", device=device if cuda else None, timeout=args.timeout,
+                   memory_format=torch.channels_last if cuda else None)
+        self.loader = dpu_pipe.DPULoader(train_src, args.batch_size, mode=args.mode,
+                                         size=args.size, seed=args.seed,
+                                         num_threads=args.threads,
+                                         host_threads=max(1, args.threads), **out)
+        group = self.loader._group
+        self.producers = int(sum(gather(group.producers if group is not None else 0)))
+        vbs = args.val_batch_size or args.batch_size
+        self.remote = self.val_loader = None
+        if args.mode != "local" and self.producers:
+            self.remote = dpu_pipe.RemoteValidation(
+                val_src, vbs, model=spec, model_kwargs=model_kwargs, size=args.size,
+                timeout=args.timeout)
+        else:
+            self.val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size, **out)
+        self.full_steps = len(self.loader)   # of a whole epoch: the schedule's unit
+        self.ckpt = os.path.join(args.checkpoint, "last.pt") if args.checkpoint else None
+        self.records = []
+        self.stopper = Stopper(args.stop_after_steps)
+        self.stopping = False
+        self.pending = None     # (record, future) of the remote validation in flight
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def resume(self):
+        """``(start epoch, the epoch's partial sums, the record whose validation was in
+        flight)`` of the checkpoint, or of a fresh start."""
+        if not (self.args.resume and self.ckpt and os.path.exists(self.ckpt)):
+            return 0, None, None
+        state = torch.load(self.ckpt, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        if len(state["loader"]) == self.world:
+            self.loader.load_state_dict(state["loader"][self.rank])
+            partial = state["partial"][self.rank]
         else:
             # A job of another size (a node lost or added): the rest of the saved epoch is
             # sharded over this job's ranks, each sample once; its partial sums go to rank 0.
-            loader.load_state_dict(state["loader"], elastic=True)
+            self.loader.load_state_dict(state["loader"], elastic=True)
             parts = [p for p in state["partial"] if p is not None]
             partial = None
             if parts:
-                partial = tuple(map(sum, zip(*parts))) if rank == 0 else (0.0, 0, 0.0, 0.0)
-        records = state["records"]
-        start_epoch = loader.epoch
-        resubmit = state["pending_record"]
-    else:
-        resubmit = None
-    stopper = Stopper(args.stop_after_steps)
-    stopping = False
-    pending = None          # (record, future) of the remote validation in flight
+                partial = tuple(map(sum, zip(*parts))) if self.rank == 0 \
+                    else (0.0, 0, 0.0, 0.0)
+        self.records = state["records"]
+        return self.loader.epoch, partial, state["pending_record"]
 
-    def validate(record):
-        """Validate the current weights for ``record``: submitted to the producers (result
-        collected later by finish_pending), or evaluated here."""
-        nonlocal pending
-        if remote is not None:
-            pending = (record, remote.submit(model.state_dict(), tag=record["epoch"]))
-            if stopping:
-                finish_pending()
-            return
-        v = validate_on_host(model, val_loader, device)
-        record.update(val_top1=v["top1"], val_top5=v["top5"], val_loss=v["loss"],
-                      val_count=v["count"])
-        log_record(record)
+    def checkpoint(self, epoch, partial_now, pending_record=None):
+        loaders, partials = gather(self.loader.state_dict()), gather(partial_now)
+        if self.rank == 0 and self.ckpt:
+            os.makedirs(self.args.checkpoint, exist_ok=True)
+            save_checkpoint(self.ckpt, {
+                "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scaler": self.scaler.state_dict(), "loader": loaders, "partial": partials,
+                "records": list(self.records), "pending_record": pending_record,
+                "epoch": epoch, "args": vars(self.args)})
+        dist.barrier()
 
-    def stop(epoch, step):
-        if rank == 0:
+    def stop(self, epoch, step):
+        if self.rank == 0:
             print(f"stopped after epoch {epoch} step {step + 1}; checkpoint saved", flush=True)
-        loader.close()
+        self.loader.close()
         dist.destroy_process_group()
         return 0
 
-    def finish_pending():
-        nonlocal pending
-        if pending is not None:
-            record, fut = pending
-            pending = None
-            v = fut.result()
-            record.update(val_top1=v["top1"], val_top5=v["top5"], val_loss=v["loss"],
-                          val_count=v["count"])
-            log_record(record)
+    # --- validation and records -----------------------------------------------------------
 
-    def log_record(record):
-        records.append(record)
-        if rank == 0:
+    def validate(self, record):
+        """Validate the current weights for ``record``: submitted to the producers (result
+        collected later by finish_pending), or evaluated here."""
+        if self.remote is not None:
+            self.pending = (record, self.remote.submit(self.model.state_dict(),
+                                                       tag=record["epoch"]))
+            if self.stopping:
+                self.finish_pending()
+            return
+        self.log_record(record, validate_on_host(self.model, self.val_loader, self.device))
+
+    def finish_pending(self):
+        if self.pending is not None:
+            (record, fut), self.pending = self.pending, None
+            self.log_record(record, fut.result())
+
+    def log_record(self, record, metrics):
+        record.update(val_top1=metrics["top1"], val_top5=metrics["top5"],
+                      val_loss=metrics["loss"], val_count=metrics["count"])
+        self.records.append(record)
+        if self.rank == 0:
             print(json.dumps(record), flush=True)
-            if args.json:
-                with open(args.json + ".tmp", "w") as f:
-                    json.dump(records, f, indent=1)
-                os.replace(args.json + ".tmp", args.json)
+            if self.args.json:
+                with open(self.args.json + ".tmp", "w") as f:
+                    json.dump(self.records, f, indent=1)
+                os.replace(self.args.json + ".tmp", self.args.json)
 
-    def checkpoint(epoch, partial_now, pending_record=None):
-        loaders, partials = gather(loader.state_dict()), gather(partial_now)
-        if rank == 0 and ckpt:
-            os.makedirs(args.checkpoint, exist_ok=True)
-            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                   "scaler": scaler.state_dict(), "loader": loaders,
-                                   "partial": partials, "records": list(records),
-                                   "pending_record": pending_record, "epoch": epoch,
-                                   "args": vars(args)})
-        dist.barrier()
+    # --- training -------------------------------------------------------------------------
 
-    if resubmit is not None:
-        validate(resubmit)     # the checkpoint's weights are that epoch's snapshot
-    ddp.train()
-    for epoch in range(start_epoch, args.epochs):
-        loader.set_epoch(epoch)     # keeps a restored position within this epoch
+    def train_step(self, images, labels, lr):
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast(self.device.type,
+                            dtype=torch.float16 if self.cuda else torch.bfloat16,
+                            enabled=self.args.amp):
+            loss = self.criterion(self.ddp(images), labels)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return loss
+
+    def log_interval(self, epoch, step, steps, loss):
+        if self.args.log_every and (step + 1) % self.args.log_every == 0 and self.rank == 0:
+            s = self.loader.stats(interval=True)     # rates since the previous log line
+            print(f"epoch {epoch} step {step + 1}/{steps}: loss {loss.item():.4f}, "
+                  f"{s['img_per_s'] * self.world:.1f} img/s, data wait "
+                  f"{s['data_wait_share']:.1%}, batch makers busy "
+                  f"{s['producer_busy_share']:.0%}, bad samples {s['bad_samples']}",
+                  flush=True)
+
+    def train_epoch(self, epoch, steps, partial):
+        """Train the rest of ``epoch`` (``steps`` batches in all): its sums ``(loss, samples,
+        wait s, train s)``, or None when the run stopped mid-epoch (checkpoint written)."""
+        loader = self.loader
         loss_sum, seen, wait_s, train_s = partial if partial else (0.0, 0, 0.0, 0.0)
-        partial = None
-        steps = len(loader)         # fewer in an epoch continued by an elastic resume
-        skipped = full_steps - steps
+        skipped = self.full_steps - steps
         first = loader.state_dict()["step"]
         it = iter(loader)
         bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch}", unit="step",
-                   disable=None if rank == 0 else True) if tqdm else None
+                   disable=None if self.rank == 0 else True) if tqdm else None
         for step in range(first, steps):
             t0 = time.perf_counter()
             images, labels = next(it)
             t1 = time.perf_counter()
-            for g in opt.param_groups:
-                g["lr"] = learning_rate(args, epoch, skipped + step, full_steps)
-            with torch.autocast(device.type, dtype=torch.float16 if cuda else torch.bfloat16,
-                                enabled=args.amp):
-                loss = criterion(ddp(images), labels)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            loss = self.train_step(images, labels, learning_rate(
+                self.args, epoch, skipped + step, self.full_steps))
             n = int(labels.shape[0])
             loss_sum += float(loss.detach()) * n
             seen += n
-            t_end = time.perf_counter()
             wait_s += t1 - t0
-            train_s += t_end - t0
+            train_s += time.perf_counter() - t0
             if bar is not None:
                 bar.update(1)
-            if args.log_every and (step + 1) % args.log_every == 0 and rank == 0:
-                s = loader.stats(interval=True)     # rates since the previous log line
-                print(f"epoch {epoch} step {step + 1}/{steps}: loss {loss.item():.4f}, "
-                      f"{s['img_per_s'] * world:.1f} img/s, data wait "
-                      f"{s['data_wait_share']:.1%}, batch makers busy "
-                      f"{s['producer_busy_share']:.0%}, bad samples {s['bad_samples']}",
-                      flush=True)
-            if stopper.should_stop(device):
-                stopping = True
+            self.log_interval(epoch, step, steps, loss)
+            if self.stopper.should_stop(self.device):
+                self.stopping = True
                 if step + 1 < steps:
                     # Mid-epoch: the snapshot in validation is older than these weights,
                     # so its result goes into the checkpoint first.
-                    finish_pending()
-                    checkpoint(epoch, (loss_sum, seen, wait_s, train_s))
-                    return stop(epoch, step)
+                    self.finish_pending()
+                    self.checkpoint(epoch, (loss_sum, seen, wait_s, train_s))
+                    self.stop(epoch, step)
+                    return None
         if bar is not None:
             bar.close()
         next(it, None)              # ends the epoch: the loader's position moves to the next
-        sums = torch.tensor([loss_sum, seen, wait_s, train_s], dtype=torch.float64)
+        return loss_sum, seen, wait_s, train_s
+
+    def end_epoch(self, epoch, sums):
+        """All-reduce the epoch's sums into its record, validate, write the checkpoint."""
+        sums = torch.tensor(sums, dtype=torch.float64)
         dist.all_reduce(sums)
         loss_all, seen_all, wait_all, train_all = sums.tolist()
         record = {"epoch": epoch, "train_loss": loss_all / seen_all,
-                  "img_per_s": seen_all / (train_all / world),
+                  "img_per_s": seen_all / (train_all / self.world),
                   "data_wait_share": wait_all / train_all,
-                  "world_size": world, "producers": producers}
-        if remote is None or stopping:
-            finish_pending()
-            validate(record)
-            checkpoint(epoch + 1, None)
+                  "world_size": self.world, "producers": self.producers}
+        self.finish_pending()
+        if self.remote is None or self.stopping:
+            self.validate(record)
+            self.checkpoint(epoch + 1, None)
         else:
-            finish_pending()
             # These weights are the snapshot: a run resumed from this checkpoint submits it
             # again if its result never arrived.
-            checkpoint(epoch + 1, None, pending_record=record)
-            validate(record)
-        if stopping:
-            return stop(epoch, steps - 1)
-    finish_pending()
-    if rank == 0 and ckpt:
-        final = {k: v.cpu() for k, v in model.state_dict().items()}
-        torch.save(final, os.path.join(args.checkpoint, "final_weights.pt"))
-    loader.close()
-    dist.destroy_process_group()
-    return 0
+            self.checkpoint(epoch + 1, None, pending_record=record)
+            self.validate(record)
+
+    def run(self):
+        start_epoch, partial, resubmit = self.resume()
+        if resubmit is not None:
+            self.validate(resubmit)     # the checkpoint's weights are that epoch's snapshot
+        self.ddp.train()
+        for epoch in range(start_epoch, self.args.epochs):
+            self.loader.set_epoch(epoch)    # keeps a restored position within this epoch
+            steps = len(self.loader)        # fewer in an epoch continued by an elastic resume
+            sums = self.train_epoch(epoch, steps, partial)
+            partial = None
+            if sums is None:
+                return 0
+            self.end_epoch(epoch, sums)
+            if self.stopping:
+                return self.stop(epoch, steps - 1)
+        self.finish_pending()
+        if self.rank == 0 and self.ckpt:
+            final = {k: v.cpu() for k, v in self.model.state_dict().items()}
+            torch.save(final, os.path.join(self.args.checkpoint, "final_weights.pt"))
+        self.loader.close()
+        dist.destroy_process_group()
+        return 0
+
+
+def main(argv=None):
+    return Training(parse_args(argv)).run()
 
 
 if __name__ == "__main__":
