@@ -1,7 +1,8 @@
 """The thread-safety contract (docs/guides/threads.md) in the offloaded modes, under mpiexec:
 every public method of a DPULoader from several threads while producers deliver batches —
 no crash, no hang, the stream a fresh local Loader's — two DPULoaders iterated in two
-threads, and Ctrl-C ending every process of an offloaded job.
+threads, RemoteValidation submitted and polled from several threads while batches flow, and
+Ctrl-C ending every process of an offloaded job.
 
 The host runs ``threads_host.py``; producers ``python -m dpu_pipe.worker``. The stress part
 runs ``DPU_PIPE_STRESS_SECONDS`` seconds (default 6: about 17 s a mode here, MPI start-up and
@@ -49,6 +50,20 @@ def test_stress_every_method_from_every_thread(data, tmp_path, mode):
     assert res["producer_samples"] > 0, res
     if mode == "offload":
         assert res["host_samples"] == 0, res
+
+
+@pytest.mark.slow            # torch on the host and the producers: ~30 s here
+def test_remote_validation_from_threads_while_batches_flow(photo_folder, tmp_path):
+    pytest.importorskip("torch")
+    out = str(tmp_path)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
+    data = str(photo_folder(24, classes=5))     # the validation model's 5 classes
+    job = run_mpi(1, "threads_host.py", "validation", "--data", data, "--out", out,
+                  *producers(2), env=env, limit=200)
+    assert job.returncode == 0 and "OK host=0" in job.stdout, job.explain()
+    with open(os.path.join(out, "host0.json")) as f:
+        res = json.load(f)
+    assert res["futures"] == 4 and res["batches"] > 0, res
 
 
 def _procs():

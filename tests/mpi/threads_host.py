@@ -13,6 +13,11 @@ Scenarios:
     checked against a fresh local Loader's stream, every describe() against a fresh
     loader's. Then two DPULoaders (a train and a validation stream, which share the host
     window) are iterated in two threads at once, ``--batches`` batches each, both checked.
+``validation``
+    RemoteValidation used from three threads while the main thread iterates a DPULoader for
+    two epochs (checked against the Loader's stream; ``--data`` must have 5 classes): two threads submit two snapshots each, a third
+    polls every future's ``done()``; each result must equal the host's own evaluation of its
+    snapshot. Then ``close()`` from another thread: a later ``submit`` raises ConfigError.
 ``loop``
     Iterate a DPULoader of ``--mode`` epoch after epoch, forever; print ``READY`` after two
     batches (the test then sends SIGINT).
@@ -84,6 +89,75 @@ def run_stress(args, src):
             "host_samples": stats.get("host_samples")}
 
 
+def run_validation(args, src):
+    from dpu_pipe import ConfigError, DPULoader, RemoteValidation
+    from validation_host import KW as MODEL_KW
+    from validation_host import MODEL, SIZE, host_metrics, snapshot
+
+    rv = RemoteValidation(src, 4, model=MODEL, model_kwargs=MODEL_KW, size=SIZE)
+    models = {seed: snapshot(seed) for seed in (1, 2)}
+    futures, errors = [], []
+    submitted = threading.Event()
+    lock = threading.Lock()
+
+    def submitter(k):
+        try:
+            for seed in (1, 2):
+                fut = rv.submit(models[seed].state_dict(), tag=f"t{k}-{seed}")
+                with lock:
+                    futures.append((seed, fut))
+                    if len(futures) == 4:
+                        submitted.set()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            submitted.set()
+
+    def poller():
+        try:
+            assert submitted.wait(DEADLINE)
+            end = time.monotonic() + DEADLINE * 2
+            while not all(f.done() for _, f in list(futures)):
+                assert time.monotonic() < end, "validation results never came"
+                time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submitter, args=(k,), name=f"submit{k}")
+               for k in (0, 1)] + [threading.Thread(target=poller, name="poller")]
+    for t in threads:
+        t.start()
+    ref = reference(src, epochs=2)
+    train = DPULoader(src, 4, slots=2, **KW)
+    batches = 0
+    # Two epochs while the threads submit and poll; the producers evaluate in the gaps
+    # training leaves them (their validation thread runs at nice 19), so the rest after.
+    for _ in range(2):
+        it = iter(train)
+        for x, y in it:
+            check_batch(ref, it, x, y)
+            batches += 1
+    join_all(threads, DEADLINE * 2)
+    train.close()
+    if errors:
+        raise errors[0]
+    want = {seed: host_metrics(m, src, 4) for seed, m in models.items()}
+    for seed, fut in futures:
+        got = fut.result(timeout=DEADLINE)
+        assert got["count"] == want[seed]["count"] == len(src), (got, want[seed])
+        for key in ("top1", "top5"):
+            assert got[key] == want[seed][key], (seed, key, got[key], want[seed][key])
+        assert abs(got["loss"] - want[seed]["loss"]) <= 1e-6 * abs(want[seed]["loss"]), seed
+    closer = threading.Thread(target=rv.close, name="closer")
+    closer.start()
+    join_all([closer])
+    try:
+        rv.submit(models[1].state_dict())
+        raise AssertionError("submit after close() from another thread was accepted")
+    except ConfigError as exc:
+        assert "closed" in str(exc), exc
+    return {"futures": len(futures), "batches": batches}
+
+
 def run_loop(args, src):
     from dpu_pipe import DPULoader
 
@@ -98,7 +172,7 @@ def run_loop(args, src):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("stress", "loop"))
+    ap.add_argument("scenario", choices=("stress", "validation", "loop"))
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", default="offload", choices=("offload", "hybrid"))
@@ -113,7 +187,8 @@ def main():
 
     src = open_path(args.data)
     t0 = time.monotonic()
-    result = {"stress": run_stress, "loop": run_loop}[args.scenario](args, src)
+    result = {"stress": run_stress, "validation": run_validation,
+              "loop": run_loop}[args.scenario](args, src)
     result["elapsed"] = round(time.monotonic() - t0, 3)
     with open(os.path.join(args.out, "host0.json"), "w") as f:
         json.dump(result, f)
