@@ -383,30 +383,6 @@ def _make_dataset(root):
         pil.save(d / f"img{i:02d}.jpg", **kw)
 
 
-def _make_photos(root):
-    """Real photographs (scikit-image's) cut to sizes off the MCU grid, in 4:2:0, 4:2:2,
-    4:4:4, 4:4:0 and grey: the own decoder's section of the digest. Small, so that decoding
-    them at every scale and packing them stays cheap: 12 s under emulation on the loaded
-    2-core development machine (of the bit-identity test's 164 s), 1.2 s natively."""
-    from PIL import Image
-
-    sys.path.insert(0, str(REPO / "tests"))
-    import jpeg_corpus as jc
-
-    root.mkdir(parents=True, exist_ok=True)
-    for name, (h, w) in zip(jc.PHOTOS, ((101, 133), (77, 150), (120, 91))):
-        img = Image.fromarray(np.ascontiguousarray(jc.photo(name)[40:40 + h, 60:60 + w]))
-        for sub in ("4:2:0", "4:2:2", "4:4:4"):
-            img.save(root / f"{name}-{sub.replace(':', '')}.jpg", quality=87, subsampling=sub)
-        img.convert("L").save(root / f"{name}-grey.jpg", quality=87)
-    (root / "coffee-440.jpg").write_bytes(jc.cv_jpeg(
-        jc.photo("coffee")[10:99, 20:147], quality=87, subsampling="440"))
-
-
-def _photos(dataset):
-    return dataset.parent / "photos"
-
-
 def _load(path):
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
@@ -419,7 +395,6 @@ def dataset(tmp_path_factory):
     pytest.importorskip("PIL")
     data = tmp_path_factory.mktemp("digest") / "data"
     _make_dataset(data)
-    _make_photos(_photos(data))
     return data
 
 
@@ -432,7 +407,7 @@ def x86_digest(wheels, dataset):
                  wheels["x86_64"]], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="2")
-    proc = _run([sys.executable, DIGEST, dataset, tmp / "x86.npz", _photos(dataset)],
+    proc = _run([sys.executable, DIGEST, dataset, tmp / "x86.npz"],
                 timeout=900, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return _load(tmp / "x86.npz")
@@ -443,10 +418,9 @@ def _emulated_digest(root, dataset, ver):
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     shutil.copytree(dataset, work / "data")
-    shutil.copytree(_photos(dataset), work / "photos")
     shutil.copy(DIGEST, work / "batch_digest.py")
     proc = emulated_python("/work/digest/batch_digest.py", "/work/digest/data",
-                           "/work/digest/arm.npz", "/work/digest/photos", timeout=1800, ver=ver)
+                           "/work/digest/arm.npz", timeout=1800, ver=ver)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return _load(work / "arm.npz")
 
@@ -463,7 +437,6 @@ def _compare(x86_digest, arm_digest, names=("x86-64", "aarch64")):
     assert x86_report["sections"]["decode"].endswith("arrays")
     assert x86_report["sections"]["permutation"].endswith("arrays")
     assert x86_report["sections"]["transcode"].endswith("arrays")
-    assert x86_report["sections"]["own"].endswith("arrays")
     assert sorted(x86) == sorted(arm), set(x86) ^ set(arm)
     differ = []
     for key in sorted(x86):
@@ -481,7 +454,7 @@ def _compare(x86_digest, arm_digest, names=("x86-64", "aarch64")):
 
 def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
     """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads), permutations and
-    shards, Loader batches, and the own decoder's boxes (scan and packed index)."""
+    shards, Loader batches."""
     _compare(x86_digest, _emulated_digest(userland, dataset, None))
 
 
@@ -505,8 +478,8 @@ def test_bit_identity_x86_64_sse2_vs_avx2(dataset, x86_digest):
         pytest.skip("qemu-x86_64-static absent (apt-get install qemu-user-static)")
     tmp = dataset.parent
     env = dict(os.environ, PYTHONPATH=str(tmp / "x86"), OMP_NUM_THREADS="2")
-    proc = _run([qemu, "-cpu", "Nehalem", sys.executable, DIGEST, dataset, tmp / "sse2.npz",
-                 _photos(dataset)], timeout=1800, env=env, cwd=tmp)
+    proc = _run([qemu, "-cpu", "Nehalem", sys.executable, DIGEST, dataset, tmp / "sse2.npz"],
+                timeout=1800, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _compare(x86_digest, _load(tmp / "sse2.npz"), ("x86-64 AVX2", "x86-64 SSE2"))
 
@@ -580,7 +553,7 @@ def _native_digest(ver, whl, dataset, tmp):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["OMP_NUM_THREADS"] = "2"
     out = tmp / f"x86-{ver}.npz"
-    proc = _run([env_dir / "bin" / "python", DIGEST, dataset, out, _photos(dataset)],
+    proc = _run([env_dir / "bin" / "python", DIGEST, dataset, out],
                 timeout=900, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return _load(out)

@@ -1,17 +1,14 @@
 """Run a fixed set of dpu_pipe computations on a directory of JPEGs and save every output array.
 
-    python batch_digest.py DATA_DIR OUT.npz [PHOTOS_DIR]
+    python batch_digest.py DATA_DIR OUT.npz
 
 Run once by the x86-64 build on the host and once by the aarch64 build under emulation;
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
 records, the per-image transform, the fused batch kernel, the epoch permutation and the
-samplers' shards, the local Loader, the batch ops (MixUp, CutMix, soft labels), and the own
-baseline decoder (``_huffman.decode_box``) on the JPEGs of PHOTOS_DIR (real photographs in
-several subsamplings), transcoded, at every DCT scale, fast or not, with its restart intervals
-found by the marker scan and read from a packed dataset's index; a section whose entry point
-this build lacks is recorded as missing, not failed.
+samplers' shards, the local Loader, the batch ops (MixUp, CutMix, soft labels); a section
+whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
 
@@ -81,63 +78,6 @@ def transcode_section(paths, put):
                 trans, idx, epoch=1, seed=9)
             put(f"transcode/{interval}/batch-{cname}/out", out)
             put(f"transcode/{interval}/batch-{cname}/info", info)
-
-
-def own_decoder_section(photos, put):
-    """The own baseline decoder on transcoded photographs (restart marker every MCU): two boxes
-    at each DCT scale, accurate and fast, intervals from the marker scan; then the same files
-    packed, each record's interval offsets and the boxes decoded from its index entry, and
-    one batch of the batch kernel's own-decoder path over the pack."""
-    import tempfile
-
-    from dpu_pipe import _huffman, jpeg, pack
-    from dpu_pipe.sources import FileList
-
-    def boxes(h):
-        for k, (a, b, c, d) in enumerate(((0, 0, 8, 8), (3, 2, 4, 5))):
-            yield k, (h["height"] * a // 8, h["width"] * b // 8,
-                      max(1, h["height"] * c // 8), max(1, h["width"] * d // 8))
-
-    def decode_all(key, rec, intervals=None):
-        h = _huffman.header(rec)
-        for k, (top, left, bh, bw) in boxes(h):
-            for scale in (8, 4, 2, 1):
-                H, W = -(-h["height"] * scale // 8), -(-h["width"] * scale // 8)
-                t, l = top * scale // 8, left * scale // 8
-                box = (t, l, max(1, min(-(-bh * scale // 8), H - t)),
-                       max(1, min(-(-bw * scale // 8), W - l)))
-                for fast in (False, True):
-                    got = _huffman.decode_box(rec, box, scale, fast, intervals=intervals)
-                    put(f"{key}/box{k}/s{scale}/fast{int(fast)}",
-                        np.zeros(0, np.uint8) if got is None else got)
-
-    names = sorted(f for f in os.listdir(photos) if f.endswith(".jpg"))
-    trans = []
-    for name in names:
-        t = jpeg.transcode(open(os.path.join(photos, name), "rb").read(), restart_interval=1)
-        trans.append(t)
-        decode_all(f"own/{name}/scan", np.frombuffer(t, np.uint8))
-    with tempfile.TemporaryDirectory() as tmp:
-        src = pack(FileList([(os.path.join(photos, n), i) for i, n in enumerate(names)]),
-                   os.path.join(tmp, "ds"), threads=1, progress=False)
-        ds = src.dataset
-        for i, name in enumerate(names):
-            rec = np.frombuffer(ds.record(i), np.uint8)
-            assert rec.tobytes() == trans[i], name
-            put(f"own/{name}/offsets", ds.intervals(i))
-            decode_all(f"own/{name}/index", rec, ds.interval_entry(i))
-        # The batch kernel's own-decoder path, intervals from the index entries.
-        from dpu_pipe.batch import BatchProcessor
-        from dpu_pipe.transforms import TransformConfig
-        bp = BatchProcessor(TransformConfig(size=48, jpeg_decoder="own"), 1)
-        idx = np.arange(len(ds), dtype=np.int64)
-        bufs, errors = src.buffers(idx)
-        out, info, errors = bp.run(bufs, idx, seed=7)
-        assert not errors and bp._kernel.own_indexed > 0, (errors, bp._kernel.own_indexed)
-        put("own/batch/images", out)
-        put("own/batch/info", info)
-        put("own/batch/counts", np.array([bp._kernel.own_decoded, bp._kernel.own_indexed]))
-        src.close()
 
 
 def ops_section(paths, put):
@@ -289,7 +229,7 @@ def mix_section(root, put):
     put("mix/kernel/labels", _mix.soft_labels(np.array([0, 4, 2, 4]), 6, 0.377, 0.1))
 
 
-def main(root, out_path, photos=None):
+def main(root, out_path):
     import dpu_pipe
 
     arrays, report = {}, {"build": {k: str(v) for k, v in dpu_pipe.build_info().items()},
@@ -306,8 +246,6 @@ def main(root, out_path, photos=None):
                 ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put)),
                 ("mix", lambda: mix_section(root, put))]
-    if photos is not None:
-        sections.append(("own", lambda: own_decoder_section(photos, put)))
     for name, fn in sections:
         before = len(arrays)
         try:
@@ -323,4 +261,4 @@ def main(root, out_path, photos=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])

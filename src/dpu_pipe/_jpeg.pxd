@@ -82,10 +82,4 @@ cdef class BufferList:
     cdef const uint8_t** ptrs
     cdef size_t* sizes
     cdef object keep      # the Python objects owning the bytes the pointers refer to
-    # Each buffer's restart-interval index entry (a packed dataset's), NULL when none is
-    # attached; an entry of 0 bytes means that buffer has none.
-    cdef const uint8_t** iptrs
-    cdef size_t* isizes
-    cdef object ikeep
     cdef void _alloc(self, Py_ssize_t n) except *
-    cdef void _alloc_intervals(self) except *

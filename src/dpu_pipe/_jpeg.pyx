@@ -529,14 +529,10 @@ cdef class BufferList:
         self.n = 0
         self.ptrs = NULL
         self.sizes = NULL
-        self.iptrs = NULL
-        self.isizes = NULL
 
     def __dealloc__(self):
         free(self.ptrs)
         free(self.sizes)
-        free(self.iptrs)
-        free(self.isizes)
 
     cdef void _alloc(self, Py_ssize_t n) except *:
         self.ptrs = <const uint8_t**>malloc(max(n, 1) * sizeof(uint8_t*))
@@ -584,65 +580,6 @@ cdef class BufferList:
             self.sizes[i] = lengths[i]
             self.ptrs[i] = &data[0] + offsets[i] if lengths[i] > 0 else NULL
         return self
-
-    cdef void _alloc_intervals(self) except *:
-        free(self.iptrs)
-        free(self.isizes)
-        self.iptrs = <const uint8_t**>calloc(max(self.n, 1), sizeof(uint8_t*))
-        self.isizes = <size_t*>calloc(max(self.n, 1), sizeof(size_t))
-        if self.iptrs == NULL or self.isizes == NULL:
-            free(self.iptrs)
-            free(self.isizes)
-            self.iptrs = NULL
-            self.isizes = NULL
-            raise MemoryError()
-
-    def attach_intervals(self, entries):
-        """Attach each buffer's restart-interval index entry (the varints of a packed
-        dataset's interval index, see :mod:`dpu_pipe.packed.format`): ``entries`` holds one
-        bytes-like object or None per buffer. With ``jpeg_decoder="own"`` the batch kernel
-        takes a buffer's restart intervals from its entry instead of scanning the stream for
-        markers; an entry that does not describe its buffer's intervals is checked and
-        ignored (the scan runs), so entries change the time, never the pixels."""
-        cdef const uint8_t[::1] view
-        cdef Py_ssize_t i
-        items = list(entries)
-        if len(items) != self.n:
-            raise ConfigError(f"{len(items)} interval entries for {self.n} buffers")
-        self._alloc_intervals()
-        self.ikeep = []
-        for i in range(self.n):
-            obj = items[i]
-            if obj is None:
-                continue
-            if isinstance(obj, memoryview) and obj.ndim != 1:
-                obj = obj.cast("B")
-            view = obj
-            if view.shape[0] > 0:
-                self.isizes[i] = view.shape[0]
-                self.iptrs[i] = &view[0]
-                self.ikeep.append(view)
-
-    def attach_packed_intervals(self, const uint8_t[::1] data, const int64_t[::1] offsets,
-                                const int64_t[::1] lengths):
-        """:meth:`attach_intervals` with every entry in one byte buffer: buffer i's at
-        ``offsets[i]``, ``lengths[i]`` bytes (0: none), no Python object per buffer."""
-        cdef Py_ssize_t i
-        cdef Py_ssize_t total = data.shape[0]
-        if offsets.shape[0] != self.n or lengths.shape[0] != self.n:
-            raise ConfigError(f"interval entries ({offsets.shape[0]} offsets, "
-                              f"{lengths.shape[0]} lengths) for {self.n} buffers")
-        for i in range(self.n):
-            if (offsets[i] < 0 or lengths[i] < 0 or offsets[i] > total
-                    or lengths[i] > total - offsets[i]):
-                raise ConfigError(f"interval entry {i} (offset {offsets[i]}, length "
-                                  f"{lengths[i]}) lies outside the {total}-byte buffer")
-        self._alloc_intervals()
-        self.ikeep = data
-        for i in range(self.n):
-            if lengths[i] > 0:
-                self.isizes[i] = lengths[i]
-                self.iptrs[i] = &data[0] + offsets[i]
 
     def __len__(self):
         return self.n

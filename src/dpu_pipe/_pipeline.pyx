@@ -4,13 +4,12 @@
 # batch; samples are spread over OpenMP threads, each with its own decoder and workspace, and
 # a sample's result depends only on (seed, epoch, index, bytes, config), never on the thread.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport strncpy, memset
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport strncpy
 from libc.math cimport floor, ceil
 from cython.parallel cimport parallel, prange, threadid
 
-from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, JpegInfo, Region, DP_OK,
-                             DP_EREGION,
+from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, DP_EREGION,
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
                              dec_decode, choose_scale, scale_region)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
@@ -20,11 +19,6 @@ from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UI
 from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
 from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample,
                                 aug_apply_convert, aug_erase)
-from dpu_pipe._huffman cimport (hp_header, hp_read_header, hp_find_intervals,
-                                hp_index_intervals, HP_OK, px_plan,
-                                px_rect, px_init_tables, px_make_plan, px_make_rect,
-                                px_intervals_needed, px_decode_box, PX_OK, PX_ROW_BYTES)
-cimport dpu_pipe._libjpeg as lj
 
 import numpy as np
 
@@ -44,11 +38,6 @@ cdef enum:
     INFO_SCALE = 6       # DCT scale used, in eighths
     INFO_COLS = 7
 
-# The tables of _idct.h are this module's own (static in the header).
-px_init_tables()
-# As in dpu_pipe._huffman: 4:4:0 fancy upsampling is libjpeg-turbo's from 2.1 on.
-cdef int _FANCY_H1V2 = lj.LIBJPEG_TURBO_VERSION_NUMBER >= 2001000
-
 cdef enum:
     ST_OPS = -10         # the resampling kernel refused the box (never expected for valid data)
     ST_NOT_JPEG = -11    # no JPEG SOI marker: the caller may decode it another way
@@ -62,20 +51,6 @@ cdef struct Worker:      # everything one thread owns
     uint8_t* crop        # augmented recipes: the uint8 (oh, ow, 3) crop and a scratch copy
     uint8_t* scratch
     int ready
-    # jpeg_decoder="own": the entropy decoder's header and the region decode's scratch, grown
-    # on demand (interval offsets, coefficient blocks, component planes, upsampled rows).
-    hp_header* own
-    size_t* starts
-    size_t* ends
-    size_t int_cap
-    uint8_t* coef
-    size_t coef_cap
-    uint8_t* planes
-    size_t planes_cap
-    uint8_t* rows
-    size_t rows_cap
-    int64_t own_count    # samples the own decoder decoded
-    int64_t indexed      # of those, samples whose intervals came from a packed index
 
 
 cdef struct BatchConfig:
@@ -93,7 +68,6 @@ cdef struct BatchConfig:
                          # but erasing, which works on the output sample)
     OpsOutput u8hwc
     AugConfig aug
-    int own_decoder      # jpeg_decoder="own": dpu_pipe's decoder first, libjpeg-turbo after
 
 
 cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epoch,
@@ -164,100 +138,33 @@ cdef int _resample(Worker* w, const BatchConfig* cfg, const uint8_t* src, Py_ssi
     return DP_OK
 
 
-cdef int _grow(uint8_t** buf, size_t* cap, size_t need) noexcept nogil:
-    """Make *buf hold at least need bytes (contents not kept); 0, or -1 out of memory."""
-    cdef uint8_t* grown
-    if need <= cap[0]:
-        return 0
-    free(buf[0])
-    grown = <uint8_t*>malloc(need)
-    buf[0] = grown
-    cap[0] = need if grown != NULL else 0
-    return 0 if grown != NULL else -1
-
-
-cdef int _own_decode(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
-                     int scale, const Region* r, const uint8_t* index,
-                     size_t index_len, int* indexed) noexcept nogil:
-    """Region r (pixels at scale/8) of the stream whose header w.own holds, by dpu_pipe's
-    decoder, into w.img (RGB, r.width * 3 bytes a row). ``index``: the stream's entry in a
-    packed dataset's interval index (``index_len`` bytes; NULL or 0 when it has none), which
-    gives the restart intervals up to the region's last MCU without the marker scan; an entry
-    that fails hp_index_intervals' checks is ignored and the scan runs (``indexed[0]``: 1 when
-    the entry gave them). Returns PX_OK, or anything else when libjpeg-turbo must decode the
-    sample (unsupported, damaged, out of memory)."""
-    cdef px_plan plan
-    cdef px_rect pr
-    cdef int64_t need
-    cdef int rc
-    rc = px_make_plan(w.own, scale, cfg.dopts.fast, _FANCY_H1V2, &plan)
-    if rc != PX_OK:
-        return rc
-    px_make_rect(w.own, &plan, r.top, r.left, r.height, r.width, &pr)
-    need = px_intervals_needed(w.own, &pr)
-    if <size_t>need > w.int_cap:
-        free(w.starts)
-        free(w.ends)
-        w.starts = <size_t*>malloc(need * sizeof(size_t))
-        w.ends = <size_t*>malloc(need * sizeof(size_t))
-        w.int_cap = need if w.starts != NULL and w.ends != NULL else 0
-        if w.int_cap == 0:
-            return DP_ENOMEM
-    indexed[0] = (index != NULL and index_len > 0 and w.own.restart_interval
-                  and hp_index_intervals(w.own, data, size, index, index_len, need, w.starts,
-                                         w.ends) == HP_OK)
-    if not indexed[0]:
-        rc = hp_find_intervals(w.own, data, size, need, w.starts, w.ends)
-        if rc != HP_OK:
-            return rc
-    if (_grow(&w.coef, &w.coef_cap, pr.coef_bytes) or
-            _grow(&w.planes, &w.planes_cap, pr.plane_bytes) or
-            _grow(&w.rows, &w.rows_cap, PX_ROW_BYTES(r.width))):
-        return DP_ENOMEM
-    memset(w.coef, 0, pr.coef_bytes)
-    return px_decode_box(w.own, &plan, &pr, data, w.starts, w.ends, r.top, r.left, r.height,
-                         r.width, w.coef, w.planes, w.rows, w.img, <size_t>r.width * 3)
-
-
 cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
-                  const uint8_t* intervals, size_t intervals_len,
                   uint64_t seed, uint32_t epoch, uint64_t index, char* out,
                   int32_t* info, char* message) noexcept nogil:
-    """One sample: ``data`` (``size`` bytes), with its packed interval index entry when
-    ``intervals`` is not NULL (see _own_decode), as sample ``index`` of ``epoch`` into out."""
+    """One sample: ``data`` (``size`` bytes) as sample ``index`` of ``epoch`` into out."""
     cdef Region r
-    cdef JpegInfo dims
     cdef double box[4]
     cdef int64_t span[4]
     cdef double f
     cdef int scale, rc, flip = 0
-    cdef int own = 0, indexed = 0
     cdef size_t need
     cdef uint8_t* grown
-    # The own decoder reads its own header; where it does not take the stream (or the pixel
-    # budget is exceeded) libjpeg-turbo's header and decode apply, as without it.
-    if cfg.own_decoder and w.own != NULL and hp_read_header(w.own, data, size) == HP_OK:
-        own = <int64_t>w.own.width * w.own.height <= cfg.dopts.max_pixels
-    if own:
-        dims.width, dims.height = w.own.width, w.own.height
-    else:
-        rc = dec_read_header(&w.dec, data, size)
-        if rc != DP_OK:
-            if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
-                strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
-                return ST_NOT_JPEG
-            strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
-            return rc
-        dims = w.dec.info
-    cdef int H = dims.height
-    cdef int W = dims.width
+    rc = dec_read_header(&w.dec, data, size)
+    if rc != DP_OK:
+        if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
+            strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
+            return ST_NOT_JPEG
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+        return rc
+    cdef int H = w.dec.info.height
+    cdef int W = w.dec.info.width
     rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
     if rc != DP_OK:
         return rc
 
     scale = choose_scale(<int64_t>floor(box[2]), <int64_t>floor(box[3]), cfg.oh, cfg.ow)
     info[INFO_SCALE] = scale
-    rc = scale_region(&dims, scale, span[0], span[1], span[2] - span[0],
+    rc = scale_region(&w.dec.info, scale, span[0], span[1], span[2] - span[0],
                       span[3] - span[1], &r)
     if rc != DP_OK:
         strncpy(message, b"crop box outside the image", MSG_LEN - 1)
@@ -270,22 +177,10 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
             return DP_ENOMEM
         w.img = grown
         w.img_cap = need
-    if own and _own_decode(w, cfg, data, size, scale, &r, intervals, intervals_len,
-                           &indexed) != PX_OK:
-        # Bit-identical either way: libjpeg-turbo decodes the same region, and reports
-        # damage its way (the DecodeError naming the sample).
-        own = 0
-        rc = dec_read_header(&w.dec, data, size)
-        if rc != DP_OK:
-            strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
-            return rc
-    w.own_count += own
-    w.indexed += own and indexed
-    if not own:
-        rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
-        if rc != DP_OK:
-            strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
-            return rc
+    rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
+    if rc != DP_OK:
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+        return rc
     f = scale / 8.0
     return _resample(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
                      box[0] * f - r.top, box[1] * f - r.left, box[2] * f, box[3] * f, flip,
@@ -366,7 +261,6 @@ cdef class Pipeline:
         self.cfg.dopts.max_pixels = config["max_pixels"]
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
         self.cfg.dopts.intervals = 1
-        self.cfg.own_decoder = config.get("jpeg_decoder", "libjpeg") == "own"
         # Keys beyond the transform's own are decoder settings (strict, max_scans).
         tc = TransformConfig.from_dict({k: v for k, v in config.items()
                                         if k not in ("strict", "max_scans")})
@@ -385,10 +279,6 @@ cdef class Pipeline:
             dec_init(&self.workers[c].dec, &self.cfg.dopts)
             ops_ws_init(&self.workers[c].ws)
             self.workers[c].ready = 1
-            if self.cfg.own_decoder:
-                self.workers[c].own = <hp_header*>malloc(sizeof(hp_header))
-                if self.workers[c].own == NULL:
-                    raise MemoryError()
             if self.cfg.uint8_pass:
                 self.workers[c].crop = <uint8_t*>calloc(
                     2 * <size_t>self.cfg.oh * self.cfg.ow * 3, 1)
@@ -406,32 +296,11 @@ cdef class Pipeline:
                     ops_ws_free(&self.workers[c].ws)
                     free(self.workers[c].img)
                     free(self.workers[c].crop)
-                    free(self.workers[c].own)
-                    free(self.workers[c].starts)
-                    free(self.workers[c].ends)
-                    free(self.workers[c].coef)
-                    free(self.workers[c].planes)
-                    free(self.workers[c].rows)
             free(self.workers)
 
     @property
     def num_threads(self):
         return self.nthreads
-
-    @property
-    def own_decoded(self):
-        """Samples dpu_pipe's own decoder decoded so far (jpeg_decoder="own"); the others
-        went to libjpeg-turbo (or another decoder)."""
-        cdef int c
-        return sum(self.workers[c].own_count for c in range(self.nthreads))
-
-    @property
-    def own_indexed(self):
-        """Of :attr:`own_decoded`, the samples whose restart intervals came from their
-        packed interval index entry (:meth:`BufferList.attach_intervals`) instead of the
-        marker scan."""
-        cdef int c
-        return sum(self.workers[c].indexed for c in range(self.nthreads))
 
     def run(self, BufferList buffers, const int64_t[::1] indices, uint64_t seed,
             uint32_t epoch, out, int32_t[:, ::1] info):
@@ -468,8 +337,6 @@ cdef class Pipeline:
                 for i in prange(n, schedule="dynamic", chunksize=1):
                     info[i, INFO_STATUS] = _process(
                         &self.workers[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
-                        buffers.iptrs[i] if buffers.iptrs != NULL else NULL,
-                        buffers.isizes[i] if buffers.isizes != NULL else 0,
                         seed, epoch, <uint64_t>indices[i], base + i * stride, &info[i, 0],
                         messages + i * MSG_LEN)
             return {i: messages[i * MSG_LEN:(i + 1) * MSG_LEN].split(b"\0", 1)[0]

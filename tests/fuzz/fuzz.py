@@ -31,9 +31,9 @@ with atheris.instrument_imports(include=["dpu_pipe", "targets"]):
 def native_coverage():
     """True when the extensions carry libFuzzer's edge counters (clang
     -fsanitize=fuzzer-no-link, scripts/asan/build.sh): their section names are in the file."""
-    from dpu_pipe import _huffman
+    from dpu_pipe import _jpeg
 
-    with open(_huffman.__file__, "rb") as f:
+    with open(_jpeg.__file__, "rb") as f:
         return b"__sancov_cntrs" in f.read()
 
 

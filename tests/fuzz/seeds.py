@@ -182,10 +182,8 @@ FILE_LISTS = {
 
 def write_all(outdir):
     """Write the seeds of every target under outdir/<target>/. Returns {target: count}."""
-    from dpu_pipe import jpeg
-    from dpu_pipe.errors import DecodeError, TranscodeUnsupported
     from dpu_pipe.packed import format as fmt
-    from targets import BATCH_TRAILER, DECODE_TRAILER, ENTROPY_TRAILER, _frame
+    from targets import BATCH_TRAILER, DECODE_TRAILER, _frame
 
     seeds = jpegs()
     dirs = {}
@@ -200,13 +198,6 @@ def write_all(outdir):
         put("header", name, data)
         put("decode", name, data + DECODE_TRAILER)
         put("batch", name, data + BATCH_TRAILER)
-        put("entropy", name, data + ENTROPY_TRAILER)
-        # As a pack stores it: a restart marker every MCU, and a corner rectangle.
-        try:
-            packed_form = jpeg.transcode(data, restart_interval=1)
-        except (DecodeError, TranscodeUnsupported):
-            continue
-        put("entropy", name + "_rst1", packed_form + bytes([40, 200, 60, 255]))
     with tempfile.TemporaryDirectory() as tmp:
         manifest, shard = packed_dataset([seeds["baseline_420"], seeds["progressive"],
                                           seeds["tiny_9x17"]], tmp)

@@ -13,7 +13,6 @@ input (see :func:`packed`).
 """
 
 import atexit
-import contextlib
 import functools
 import os
 import shutil
@@ -344,97 +343,6 @@ def bufferlist(data):
                           max_pixels=64 * 64)
 
 
-ENTROPY_TRAILER_FMT = "<BBBB"          # MCU rectangle: r0, r1, c0, c1 as fractions of 255
-ENTROPY_TRAILER = struct.pack(ENTROPY_TRAILER_FMT, 0, 255, 0, 255)
-
-
-def entropy(data):
-    """The baseline Huffman entropy decoder's own entry point (dpu_pipe._huffman) on a JPEG
-    followed by an MCU rectangle: the whole image's coefficients have the shapes its header
-    implies, and the rectangle's (read from the covering restart intervals only) are the
-    slice of the whole when both decode; then the own region decode of a box the same four
-    bytes choose (see _own_box), with the restart intervals found by the marker scan."""
-    from dpu_pipe import _huffman
-
-    n = struct.calcsize(ENTROPY_TRAILER_FMT)
-    if len(data) < n:
-        return
-    a, b, c, d = struct.unpack(ENTROPY_TRAILER_FMT, data[-n:])
-    img = _exact(data[:-n])
-    try:
-        hdr = _huffman.header(img)
-    except EXPECTED:
-        return
-    if hdr is None:
-        return
-    if hdr["width"] * hdr["height"] > MAX_PIXELS:
-        with contextlib.suppress(*EXPECTED):
-            _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
-            raise AssertionError("pixel budget not applied")
-        return
-    try:
-        whole = _huffman.read_coefficients(img, max_pixels=MAX_PIXELS)
-    except EXPECTED:
-        whole = None
-    mcuy, mcux = hdr["mcus"]
-    single = len(hdr["components"]) == 1
-    factors = [(1, 1) if single else (h, v) for _, h, v, _ in hdr["components"]]
-    if whole is not None:
-        assert [w.shape for w in whole] == [(mcuy * v, mcux * h, 64) for h, v in factors]
-        assert all(w.dtype == np.int16 for w in whole)
-    r0 = min(a * mcuy // 256, mcuy - 1)
-    c0 = min(c * mcux // 256, mcux - 1)
-    r1 = max(r0 + 1, min(-(-b * mcuy // 255), mcuy))
-    c1 = max(c0 + 1, min(-(-d * mcux // 255), mcux))
-    try:
-        part = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS)
-    except EXPECTED:
-        part = None
-    if whole is not None and part is not None:
-        for p_, w, (h, v) in zip(part, whole, factors):
-            assert np.array_equal(p_, w[r0 * v:r1 * v, c0 * h:c1 * h])
-    # Intervals decoded interleaved: the same outcome as one stream at a time.
-    lanes = 1 + (a ^ d) % 8
-    try:
-        inter = _huffman.read_coefficients(img, (r0, r1, c0, c1), max_pixels=MAX_PIXELS,
-                                           lanes=lanes)
-    except EXPECTED:
-        inter = None
-    assert (inter is None) == (part is None), lanes
-    if part is not None:
-        assert all(np.array_equal(x, y) for x, y in zip(inter, part)), lanes
-    _own_box(img, hdr, a, b, c, d)
-
-
-def _own_box(img, hdr, a, b, c, d):
-    """The own region decode (dpu_pipe._huffman.decode_box) of a box chosen by the trailer, at
-    one of the four DCT scales, fast or not: None (libjpeg-turbo's to decode) or an RGB array
-    of the box's shape, equal to libjpeg-turbo's decode of the image at that scale whenever
-    libjpeg-turbo reads the stream without a single warning (strict). Returns the decode_box
-    arguments and its result."""
-    from dpu_pipe import _huffman, _jpeg
-
-    scale = (8, 4, 2, 1)[(a + d) & 3]
-    fast = bool(b & 1)
-    H, W = hdr["height"], hdr["width"]
-    oh, ow = -(-H * scale // 8), -(-W * scale // 8)
-    top, left = min(a * oh // 256, oh - 1), min(c * ow // 256, ow - 1)
-    h, w = max(1, (b * (oh - top)) // 255), max(1, (d * (ow - left)) // 255)
-    got = _huffman.decode_box(img, (top, left, h, w), scale, fast, max_pixels=MAX_PIXELS)
-    done = (img, (top, left, h, w), scale, fast), got
-    if got is None:
-        return done
-    assert got.shape == (h, w, 3) and got.dtype == np.uint8
-    try:
-        ref, ref_scale = _jpeg.decode(img, None, H * scale // 8, W * scale // 8, fast, True,
-                                      MAX_PIXELS, MAX_SCANS)
-    except EXPECTED:
-        return done
-    if ref_scale == scale:
-        assert np.array_equal(got, ref[top:top + h, left:left + w]), (top, left, h, w, scale)
-    return done
-
-
 def _check_source(src, path_size=None):
     """What every dataset reader owes a fuzzed input: a length matching its labels, each
     sample's bytes or a DecodeError (never another exception), a batch view of the right
@@ -504,5 +412,4 @@ def parquet(data):
 
 
 TARGETS = {"header": header, "decode": decode, "batch": batch, "packed": packed,
-           "filelist": filelist, "bufferlist": bufferlist, "tar": tar, "parquet": parquet,
-           "entropy": entropy}
+           "filelist": filelist, "bufferlist": bufferlist, "tar": tar, "parquet": parquet}
