@@ -75,7 +75,14 @@ case $WH in /*) ;; *) WH=$PWD/$WH ;; esac
 case $WORK in /*|"") ;; *) WORK=$PWD/$WORK ;; esac
 
 say() { printf '[gpu-check %3ds] %s\n' "$SECONDS" "$*"; }
-fail() { say "FAIL: $*"; exit 1; }
+keep_logs() {  # the logs and records so far, into $OUT (the device machine's return folder)
+    if [ -n "${OUT:-}" ] && [ -n "${LOGS:-}" ]; then
+        mkdir -p "$OUT/gpu_logs"
+        cp "$LOGS"/*.log "$RES"/*.json "$RES"/*.xml "$OUT/gpu_logs/" 2>/dev/null
+    fi
+    return 0
+}
+fail() { say "FAIL: $*"; keep_logs; exit 1; }
 
 if [ -z "$WORK" ]; then WORK=$(mktemp -d /tmp/dpu_pipe-gpu-check.XXXXXX); fi
 mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd) || fail "cannot make the work folder $WORK"
@@ -132,7 +139,8 @@ EOF
             --find-links "$WH" "$@" >> "$LOGS/install.log" 2>&1
     }
     pipi dpu_pipe mpich || fail "pip install dpu_pipe mpich: $(tail -5 "$LOGS/install.log")"
-    if ! timeout 60 "$PY" -c "from mpi4py import MPI; MPI.Get_library_version()" >> "$LOGS/install.log" 2>&1; then
+    probe="from mpi4py import MPI; assert MPI.COMM_WORLD.allreduce(1) == 2"
+    if ! timeout -k 5 60 "$VENV/bin/mpiexec" -n 2 "$PY" -c "$probe" >> "$LOGS/install.log" 2>&1; then
         say "the base's mpi4py does not load MPICH: the wheelhouse's mpi4py"
         pipi mpi4py || fail "pip install mpi4py: $(tail -5 "$LOGS/install.log")"
     fi
@@ -149,10 +157,10 @@ timeout -k 5 180 "$PY" "$GPU/preflight.py" --result "$RES/preflight.json" 2>&1 |
 rc=${PIPESTATUS[0]}
 if [ "$rc" = 3 ]; then
     say "no GPU: nothing else to check here (exit 3)"
+    keep_logs
     exit 3
 elif [ "$rc" != 0 ]; then
-    say "FAIL: preflight (exit $rc); see above"
-    exit 1
+    fail "preflight (exit $rc); see above"
 fi
 MPIEXEC=$("$PY" -c "from dpu_pipe.mpi import mpiexec_path; print(mpiexec_path())") \
     || fail "no mpiexec"
@@ -226,11 +234,7 @@ fi
 expect=preflight
 for s in "${STEPS[@]}"; do expect+=",$s"; done
 outs=(--out "$WORK/gpu_report.md")
-if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT/gpu_logs" && cp "$LOGS"/*.log "$OUT/gpu_logs/" 2>/dev/null
-    cp "$RES"/*.json "$OUT/gpu_logs/" 2>/dev/null
-    outs+=(--out "$OUT/gpu_report.md")
-fi
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && outs+=(--out "$OUT/gpu_report.md")
 echo
 # A step that ended without its record (crashed, timed out) is recorded with its log's tail.
 lost=()
@@ -239,6 +243,6 @@ for s in "${STEPS[@]}"; do
 done
 "$PY" "$GPU/report.py" --results "$RES" "${outs[@]}" --expect "$expect" "${lost[@]}"
 rc=$?
-if [ -n "${OUT:-}" ]; then cp "$RES"/*.json "$OUT/gpu_logs/" 2>/dev/null; fi
+keep_logs
 say "report: $WORK/gpu_report.md${OUT:+ and $OUT/gpu_report.md}"
 [ "$rc" = 0 ] && exit 0 || exit 1

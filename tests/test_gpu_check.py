@@ -28,8 +28,9 @@ import report  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
-def run_check(*args, cwd=ROOT, limit=240):
+def run_check(*args, cwd=ROOT, limit=240, **extra_env):
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "GPU_CHECK_WHEELHOUSE")}
+    env.update(extra_env)
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=limit)
 
@@ -53,10 +54,13 @@ def test_dry_run_without_a_gpu_exits_3_after_its_checks(tmp_path):
     pytest.importorskip("mpi4py")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the check runs for real here")
-    proc = run_check("--python", sys.executable, "--work", tmp_path / "work")
+    proc = run_check("--python", sys.executable, "--work", tmp_path / "work",
+                     OUT=str(tmp_path / "out"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert "no GPU" in out
+    # What a device machine would send back.
+    assert (tmp_path / "out" / "gpu_logs" / "preflight.json").exists()
     rec = json.loads((tmp_path / "work" / "results" / "preflight.json").read_text())
     checks = {c["name"]: c["ok"] for c in rec["checks"]}
     # Everything but the device was checked, and passed, before "no GPU".
