@@ -34,6 +34,7 @@ activates one, suspends the previous one and asks the active one to give back it
 before it remakes the window.
 """
 
+import atexit
 import logging
 import queue
 import sys
@@ -65,6 +66,37 @@ MODES = ("offload", "hybrid", "local")
 #: Held by whatever drives the host group's transport (one per process): the engines of two
 #: loaders iterated in two threads take turns on it instead of driving it at once.
 _TRANSPORT_LOCK = threading.RLock()
+#: Set at interpreter exit, before the host group releases its producers: from then on no
+#: thread starts driving the transport (a daemon thread still iterating gets ConfigError).
+_EXITING = threading.Event()
+#: Seconds the exit handler waits for a thread to let go of the transport.
+_EXIT_WAIT = 30.0
+_exit_hooked = set()         # ids of the host groups and transports the handler runs before
+
+
+def _hook_exit(obj):
+    """Run :func:`_take_transport_at_exit` before the exit handler ``obj`` (a host group or
+    its transport) registered when it was made: atexit runs the later registered first."""
+    if obj is not None and id(obj) not in _exit_hooked:
+        _exit_hooked.add(id(obj))
+        atexit.register(_take_transport_at_exit)
+
+
+def _take_transport_at_exit():
+    """Runs at interpreter exit, before the host group and its transport shut down: threads
+    still iterating DPULoaders (daemon threads) let go of the transport within one poll,
+    and the exiting thread keeps it, so the shutdown (which frees the window) never runs
+    while another thread reads the window. Idempotent."""
+    _EXITING.set()
+    if not _TRANSPORT_LOCK.acquire(timeout=_EXIT_WAIT):
+        log.warning("dpu_pipe: a thread kept the host window busy at exit")
+
+
+def _check_not_exiting():
+    if _EXITING.is_set():
+        raise ConfigError("the interpreter is exiting: the host group is releasing its "
+                          "producers, and no DPULoader makes batches any more")
+
 
 
 class DPULoader(Loader):
@@ -137,6 +169,7 @@ class DPULoader(Loader):
             # In an MPI job the hosts start the host group whatever the mode, so shard defaults
             # agree across modes and the producers are released at exit.
             self._group = host_group(comm, hostmap=hostmap, serve_file=serve)
+            _hook_exit(self._group)
             if self._group.roles.producers or self._group.num_hosts > 1:
                 rank = self._group.host_index if rank is None else rank
                 world_size = self._group.num_hosts if world_size is None else world_size
@@ -292,6 +325,7 @@ class OffloadEngine(Engine):
     def __init__(self, loader):
         self.hostgroup = loader._group
         self.transport = self.hostgroup.transport
+        _hook_exit(self.transport)
         self.out = loader.out
         self.timeout = loader.timeout
         self.takeover = loader.mode == "hybrid"
@@ -363,6 +397,7 @@ class OffloadEngine(Engine):
             self._start(epoch, step)
 
     def _start(self, epoch, step):
+        _check_not_exiting()
         self.failed = None
         self._ensure()
         self.hostgroup.activate(self)
@@ -450,6 +485,7 @@ class OffloadEngine(Engine):
         def between():
             if self.cancel is not None and self.cancel.is_set():
                 raise Cancelled()
+            _check_not_exiting()
             self._check_specs()
             if self.threads:
                 self._run_local()

@@ -52,6 +52,19 @@ def test_stress_every_method_from_every_thread(data, tmp_path, mode):
         assert res["host_samples"] == 0, res
 
 
+@pytest.mark.parametrize("mode", ["offload", "hybrid"])
+def test_exit_with_dpuloader_threads_alive(data, tmp_path, mode):
+    # A daemon thread iterating at interpreter exit gets ConfigError from its next(); it is
+    # never inside the window while the host group frees it.
+    job = run_mpi(1, "threads_host.py", "exit", "--data", data, "--out", str(tmp_path),
+                  "--mode", mode, *producers(2), limit=60)
+    assert job.returncode == 0 and "OK host=0" in job.stdout, job.explain()
+    errors = re.findall(r"^(\w[\w.]*(?:Error|Exception)): (.*)$", job.stderr, re.M)
+    assert all(e == "dpu_pipe.errors.ConfigError" and "interpreter is exiting" in m
+               for e, m in errors), job.explain()
+    assert "Fatal" not in job.stderr and "Segmentation" not in job.stderr, job.explain()
+
+
 @pytest.mark.slow            # torch on the host and the producers: ~30 s here
 def test_remote_validation_from_threads_while_batches_flow(photo_folder, tmp_path):
     pytest.importorskip("torch")

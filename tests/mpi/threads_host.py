@@ -18,6 +18,10 @@ Scenarios:
     two epochs (checked against the Loader's stream; ``--data`` must have 5 classes): two threads submit two snapshots each, a third
     polls every future's ``done()``; each result must equal the host's own evaluation of its
     snapshot. Then ``close()`` from another thread: a later ``submit`` raises ConfigError.
+``exit``
+    Leave the interpreter while a daemon thread iterates a DPULoader of ``--mode`` and the
+    main thread holds an iteration of another one in the middle of an epoch: the job must
+    end cleanly (the host group releases the producers at exit).
 ``loop``
     Iterate a DPULoader of ``--mode`` epoch after epoch, forever; print ``READY`` after two
     batches (the test then sends SIGINT).
@@ -158,6 +162,27 @@ def run_validation(args, src):
     return {"futures": len(futures), "batches": batches}
 
 
+def run_exit(args, src):
+    from dpu_pipe import DPULoader
+
+    held = DPULoader(src, 4, mode=args.mode, slots=3, **KW)
+    it = iter(held)
+    next(it)
+    busy = DPULoader(src, 4, mode=args.mode, slots=3, copy=True, **KW)
+    running = threading.Event()
+
+    def spin():
+        while True:
+            for _ in busy:
+                running.set()
+
+    threading.Thread(target=spin, name="spinner", daemon=True).start()
+    assert running.wait(DEADLINE)
+    # The objects stay referenced from this frame's caller until the interpreter exits.
+    globals()["_kept"] = (held, it, busy)
+    return {"exiting": True}
+
+
 def run_loop(args, src):
     from dpu_pipe import DPULoader
 
@@ -172,7 +197,7 @@ def run_loop(args, src):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("stress", "validation", "loop"))
+    ap.add_argument("scenario", choices=("stress", "validation", "exit", "loop"))
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", default="offload", choices=("offload", "hybrid"))
@@ -187,7 +212,7 @@ def main():
 
     src = open_path(args.data)
     t0 = time.monotonic()
-    result = {"stress": run_stress, "validation": run_validation,
+    result = {"stress": run_stress, "validation": run_validation, "exit": run_exit,
               "loop": run_loop}[args.scenario](args, src)
     result["elapsed"] = round(time.monotonic() - t0, 3)
     with open(os.path.join(args.out, "host0.json"), "w") as f:
