@@ -135,8 +135,10 @@ EOF
     pipi() {
         local pip=("$PY" -m pip)
         [ -n "$pipwhl" ] && pip=("$PY" "$pipwhl/pip")
-        "${pip[@]}" install -q --no-index --no-deps --disable-pip-version-check \
-            --find-links "$WH" "$@" >> "$LOGS/install.log" 2>&1
+        # --ignore-installed: into the venv even when the base has the package (the
+        # machine's mpi4py, a checkout's editable dpu_pipe), which it then shadows.
+        "${pip[@]}" install -q --no-index --no-deps --ignore-installed \
+            --disable-pip-version-check --find-links "$WH" "$@" >> "$LOGS/install.log" 2>&1
     }
     pipi dpu_pipe mpich || fail "pip install dpu_pipe mpich: $(tail -5 "$LOGS/install.log")"
     probe="from mpi4py import MPI; assert MPI.COMM_WORLD.allreduce(1) == 2"
