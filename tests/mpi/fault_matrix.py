@@ -23,10 +23,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))     # tests/, for helpers
 sys.path.insert(0, ROOT)
 
-from offload_host import make_dataset  # noqa: E402
+from helpers import make_dataset  # noqa: E402
 
 FAULTS = ("none", "kill", "stop_mid", "stop_between", "slow", "raise", "host_raise",
           "host_killed", "window_alloc", "unreachable")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import repo_env
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
@@ -32,6 +34,12 @@ class Job:
     stderr: str
     seconds: float
 
+    @property
+    def timed_out(self):
+        """True when the launcher was stopped at its deadline (``timeout --verbose`` says so):
+        the job hung rather than ended by itself."""
+        return "timeout: sending signal" in self.stderr
+
     def ok_lines(self):
         return [line for line in self.stdout.splitlines() if line.startswith("OK ")]
 
@@ -46,11 +54,8 @@ def run_mpi(nprocs, script, *args, env=None, limit=120, launcher_args=()):
     ``timeout -k`` ends the launcher after ``limit`` seconds; the subprocess deadline a bit
     later kills the whole process group in case the launcher itself does not go quietly.
     """
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    full_env.update(env or {})
-    argv = ["timeout", "-k", "5", str(limit),
+    full_env = repo_env(**(env or {}))
+    argv = ["timeout", "--verbose", "-k", "5", str(limit),
             *mpiexec_argv(nprocs, HERE / script, *args, launcher_args=launcher_args)]
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

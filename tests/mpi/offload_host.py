@@ -9,9 +9,9 @@ Scenarios (each host rank runs the same one):
     For every slot count of ``--slots``: a DPULoader over ``--epochs`` epochs, each batch
     compared bit for bit with the local :class:`~dpu_pipe.Loader` built with the same
     arguments in this process; per epoch the labels of all hosts (label = sample index in
-    the datasets made by :func:`make_dataset`) are gathered over a communicator of the host
-    ranks only and must cover the dataset exactly once. Epoch 1 of the first slot count is
-    consumed in two ``for`` loops (break, then continue). ``--local`` and ``--torch`` add
+    the datasets of ``tests/helpers.py``'s ``make_dataset``) are gathered over a
+    communicator of the host ranks only and must cover the dataset exactly once. Epoch 1 of
+    the first slot count is consumed in two ``for`` loops (break, then continue). ``--local`` and ``--torch`` add
     one epoch of ``mode="local"`` and of ``output="torch"``.
     Then one epoch of batch 5, ``drop_last=False`` (a short last batch), float32 HWC, the
     validation transform.
@@ -44,7 +44,6 @@ that ended it) and prints ``OK host=<i>`` on success.
 of up to ``--delay`` seconds before each batch, for slow-producer tests.
 """
 import argparse
-import io
 import json
 import logging
 import os
@@ -56,42 +55,8 @@ import traceback
 
 import numpy as np
 
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 
-
-# --- datasets (also used by the test process, which must not import mpi4py.MPI) ------------
-
-def sample_jpeg(i):
-    """Sample i's JPEG: a scikit-image photo at a size of its own (64..199 px a side)."""
-    import skimage.data
-    from PIL import Image
-
-    photo = Image.fromarray(np.ascontiguousarray(getattr(skimage.data, PHOTOS[i % 4])()[..., :3]))
-    w, h = 64 + (i * 53) % 136, 64 + (i * 37) % 136
-    buf = io.BytesIO()
-    photo.resize((w, h), Image.BILINEAR).save(buf, format="JPEG", quality=80 + i % 15,
-                                              subsampling=(2, 0, 1)[i % 3],
-                                              progressive=i % 7 == 3)
-    return buf.getvalue()
-
-
-def bad_jpeg(kind):
-    good = sample_jpeg(0)
-    return {"corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
-            "not-jpeg": b"this is not a JPEG file\n" * 40}[kind]
-
-
-def make_dataset(root, n, bad=None):
-    """ImageFolder of ``n`` samples, one class folder each, so label == sample index.
-    ``bad``: {index: "corrupt" | "not-jpeg"}. Returns the root."""
-    bad = bad or {}
-    for i in range(n):
-        d = os.path.join(root, f"c{i:03d}")
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "img.jpg"), "wb") as f:
-            f.write(bad_jpeg(bad[i]) if i in bad else sample_jpeg(i))
-    return root
-
+# --- label lists (also used by the test process, which must not import mpi4py.MPI) ---------
 
 def label_lists(src):
     """{kind: FileList} over the files of ``src`` with labels of another kind, each one unique

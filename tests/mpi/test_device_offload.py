@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from mpi_launch import run_mpi
-from offload_host import make_dataset
 
 torch = pytest.importorskip("torch")
 
@@ -21,8 +20,8 @@ REFUSAL = "cudaErrorNotSupported: operation not supported (refused by the test r
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("device") / "data"), 48)
+def data(mpi_dataset):
+    return mpi_dataset(48)
 
 
 def launch(data, out, *args):

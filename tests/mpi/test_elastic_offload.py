@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from mpi_launch import run_mpi
-from offload_host import make_dataset
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -22,8 +21,8 @@ SEED = 11
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("elastic") / "data"), N)
+def data(mpi_dataset):
+    return mpi_dataset(N)
 
 
 def job(hosts, producers, *args):

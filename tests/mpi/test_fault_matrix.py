@@ -1,12 +1,12 @@
 """Cells of the fault matrix (``tests/mpi/fault_matrix.py``, which runs all of them) that no
 other test covers, asserted: each fault injected into a real job of 1 host and 2 producer
-ranks ends the way it must, in bounded time, with no rank of the job left alive (checked by
-pid). SIGKILL and SIGSTOP of producers, and takeover, are asserted in test_offload.py."""
+ranks ends the way it must, by itself (a job stopped at its limit is the outcome "HUNG"),
+with no rank of the job left alive (checked by pid). SIGKILL and SIGSTOP of producers, and
+takeover, are asserted in test_offload.py."""
 import pytest
 
 from mpi_launch import HERE  # noqa: F401  (skips the module without mpi4py)
-from fault_matrix import LIVENESS, run_cell
-from offload_host import make_dataset
+from fault_matrix import run_cell
 
 #: (mode, fault) -> (outcome, what the message names); None: any message.
 CELLS = {
@@ -21,8 +21,8 @@ CELLS = {
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("fault-data")), 48)
+def data(mpi_dataset):
+    return mpi_dataset(48)
 
 
 @pytest.mark.parametrize("mode, fault", list(CELLS), ids=[f"{m}-{f}" for m, f in CELLS])
@@ -34,6 +34,3 @@ def test_fault_cell(data, mode, fault):
     if names is not None:
         assert names in r["message"], r
     assert not r["left_behind"], r
-    if r["detect_s"] is not None:
-        # Errors surface at once; a silent producer within its liveness timeout plus 2 s.
-        assert r["detect_s"] <= LIVENESS + 2, r

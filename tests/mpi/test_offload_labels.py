@@ -5,7 +5,6 @@ Loader batch by batch, images, labels and metadata."""
 import pytest
 
 from mpi_launch import ENVS_NOLOCAL_SLOW
-from offload_host import make_dataset
 from test_offload import BAD, launch, read
 
 pytestmark = pytest.mark.timeout(300)
@@ -14,8 +13,8 @@ N = 32
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("labels") / "data"), N, bad=BAD)
+def data(mpi_dataset):
+    return mpi_dataset(N, BAD)
 
 
 @pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)

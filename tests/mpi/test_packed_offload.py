@@ -13,15 +13,14 @@ from dpu_pipe import pack
 from dpu_pipe.sources import ImageFolder
 
 from mpi_launch import ENVS, run_mpi
-from offload_host import make_dataset
 
 pytestmark = pytest.mark.timeout(300)
 
 N = 24
 
 
-def test_offloaded_stream_over_a_transcoded_sharded_dataset(tmp_path):
-    root = make_dataset(str(tmp_path / "data"), N)
+def test_offloaded_stream_over_a_transcoded_sharded_dataset(mpi_dataset, tmp_path):
+    root = mpi_dataset(N)
     packed = pack(ImageFolder(root), tmp_path / "packed", shard_size=40_000, transcode=True,
                   progress=False)
     assert packed.dataset.num_shards >= 3

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import repo_env
 from mpi_launch import HERE, ROOT
 
 pytest.importorskip("torch")
@@ -25,7 +26,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return repo_env(OMP_NUM_THREADS="1")
 
 
 def _data(tmp_path):
@@ -110,14 +111,15 @@ def test_torchrun_hosts_join_serving_producer_jobs(tmp_path):
 def test_producer_sigkilled_mid_epoch_takeover_or_clear_end(tmp_path):
     """Rank 0 SIGKILLs its producer after the first batch: either its thread takes over
     (both epochs identical to Loader, exit 0) or the host ends naming the dead process — and
-    the hosts do not hang (torchrun ends well within its deadline). With the mpich wheel (UCX over
-    shared memory) it is the second: the host's next RMA write into the dead process aborts
-    it inside MPI (``process_vm_writev(pid=...): No such process``) before its liveness
-    deadline could retire the producer; the other host's epochs are identical to Loader
+    the hosts do not hang (torchrun ends by itself, before its deadline). With the mpich
+    wheel (UCX over shared memory) it is the second: the host's next RMA write into the dead
+    process aborts it inside MPI (``process_vm_writev(pid=...): No such process``) before its
+    liveness deadline could retire the producer; the other host's epochs are identical to Loader
     until torchrun stops it."""
     producers, hosts = _run(tmp_path, "kill", limit=120, grace=10)
     seconds = hosts.seconds
-    assert hosts.returncode != 124 and seconds < 120, hosts.stdout + hosts.stderr[-4000:]
+    # timeout(1) exits 124 (137 after its -k) when it stopped torchrun at the deadline.
+    assert hosts.returncode not in (124, 137), hosts.stdout + hosts.stderr[-4000:]
     # The other producer job is not checked (killed after 10 s): when torchrun stops its
     # host in the middle of the shutdown handshake, it waits out its own shutdown deadline.
     killed = re.search(r"KILL rank=0 pid (\d+)", hosts.stdout)
@@ -139,10 +141,9 @@ def test_stale_serve_file_is_a_timeout_naming_it(tmp_path):
 
     path = tmp_path / "serve.json"
     path.write_text(json.dumps({"port": "tag#0$nothing$", "producers": 1}))
-    start = time.monotonic()
-    with pytest.raises(PipeTimeout, match="no producer job refreshes it"):
+    with pytest.raises(PipeTimeout, match=f"serve file {re.escape(str(path))}: no producer job "
+                       "refreshes it"):
         rendezvous.join(path, timeout=1.0)
-    assert time.monotonic() - start < 5
 
 
 @pytest.mark.slow

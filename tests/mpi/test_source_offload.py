@@ -10,13 +10,9 @@ import pytest
 
 from dpu_pipe.sources import ImageFolder
 
-from mpi_launch import ENVS, ROOT, run_mpi
-from offload_host import make_dataset
-
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, TESTS)
-
-import dataset_formats as dfm  # noqa: E402
+import dataset_formats as dfm
+from helpers import ROOT, TESTS
+from mpi_launch import ENVS, run_mpi
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
@@ -24,8 +20,8 @@ N = 24
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return ImageFolder(make_dataset(str(tmp_path_factory.mktemp("srcoff") / "data"), N))
+def folder(mpi_dataset):
+    return ImageFolder(mpi_dataset(N))
 
 
 def _data(kind, folder, tmp):
@@ -47,7 +43,7 @@ def test_offloaded_stream_over_other_sources(folder, tmp_path, kind, env):
     out = tmp_path / "out"
     out.mkdir()
     # Producers import the user's module by name: it must be on their path.
-    environ = dict(ENVS[env], PYTHONPATH=os.pathsep.join([str(ROOT), TESTS]))
+    environ = dict(ENVS[env], PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))
     job = run_mpi(1, "offload_host.py", "matrix", "--out", out, "--data", data,
                   ":", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.worker",
                   env=environ, limit=200)

@@ -6,13 +6,13 @@ and its launcher in DPU_PIPE_SYSTEM_MPIEXEC; scripts/check_system_mpi.sh sets bo
 """
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from dpu_pipe.tools.sample_data import make_imagenet_like
+from helpers import ROOT, repo_env
+
 PYTHON = os.environ.get("DPU_PIPE_SYSTEM_MPI_PYTHON")
 MPIEXEC = os.environ.get("DPU_PIPE_SYSTEM_MPIEXEC", "mpiexec.openmpi")
 
@@ -27,14 +27,10 @@ def test_dpuloader_over_system_mpi(tmp_path, osc):
     with Open MPI's one-sided component chosen by OMPI_MCA_osc (``ucx``: UCX, as on an
     InfiniBand/RoCE cluster; ``^ucx``: any other)."""
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-c",
-                    "import sys; from dpu_pipe.tools.sample_data import make_imagenet_like; "
-                    "make_imagenet_like(sys.argv[1], n=40, classes=4, seed=0)", str(data)],
-                   check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           # Open MPI refuses root and more ranks than cores unless told.
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_osc": osc}
+    make_imagenet_like(data, n=40, classes=4, seed=0)
+    # Open MPI refuses root and more ranks than cores unless told.
+    env = repo_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_osc=osc)
     argv = ["timeout", "-k", "5", "240", MPIEXEC, "--oversubscribe",
             "-n", "1", PYTHON, "-m", "mpi4py", str(ROOT / "tests/mpi/system_mpi_host.py"),
             str(data), ":", "-n", "2", PYTHON, "-m", "mpi4py", "-m", "dpu_pipe.worker"]

@@ -1,6 +1,5 @@
 """torchrun starts processes that are no MPI job: DPULoader(mode="offload") refuses to run
 there (naming the MPMD launch line) within its set-up time; hybrid mode produces locally."""
-import os
 import re
 import subprocess
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import repo_env
 from mpi_launch import HERE, ROOT
 
 pytest.importorskip("torch")
@@ -26,8 +26,7 @@ def test_offload_under_torchrun_without_producers_is_a_config_error(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run(["timeout", "-k", "5", "120", str(torchrun), "--nproc_per_node", "2",
                            str(HERE / "torchrun_host.py"), str(tmp_path)],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                         "OMP_NUM_THREADS": "1"},
+                          cwd=ROOT, env=repo_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     ok = sorted(re.findall(r"OK rank=(\d) world=2 offload=ConfigError hybrid=(\d+)",

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import repo_env
 from mpi_launch import ROOT
 
 torch = pytest.importorskip("torch")
@@ -59,7 +60,7 @@ def argv(data, run_dir, mode="offload", producers=2, extra=(), hosts=2):
 
 
 def env():
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return repo_env(OMP_NUM_THREADS="1")
 
 
 def run(data, run_dir, **kw):

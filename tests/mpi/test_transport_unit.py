@@ -227,13 +227,10 @@ def test_payload_refuses_labels_it_cannot_carry():
 
 
 @pytest.fixture(scope="module")
-def label_data(tmp_path_factory):
-    from offload_host import make_dataset
-
+def label_data(mpi_dataset):
     from dpu_pipe.sources import ImageFolder
 
-    return ImageFolder(make_dataset(str(tmp_path_factory.mktemp("labels")), 10,
-                                    bad={3: "corrupt"}))
+    return ImageFolder(mpi_dataset(10, {3: "corrupt"}))
 
 
 @pytest.mark.parametrize("kind", ["int", "float", "multi", "multi-float"])

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from helpers import sample_jpeg
 from mpi_launch import HERE, ROOT, run_mpi
-from offload_host import sample_jpeg
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)
