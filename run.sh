@@ -5,8 +5,9 @@
 #   ./run.sh test    builds and runs the test suite
 #   ./run.sh bench   the microbenchmarks (pytest-benchmark)
 #   ./run.sh wheels  DPU (aarch64) and x86-64 wheels into dist/ (scripts/build_wheels.sh)
-#   ./run.sh slurm   installs Debian's slurm-wlm and munge when missing (about 60 s) and runs
-#                    the Slurm launch tests on a private one-machine cluster
+#   ./run.sh slurm   installs Debian's slurm-wlm and munge when missing (about 30-75 s) and
+#                    runs the Slurm launch tests on a private one-machine cluster
+#   ./run.sh slurm-deps  only installs them (CI does, so the suite runs those tests)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -84,14 +85,19 @@ build_stamp() {
 setup() { system_deps; python_env; }
 
 # Slurm stays out of setup: its daemons are not something every checkout wants installed,
-# and the suite skips tests/mpi/test_slurm.py without them.
+# and the suite skips tests/mpi/test_slurm.py without them (fails, with CI=true).
+# libpmix-dev: Slurm's PMIx plugin (test_slurm.py launches with --mpi=pmix too) dlopens the
+# unversioned pmix2/lib/libpmix.so that only the -dev package has; Debian pulls it in with
+# Open MPI's libopenmpi-dev, not with Slurm.
+PMIX_LIB=/usr/lib/$(uname -m)-linux-gnu/pmix2/lib/libpmix.so
 slurm_deps() {
-  command -v slurmctld >/dev/null && command -v munged >/dev/null && return
-  command -v apt-get >/dev/null || { log "install Slurm (slurmctld, slurmd, srun) and munge"; exit 1; }
-  log "installing slurm-wlm and munge"
+  command -v slurmctld >/dev/null && command -v munged >/dev/null && [ -e "$PMIX_LIB" ] && return
+  command -v apt-get >/dev/null || {
+    log "install Slurm (slurmctld, slurmd, srun), munge and PMIx ($PMIX_LIB)"; exit 1; }
+  log "installing slurm-wlm, munge and libpmix-dev"
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
-    slurm-wlm munge >/dev/null
+    slurm-wlm munge libpmix-dev >/dev/null
 }
 
 cmd=${1:-}
@@ -126,13 +132,16 @@ case "$cmd" in
   setup)
     setup
     ;;
+  slurm-deps)
+    slurm_deps
+    ;;
   slurm)
     setup
     slurm_deps
     "$PY" -m pytest -q -rs -p no:cacheprovider "$@" tests/mpi/test_slurm.py
     ;;
   *)
-    echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm [args...]" >&2
+    echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm|slurm-deps [args...]" >&2
     exit 2
     ;;
 esac
