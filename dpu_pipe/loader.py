@@ -588,11 +588,13 @@ class Loader:
         pid = self._pid
         self._init_locks()
         self._pid = pid
-        if self._iter is not None:
-            self._iter.why = "the process forked; iterate the loader again"
+        it = getattr(self, "_iter", None)     # (a loader still in __init__ has none)
+        if it is not None:
+            it.why = "the process forked; iterate the loader again"
         self._iter = None
         self._engine = None
-        self.maker._busy_lock = threading.Lock()
+        if getattr(self, "maker", None) is not None:
+            self.maker._busy_lock = threading.Lock()
 
     def _after_fork(self):
         """First use of the loader in a forked child: a new maker (same stream, position

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpu_pipe import ConfigError, Loader
+from dpu_pipe import ConfigError, DpuPipeError, Loader
 from dpu_pipe.sources import FileList, ImageFolder
 
 import jpeg_corpus as jc
@@ -231,7 +231,9 @@ def test_readers_never_wait_for_a_batch(folder):
     it = iter(ld)
     next(it)
     src.armed = True
-    consumer = threading.Thread(target=lambda: next(it), name="consumer")
+    # Through the batch made before the gate closed (if any) into the wait for the next.
+    got = []
+    consumer = threading.Thread(target=lambda: [got.append(b) for b in it], name="consumer")
     consumer.start()
     assert src.waiting.wait(DEADLINE)
     wait_busy(ld)
@@ -239,7 +241,7 @@ def test_readers_never_wait_for_a_batch(folder):
 
     def read_all():
         answers.update(state=ld.state_dict(), stats=ld.stats(), rates=ld.stats(interval=True),
-                       len=len(ld), epoch=ld.epoch, bad=ld.bad_samples)
+                       len=len(ld), epoch=ld.epoch, bad=ld.bad_samples, taken=1 + len(got))
         src.armed = False                  # describe reads a sample itself
         answers["describe"] = ld.describe(0, 3)
 
@@ -249,7 +251,7 @@ def test_readers_never_wait_for_a_batch(folder):
     assert not reader.is_alive(), "a reader waited for the batch"
     src.gate.set()
     join_all([consumer])
-    assert answers["state"]["epoch"] == 0 and answers["state"]["step"] == 1
+    assert answers["state"]["epoch"] == 0 and answers["state"]["step"] == answers["taken"]
     assert answers["stats"]["batches"] >= 1 and answers["len"] == STEPS
     ld.close()
 
@@ -628,3 +630,85 @@ def test_torch_dataloader_workers_are_refused(folder):
         for _ in dl:
             pass
     ld.close()
+
+
+# --- sources and packed readers ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def packed(folder, tmp_path_factory):
+    from dpu_pipe import pack
+
+    # Small shards and index blocks: the threads open, evict and check many of them.
+    out = tmp_path_factory.mktemp("threads") / "ds.dpk"
+    pack(folder, str(out), shard_size=4000, transcode=False, block_records=2, progress=False)
+    return str(out)
+
+
+def test_sources_read_from_many_threads(folder, packed):
+    from dpu_pipe.sources import PackedSource
+
+    sources = {"folder": folder, "filelist": FileList([(folder.describe(i), i) for i in range(N)]),
+               "packed": PackedSource(packed, max_open_shards=2, verify_reads=True)}
+    want = {i: folder.read(i) for i in range(N)}
+    errors = []
+
+    def hammer(src, k):
+        try:
+            for n in range(200):
+                i = (n * 7 + k) % N
+                assert bytes(src.read(i)) == want[i], i
+                if hasattr(src, "buffers") and n % 10 == 0:
+                    idx = np.array([(i + j) % N for j in range(4)], np.int64)
+                    bufs, errs = src.buffers(idx)
+                    assert not errs and len(bufs) == 4
+                src.describe(i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append((src, exc))
+
+    threads = [threading.Thread(target=hammer, args=(src, k)) for src in sources.values()
+               for k in range(3)]
+    for t in threads:
+        t.start()
+    join_all(threads)
+    assert not errors, errors
+
+
+def test_packed_close_from_another_thread(folder, packed):
+    from dpu_pipe.sources import PackedSource
+
+    src = PackedSource(packed, max_open_shards=2)
+    want = {i: folder.read(i) for i in range(N)}
+    started, closed = threading.Event(), threading.Event()
+    seen, errors = {"ok": 0, "closed": 0}, []
+
+    def reader(k):
+        try:
+            n = 0
+            while True:
+                i = (n * 5 + k) % N
+                try:
+                    data = bytes(src.read(i))
+                except ConfigError as exc:
+                    assert "is closed" in str(exc), exc
+                    seen["closed"] += 1
+                    return
+                assert data == want[i], i
+                seen["ok"] += 1
+                n += 1
+                started.set()
+                assert n < 10**6 and (n < 1000 or closed.wait(DEADLINE)), "never closed"
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    assert started.wait(DEADLINE)
+    closer = threading.Thread(target=lambda: (src.close(), closed.set()), name="closer")
+    closer.start()
+    join_all(threads + [closer])
+    assert not errors, errors
+    assert seen["ok"] > 0 and seen["closed"] == 3, seen
+    # A loader over the closed source says so; it is not a bad sample to skip.
+    with pytest.raises(DpuPipeError, match="is closed"):
+        next(iter(Loader(src, 4, on_error="skip", **KW)))
