@@ -114,6 +114,29 @@ def test_dry_run_from_the_wheelhouse_installs_and_exits_3(tmp_path):
     assert rec["info"]["mpiexec"].startswith(str(tmp_path / "work" / "venv")), rec["info"]
 
 
+@pytest.mark.slow
+def test_without_a_gpu_the_steps_can_still_run_and_the_report_names_what_failed(tmp_path):
+    """--without-gpu goes on past "no GPU": the steps fail where they need CUDA, and the
+    report (with the logs, into $OUT) says which and why."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("mpi4py")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check runs for real here")
+    out = tmp_path / "out"
+    proc = run_check("--python", sys.executable, "--work", tmp_path / "work", "--without-gpu",
+                     "--only", "copy-timing,train", OUT=str(out), limit=600)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text
+    report_md = (out / "gpu_report.md").read_text()
+    assert report_md.startswith("# dpu_pipe GPU check: FAIL")
+    for step in ("preflight", "copy-timing", "train"):
+        assert f"| {step} | FAIL |" in report_md
+    assert "| offload |" not in report_md and "| cuda-tests |" not in report_md
+    assert "- train: the run exited 0: exit 1" in report_md
+    assert {"preflight.json", "copy-timing.json", "train.json", "train-run.log"} <= {
+        p.name for p in (out / "gpu_logs").iterdir()}
+
+
 # --- finding and judging the CUDA-only tests ---------------------------------------------------
 
 def test_discover_finds_the_cuda_only_tests(tmp_path):
