@@ -391,9 +391,14 @@ def stress(ld, ref, seconds, fresh_describe, fresh_state):
                for f in (consumer, mover, reader, describer, describer)]
     for t in threads:
         t.start()
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and not stop.is_set():
-        stop.wait(min(0.5, max(0.0, end - time.monotonic())))
+    # At least ``seconds``, and at least 20 batches and 10 moves however loaded the machine.
+    end, hard = time.monotonic() + seconds, time.monotonic() + seconds + DEADLINE
+    while not stop.is_set() and (time.monotonic() < end or consumed[0] < 20 or moved[0] < 10):
+        if time.monotonic() > hard:
+            errors.append(AssertionError(f"only {consumed[0]} batches and {moved[0]} moves "
+                                         f"in {seconds + DEADLINE:g} s"))
+            break
+        stop.wait(0.1)
     stop.set()
     tick.set()
     join_all(threads)
@@ -417,7 +422,7 @@ def test_stress_every_method_from_every_thread(folder, num_threads):
     # threads here check theirs while the others move on.
     ld = Loader(folder, 4, num_threads=num_threads, prefetch=2, copy=True, **KW)
     consumed, moved = stress(ld, ref, STRESS_SECONDS / 2, fresh_describe, fresh_state)
-    assert consumed > 10 and moved > 5, (consumed, moved)
+    assert consumed >= 20 and moved >= 10, (consumed, moved)
 
 
 # --- interpreter exit, KeyboardInterrupt, Ctrl-C ---------------------------------------------
