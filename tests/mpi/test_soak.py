@@ -16,7 +16,6 @@ import sys
 import pytest
 
 from mpi_launch import run_mpi
-from offload_host import make_dataset
 
 EPOCHS = int(os.environ.get("DPU_PIPE_SOAK_EPOCHS", "5"))
 MODES = os.environ.get("DPU_PIPE_SOAK_MODES", "offload,hybrid").split(",")
@@ -29,8 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(300, 30 * EPOCHS))]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(str(tmp_path_factory.mktemp("soak") / "data"), N, bad=BAD)
+def data(mpi_dataset):
+    return mpi_dataset(N, BAD)
 
 
 def table(res):
