@@ -58,6 +58,11 @@ def _missing_tools():
 
 
 _MISSING = _missing_tools()
+if _MISSING and os.environ.get("CI") == "true":
+    # CI runs this file from scripts/cross/ci.sh once build_wheels.sh has installed the
+    # toolchain: a skip there would hide that the NEON and emulation checks did not run.
+    pytest.fail(f"CI=true but the cross toolchain/emulator is absent ({', '.join(_MISSING)}): "
+                f"scripts/build_wheels.sh installs them", pytrace=False)
 pytestmark = [
     # Minutes of wheel builds and emulation: the slow tier.
     pytest.mark.slow,

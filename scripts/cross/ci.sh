@@ -25,6 +25,12 @@ else
     scripts/build_wheels.sh --arch aarch64 --python 3.9,3.10
 fi
 t1=$(date +%s)
+# build_wheels.sh installed the cross toolchain and the emulator; tests/test_aarch64.py (its NEON
+# check disassembles with the cross objdump) fails under CI=true without them, and skips
+# otherwise, so this step says it here rather than letting a hand run skip silently.
+for t in aarch64-linux-gnu-gcc aarch64-linux-gnu-objdump qemu-aarch64-static; do
+    command -v "$t" >/dev/null || { echo "ci.sh: $t missing after the wheel build" >&2; exit 1; }
+done
 DPU_PIPE_AARCH64_WHEEL=$(ls -t dist/dpu_pipe-*-cp311-abi3-*_aarch64.whl | head -1) \
 DPU_PIPE_X86_64_WHEEL=$(ls -t dist/dpu_pipe-*-cp311-abi3-*_x86_64.whl | head -1) \
     "$py" -m pytest -q -s -rs -p no:cacheprovider tests/test_aarch64.py
