@@ -61,8 +61,7 @@ case $MODE in
     select="((any_threads_and_prefetch and threads2) or float32_stream_is_the_same
              or (raise_names_the_bad_file and prefetch3) or (skip_keeps and threads2)
              or (without_copy and prefetch3) or close_mid_epoch or producer or abandoned
-             or describe_from_threads or another_thread or readers or two_iterators or stress)
-            and not ($apart)" ;;
+             or test_threads) and not ($apart)" ;;
   long)
     export DPU_PIPE_STRESS_SECONDS=${DPU_PIPE_STRESS_SECONDS:-120}
     tests=(tests/test_loader.py tests/test_batch.py tests/test_threads.py)
