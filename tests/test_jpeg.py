@@ -6,7 +6,6 @@ files cut, patched and bit-flipped from them. Sizes are written height x width.
 """
 
 import io
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -16,6 +15,7 @@ import dpu_pipe
 from dpu_pipe import ConfigError, DecodeError, _jpeg, jpeg
 
 import jpeg_corpus as jc
+from helpers import rss_bytes
 
 pytest.importorskip("skimage.data", reason="the test images are made from scikit-image's "
                     "bundled photographs (pip install scikit-image)")
@@ -858,11 +858,6 @@ def test_bit_flips(name, record_property):
 
 # --- every error path frees its decoder ----------------------------------------------------------
 
-def _rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 LEAK_CASES = {
     "not-a-jpeg": lambda: jpeg.decode(b"\x89PNG\r\n\x1a\n" + bytes(64)),
     "header-error": lambda: jpeg.read_header(case("size-17x9-420")[:200]),
@@ -893,9 +888,9 @@ def test_error_paths_do_not_leak(kind):
                     raise AssertionError("expected an error")
 
     run(500)  # warm up allocator pools
-    before = _rss()
+    before = rss_bytes()
     run(20_000)
-    growth = _rss() - before
+    growth = rss_bytes() - before
     # A leaked libjpeg decompress object is several KB: 20 000 of them would be > 40 MB.
     assert growth < 4 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 20 000 failed decodes"
 

@@ -26,6 +26,7 @@ from dpu_pipe.sampler import SHARD_TAILS, EpochSampler
 from dpu_pipe.sources import FileList, ImageFolder
 
 import jpeg_corpus as jc
+from helpers import rss_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -660,11 +661,6 @@ def test_skip_with_every_sample_bad_raises(tmp_path):
 
 # --- memory ------------------------------------------------------------------------------------
 
-def _rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
 def test_memory_stays_flat_over_20_epochs(folder):
     # Batches of 8 x 3 x 112 x 112 float32 (1.2 MB): a buffer leaked per epoch would show.
@@ -672,11 +668,11 @@ def test_memory_stays_flat_over_20_epochs(folder):
     with make(folder, 8, size=112, dtype="float32", prefetch=2, num_threads=2) as loader:
         for _ in range(2):                       # warm-up: buffers, decoders, allocator
             one_epoch(loader)
-        rss0 = _rss_bytes()
+        rss0 = rss_bytes()
         for _ in range(20):
             for _images, _labels in loader:
                 pass
-        rss1 = _rss_bytes()
+        rss1 = rss_bytes()
         assert loader.epoch == 22
     assert rss1 - rss0 <= 0.03 * rss0, f"RSS grew from {rss0 >> 20} MB to {rss1 >> 20} MB"
     assert threading.active_count() == baseline_threads
@@ -923,10 +919,10 @@ def test_a_slow_producer_times_out_in_the_consumer(folder):
     src.delay = 0.4
     baseline = threading.active_count()
     loader = make(src, 2, timeout=0.2)
-    t0 = time.monotonic()
-    with pytest.raises(PipeTimeout, match="no batch within"):
+    # The deadline error itself, at the first step: a batch of two 0.4 s samples cannot be
+    # made in time, however loaded the machine.
+    with pytest.raises(PipeTimeout, match=r"no batch within .* s \(epoch 0, step 0\)"):
         next(iter(loader))
-    assert time.monotonic() - t0 < 5
     loader.close()
     wait_for(lambda: threading.active_count() == baseline, timeout=10)
 

@@ -36,6 +36,7 @@ import pytest
 from PIL import Image
 
 import dpu_pipe
+from helpers import run
 
 # Minutes of wheel builds, emulation or fresh venvs: the slow tier.
 pytestmark = pytest.mark.slow
@@ -56,13 +57,6 @@ def _NOT_SOURCE(directory, names):
     return ignored
 
 
-def _run(cmd, timeout=600, **kw):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                       **kw)
-    assert r.returncode == 0, f"{cmd}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
-
-
 # A deprecation warning of setuptools, pip or the compiler, in any spelling
 # (SetuptoolsDeprecationWarning, "is deprecated", -Wdeprecated-declarations).
 _DEPRECATION = re.compile(r"deprecat", re.I)
@@ -78,8 +72,8 @@ def sdist_build(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sdist")
     tree = tmp / "tree"
     shutil.copytree(REPO, tree, ignore=_NOT_SOURCE)
-    r = _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
-              tmp / "dist", tree], cwd=tree)
+    r = run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
+             tmp / "dist", tree], cwd=tree, timeout=600)
     (path,) = (tmp / "dist").glob("dpu_pipe-*.tar.gz")
     return path, r
 
@@ -131,7 +125,8 @@ def _fresh_venv(env_dir):
     and an environment for subprocesses."""
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               timeout=600)
     with open(os.path.join(site.stdout.strip(), "borrowed.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -148,11 +143,12 @@ def test_sdist_installs_into_a_fresh_venv_and_decodes(sdist, tmp_path):
     # What `pip install dpu_pipe-X.tar.gz` does, in its two steps, so that the install matrix
     # can take the stable-ABI wheel instead of compiling the same extensions once more.
     pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
-    r = _run([*pip, "wheel", "-v", "--no-index", "--no-deps", "--no-build-isolation",
-              "-w", tmp_path / "wheels", str(sdist)], cwd=tmp_path, env=env)
+    r = run([*pip, "wheel", "-v", "--no-index", "--no-deps", "--no-build-isolation",
+             "-w", tmp_path / "wheels", str(sdist)], cwd=tmp_path, env=env, timeout=600)
     assert _deprecations(r) == []
     (wheel,) = (tmp_path / "wheels").glob("dpu_pipe-*.whl")
-    r = _run([*pip, "install", "-v", "--no-index", "--no-deps", wheel], cwd=tmp_path, env=env)
+    r = run([*pip, "install", "-v", "--no-index", "--no-deps", wheel], cwd=tmp_path, env=env,
+            timeout=600)
     assert _deprecations(r) == []
     if "-abi3-" in wheel.name:
         _ABI3_WHEEL[:] = [wheel]
@@ -164,7 +160,7 @@ def test_sdist_installs_into_a_fresh_venv_and_decodes(sdist, tmp_path):
     script = ("import dpu_pipe, dpu_pipe.jpeg as j, numpy as np\n"
               "a = j.decode(open('x.jpg', 'rb').read())\n"
               "print(dpu_pipe.__file__); print(a.shape); np.save('decoded.npy', a)\n")
-    out = _run([str(py), "-c", script], cwd=tmp_path, env=env).stdout.split("\n")
+    out = run([str(py), "-c", script], cwd=tmp_path, env=env, timeout=600).stdout.split("\n")
     assert out[0].startswith(str(env_dir)), out  # the installed copy, not the checkout
     assert out[1] == "(40, 56, 3)"
     ref = np.asarray(Image.open(tmp_path / "x.jpg").convert("RGB"))
@@ -251,32 +247,33 @@ def test_install_matrix_sdist_on_each_python(ver, sdist, matrix_data, tmp_path):
         pytest.skip(f"no CPython {ver} on this machine (pyenv install {ver})")
     data, ref_images, ref_labels = matrix_data
     env_dir = tmp_path / f"venv{ver}"
-    _run([py, "-m", "venv", env_dir])
+    run([py, "-m", "venv", env_dir], timeout=600)
     vpy = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     if not FULL:
         env["DPU_PIPE_DEBUG"] = "1"
     pip = [vpy, "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "install", "-q", "numpy", *(["mpi4py", "mpich"] if ver in OFFLOAD else [])],
-         env=env, cwd=tmp_path, timeout=900)
+    run([*pip, "install", "-q", "numpy", *(["mpi4py", "mpich"] if ver in OFFLOAD else [])],
+        env=env, cwd=tmp_path, timeout=900)
     abi3 = ver not in ("3.9", "3.10")
     if abi3 and _ABI3_WHEEL and not FULL:
         wheel = _ABI3_WHEEL[0]
     else:
         # With build isolation: pip fetches setuptools and Cython as pyproject.toml asks.
-        r = _run([*pip, "wheel", "-v", "--no-deps", "-w", tmp_path / "wheels", sdist], env=env,
-                 cwd=tmp_path, timeout=1500)
+        r = run([*pip, "wheel", "-v", "--no-deps", "-w", tmp_path / "wheels", sdist], env=env,
+                cwd=tmp_path, timeout=1500)
         assert _deprecations(r) == []
         (wheel,) = (tmp_path / "wheels").glob("dpu_pipe-*.whl")
         if abi3:
             _ABI3_WHEEL[:] = [wheel]
     print(f"\nCPython {ver}: installs {wheel.name}")
-    _run([*pip, "install", "-q", "--no-deps", wheel], env=env, cwd=tmp_path)
+    run([*pip, "install", "-q", "--no-deps", wheel], env=env, cwd=tmp_path, timeout=600)
 
     # Out of the checkout: only the installed dpu_pipe is importable.
     shutil.copy(EPOCH, tmp_path / "install_epoch.py")
-    r = _run([vpy, "install_epoch.py", "loader", data, "epoch.npz"], env=env, cwd=tmp_path)
+    r = run([vpy, "install_epoch.py", "loader", data, "epoch.npz"], env=env, cwd=tmp_path,
+            timeout=600)
     info = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"\nCPython {info['python']}: abi {info['abi']}, {info['installed_from']}, "
           f"libjpeg {info['libjpeg_library']}, cpu check: {info['cpu_check']}")
@@ -291,7 +288,7 @@ def test_install_matrix_sdist_on_each_python(ver, sdist, matrix_data, tmp_path):
 
     # The error of a producer thread reaches the user as itself (on 3.9 the one-argument
     # traceback.format_exception raised a TypeError in its place).
-    r = _run([vpy, "install_epoch.py", "failing", data], env=env, cwd=tmp_path)
+    r = run([vpy, "install_epoch.py", "failing", data], env=env, cwd=tmp_path, timeout=600)
     err = json.loads(r.stdout.strip().splitlines()[-1])
     assert err["type"] == "ProducerError", err
     assert "RuntimeError: storage went away reading sample 2" in err["message"]
@@ -300,8 +297,8 @@ def test_install_matrix_sdist_on_each_python(ver, sdist, matrix_data, tmp_path):
     if ver in OFFLOAD:
         mpiexec = env_dir / "bin" / "mpiexec"
         assert mpiexec.exists(), "the mpich wheel brings mpiexec"
-        r = _run(["timeout", "-k", "5", "240", mpiexec, "-n", "1", vpy, "-m", "mpi4py",
-                  "install_epoch.py", "offload", data, "offload.npz", ":", "-n", "1", vpy,
-                  "-m", "mpi4py", "-m", "dpu_pipe.worker"], env=env, cwd=tmp_path, timeout=300)
+        r = run(["timeout", "-k", "5", "240", mpiexec, "-n", "1", vpy, "-m", "mpi4py",
+                 "install_epoch.py", "offload", data, "offload.npz", ":", "-n", "1", vpy,
+                 "-m", "mpi4py", "-m", "dpu_pipe.worker"], env=env, cwd=tmp_path, timeout=300)
         assert f"OK offload {len(ref_labels)}" in r.stdout, r.stdout + r.stderr[-3000:]
         _same_epoch(tmp_path / "offload.npz", ref_images, ref_labels)
