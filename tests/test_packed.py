@@ -28,6 +28,7 @@ from dpu_pipe.sources import (FileList, ImageFolder, PackedSource, as_source, op
                               open_source)
 
 import jpeg_corpus as jc
+from helpers import repo_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -585,7 +586,7 @@ print(json.dumps({"open_anon": r1["RssAnon"] - r0["RssAnon"],
 def memory_probe(path, n):
     """Memory of opening a packed dataset and reading 200 random records, measured in a
     fresh interpreter (see _MEMORY_PROBE)."""
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(PKG))
+    env = repo_env()
     r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(path), str(n)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -646,7 +647,7 @@ def test_each_record_header_is_read_and_its_format_recorded(folder, tmp_path):
     assert meta["unreadable"] == 3
     assert sorted(meta["unreadable_examples"]) == ["a/cut-header.jpg", "a/empty.jpg",
                                                    "a/text.jpg"]
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(PKG))
+    env = repo_env()
     r = subprocess.run([sys.executable, "-m", "dpu_pipe", "pack", root, tmp_path / "cli",
                         "-q"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -798,7 +799,7 @@ def test_packed_and_sources_import_one_way():
     assert "dpu_pipe.packed.reader" in src_imports
     assert not {m for m in src_imports if m.startswith("dpu_pipe.packed.writer")}
     # And each side imports first in a fresh interpreter.
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(PKG))
+    env = repo_env()
     for first in ("dpu_pipe.packed.writer", "dpu_pipe.sources", "dpu_pipe.packed.reader"):
         r = subprocess.run([sys.executable, "-c", f"import {first}"], env=env,
                            capture_output=True, text=True, timeout=60)
