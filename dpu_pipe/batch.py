@@ -6,6 +6,7 @@ the epoch, the seed and the :class:`~dpu_pipe.transforms.TransformConfig` — no
 is in, its position, or the number of threads.
 """
 
+import threading
 import warnings
 
 import numpy as np
@@ -38,6 +39,10 @@ class BatchProcessor:
         The transform (train or val, size, output dtype and layout, ...).
     num_threads : int
         OpenMP threads sharing each batch (the GIL is released for the whole batch).
+
+    Threads: the kernel's decoders and scratch buffers belong to the processor, so calls
+    from several threads take turns (a lock held for one batch); for batches in parallel,
+    give each thread a processor of its own.
     """
 
     def __init__(self, config=None, num_threads=1):
@@ -56,6 +61,7 @@ class BatchProcessor:
         self.config = config
         self.num_threads = int(num_threads)
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
+        self._lock = threading.Lock()
         self._augmenter = _augment.Augmenter(kernel_spec(config)) if config.augmented else None
 
     @property
@@ -107,13 +113,15 @@ class BatchProcessor:
             raise ConfigError(f"out must be a writable C-contiguous {self.config.recipe.dtype} "
                               f"array of shape {(n,) + self.config.sample_shape}")
         info = np.zeros((n, len(SampleInfo)), dtype=np.int32)
-        messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
-        for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
-            msg = self._other_format(bufs, i, int(idx[i]), int(seed), int(epoch), out, info)
-            if msg is None:
-                del messages[i]
-            else:
-                messages[i] = msg
+        with self._lock:
+            messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
+            for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
+                msg = self._other_format(bufs, i, int(idx[i]), int(seed), int(epoch), out,
+                                         info)
+                if msg is None:
+                    del messages[i]
+                else:
+                    messages[i] = msg
         errors = {i: DecodeError(f"{msg} [{STATUS_NAMES.get(int(info[i, 0]), 'error')}]",
                                  index=int(idx[i]))
                   for i, msg in messages.items()}

@@ -299,3 +299,29 @@ def test_run_arguments_are_checked(images, indices, bad):
 def test_processor_arguments_are_checked(bad):
     with pytest.raises(ConfigError):
         BatchProcessor(**bad)
+
+
+def test_one_processor_called_from_several_threads(images, indices):
+    """Calls from several threads take turns on the processor's decoders and scratch memory
+    (sharing them crashed): each thread gets the batch a lone call gives."""
+    import threading
+
+    proc = BatchProcessor(TransformConfig(size=48, dtype="uint8"), num_threads=2)
+    want = [proc.run(images, indices, epoch=e, seed=SEED)[0] for e in range(4)]
+    got, errors = [None] * 4, []
+
+    def work(e):
+        try:
+            for _ in range(3):
+                got[e] = proc.run(images, indices, epoch=e, seed=SEED)[0]
+        except BaseException as exc:   # noqa: B902 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(e,)) for e in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    for e in range(4):
+        np.testing.assert_array_equal(got[e], want[e])
