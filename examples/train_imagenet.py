@@ -125,7 +125,9 @@ def validate_on_host(model, loader, device):
     all-reduce."""
     model.eval()
     m = evaluate.evaluate_loader(model, loader, device=device)
-    sums = torch.tensor([m.count, m.loss_sum, m.correct[1], m.correct[5]], dtype=torch.float64)
+    # On the training device: NCCL reduces CUDA tensors only.
+    sums = torch.tensor([m.count, m.loss_sum, m.correct[1], m.correct[5]], dtype=torch.float64,
+                        device=device)
     dist.all_reduce(sums)
     count, loss, c1, c5 = sums.tolist()
     model.train()
@@ -146,7 +148,11 @@ def gather(obj):
 
 def pick_device(args, local_rank):
     if args.device:
-        return torch.device(args.device)
+        device = torch.device(args.device)
+        # "cuda" alone means this rank's GPU: torch.cuda.set_device needs the index.
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", local_rank)
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -337,7 +343,7 @@ class Training:
 
     def end_epoch(self, epoch, sums):
         """All-reduce the epoch's sums into its record, validate, write the checkpoint."""
-        sums = torch.tensor(sums, dtype=torch.float64)
+        sums = torch.tensor(sums, dtype=torch.float64, device=self.device)   # NCCL: on the GPU
         dist.all_reduce(sums)
         loss_all, seen_all, wait_all, train_all = sums.tolist()
         record = {"epoch": epoch, "train_loss": loss_all / seen_all,
