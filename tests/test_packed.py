@@ -593,6 +593,7 @@ def memory_probe(path, n):
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
 def test_opening_and_reading_loads_only_the_index_blocks_used(tmp_path):
     n = 200_000

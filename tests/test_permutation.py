@@ -135,6 +135,7 @@ EXHAUSTIVE = sorted(set(list(range(1, 300)) + PRIMES
 KEYS = [(0, 0), (2**64 - 1, 1), (0xDEADBEEF, 2**32 - 1)]
 
 
+@pytest.mark.slow
 def test_bijective_exhaustively_up_to_two_to_the_twenty():
     """Every position of every listed n (1..299, primes, 2**k - 1, 2**k, 2**k + 1 up to
     2**20 + 1) under three keys: each sample index exactly once."""
@@ -263,6 +264,7 @@ def _passes(pvalues, tests):
     return pvalues.min() > ALPHA / tests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", QUALITY_SIZES)
 def test_quality_positions_are_uniform(n):
     for keys in ("seeds", "epochs"):
@@ -270,6 +272,7 @@ def test_quality_positions_are_uniform(n):
         assert _passes(p, p.size), (keys, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", QUALITY_SIZES[1:])
 def test_quality_pairs_are_independent(n):
     for keys in ("seeds", "epochs"):
@@ -277,6 +280,7 @@ def test_quality_pairs_are_independent(n):
         assert _passes(p, p.size), (keys, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [7, 1000, 65537])
 def test_quality_consecutive_epochs_are_independent(n):
     epochs = 200 if n < 10**4 else 20
@@ -285,6 +289,7 @@ def test_quality_consecutive_epochs_are_independent(n):
     assert abs(r) < 5 / np.sqrt(20 * (epochs // 20) * n), r
 
 
+@pytest.mark.slow
 def test_quality_tests_reject_weak_permutations():
     """Each weak permutation is a bijection of [0, n) yet fails a test the library passes."""
     for weak in (one_round, two_rounds, affine):

@@ -25,6 +25,7 @@ def test_readme_has_the_two_quickstarts():
     assert "dpu_pipe.Loader(" in blocks[0] and "dpu_pipe.DPULoader(" in blocks[1]
 
 
+@pytest.mark.slow
 def test_loader_quickstart_runs(tmp_path):
     (tmp_path / "quickstart.py").write_text(_python_blocks()[0])
     out = _run([sys.executable, "quickstart.py"], tmp_path, 240)

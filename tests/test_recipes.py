@@ -170,6 +170,7 @@ def _erase_noise_reference(seed, epoch, index, n, ks=None):
     return ndtri((words + 0.5) / 2**32)
 
 
+@pytest.mark.slow
 def test_random_erase_draws_standard_normal_values(images):
     """erase_value="random" (torchvision's value="random"): outside the box the plain
     recipe's values; inside, the documented Philox values (equal to scipy's normal quantile

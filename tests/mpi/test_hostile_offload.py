@@ -25,6 +25,7 @@ def hostile_list(tmp_path_factory):
     return path, src, expect
 
 
+@pytest.mark.slow
 def test_hostile_files_through_dpuloader(hostile_list, tmp_path):
     path, src, expect = hostile_list
     out = str(tmp_path)

@@ -154,7 +154,8 @@ def test_local_mode_defaults_to_the_hosts_shard(stream_runs):
     assert [r["local_default_shard"] for r in results] == [[0, 2], [1, 2]]
 
 
-@pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
+@pytest.mark.parametrize("env", list(ENVS))
+@pytest.mark.slow
 def test_slow_random_producers_and_slow_consumer(data, tmp_path, env):
     """Workers sleep a random 0..30 ms before each batch (a wrapper around the worker), the
     host 10 ms per batch, K=1 and K=8: same stream, no deadlock (the job ends by itself
