@@ -284,7 +284,8 @@ def _counts(pairs, key):
 
 
 @needs_tv
-@pytest.mark.parametrize("mode", ["ta_wide", "ra", "imagenet"])
+@pytest.mark.parametrize("mode", ["ta_wide"] + [pytest.param(m, marks=pytest.mark.slow)
+                                                for m in ("ra", "imagenet")])
 def test_op_and_magnitude_frequencies_match_torchvision_sampling(mode):
     n = 6000
     cfg = TransformConfig(size=SIZE, auto_augment=mode)

@@ -172,6 +172,7 @@ def test_slow_random_producers_and_slow_consumer(data, tmp_path, env):
 
 # --- resume in a new job -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_resume_in_a_new_job_continues_the_stream(data, tmp_path):
     """Job 1 (2 workers) consumes 17 batches (into epoch 1) and saves state_dict(); job 2
     (a new mpiexec, 1 worker, shared memory off) loads it and consumes to the end of epoch 2.

@@ -4,7 +4,7 @@ metadata column and bad files skipped, in offload and hybrid modes, equal to the
 Loader batch by batch, images, labels and metadata."""
 import pytest
 
-from mpi_launch import ENVS_NOLOCAL_SLOW
+from mpi_launch import ENVS
 from test_offload import BAD, launch, read
 
 pytestmark = pytest.mark.timeout(300)
@@ -17,7 +17,8 @@ def data(mpi_dataset):
     return mpi_dataset(N, BAD)
 
 
-@pytest.mark.parametrize("env", ENVS_NOLOCAL_SLOW)
+@pytest.mark.parametrize("env", list(ENVS))
+@pytest.mark.slow
 def test_labels_indices_and_metadata_equal_the_loader(data, tmp_path, env):
     out = str(tmp_path / "out")
     # Producers take 30 ms per batch, so hybrid host threads make batches too.
