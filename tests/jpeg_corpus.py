@@ -285,6 +285,22 @@ def write_file(path, data):
         f.write(data)
 
 
+def indexed_jpeg(i):
+    """Sample ``i`` of :func:`write_indexed_folder`: a photo at a size of its own (64-125 px)
+    and one of three chroma subsamplings, so every sample differs."""
+    h, w = 64 + (i * 37) % 62, 64 + (i * 53) % 62
+    return pil_jpeg(photo_sized(PHOTOS[i % 3], h, w), quality=90,
+                    subsampling=("420", "444", "422")[i % 3])
+
+
+def write_indexed_folder(root, n):
+    """An ImageFolder of ``n`` samples under ``root``, one class folder each
+    (``c<i:03d>/img.jpg``), so label == sample index; returns ``root``."""
+    for i in range(n):
+        write_file(os.path.join(str(root), f"c{i:03d}", "img.jpg"), indexed_jpeg(i))
+    return root
+
+
 def assert_same_samples(a, b):
     """Two sources hold the same samples: count, labels, classes, bytes and paths."""
     assert len(a) == len(b)

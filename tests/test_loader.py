@@ -37,20 +37,10 @@ KW = dict(size=32, dtype="uint8", seed=SEED)   # defaults of the loaders below
 
 # --- datasets ----------------------------------------------------------------------------------
 
-def _image(i):
-    """Sample i's JPEG: a photo at a size of its own (64-125 px), so every sample differs."""
-    name = jc.PHOTOS[i % 3]
-    h, w = 64 + (i * 37) % 62, 64 + (i * 53) % 62
-    return jc.pil_jpeg(jc.photo_sized(name, h, w), quality=90,
-                       subsampling=("420", "444", "422")[i % 3])
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """ImageFolder of N samples, one class folder each: label == sample index."""
-    root = tmp_path_factory.mktemp("loader") / "folder"
-    for i in range(N):
-        jc.write_file(str(root / f"c{i:03d}" / "img.jpg"), _image(i))
+    root = jc.write_indexed_folder(tmp_path_factory.mktemp("loader") / "folder", N)
     src = ImageFolder(root)
     assert src.labels.tolist() == list(range(N))
     return src
@@ -511,7 +501,7 @@ def test_load_state_dict_refuses_a_bad_epoch(folder, epoch):
 
 def bad_bytes(kind):
     """Bytes of each kind of undecodable file (None: the file is missing)."""
-    good = _image(0)
+    good = jc.indexed_jpeg(0)
     scan = jc.first_scan_data(good)
     return {
         "corrupt": good[:2] + bytes(range(180)) + good[182:],   # garbage over the header
@@ -543,7 +533,7 @@ def make_dataset(root, n, bad=None, special=None):
         elif i in special:
             data = SPECIAL[special[i]]()
         else:
-            data = _image(i)
+            data = jc.indexed_jpeg(i)
         if data is not None:
             jc.write_file(path, data)
         rows.append((path, i))

@@ -36,20 +36,10 @@ STRESS_SECONDS = float(os.environ.get("DPU_PIPE_STRESS_SECONDS", "8"))
 DEADLINE = 60.0
 
 
-def _image(i):
-    name = jc.PHOTOS[i % 3]
-    h, w = 64 + (i * 37) % 62, 64 + (i * 53) % 62
-    return jc.pil_jpeg(jc.photo_sized(name, h, w), quality=90,
-                       subsampling=("420", "444", "422")[i % 3])
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """ImageFolder of N samples, one class folder each: label == sample index."""
-    root = tmp_path_factory.mktemp("threads") / "folder"
-    for i in range(N):
-        jc.write_file(str(root / f"c{i:03d}" / "img.jpg"), _image(i))
-    return ImageFolder(root)
+    return ImageFolder(jc.write_indexed_folder(tmp_path_factory.mktemp("threads") / "folder", N))
 
 
 def reference(src, epochs=EPOCHS + 3, **kw):
