@@ -42,11 +42,13 @@ class FileSource(Source):
             # writer appears. Only regular files are samples: a device such as /dev/zero
             # never ends, and a FIFO's contents are whatever some writer sends.
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            f = None
             try:
-                regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                f = open(fd, "rb") if regular else None
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    f = open(fd, "rb")
             finally:
-                if not regular:
+                # Not a regular file, or interrupted (Ctrl-C) before the file took the fd.
+                if f is None:
                     os.close(fd)
             if f is None:
                 raise DecodeError("cannot read: not a regular file", index=i, path=path)
