@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import torch
 
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.tools.harness import interleaved, load_buffers, rate_stats
 from dpu_pipe.tools.sample_data import sample_dataset
 from dpu_pipe.transforms import TransformConfig

@@ -42,7 +42,7 @@ CHUNK = 32
 
 
 def main():
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.tools.sample_data import sample_dataset
     from dpu_pipe.transforms import TransformConfig
 

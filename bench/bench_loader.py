@@ -135,7 +135,7 @@ def _loader_pass(data, k, resources):
 
 
 def _kernel_pass(data, k, resources):
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
 
     # The kernel runs in a thread of its own, started with the widened affinity, so its
     # OpenMP team is not bound to an affinity the calling thread had before.

@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _dpu_pipe_method(bufs, recipe):
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.transforms import TransformConfig
 
     kw = {"classic": {}, "tv-new": dict(auto_augment="ta_wide", random_erase=0.1),

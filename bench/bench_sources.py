@@ -142,7 +142,7 @@ def _pillow_train(datas, seed=0):
 
 def _dpu_train(datas):
     from dpu_pipe import _jpeg
-    from dpu_pipe.batch import BatchProcessor, load_other_formats
+    from dpu_pipe.kernel import BatchProcessor, load_other_formats
     from dpu_pipe.transforms import TransformConfig
     load_other_formats()
     bp = BatchProcessor(TransformConfig(train=True, size=224), 1)

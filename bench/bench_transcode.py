@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dpu_pipe import _jpeg, jpeg, rng  # noqa: E402
-from dpu_pipe.batch import BatchProcessor  # noqa: E402
+from dpu_pipe.kernel import BatchProcessor  # noqa: E402
 from dpu_pipe.tools import cli, pinning  # noqa: E402
 from dpu_pipe.tools.bench_augment import pillow_augment  # noqa: E402
 from dpu_pipe.tools.harness import interleaved, load_buffers, markdown_table  # noqa: E402

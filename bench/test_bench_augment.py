@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import _augment, augment
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.transforms import TransformConfig
 
 SIZE = 224

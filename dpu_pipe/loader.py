@@ -37,7 +37,7 @@ from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, Produc
 from .sampler import EpochSampler
 from .sources import as_source
 from .spec import StreamSpec
-from .batch import BatchProcessor
+from .kernel import BatchProcessor
 from .steps import BatchMaker, MakerStats
 from .transforms import TransformConfig
 
@@ -892,7 +892,7 @@ class Loader:
 
     def describe(self, epoch, index):
         """The exact augmentation parameters sample ``index`` (of the dataset) gets in
-        ``epoch``: see :meth:`dpu_pipe.batch.BatchProcessor.describe` for the keys. The same
+        ``epoch``: see :meth:`dpu_pipe.kernel.BatchProcessor.describe` for the keys. The same
         for every mode, thread count and producer count (they all run this kernel).
 
         A train loader that mixes (``mixup_alpha``, ``cutmix_alpha``) or smooths labels adds

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _jpeg
 from . import _validate as _v
-from .batch import ST_OTHER_FORMAT, BatchProcessor
+from .kernel import ST_OTHER_FORMAT, BatchProcessor
 from .errors import ConfigError, DecodeError
 from .mix import BatchOps
 from .sampler import EpochSampler

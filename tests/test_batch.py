@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import ConfigError, DecodeError, jpeg, ops, rng
-from dpu_pipe.batch import SampleInfo, BatchProcessor
+from dpu_pipe.kernel import SampleInfo, BatchProcessor
 from dpu_pipe.transforms import TransformConfig
 
 import jpeg_corpus as jc

@@ -124,7 +124,7 @@ def test_pillow_baseline_makes_the_kernels_images(jpegs):
     finally:
         sys.path.remove(str(REPO / "bench"))
     from dpu_pipe import jpeg, rng
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.transforms import TransformConfig
 
     paths = [str(p) for p in sorted(jpegs.rglob("*.jpg"))]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import ConfigError
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.loader import Loader
 from dpu_pipe.sampler import EpochSampler
 from dpu_pipe.sources import ImageFolder

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dpu_pipe import ConfigError, Loader  # noqa: E402
-from dpu_pipe.batch import BatchProcessor  # noqa: E402
+from dpu_pipe.kernel import BatchProcessor  # noqa: E402
 from dpu_pipe.evaluate import (Metrics, ShardEvaluator, build_model, check_topk,  # noqa: E402
                                evaluate_batch, evaluate_loader, load_factory, require_torch)
 from dpu_pipe.models import resnet_tiny  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 import hostile_corpus as hc
 import jpeg_corpus as jc
 from dpu_pipe import DecodeError, FileList, Loader, PackedSource, ConfigError, ops, pack, rng
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.packed import format as fmt
 from dpu_pipe.transforms import TransformConfig
 

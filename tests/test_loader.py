@@ -20,7 +20,7 @@ from PIL import Image
 
 from dpu_pipe import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
                       pack)
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.loader import Loader
 from dpu_pipe.sampler import SHARD_TAILS, EpochSampler
 from dpu_pipe.sources import FileList, ImageFolder

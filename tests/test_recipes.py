@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import _augment, augment, jpeg, ops
-from dpu_pipe.batch import BatchProcessor, SampleInfo
+from dpu_pipe.kernel import BatchProcessor, SampleInfo
 from dpu_pipe.errors import ConfigError
 from dpu_pipe.transforms import TransformConfig
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpu_pipe import ConfigError, DecodeError, _jpeg, _pipeline, jpeg
-from dpu_pipe.batch import BatchProcessor
+from dpu_pipe.kernel import BatchProcessor
 from dpu_pipe.errors import TranscodeUnsupported
 from dpu_pipe.transforms import TransformConfig
 

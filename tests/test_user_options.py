@@ -160,7 +160,7 @@ def test_bfloat16_is_the_float32_stream_rounded(folder, reference):
 @pytest.mark.parametrize("layout", ["CHW", "HWC"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
 def test_bfloat16_kernel_matches_torch_rounding(folder, layout, train):
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     bufs = [sample(folder, i).read_bytes() for i in range(N)]
     idx = np.arange(N)
     f32 = BatchProcessor(TransformConfig(size=(20, 28), layout=layout, train=train)) \
@@ -241,7 +241,7 @@ def test_other_formats_posing_as_jpg_take_the_same_fused_pass(tmp_path, train):
     crop/resample/flip/normalize pass: with the pixels of a JPEG (decoded at full scale, as
     the JPEG path does at this size) the output is bit-identical to the JPEG's."""
     from dpu_pipe import jpeg
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
 
     jpg = jc.pil_jpeg(jc.photo_sized("chelsea", 64, 80), quality=95)
     rgb = jpeg.decode(jpg)

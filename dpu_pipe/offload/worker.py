@@ -66,7 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _validate as _v
-from ..batch import load_other_formats
+from ..kernel import load_other_formats
 from ..deadline import deadline_in
 from ..errors import ConfigError, error_record
 from ..mpi import load_mpi

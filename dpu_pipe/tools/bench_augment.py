@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from .. import rng
-from ..batch import BatchProcessor
+from ..kernel import BatchProcessor
 from ..errors import ConfigError, DpuPipeError
 from ..jpeg import decode_batch, read_header
 from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig

@@ -71,7 +71,7 @@ def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
     """
     import numpy as np
 
-    from ..batch import BatchProcessor
+    from ..kernel import BatchProcessor
     from ..transforms import TransformConfig
 
     idx, bufs, src = _sample(data, images)

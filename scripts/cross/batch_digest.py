@@ -54,7 +54,7 @@ def transcode_section(paths, put):
     """Transcoded records (restart markers every MCU, and every MCU row): their bytes, and their
     region decodes, which read only the restart intervals covering the region."""
     from dpu_pipe import jpeg
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.transforms import TransformConfig
 
     for interval in (1, "row"):
@@ -98,7 +98,7 @@ def ops_section(paths, put):
 
 
 def batch_section(paths, put):
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.errors import ConfigError
     from dpu_pipe.transforms import TransformConfig
 

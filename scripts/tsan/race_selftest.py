@@ -10,7 +10,7 @@ import numpy as np
 
 sys.path.insert(0, "tests")
 import jpeg_corpus as jc  # noqa: E402
-from dpu_pipe.batch import BatchProcessor  # noqa: E402
+from dpu_pipe.kernel import BatchProcessor  # noqa: E402
 
 data = [jc.pil_jpeg(jc.photo_sized(jc.PHOTOS[i % 3], 64, 64), quality=90) for i in range(4)]
 makers = [BatchProcessor(num_threads=1) for _ in range(2)]

@@ -104,7 +104,7 @@ def decode(data):
 
 @functools.lru_cache(maxsize=64)
 def _processor(train, oh, ow, scale, ratio, flip_p, dtype, layout, fast):
-    from dpu_pipe.batch import BatchProcessor
+    from dpu_pipe.kernel import BatchProcessor
     from dpu_pipe.transforms import TransformConfig
 
     return BatchProcessor(TransformConfig(train=train, size=(oh, ow), scale=scale, ratio=ratio,
