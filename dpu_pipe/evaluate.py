@@ -7,7 +7,7 @@ producers or hosts add up exactly (:meth:`Metrics.merge`), and :meth:`Metrics.re
 the total into ``{"count", "loss", "top1", "top5", ...}``.
 
 :func:`evaluate_steps` runs one shard's validation batches — made by the same
-:class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)`` — through a model; it is what
+:class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` — through a model; it is what
 a producer rank does for :class:`~dpu_pipe.RemoteValidation`, and what the host does to check
 it. torch is optional for dpu_pipe as a whole: everything here that needs it raises
 :class:`ConfigError` naming the extra to install.
@@ -25,7 +25,7 @@ from . import _torch
 from .errors import ConfigError
 from .sources import open_source
 from .spec import StreamSpec
-from .steps import BatchMaker
+from .batch import BatchMaker
 from .transforms import TransformConfig
 from .weights import load_state
 
@@ -220,8 +220,8 @@ def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
 def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
                    progress=None):
     """Evaluate batches ``steps`` (iterable of step numbers) of ``maker`` (a
-    :class:`~dpu_pipe.steps.BatchMaker` built with the validation transform) with
-    ``model``, counting the valid rows of each (:meth:`~dpu_pipe.steps.BatchMaker.valid_rows`);
+    :class:`~dpu_pipe.batch.BatchMaker` built with the validation transform) with
+    ``model``, counting the valid rows of each (:meth:`~dpu_pipe.batch.BatchMaker.valid_rows`);
     returns (:class:`Metrics`, seconds spent making batches, seconds in the model).
 
     ``images``/``labels``: optional batch buffers (``maker.batch_shape`` of the
@@ -250,7 +250,7 @@ def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, la
 
 class ShardEvaluator:
     """What a producer keeps between validation requests: the model built once per factory
-    and arguments, and one :class:`~dpu_pipe.steps.BatchMaker` per validation spec (sources
+    and arguments, and one :class:`~dpu_pipe.batch.BatchMaker` per validation spec (sources
     are not reopened per request).
 
     A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
@@ -275,7 +275,7 @@ class ShardEvaluator:
         return model
 
     def maker(self, spec):
-        """The :class:`~dpu_pipe.steps.BatchMaker` of validation spec ``spec``."""
+        """The :class:`~dpu_pipe.batch.BatchMaker` of validation spec ``spec``."""
         tail = spec.get("shard_tail", "mask")
         if tail not in ("mask", "uneven"):
             raise ConfigError(f"validation shard_tail must be 'mask' or 'uneven' (every sample "

@@ -12,7 +12,7 @@ have the same split). Engines, chosen by ``mode``:
   :class:`~dpu_pipe.offload.host.DPULoader`.
 
 Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec` with
-:class:`~dpu_pipe.steps.BatchMaker` objects, so the batches are the same whoever makes them.
+:class:`~dpu_pipe.batch.BatchMaker` objects, so the batches are the same whoever makes them.
 """
 
 import collections
@@ -38,7 +38,7 @@ from .sampler import EpochSampler
 from .sources import as_source
 from .spec import StreamSpec
 from .kernel import BatchProcessor
-from .steps import BatchMaker, MakerStats
+from .batch import BatchMaker, MakerStats
 from .transforms import TransformConfig
 
 __all__ = ["Loader", "Engine", "LocalEngine"]
@@ -101,7 +101,7 @@ class Engine:
       :meth:`close` and when the engine's memory is remade;
     - :meth:`pause`: the iteration ended or was superseded (work ahead may be kept);
     - :meth:`close`: stop all work and give back every buffer;
-    - :attr:`makers`: the :class:`~dpu_pipe.steps.BatchMaker` s making batches on this
+    - :attr:`makers`: the :class:`~dpu_pipe.batch.BatchMaker` s making batches on this
       host (the loader adds up their stats and bad samples);
     - :meth:`stats` and :attr:`remote_bad`: what the engine knows beyond its makers.
     """
@@ -128,7 +128,7 @@ class Engine:
         raise NotImplementedError
 
     def stats(self, made):
-        """The loader's counters given ``made``, the :class:`~dpu_pipe.steps.MakerStats`
+        """The loader's counters given ``made``, the :class:`~dpu_pipe.batch.MakerStats`
         summed over :attr:`makers`."""
         return made.as_dict()
 
@@ -415,7 +415,7 @@ class Loader:
         Batches produced ahead. Memory is bounded by ``(prefetch + 1) × batch bytes``: one
         buffer per batch in flight plus the one the caller holds.
     on_error : "raise" or "skip"
-        See :class:`dpu_pipe.steps.BatchMaker`.
+        See :class:`dpu_pipe.batch.BatchMaker`.
     max_bad : int, float or None
         With ``on_error="skip"``, the failure budget: at most this many bad samples (an
         int), or this fraction of the rank's shard (a float in [0, 1], rounded down), are
@@ -515,7 +515,7 @@ class Loader:
         self.return_meta = _v.boolean(return_meta, "return_meta")
         self.timeout = _v.deadline(timeout, "timeout", DEFAULT_TIMEOUT)
         self.out.timeout = self.timeout
-        #: The :class:`~dpu_pipe.steps.BatchMaker` of this host (the local engine's; thread
+        #: The :class:`~dpu_pipe.batch.BatchMaker` of this host (the local engine's; thread
         #: 0's in hybrid mode); it also gives the stream's geometry.
         self.maker = BatchMaker(self.stream_spec, self.num_threads)
         self.batch_size = self.maker.batch_size
@@ -898,7 +898,7 @@ class Loader:
         A train loader that mixes (``mixup_alpha``, ``cutmix_alpha``) or smooths labels adds
         ``"mix"``: the sample's step and row in this rank's epoch, its partner, the mode
         (``"mixup"``, ``"cutmix"`` or None), λ (its own label's weight) and the CutMix box
-        (see :meth:`dpu_pipe.steps.BatchMaker.describe_mix`)."""
+        (see :meth:`dpu_pipe.batch.BatchMaker.describe_mix`)."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
         epoch = check_epoch(epoch)
         maker = self.maker

@@ -2,7 +2,7 @@
 
 A :class:`StreamSpec` says which samples batch ``s`` of epoch ``e`` holds and how they are
 augmented. The local engine, a hybrid host thread and a producer rank each build a
-:class:`~dpu_pipe.steps.BatchMaker` from the same spec, so they make the same batches. It is
+:class:`~dpu_pipe.batch.BatchMaker` from the same spec, so they make the same batches. It is
 what a loader's state is checked against and (as :meth:`StreamSpec.to_wire`, a JSON dict)
 what travels to the producers.
 """
@@ -37,7 +37,7 @@ class StreamSpec:
     drop_last : bool
         Drop the rank's last partial batch.
     on_error : "raise" or "skip"
-        See :class:`~dpu_pipe.steps.BatchMaker`.
+        See :class:`~dpu_pipe.batch.BatchMaker`.
     resume : (epoch, start), optional
         The resume point of an elastic resume: epoch ``epoch`` holds only positions
         ``start ..`` of its order, sharded over this job's ranks (see

@@ -791,7 +791,7 @@ def _imports(path):
 def test_packed_and_sources_import_one_way():
     """sources imports the packed reader; neither the format nor the reader imports sources,
     the writer or anything above them."""
-    above = {"dpu_pipe.sources", "dpu_pipe.packed.writer", "dpu_pipe.loader", "dpu_pipe.steps",
+    above = {"dpu_pipe.sources", "dpu_pipe.packed.writer", "dpu_pipe.loader", "dpu_pipe.batch",
              "dpu_pipe.tools", "dpu_pipe.packed.writer.pack"}
     for name in ("format.py", "reader.py", "__init__.py"):
         got = _imports(os.path.join(PKG, "packed", name))

@@ -25,7 +25,7 @@ one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` obj
 producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
 
 The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
-run the same :class:`~dpu_pipe.steps.BatchMaker` built from the loader's
+run the same :class:`~dpu_pipe.batch.BatchMaker` built from the loader's
 :class:`~dpu_pipe.spec.StreamSpec`, and batches are yielded strictly in order.
 
 The engine of the offloaded modes is :class:`OffloadEngine` (the
@@ -50,7 +50,7 @@ from ..deadline import deadline_in
 from ..errors import ConfigError, DpuPipeError, PipeTimeout
 from ..loader import Cancelled, Engine, Loader
 from ..sources import check_spec
-from ..steps import BatchMaker
+from ..batch import BatchMaker
 from . import rendezvous, wire
 from .group import HostGroup, _mpi_running, host_group, shutdown
 from .transport import FAILED, OK, pack_error

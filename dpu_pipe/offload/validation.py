@@ -15,7 +15,7 @@ Channel (one per host group, set up with the group, alive for the job):
   one-sided ``Rget`` (deadline: ``rma_timeout``), loads them into the model it built from the
   ``"module:factory"`` spec (built once, names/shapes/dtypes checked), evaluates its part of
   the host's validation shard (steps ``part, part + parts, ...``) with the same
-  :class:`~dpu_pipe.steps.BatchMaker` as ``Loader(train=False)`` (``shard_tail="mask"``:
+  :class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` (``shard_tail="mask"``:
   the padding rows of the host's shard are made but not counted), and sends back the sums
   of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback.
 * with several hosts, each host evaluates its own shard (``rank`` = host index,

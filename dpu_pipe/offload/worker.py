@@ -71,7 +71,7 @@ from ..deadline import deadline_in
 from ..errors import ConfigError, error_record
 from ..mpi import load_mpi
 from ..spec import StreamSpec
-from ..steps import BatchMaker
+from ..batch import BatchMaker
 from . import rendezvous, wire
 from .channel import open_channel
 from .roles import discover_roles, host_comm

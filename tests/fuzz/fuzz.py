@@ -22,7 +22,7 @@ with atheris.instrument_imports(include=["dpu_pipe", "targets"]):
     import dpu_pipe.jpeg  # noqa: F401
     import dpu_pipe.packed  # noqa: F401
     import dpu_pipe.sources  # noqa: F401
-    import dpu_pipe.steps  # noqa: F401
+    import dpu_pipe.batch  # noqa: F401
     import dpu_pipe.kernel  # noqa: F401
     import dpu_pipe.transforms  # noqa: F401
     import targets

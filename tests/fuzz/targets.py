@@ -209,7 +209,7 @@ def _first_batch(src, n):
     """The buffers and one skip-policy batch of the first (up to 4) of ``src``'s ``n``
     samples: whatever the bytes, clean errors only."""
     from dpu_pipe.spec import StreamSpec
-    from dpu_pipe.steps import BatchMaker
+    from dpu_pipe.batch import BatchMaker
     from dpu_pipe.transforms import TransformConfig
 
     if not n:
