@@ -83,7 +83,7 @@ def init_process_group(backend=None, *, comm=None, setup_timeout=120.0, **kwargs
         return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(),
                                 int(os.environ.get("LOCAL_RANK", 0)), backend)
     # Function-local: the offload layer imports MPI, which a torchrun job must not need.
-    from .offload.host import host_group
+    from .offload.group import host_group
 
     MPI = load_mpi()
     group = host_group(comm)

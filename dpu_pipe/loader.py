@@ -7,9 +7,9 @@ have the same split). Engines, chosen by ``mode``:
 
 - ``"local"``: :class:`LocalEngine`, a maker thread on this host filling a ring of buffers
   (also the fallback of the offloaded modes, and the reference stream they reproduce);
-- ``"offload"`` and ``"hybrid"``: :class:`dpu_pipe.offload.host.OffloadEngine`, batches of
+- ``"offload"`` and ``"hybrid"``: :class:`dpu_pipe.offload.engine.OffloadEngine`, batches of
   the producer ranks (and of host threads in hybrid mode) from the host's window, built by
-  :class:`~dpu_pipe.offload.host.DPULoader`.
+  :class:`~dpu_pipe.offload.engine.DPULoader`.
 
 Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec` with
 :class:`~dpu_pipe.batch.BatchMaker` objects, so the batches are the same whoever makes them.
@@ -89,7 +89,7 @@ def default_shard(rank, world_size):
 
 class Engine:
     """What makes a loader's batches. The contract (see :class:`LocalEngine` and
-    ``dpu_pipe.offload.host.OffloadEngine``):
+    ``dpu_pipe.offload.engine.OffloadEngine``):
 
     - :meth:`start` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
       ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
@@ -942,7 +942,7 @@ class Loader:
         samples also counting the producers'), and seconds waiting for batches in the
         consumer (``wait_s``); with a device, how batches reach it (see
         :mod:`dpu_pipe.device`); with an offloaded mode, the engine's counters (see
-        :meth:`dpu_pipe.offload.host.DPULoader.stats`).
+        :meth:`dpu_pipe.offload.engine.DPULoader.stats`).
 
         ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
         the loader was made) instead, what a training log prints every N steps:

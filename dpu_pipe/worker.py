@@ -1,14 +1,14 @@
 """``python -m dpu_pipe.worker``: a producer rank (on a DPU core) serving its host.
 
 It takes no arguments (``--hostmap`` optionally, as ``DPU_PIPE_HOSTMAP``): it finds its host
-in the MPI job and serves it until the host stops (see :mod:`dpu_pipe.offload.worker`).
+in the MPI job and serves it until the host stops (see :mod:`dpu_pipe.offload.producer_loop`).
 Launch it under ``python -m mpi4py`` so that an error in any rank aborts the job.
 
 ``--serve FILE`` (with ``--hosts N``, default 1, and ``--accept-timeout SECONDS``): the
 producers are an MPI job of their own; hosts that are not in it (started by ``torchrun``)
 join through the port published in FILE (see :mod:`dpu_pipe.offload.rendezvous`).
 """
-from .offload.worker import main, serve
+from .offload.producer_loop import main, serve
 
 __all__ = ["main", "serve"]
 

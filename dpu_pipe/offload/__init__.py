@@ -4,6 +4,6 @@
 request channel) and ``channel`` (the validation channel) → ``group`` (a host's place in the
 job) → ``validation`` and ``host`` (:class:`DPULoader`); ``worker`` (the producer loop).
 """
-from .host import DPULoader
+from .engine import DPULoader
 
 __all__ = ["DPULoader"]

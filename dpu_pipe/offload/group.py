@@ -1,6 +1,6 @@
 """A host process's place in the MPI job: its host group (this host and the producer ranks
 serving it), made on first use and kept for the process lifetime, with the transport (one
-window) and the validation channel. :class:`~dpu_pipe.offload.host.DPULoader` streams and
+window) and the validation channel. :class:`~dpu_pipe.offload.engine.DPULoader` streams and
 :class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it. The group comes from
 the MPI job the host runs in or, with a serve file, from the producer job it joins
 (:mod:`dpu_pipe.offload.rendezvous`).

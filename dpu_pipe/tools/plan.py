@@ -253,7 +253,7 @@ def run(args):
         raise ConfigError("--measure needs --data: the dataset whose images are timed")
     # What a producer process has imported (the worker brings in the whole package): counted
     # below as its baseline memory.
-    from ..offload import worker  # noqa: F401
+    from ..offload import producer_loop  # noqa: F401
 
     measured = None
     process = _rss_bytes()

@@ -128,7 +128,7 @@ def check_window(checks, rt, loader, transport, where, batches):
 
 def run(args, checks, torch):
     from dpu_pipe import DPULoader
-    from dpu_pipe.offload.host import host_group, shutdown
+    from dpu_pipe.offload.group import host_group, shutdown
     from dpu_pipe.sources import open_path
 
     from dpu_pipe import Loader

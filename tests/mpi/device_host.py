@@ -51,7 +51,7 @@ def epoch_on_device(dl, dev, ref, where):
 
 def run(args):
     from dpu_pipe import DPULoader
-    from dpu_pipe.offload.host import host_group, shutdown
+    from dpu_pipe.offload.group import host_group, shutdown
     from dpu_pipe.sources import open_path
     from fake_device import FakeDevice
 
@@ -139,7 +139,7 @@ def run_real(src, ref, kw):
     """Two epochs on the CUDA device, compared with the Loader's stream."""
     import torch
     from dpu_pipe import DPULoader
-    from dpu_pipe.offload.host import shutdown
+    from dpu_pipe.offload.group import shutdown
 
     dl = DPULoader(src, 4, slots=1, device="cuda", **kw)
     for e in range(2):

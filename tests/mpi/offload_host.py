@@ -620,7 +620,7 @@ def run_misc(args, src, warnings):
     import ctypes
 
     from dpu_pipe import DPULoader, Loader
-    from dpu_pipe.offload.host import host_group
+    from dpu_pipe.offload.group import host_group
     from dpu_pipe.offload.transport import RemoteError
 
     kw = loader_kwargs(args)
@@ -786,7 +786,7 @@ def run_worker(args):
 
     steps.BatchMaker.make = slow_produce
 
-    from dpu_pipe.offload.worker import handler
+    from dpu_pipe.offload.producer_loop import handler
 
     @handler("bulk-sum")
     def bulk_sum(ctx, payload):

@@ -242,7 +242,7 @@ def test_producer_payload_reads_back_as_the_loaders_batch(label_data, kind):
 
     from dpu_pipe import DPULoader, Loader
     from dpu_pipe.offload.transport import Work
-    from dpu_pipe.offload.worker import OpenStream
+    from dpu_pipe.offload.producer_loop import OpenStream
 
     src = label_data if kind == "int" else label_lists(label_data)[kind]
     kw = dict(size=16, dtype="uint8", seed=3, on_error="skip", return_meta=True)
@@ -271,7 +271,7 @@ def test_producer_refuses_a_spec_whose_labels_differ_from_its_source(label_data)
     from offload_host import label_lists
 
     from dpu_pipe import DPULoader
-    from dpu_pipe.offload.worker import OpenStream
+    from dpu_pipe.offload.producer_loop import OpenStream
 
     with DPULoader(label_lists(label_data)["multi"], 4, mode="local", size=16) as host:
         spec = host.spec()

@@ -194,7 +194,7 @@ def main():
     torch.set_num_threads(1)
     from mpi4py import MPI
     from dpu_pipe import ImageFolder
-    from dpu_pipe.offload.host import host_group
+    from dpu_pipe.offload.group import host_group
 
     src = ImageFolder(args.data)
     session = host_group(MPI.COMM_WORLD)

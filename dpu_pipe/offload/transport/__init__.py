@@ -30,7 +30,7 @@ Protocol (record layouts in :mod:`dpu_pipe.offload.wire`):
   entries as ``CANCELLED``; producers drop them, before or after making them.
 * Requests of any other kind (pipeline specs, pings, validation work) travel as pickled
   point-to-point messages: see :meth:`HostTransport.request` and
-  :mod:`dpu_pipe.offload.worker`.
+  :mod:`dpu_pipe.offload.producer_loop`.
 
 Progress: the producers only write into the host's memory with ``Put`` and read their own;
 the host only writes into producers' memory. None of it needs the *target* to call MPI when

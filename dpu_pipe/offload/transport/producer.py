@@ -36,7 +36,7 @@ class Work:
 class ProducerTransport(Endpoint):
     """Producer end (group rank >= 1): collective at construction with the host's
     :class:`HostTransport`; settings come from the host. Used by one thread (the worker
-    loop in :mod:`dpu_pipe.offload.worker`), which calls :meth:`next_work`,
+    loop in :mod:`dpu_pipe.offload.producer_loop`), which calls :meth:`next_work`,
     :meth:`granted`, :meth:`publish` and :meth:`beat`. ``setup_timeout`` bounds the wait for
     the host to make the window (it does so when its first loader starts iterating) and the
     shutdown handshake."""

@@ -22,7 +22,7 @@ in flight (re-made when it continues). The producers serve the host until its pr
 Request channel for other work (validation, say): :func:`host_group` gives the host's
 :class:`HostGroup`; ``host_group().transport.request(kind, payload, to=None)`` sends a request to
 one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which
-producers answer from handlers registered with :func:`dpu_pipe.offload.worker.handler`.
+producers answer from handlers registered with :func:`dpu_pipe.offload.producer_loop.handler`.
 
 The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
 run the same :class:`~dpu_pipe.batch.BatchMaker` built from the loader's
@@ -143,7 +143,7 @@ class DPULoader(Loader):
         this MPI job — for hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``; see
         :mod:`dpu_pipe.offload.rendezvous`). Each host is torch's ``RANK`` of ``WORLD_SIZE``.
 
-    Producer memory: ``dpu_pipe.offload.worker.DEPTH`` (2) batches per producer rank plus
+    Producer memory: ``dpu_pipe.offload.producer_loop.DEPTH`` (2) batches per producer rank plus
     its decoder's scratch.
 
     With an accelerator ``device``, the window is registered as pinned memory

@@ -14,7 +14,7 @@ The loop, one thread, never blocks for long:
 Request handlers (the extension point for work other than the training stream, e.g.
 evaluating a model on a validation shard between batches)::
 
-    from dpu_pipe.offload.worker import handler
+    from dpu_pipe.offload.producer_loop import handler
 
     @handler("ping")
     def ping(ctx, payload):
@@ -206,7 +206,10 @@ def _spec(ctx, payload):
     return stream
 
 
-class _Worker:
+class ProducerLoop:
+    """The producer rank's loop over its transport (see the module docstring): requests,
+    handlers in pieces, grants, the next batch, heartbeats."""
+
     def __init__(self, transport):
         self.t = transport
         self.ctx = Context(transport)
@@ -384,7 +387,7 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
     validation.start()
     transport = ProducerTransport(group)
     # On an exception no clean shutdown is attempted: python -m mpi4py aborts the job.
-    loop = _Worker(transport)
+    loop = ProducerLoop(transport)
     loop.run()
     loop.pool.shutdown(wait=True)
     validation.stop()
