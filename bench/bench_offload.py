@@ -171,10 +171,16 @@ def driver(args):
 def delayed_worker(args):
     """A producer rank whose batches take ``--delay`` s more (the scaling sweep's injected
     delay), for the current and the earlier worker module alike."""
-    from dpu_pipe import steps, worker
+    import importlib
 
-    # An earlier checkout names the class StepProducer and its method produce.
-    cls = getattr(steps, "BatchMaker", None) or steps.StepProducer
+    from dpu_pipe import worker
+
+    # Earlier checkouts keep BatchMaker in dpu_pipe.steps, or name it StepProducer and its
+    # method produce.
+    mod = importlib.import_module("dpu_pipe.batch")
+    if not hasattr(mod, "BatchMaker"):
+        mod = importlib.import_module("dpu_pipe.steps")
+    cls = getattr(mod, "BatchMaker", None) or mod.StepProducer
     name = "make" if cls.__name__ == "BatchMaker" else "produce"
     produce = getattr(cls, name)
 

@@ -53,7 +53,7 @@ SOURCE = _photo_like(375, 500, seed=1)
 
 def op_runner(name, mag):
     """A callable applying op ``name`` with ``mag`` to a fresh copy of the 224 crop."""
-    aug = _augment.Augmenter(augment.kernel_spec(TransformConfig(size=SIZE)))
+    aug = _augment.Augmenter(augment.kernel_params(TransformConfig(size=SIZE)))
     img = CROP.copy()
 
     def run():

@@ -18,8 +18,7 @@ except ImportError as exc:
 
 from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError
 from .build_info import build_info
-from .loader import Loader
-from .offload import DPULoader
+from .loader import DPULoader, Loader
 from .packed.writer import pack
 from .transforms import TransformConfig
 from .offload.validation import RemoteValidation

@@ -11,7 +11,7 @@ import numpy as np
 
 from .constants import AUTO_AUGMENT
 
-__all__ = ["kernel_spec", "AUTO_AUGMENT", "TA_WIDE_SPACE", "RA_SPACE", "IMAGENET_POLICY"]
+__all__ = ["kernel_params", "AUTO_AUGMENT", "TA_WIDE_SPACE", "RA_SPACE", "IMAGENET_POLICY"]
 
 _MODES = {None: 0, "ta_wide": 1, "ra": 2, "imagenet": 3}
 
@@ -102,7 +102,7 @@ def _jitter_ranges(color_jitter):
     return out
 
 
-def kernel_spec(config):
+def kernel_params(config):
     """The dict ``_augment.Augmenter`` and the batch kernel read, from a TransformConfig's
     :class:`~dpu_pipe.transforms.SampleRecipe`."""
     config = config.recipe

@@ -44,7 +44,7 @@ from ._torch import require_torch as torch_module
 from .deadline import poll_until
 from .errors import ConfigError
 
-__all__ = ["OutputSpec", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
+__all__ = ["BatchOutput", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
            "wait_event"]
 
 log = logging.getLogger("dpu_pipe")
@@ -66,7 +66,7 @@ def _memory_format(value, torch):
                       f"or None, got {value!r}")
 
 
-class OutputSpec:
+class BatchOutput:
     """The output options of a loader, checked once.
 
     Parameters

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _augment, _jpeg, _pipeline
 from . import _validate as _v
-from .augment import kernel_spec
+from .augment import kernel_params
 from .errors import ConfigError, DecodeError
 from .transforms import TransformConfig
 
@@ -62,7 +62,7 @@ class BatchProcessor:
         self.num_threads = int(num_threads)
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
         self._lock = threading.Lock()
-        self._augmenter = _augment.Augmenter(kernel_spec(config)) if config.augmented else None
+        self._augmenter = _augment.Augmenter(kernel_params(config)) if config.augmented else None
 
     @property
     def sample_shape(self):

@@ -2,24 +2,24 @@
 
 The :class:`Loader` owns what every engine shares — the position in the stream (epoch, step),
 the batch the caller holds, the output conversion, the state and the stats — and asks its
-engine for one thing, the next batch (torch's ``_BaseDataLoaderIter`` and its ``_next_data``
-have the same split). Engines, chosen by ``mode``:
+engine for one thing, the next batch (the :class:`~dpu_pipe.engines.base.Engine` contract).
+Engines, chosen by ``mode``:
 
-- ``"local"``: :class:`LocalEngine`, a maker thread on this host filling a ring of buffers
-  (also the fallback of the offloaded modes, and the reference stream they reproduce);
-- ``"offload"`` and ``"hybrid"``: :class:`dpu_pipe.offload.engine.OffloadEngine`, batches of
-  the producer ranks (and of host threads in hybrid mode) from the host's window, built by
-  :class:`~dpu_pipe.offload.engine.DPULoader`.
+- ``"local"``: :class:`~dpu_pipe.engines.local.LocalEngine`, a maker thread on this host
+  filling a ring of buffers (also the fallback of the offloaded modes, and the reference
+  stream they reproduce); this mode never calls MPI;
+- ``"offload"`` and ``"hybrid"``: :class:`~dpu_pipe.engines.offload.OffloadEngine`, batches
+  of the producer ranks (and of host threads in hybrid mode) from the host's window.
 
 Every engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec` with
 :class:`~dpu_pipe.batch.BatchMaker` objects, so the batches are the same whoever makes them.
+States and resuming are :mod:`dpu_pipe.resume`'s.
 """
 
 import collections
 import contextlib
 import dataclasses
 import os
-import queue
 import sys
 import threading
 import time
@@ -29,31 +29,24 @@ import weakref
 import numpy as np
 
 from . import _validate as _v
-from .deadline import deadline_in
-from .device import OutputSpec, torch_module
+from . import resume as _resume
+from .batch import BatchMaker, MakerStats
+from .device import BatchOutput, torch_module
+from .engines import offload as _offload
+from .engines.base import Cancelled
+from .engines.local import LocalEngine
+from .errors import ConfigError, DecodeError, PipeTimeout
+from .kernel import BatchProcessor
+from .offload.group import host_group, started_group
 from .rng import check_epoch
-from .errors import (ConfigError, DecodeError, DpuPipeError, PipeTimeout, ProducerError,
-                     format_traceback)
-from .sampler import EpochSampler
 from .sources import as_source
 from .spec import StreamSpec
-from .kernel import BatchProcessor
-from .batch import BatchMaker, MakerStats
 from .transforms import TransformConfig
 
-__all__ = ["Loader", "Engine", "LocalEngine"]
+__all__ = ["Loader", "DPULoader", "MODES", "default_shard"]
 
-# 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
-# a state of version 1 would resume into a different stream.
-# 3: a state carries the resume point of an elastic resume (which an older dpu_pipe would
-# ignore, resuming into another stream), and train=False streams default to
-# shard_tail="mask" (equal batch counts on every rank, padding masked) instead of "uneven".
-# A version-2 state has no resume point and means what it meant: it is still read.
-STATE_VERSION = 3
-_READABLE_STATES = (2, STATE_VERSION)
-
-#: State fields an elastic resume may change: how the rest of an epoch is sharded.
-_ELASTIC_FIELDS = ("world_size", "rank", "batch_size")
+#: The engines a loader's ``mode`` picks.
+MODES = ("offload", "hybrid", "local")
 
 #: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
 DEFAULT_TIMEOUT = 300.0
@@ -64,10 +57,15 @@ _WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE
                     "SLURM_NTASKS")
 
 
-def default_shard(rank, world_size):
-    """``(rank, world_size)`` with what was left unset taken from ``torch.distributed`` when
-    it is initialized, else ``(0, 1)`` — with a warning when the launcher says this process is
-    one of several (every rank would then read the whole dataset)."""
+def default_shard(rank, world_size, group=None):
+    """``(rank, world_size)`` with what was left unset taken from ``group`` (a
+    :class:`~dpu_pipe.offload.group.HostGroup`: this host's index among the hosts and their
+    count) when it has producers or more than one host, else from ``torch.distributed`` when
+    it is initialized, else ``(0, 1)`` — with a warning when the launcher says this process
+    is one of several (every rank would then read the whole dataset)."""
+    if group is not None and (group.roles.producers or group.num_hosts > 1):
+        rank = group.host_index if rank is None else rank
+        world_size = group.num_hosts if world_size is None else world_size
     if rank is not None and world_size is not None:
         return rank, world_size
     torch = sys.modules.get("torch")   # a job using torch.distributed has imported torch
@@ -85,163 +83,6 @@ def default_shard(rank, world_size):
                           f"group first.", RuntimeWarning, stacklevel=4)
             break
     return (0 if rank is None else rank, 1 if world_size is None else world_size)
-
-
-class Engine:
-    """What makes a loader's batches. The contract (see :class:`LocalEngine` and
-    ``dpu_pipe.offload.engine.OffloadEngine``):
-
-    - :meth:`start` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
-      ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
-    - :meth:`_next_data` ``(epoch, step)``: that batch as ``(images, labels, indices)``
-      arrays (``indices``: the dataset index of each row), waiting at most the loader's
-      ``timeout``; raises on failure. The arrays stay valid until :meth:`release_held`;
-    - :meth:`release_held`: give back the buffer of the batch the caller holds — the one
-      path by which a held buffer returns, called when the next batch is requested, by
-      :meth:`close` and when the engine's memory is remade;
-    - :meth:`pause`: the iteration ended or was superseded (work ahead may be kept);
-    - :meth:`close`: stop all work and give back every buffer;
-    - :attr:`makers`: the :class:`~dpu_pipe.batch.BatchMaker` s making batches on this
-      host (the loader adds up their stats and bad samples);
-    - :meth:`stats` and :attr:`remote_bad`: what the engine knows beyond its makers.
-    """
-
-    makers = ()
-    remote_bad = {}
-    #: Set (a ``threading.Event``) by the loader when another thread ends the iteration
-    #: :meth:`_next_data` is waiting for: the wait then raises :class:`Cancelled`.
-    cancel = None
-
-    def start(self, epoch, step, end):
-        raise NotImplementedError
-
-    def _next_data(self, epoch, step):
-        raise NotImplementedError
-
-    def release_held(self):
-        raise NotImplementedError
-
-    def pause(self):
-        raise NotImplementedError
-
-    def close(self):
-        raise NotImplementedError
-
-    def stats(self, made):
-        """The loader's counters given ``made``, the :class:`~dpu_pipe.batch.MakerStats`
-        summed over :attr:`makers`."""
-        return made.as_dict()
-
-
-class Cancelled(Exception):
-    """An engine's wait for a batch ended because another thread ended its iteration (the
-    loader turns it into a :class:`ConfigError` saying who)."""
-
-
-def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, stop):
-    """Maker thread body. It holds no reference to the Loader or its engine, so a loader
-    dropped without close() is collected, and its __del__ stops this thread."""
-    step = start
-    try:
-        for step in range(start, end):
-            while True:
-                if stop.is_set():
-                    return
-                try:
-                    slot = free.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    continue
-            n = maker.make(epoch, step, images[slot], labels[slot], indices[slot])
-            ready.put((step, slot, n, None))
-    except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
-        ready.put((step, None, 0, exc))
-
-
-class LocalEngine(Engine):
-    """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order.
-
-    Memory: ``(prefetch + 1) × batch bytes``, one buffer per batch in flight plus the one
-    the caller holds (kept from the thread until :meth:`release_held`).
-    """
-
-    def __init__(self, maker, prefetch, timeout):
-        self.maker = maker
-        self.makers = (maker,)
-        self.timeout = timeout
-        nslots = prefetch + 1
-        shape = maker.batch_shape
-        self.images = [np.empty(shape, dtype=maker.transform.np_dtype) for _ in range(nslots)]
-        self.labels = [np.empty((maker.batch_size,) + maker.label_shape,
-                                dtype=maker.label_dtype) for _ in range(nslots)]
-        self.indices = [np.empty(maker.batch_size, np.int64) for _ in range(nslots)]
-        self.held = None
-        self.thread = None
-        self.free = self.ready = self.stop_flag = None
-
-    def start(self, epoch, step, end):
-        self.pause()
-        if self.thread is not None and self.thread.is_alive():
-            # A second thread would run the maker's kernel (and its scratch memory) at once.
-            raise PipeTimeout(f"the loader's maker thread did not stop within "
-                              f"{self.timeout:.0f} s (a batch still being made); try again")
-        self.free = queue.Queue()
-        self.ready = queue.Queue()
-        self.stop_flag = threading.Event()
-        for k in range(len(self.images)):
-            if k != self.held:
-                self.free.put(k)
-        self.thread = threading.Thread(
-            target=_make_loop, name="dpu_pipe-maker", daemon=True,
-            args=(self.maker, self.images, self.labels, self.indices, epoch, step, end,
-                  self.free, self.ready, self.stop_flag))
-        self.thread.start()
-
-    def release_held(self):
-        slot, self.held = self.held, None
-        # Cleared first: interrupted in between, a slot is lost until the next start(), never
-        # handed to the maker twice.
-        if slot is not None and self.free is not None:
-            self.free.put(slot)
-
-    def _next_data(self, epoch, step):
-        deadline = deadline_in(self.timeout)
-        while True:
-            try:
-                _, slot, n, exc = self.ready.get(timeout=0.2)
-                break
-            except queue.Empty:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise Cancelled() from None
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise ProducerError("the loader's maker thread ended without a batch",
-                                        producer="loader thread") from None
-                if time.monotonic() > deadline:
-                    raise PipeTimeout(f"no batch within {self.timeout:.0f} s (epoch "
-                                      f"{epoch}, step {step})") from None
-        if exc is not None:
-            self.pause()
-            if isinstance(exc, DecodeError):
-                raise exc  # keeps the maker thread's traceback
-            raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
-                                remote_traceback=format_traceback(exc)) from exc
-        self.held = slot
-        return self.images[slot][:n], self.labels[slot][:n], self.indices[slot][:n]
-
-    def pause(self):
-        thread = self.thread
-        if thread is None:
-            return
-        self.stop_flag.set()
-        # The maker notices the stop flag once the batch it is making is done. At interpreter
-        # exit a daemon thread may already be frozen (it never ends): no join then.
-        if thread.is_alive() and thread is not threading.current_thread() \
-                and not sys.is_finalizing():
-            thread.join(timeout=self.timeout)
-
-    def close(self):
-        self.pause()
-        self.release_held()
 
 
 def _wait_range():
@@ -355,8 +196,11 @@ if hasattr(os, "register_at_fork"):
 
 
 class Loader:
-    """Iterable of ``(images, labels)`` batches decoded and augmented on this host
-    (``(images, labels, meta)`` with ``return_meta``).
+    """Iterable of ``(images, labels)`` batches (``(images, labels, meta)`` with
+    ``return_meta``), decoded and augmented on this host or, with ``mode="offload"`` or
+    ``"hybrid"``, by producer ranks (DPU cores) that put them into this host's memory over MPI
+    one-sided RMA (see :mod:`dpu_pipe.engines.offload` for the launch line). The stream is
+    the same in every mode, bit for bit.
 
     Labels are the source's: int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s float32
     targets (B,) or several labels per sample (B, K), int64 or float32.
@@ -389,9 +233,44 @@ class Loader:
         Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last`` (default
         False: the last batch is kept, shorter). ``len()`` counts batches accordingly.
     rank, world_size : int, optional
-        This process's shard. Unset, they come from ``torch.distributed`` when its process
-        group is initialized, else they are 0 and 1 (with a warning when the launcher's
-        environment, e.g. ``WORLD_SIZE``, says the job has several processes).
+        This process's shard. Unset, they are this host's index among the hosts of its host
+        group and their count (offloaded modes, or a process that has started a host group),
+        else they come from ``torch.distributed`` when its process group is initialized,
+        else they are 0 and 1 (with a warning when the launcher's environment, e.g.
+        ``WORLD_SIZE``, says the job has several processes).
+    mode : "local", "offload" or "hybrid"
+        The engine. ``"local"`` (default): this host's threads make the batches; MPI is not
+        touched. ``"offload"``: producer ranks make the batches (this host's threads when
+        no producer serves it, with a warning). ``"hybrid"``: producers and ``host_threads``
+        host threads take work from the same ticket pool; the host threads take work only
+        when the producers fall behind (fewer than ``slots // 2 + 1`` batches ready), and
+        take over the work of a producer that falls silent. The arguments below apply to
+        the offloaded modes.
+    comm : mpi4py communicator, optional
+        The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
+        first offloaded loader of a process starts the host group: collective over ``comm``.
+    host_threads : int
+        Threads making batches on the host in hybrid mode (default 1). Each holds its own
+        batch buffer: host memory grows by ``(host_threads + 2) × batch bytes``.
+    slots : int, optional
+        Batch buffers in the host's window (default ``prefetch + 1``): host memory for
+        offloaded batches is ``slots × batch bytes``. The window is sized by the first
+        offloaded loader of the process (the largest of its slots and batch bytes seen so
+        far when a later loader needs more: then it is made again, a collective with the
+        producers).
+    producer_threads : int
+        Threads of each producer's batch kernel (keep 1 when producer ranks share a DPU).
+    liveness_timeout : float
+        Seconds without a producer's heartbeat after which it counts as silent: offload mode
+        raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
+    hostmap : str, optional
+        ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
+        by name (see :mod:`dpu_pipe.offload.roles`). Used when the host group starts.
+    serve_file : str or path, optional
+        Join the producers of a job of their own (``python -m dpu_pipe.worker --serve
+        FILE``) through the port they published in this file, instead of producer ranks of
+        this MPI job — for hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``; see
+        :mod:`dpu_pipe.offload.rendezvous`). Each host is torch's ``RANK`` of ``WORLD_SIZE``.
     dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
         Float outputs are normalized by mean/std. bfloat16 (written by the kernel: the
         float32 value rounded to nearest even) needs torch output.
@@ -473,26 +352,45 @@ class Loader:
         the batch ops (``mixup_alpha``, ``cutmix_alpha``, ``mix_switch_p``, ``mix_p``,
         ``label_smoothing``, ``num_classes``: labels then float32 (B, num_classes);
         ``batch_hook``), see :mod:`dpu_pipe.mix`.
+
+    Offloaded memory
+    ----------------
+    A producer holds ``dpu_pipe.offload.producer_loop.DEPTH`` (2) batches plus its
+    decoder's scratch. With an accelerator ``device``, the window is registered as pinned
+    memory (``cudaHostRegister``) and a batch made by a producer is copied to the device
+    straight from its window slot; the slot is given back once that copy has completed.
+    Without registration (refused, or a torch without ``torch.cuda.cudart``) batches go
+    through pinned staging buffers, as in local mode; ``stats()["device_path"]`` says which
+    (see :mod:`dpu_pipe.device`).
     """
-
-
-    mode = "local"
 
     def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
                  drop_last=False, shard_tail=None, dtype="float32", layout="CHW",
                  num_threads=1, prefetch=2, on_error="raise", rank=None, world_size=None,
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
                  timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None, lookahead=0,
-                 **transform_options):
+                 mode="local", comm=None, host_threads=1, slots=None, producer_threads=1,
+                 liveness_timeout=60.0, hostmap=None, serve_file=None, **transform_options):
         self._init_locks()
         _LIVE.add(self)
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
+                or host_threads < (1 if mode == "hybrid" else 0):
+            raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
+                              f"{host_threads!r}")
+        #: The host group of an offloaded mode (:class:`~dpu_pipe.offload.group.HostGroup`);
+        #: None in local mode.
+        self._group = None
+        if mode != "local":
+            self._group = host_group(comm, hostmap=hostmap, serve_file=serve_file)
         _v.torch_loader_args(transform_options, type(self).__name__)
         self.lookahead = _v.integer(lookahead, "lookahead", 0)
         # A framework fetching ahead holds lookahead + 1 batches: ring buffers would be
         # overwritten under the one it trains on.
         copy = _v.boolean(copy, "copy") or self.lookahead > 0
-        self.out = OutputSpec(dtype=dtype, layout=layout, output=output, device=device,
-                              pin_memory=pin_memory, memory_format=memory_format, copy=copy)
+        self.out = BatchOutput(dtype=dtype, layout=layout, output=output, device=device,
+                               pin_memory=pin_memory, memory_format=memory_format, copy=copy)
         self.transform = TransformConfig(train=_v.boolean(train, "train"), size=size,
                                          dtype=self.out.kernel_dtype,
                                          layout=self.out.kernel_layout, **transform_options)
@@ -504,7 +402,8 @@ class Loader:
         self.prefetch = _v.positive_int(prefetch, "prefetch")
         self.num_threads = _v.positive_int(num_threads, "num_threads")
         self.source = as_source(source)
-        rank, world_size = default_shard(rank, world_size)
+        # A local loader never starts a host group, but shards as one its process has.
+        rank, world_size = default_shard(rank, world_size, self._group or started_group())
         #: What this loader's batches are made from (:class:`~dpu_pipe.spec.StreamSpec`).
         self.stream_spec = StreamSpec(self.source, batch_size, self.transform, seed=seed,
                                       shuffle=shuffle, rank=rank, world_size=world_size,
@@ -538,10 +437,21 @@ class Loader:
         self.valid_rows = 0
         self._created = time.monotonic()
         self._mark = None         # (time, counters) of the last stats(interval=True)
+        self.slots = self.prefetch + 1 if slots is None else slots
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
+        self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
+        self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
+        self.host_threads = int(host_threads)
+        #: The engine's mode: the one asked for, or ``"local"`` when no producer serves this
+        #: host.
+        self.mode = mode if mode == "local" else _offload.prepare(self, mode)
 
     def _new_engine(self):
-        """The engine of :attr:`mode` (``"local"`` here; see DPULoader for the others)."""
-        return LocalEngine(self.maker, self.prefetch, self.timeout)
+        """The engine of :attr:`mode`."""
+        if self.mode == "local":
+            return LocalEngine(self.maker, self.prefetch, self.timeout)
+        return _offload.OffloadEngine(self)
 
     # --- threads ------------------------------------------------------------------------
     # ``_lock`` (re-entrant) is held by whatever moves the loader or drives its engine:
@@ -598,7 +508,13 @@ class Loader:
 
     def _after_fork(self):
         """First use of the loader in a forked child: a new maker (same stream, position
-        kept)."""
+        kept); an offloaded mode refuses."""
+        if self.mode != "local":
+            raise ConfigError(
+                f"{type(self).__name__}(mode={self.mode!r}) used in a process forked from the "
+                f"one that made it: the host window and the producers belong to the MPI "
+                f"process that joined them. Use it in that process only (a DataLoader over it "
+                f"needs num_workers=0), or make a Loader in the child")
         self._pid = os.getpid()
         self._set_stream(self.stream_spec)
 
@@ -664,22 +580,7 @@ class Loader:
             if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
                 epoch, step = self._fetched[0]
             spec = self.stream_spec
-        state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
-        state.update(spec.state())
-        resume = spec.resume
-        state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
-        state["source"] = self._source_identity()
-        return state
-
-    def _source_identity(self):
-        """What names the dataset in a state: kind, location, sample count and index
-        fingerprint (paths and labels; None for a source without one)."""
-        spec = self.source.spec() if hasattr(self.source, "spec") else {}
-        args = spec.get("args") or {}
-        fp = getattr(self.source, "fingerprint", None)
-        return {"kind": type(self.source).__name__,
-                "location": args.get("path", args.get("root")),
-                "num_samples": len(self.source), "fingerprint": fp() if fp else None}
+        return _resume.state_of(spec, epoch, step)
 
     def load_state_dict(self, state, elastic=False):
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
@@ -699,171 +600,18 @@ class Loader:
         With the same geometry (world size, batch size) an elastic load is a plain resume.
         """
         elastic = _v.boolean(elastic, "elastic")
-        states = state if isinstance(state, (list, tuple)) else [state]
-        if isinstance(state, (list, tuple)) and not (elastic and state):
-            raise ConfigError("a list of states is for load_state_dict(states, elastic=True) "
-                              "(an elastic resume from every rank's state); pass this rank's "
-                              "state to resume on as many ranks as were saved")
         # Checked before the current iteration is told to end: a bad state changes nothing.
-        self._position_of(states, elastic)
+        _resume.resume_position(self.stream_spec, state, elastic)
         self._supersede("load_state_dict()")
         with self._locked("load_state_dict()"):
-            epoch, step, resume = self._position_of(states, elastic)
+            resume, epoch, step = _resume.resume_position(self.stream_spec, state, elastic)
             self._end_iteration()
             spec = dataclasses.replace(self.stream_spec, resume=resume)
             if spec != self.stream_spec:
                 self._set_stream(spec)
             with self._state_lock:
                 self._epoch = epoch
-                self._step = int(step)
-
-    def _position_of(self, states, elastic):
-        """``(epoch, step, resume point)`` the checked ``states`` resume at."""
-        for st in states:
-            self._check_state(st, elastic)
-        first = states[0]
-        epoch = check_epoch(first.get("epoch"))
-        resume = self._state_resume(first, epoch)
-        if not elastic or self._same_geometry(first):
-            if len(states) > 1:
-                self._elastic_point(states, epoch, resume)    # checks the ranks agree
-                first = next(st for st in states if st["rank"] == self.stream_spec.rank)
-            step = self._state_step(first, epoch, resume)
-            if elastic:
-                # Another rank's state (they stood at one step): a rank of an uneven shard
-                # with one batch less is at its end.
-                spec = self.stream_spec
-                mine = self._sampler(spec.world_size, spec.rank, resume)
-                step = min(step, mine.num_batches(spec.batch_size, spec.drop_last, epoch))
-        else:
-            epoch, start = self._elastic_point(states, epoch, resume)
-            resume, step = (epoch, start), 0
-        return epoch, step, resume
-
-    def _check_state(self, state, elastic):
-        """ConfigError unless ``state`` is a loader state of this dataset and of these
-        arguments (the re-sharding ones excepted when ``elastic``)."""
-        if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
-            raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
-        theirs, ours = state.get("source"), self._source_identity()
-        # A state saved before the dataset was recorded carries no "source": not checked.
-        if theirs is not None and theirs.get("fingerprint") != ours["fingerprint"]:
-            raise ConfigError(
-                f"state was saved for another dataset: {theirs.get('kind')} "
-                f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
-                f"fingerprint {theirs.get('fingerprint')}); this loader reads "
-                f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
-                f"fingerprint {ours['fingerprint']}); build the loader with the same dataset "
-                f"and arguments to resume")
-        for key, mine in self.stream_spec.state().items():
-            if elastic and key in _ELASTIC_FIELDS:
-                continue
-            if state.get(key) != mine:
-                hint = ""
-                if key in _ELASTIC_FIELDS:
-                    hint = (" — or, to continue on a different number of ranks, "
-                            "load_state_dict(state, elastic=True) (every rank of the saved "
-                            "job must have stood at the same step, as under DDP)")
-                raise ConfigError(
-                    f"state was saved with {key}={state.get(key)!r} but this loader has "
-                    f"{key}={mine!r}; build the loader with the same dataset and "
-                    f"arguments to resume{hint}")
-        if elastic:
-            for key, low in (("world_size", 1), ("batch_size", 1), ("rank", 0)):
-                value = state.get(key)
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                        or value < low:
-                    raise ConfigError(f"state {key} {value!r} is not an integer >= {low}")
-            if state["rank"] >= state["world_size"]:
-                raise ConfigError(f"state rank {state['rank']} outside its world_size "
-                                  f"{state['world_size']}")
-
-    def _state_resume(self, state, epoch):
-        """The resume point ``state`` was saved with, (epoch, start) or None."""
-        resume = state.get("resume")
-        if resume is None:
-            return None
-        try:
-            resume = tuple(resume)
-            ok = len(resume) == 2 and check_epoch(resume[0]) == epoch
-        except (TypeError, ConfigError):
-            ok = False
-        if not ok:
-            raise ConfigError(f"state resume point {state.get('resume')!r} is not "
-                              f"[epoch {epoch}, start]")
-        return resume
-
-    def _same_geometry(self, state):
-        return all(state.get(k) == getattr(self.stream_spec, k)
-                   for k in ("world_size", "batch_size"))
-
-    def _sampler(self, world_size, rank, resume):
-        """The sampler of this stream's rank ``rank`` of ``world_size`` with ``resume``."""
-        spec = self.stream_spec
-        return EpochSampler(len(self.source), seed=spec.seed, shuffle=spec.shuffle,
-                            rank=rank, world_size=world_size, shard_tail=spec.shard_tail,
-                            resume=resume)
-
-    def _state_step(self, state, epoch, resume):
-        """The step of ``state``, checked against its own geometry."""
-        step = state.get("step")
-        saved = self._sampler(state.get("world_size", self.stream_spec.world_size),
-                              state.get("rank", self.stream_spec.rank), resume)
-        batches = saved.num_batches(state.get("batch_size", self.batch_size),
-                                    self.stream_spec.drop_last, epoch)
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not 0 <= step <= batches:
-            raise ConfigError(f"state step {step!r} outside 0..{batches}")
-        return int(step)
-
-    def _elastic_point(self, states, epoch, resume):
-        """Where the rest of ``epoch`` starts after the saved ranks' steps: ``(epoch,
-        start)`` with the positions ``0 .. start - 1`` of its order read, or ``(epoch + 1,
-        0)`` when the epoch was read to its end.
-
-        Saved rank ``r`` with ``per_r`` indices in the epoch at step ``s_r`` has read its
-        first ``c_r = min(s_r * batch_size, per_r)`` indices: positions ``r, r + W, ...``.
-        The ranks read a prefix of the order — what the rest can continue from — when every
-        ``c_r`` is ``min(K, per_r)`` for one K; one state stands for every rank at its step.
-        """
-        ref = states[0]
-        world, bs = ref["world_size"], ref["batch_size"]
-        base = resume[1] if resume is not None else 0
-        if len(states) > 1:
-            ranks = sorted(st["rank"] for st in states)
-            if ranks != list(range(world)) or any(
-                    (st["world_size"], st["batch_size"]) != (world, bs) for st in states):
-                raise ConfigError(f"an elastic resume from a list of states needs the state "
-                                  f"of every rank 0..{world - 1} of one job, once each; got "
-                                  f"ranks {ranks}")
-            epochs = {st.get("epoch") for st in states}
-            if len(epochs) > 1:
-                raise ConfigError(f"the saved ranks stood in different epochs {sorted(epochs)}: "
-                                  f"an elastic resume needs every rank at the same step")
-            if any(self._state_resume(st, epoch) != resume for st in states):
-                raise ConfigError("the saved ranks' states have different resume points: "
-                                  "they are not the states of one job")
-            steps = {st["rank"]: self._state_step(st, epoch, resume) for st in states}
-        else:
-            step = self._state_step(ref, epoch, resume)
-            steps = {r: step for r in range(world)}
-        samplers = [self._sampler(world, r, resume) for r in range(world)]
-        drop_last = self.stream_spec.drop_last
-        if all(steps[r] >= s.num_batches(bs, drop_last, epoch)
-               for r, s in enumerate(samplers)):
-            return epoch + 1, 0
-        read = [min(steps[r] * bs, s.count(epoch)) for r, s in enumerate(samplers)]
-        k = max(read)
-        if any(c != min(k, s.count(epoch)) for c, s in zip(read, samplers)):
-            raise ConfigError(
-                "the saved ranks stood at different steps ("
-                + ", ".join(f"rank {r} at step {steps[r]}" for r in range(world))
-                + f") of epoch {epoch}: an elastic resume needs every rank at the same step, "
-                  f"as under DDP")
-        start = base + min(k * world, len(self.source) - base)
-        if start >= len(self.source):
-            return epoch + 1, 0
-        return epoch, start
+                self._step = step
 
     def _set_stream(self, spec):
         """Make ``spec`` this loader's stream: a new maker (keeping the counters and bad
@@ -941,8 +689,12 @@ class Loader:
         (``process_s``), batches and samples made (summed over every maker of this host,
         samples also counting the producers'), and seconds waiting for batches in the
         consumer (``wait_s``); with a device, how batches reach it (see
-        :mod:`dpu_pipe.device`); with an offloaded mode, the engine's counters (see
-        :meth:`dpu_pipe.offload.engine.DPULoader.stats`).
+        :mod:`dpu_pipe.device`); with an offloaded mode, bytes received, the producers'
+        read/decode+augment/publish seconds, batches per producer rank (0: host threads),
+        samples made by each side (``producer_samples``, ``host_samples``), and the window
+        polls made while waiting for batches (``host_polls``; each costs the host ~30-60 us
+        of CPU, and a host waiting for a producer sleeps through most of its batch time
+        instead of polling).
 
         ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
         the loader was made) instead, what a training log prints every N steps:
@@ -963,7 +715,7 @@ class Loader:
         d.update(self.out.stats())
         if not interval:
             return d
-        busy, makers = self._busy(d)
+        busy, makers = self._busy(d, engine)
         bad = len(self.bad_samples)
         with self._state_lock:
             now = time.monotonic()      # after busy: its interval never outgrows this one
@@ -978,9 +730,12 @@ class Loader:
                 "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
                 "bad_samples": counts[3] - last[3]}
 
-    def _busy(self, stats):
+    def _busy(self, stats, engine):
         """(seconds the batch makers spent reading and decoding, how many makers)."""
-        return sum(m.busy_s() for m in self._makers()), self.num_threads
+        busy = engine.busy(stats) if engine is not None else None
+        if busy is not None:
+            return busy
+        return sum(m.busy_s() for m in self._makers(engine)), self.num_threads
 
     def _meta(self, indices, valid_rows):
         """The ``meta`` of a batch whose rows are the samples ``indices``, the first
@@ -1038,3 +793,12 @@ class Loader:
             self.close()
         except Exception:
             pass
+
+
+class DPULoader(Loader):
+    """:class:`Loader` with ``mode="offload"`` by default: batches made by producer ranks
+    (DPU cores). Same arguments and behaviour otherwise; ``DPULoader(..., mode="hybrid")``
+    is ``Loader(..., mode="hybrid")``."""
+
+    def __init__(self, source, batch_size, *, mode="offload", **kwargs):
+        super().__init__(source, batch_size, mode=mode, **kwargs)

@@ -7,10 +7,14 @@ Launch it under ``python -m mpi4py`` so that an error in any rank aborts the job
 ``--serve FILE`` (with ``--hosts N``, default 1, and ``--accept-timeout SECONDS``): the
 producers are an MPI job of their own; hosts that are not in it (started by ``torchrun``)
 join through the port published in FILE (see :mod:`dpu_pipe.offload.rendezvous`).
-"""
-from .offload.producer_loop import main, serve
 
-__all__ = ["main", "serve"]
+:func:`handler` registers a handler of requests of one kind on the producers, and modules
+listed in :data:`HANDLER_MODULES` are imported for theirs before serving (see
+:mod:`dpu_pipe.offload.producer_loop`).
+"""
+from .offload.producer_loop import HANDLER_MODULES, handler, main, serve
+
+__all__ = ["main", "serve", "handler", "HANDLER_MODULES"]
 
 if __name__ == "__main__":
     main()

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 import dpu_pipe
 from dpu_pipe import distributed as dpu_dist
 from dpu_pipe import evaluate, models
+from dpu_pipe.offload.group import started_group
 from dpu_pipe.sources import as_source
 
 try:
@@ -185,11 +186,10 @@ class Training:
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
         out = dict(output="torch", device=device if cuda else None, timeout=args.timeout,
                    memory_format=torch.channels_last if cuda else None)
-        self.loader = dpu_pipe.DPULoader(train_src, args.batch_size, mode=args.mode,
-                                         size=args.size, seed=args.seed,
-                                         num_threads=args.threads,
-                                         host_threads=max(1, args.threads), **out)
-        group = self.loader._group
+        self.loader = dpu_pipe.Loader(train_src, args.batch_size, mode=args.mode,
+                                      size=args.size, seed=args.seed, num_threads=args.threads,
+                                      host_threads=max(1, args.threads), **out)
+        group = started_group()     # init_process_group started it in an MPI job
         self.producers = int(sum(gather(group.producers if group is not None else 0)))
         vbs = args.val_batch_size or args.batch_size
         self.remote = self.val_loader = None

@@ -3,6 +3,11 @@ DPULoader's local mode: each row's metadata names the sample whose image and lab
 holds — also where ``on_error="skip"`` replaced a bad file — across resume, set_epoch, torch
 output and the IterableDataset view; and labels beyond one int class through DPULoader."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -160,3 +165,27 @@ def test_dpuloader_checks_its_own_arguments(listed, kw, match):
     argument (a zero liveness timeout used to pass and time out every producer at once)."""
     with pytest.raises(ConfigError, match=match):
         DPULoader(listed, 4, mode="local", **kw)
+
+
+def test_local_mode_never_touches_mpi(listed):
+    """``mode="local"`` — Loader's default, and ``DPULoader(mode="local")`` — starts no host
+    group and imports no MPI: a fresh process iterates an epoch of each and mpi4py is still
+    not imported."""
+    rows = [(listed.describe(i), i) for i in range(N) if i not in BAD]
+    code = "\n".join([
+        "import json, sys",
+        "from dpu_pipe import DPULoader, Loader",
+        "from dpu_pipe.sources import FileList",
+        "src = FileList([tuple(r) for r in json.loads(sys.argv[1])])",
+        "for kind in (Loader, DPULoader):",
+        "    with kind(src, 4, mode='local', size=16, dtype='uint8') as dl:",
+        "        assert sum(len(y) for _, y in dl) == len(src)",
+        "        assert dl.mode == 'local' and dl._group is None",
+        "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'",
+        "print('OK')"])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(rows)], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr

@@ -1,5 +1,5 @@
 """The README's two quickstarts run as written: the `Loader` block as a script, and the
-`DPULoader` block as `train.py` under the README's own `mpiexec` line."""
+`mode="offload"` block as `train.py` under the README's own `mpiexec` line."""
 import re
 import shlex
 import sys
@@ -22,7 +22,7 @@ def _run(argv, cwd, limit):
 def test_readme_has_the_two_quickstarts():
     blocks = _python_blocks()
     assert len(blocks) == 2, "the README's front page has exactly two Python quickstarts"
-    assert "dpu_pipe.Loader(" in blocks[0] and "dpu_pipe.DPULoader(" in blocks[1]
+    assert "dpu_pipe.Loader(" in blocks[0] and 'mode="offload"' in blocks[1]
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def test_ops_match_torchvision_on_the_plain_output(images, recipe):
     # The recipe's ops draw from their own streams: crop, flip and DCT scale are the plain ones.
     np.testing.assert_array_equal(pinfo, ainfo)
     cfg = TransformConfig(size=SIZE, **kw)
-    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    aug_k = _augment.Augmenter(augment.kernel_params(cfg))
     seen = set()
     for i, index in enumerate(idx):
         params = aug_k.params(SEED, EPOCH, int(index))
@@ -113,7 +113,7 @@ def test_ops_match_torchvision_on_the_plain_output(images, recipe):
 @needs_tv
 def test_each_op_on_random_images_matches_torchvision():
     rng = np.random.default_rng(3)
-    aug_k = _augment.Augmenter(augment.kernel_spec(TransformConfig(size=8)))
+    aug_k = _augment.Augmenter(augment.kernel_params(TransformConfig(size=8)))
     cases = [("ShearX", 0.3), ("ShearX", -0.99), ("ShearY", 0.45), ("TranslateX", 13.7),
              ("TranslateY", -20.2), ("Rotate", 30.0), ("Rotate", -90.0), ("Rotate", 135.0),
              ("Rotate", 180.0), ("Rotate", -4.5), ("Brightness", 0.4), ("Brightness", -0.99),
@@ -140,7 +140,7 @@ def test_random_erase_matches_torchvision_erase(images):
     idx = _indices(40)
     plain, _ = _run(images, idx, size=SIZE)
     erased, _ = _run(images, idx, size=SIZE, random_erase=0.5)
-    aug_k = _augment.Augmenter(augment.kernel_spec(TransformConfig(size=SIZE, random_erase=0.5)))
+    aug_k = _augment.Augmenter(augment.kernel_params(TransformConfig(size=SIZE, random_erase=0.5)))
     hits = 0
     for i, index in enumerate(idx):
         box = aug_k.params(SEED, EPOCH, int(index))["erase"]
@@ -179,7 +179,7 @@ def test_random_erase_draws_standard_normal_values(images):
     plain, _ = _run(images, idx, size=SIZE)
     erased, _ = _run(images, idx, size=SIZE, random_erase=0.7, erase_value="random")
     cfg = TransformConfig(size=SIZE, random_erase=0.7, erase_value="random")
-    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    aug_k = _augment.Augmenter(augment.kernel_params(cfg))
     values, firsts = [], set()
     for i, index in enumerate(idx):
         box = aug_k.params(SEED, EPOCH, int(index))["erase"]
@@ -208,7 +208,7 @@ def test_random_erase_noise_spans_its_streams():
     cfg = TransformConfig(size=(400, 400), random_erase=1.0, erase_scale=(0.9, 0.95),
                           erase_ratio=(0.9, 1.1), erase_value="random")
     proc = BatchProcessor(cfg)
-    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    aug_k = _augment.Augmenter(augment.kernel_params(cfg))
     img = np.random.default_rng(0).integers(0, 256, (450, 460, 3), np.uint8)
     out, info = proc.empty(1), np.zeros((1, len(SampleInfo)), np.int32)
     for index in range(20):
@@ -228,7 +228,7 @@ def test_random_erase_noise_spans_its_streams():
 def test_erase_box_follows_torchvision_get_params():
     """Box sizes and positions within bounds; h < H and w < W; area in scale x image."""
     cfg = TransformConfig(size=(40, 56), random_erase=1.0, erase_scale=(0.1, 0.3))
-    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    aug_k = _augment.Augmenter(augment.kernel_params(cfg))
     areas = []
     for index in range(400):
         box = aug_k.params(1, 0, index)["erase"]
@@ -271,7 +271,7 @@ def _tv_draws(transform, n):
 
 
 def _ours(cfg, n):
-    aug_k = _augment.Augmenter(augment.kernel_spec(cfg))
+    aug_k = _augment.Augmenter(augment.kernel_params(cfg))
     return [(name, round(mag, 4)) for index in range(n)
             for name, mag in aug_k.params(5, 1, index)["ops"]]
 

@@ -1,4 +1,4 @@
-"""The source protocol: a user's source, its spec round trip (check_spec), and packing any
+"""The source protocol: a user's source, its spec round trip (check_rebuild), and packing any
 source (tar shards, Parquet, a user's factory) with ``pack`` and ``dpu-pipe pack``."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from dpu_pipe import Loader, pack
 from dpu_pipe.errors import ConfigError
-from dpu_pipe.sources import ImageFolder, PackedSource, check_spec, open_source
+from dpu_pipe.sources import ImageFolder, PackedSource, check_rebuild, open_source
 
 import dataset_formats as dfm
 import user_source as us
@@ -27,7 +27,7 @@ def root(format_folder):
 
 def test_user_source_spec_round_trips(root):
     src = us.EveryKth(root, 3, 1)
-    spec = check_spec(src)
+    spec = check_rebuild(src)
     assert spec["factory"] == "user_source:EveryKth"
     again = open_source(json.loads(json.dumps(spec)))
     assert len(again) == len(src) == 7
@@ -41,14 +41,14 @@ def test_user_source_spec_round_trips(root):
 
 def test_spec_that_does_not_round_trip_is_a_config_error(root):
     with pytest.raises(ConfigError, match="differs from the one the spec describes|rebuilds"):
-        check_spec(us.ForgetsStart(root, 3, 1))
+        check_rebuild(us.ForgetsStart(root, 3, 1))
     with pytest.raises(ConfigError, match="changes in JSON"):
-        check_spec(us.NotJson(root, 3, 1))
+        check_rebuild(us.NotJson(root, 3, 1))
 
     class Local(us.EveryKth):   # not importable by name from another process
         pass
     with pytest.raises(ConfigError, match="has no"):
-        check_spec(Local(root, 3, 1))
+        check_rebuild(Local(root, 3, 1))
 
     class NoSpec:
         labels = np.zeros(2, np.int64)
@@ -56,7 +56,7 @@ def test_spec_that_does_not_round_trip_is_a_config_error(root):
         def __len__(self):
             return 2
     with pytest.raises(ConfigError, match="has no spec"):
-        check_spec(NoSpec())
+        check_rebuild(NoSpec())
 
 
 def test_user_source_in_a_loader(root):

@@ -11,7 +11,7 @@ from PIL import Image
 import jpeg_corpus as jc
 from dpu_pipe import ConfigError, DecodeError, Loader, TransformConfig, pack
 from dpu_pipe import _jpeg, _pipeline
-from dpu_pipe.device import OutputSpec
+from dpu_pipe.device import BatchOutput
 from dpu_pipe.loader import default_shard
 from dpu_pipe.sources import FileList, ImageFolder, PackedSource
 
@@ -204,11 +204,11 @@ def test_pin_memory_without_an_accelerator_warns_and_yields_cpu_tensors(folder, 
 
 
 def test_output_spec_chooses_torch_for_torch_options():
-    assert OutputSpec().output == "numpy"
-    assert OutputSpec(dtype=torch.float16).output == "torch"
-    assert OutputSpec(memory_format="channels_last").kernel_layout == "HWC"
+    assert BatchOutput().output == "numpy"
+    assert BatchOutput(dtype=torch.float16).output == "torch"
+    assert BatchOutput(memory_format="channels_last").kernel_layout == "HWC"
     with pytest.raises(ConfigError, match="layout"):
-        OutputSpec(memory_format=torch.channels_last, layout="HWC")
+        BatchOutput(memory_format=torch.channels_last, layout="HWC")
 
 
 # --- rank defaults -----------------------------------------------------------------------------

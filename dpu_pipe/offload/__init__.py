@@ -2,8 +2,6 @@
 
 ``wire`` (byte layouts) → ``roles`` (who serves whom) → ``transport`` (window, tickets,
 request channel) and ``channel`` (the validation channel) → ``group`` (a host's place in the
-job) → ``validation`` and ``host`` (:class:`DPULoader`); ``worker`` (the producer loop).
+job) → ``validation``; ``producer_loop`` (the producer rank's loop). The host's engine of the
+offloaded modes is :mod:`dpu_pipe.engines.offload`.
 """
-from .engine import DPULoader
-
-__all__ = ["DPULoader"]

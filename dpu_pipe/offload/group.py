@@ -1,6 +1,6 @@
 """A host process's place in the MPI job: its host group (this host and the producer ranks
 serving it), made on first use and kept for the process lifetime, with the transport (one
-window) and the validation channel. :class:`~dpu_pipe.offload.engine.DPULoader` streams and
+window) and the validation channel. Offloaded :class:`~dpu_pipe.Loader` streams and
 :class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it. The group comes from
 the MPI job the host runs in or, with a serve file, from the producer job it joins
 (:mod:`dpu_pipe.offload.rendezvous`).
@@ -8,7 +8,6 @@ the MPI job the host runs in or, with a serve file, from the producer job it joi
 
 import atexit
 import logging
-import sys
 
 from ..device import PinnedRegion
 from ..errors import ConfigError
@@ -18,21 +17,15 @@ from .channel import open_channel
 from .roles import discover_roles, host_comm
 from .transport import HostTransport
 
-__all__ = ["HostGroup", "host_group", "shutdown"]
+__all__ = ["HostGroup", "host_group", "started_group", "shutdown"]
 
 log = logging.getLogger("dpu_pipe")
-
-
-def _mpi_running():
-    """True when this process already initialized MPI (it was launched in an MPI job)."""
-    mod = sys.modules.get("mpi4py.MPI")
-    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
 
 
 def host_group(comm=None, *, hostmap=None, serve_file=None):
     """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
     on first use — collectively with every rank of ``comm``, so every host must call it (or
-    build its first DPULoader) at the same point of its program.
+    build its first offloaded loader) at the same point of its program.
 
     Without ``comm``, a serve file (``serve_file``, else ``DPU_PIPE_SERVE``) joins the
     producer job that published it instead (see :mod:`dpu_pipe.offload.rendezvous`)."""
@@ -47,6 +40,15 @@ def host_group(comm=None, *, hostmap=None, serve_file=None):
     if s is None:
         s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap, serve_file=path)
     return s
+
+
+def started_group():
+    """The host group this process has started, if exactly one (by an offloaded loader,
+    :class:`~dpu_pipe.offload.validation.RemoteValidation` or
+    :func:`dpu_pipe.distributed.init_process_group`), else None. Starts nothing and calls no
+    MPI."""
+    groups = list(HostGroup._groups.values())
+    return groups[0] if len(groups) == 1 else None
 
 
 def shutdown():
@@ -142,18 +144,19 @@ class HostGroup:
 
     def pinned_window(self, out, timeout):
         """The window registered as pinned memory with the device runtime of ``out`` (a
-        loader's :class:`~dpu_pipe.device.OutputSpec`; made on first use, registered again
+        loader's :class:`~dpu_pipe.device.BatchOutput`; made on first use, registered again
         when the window is made anew), for device copies straight from the window."""
         if self._pinned is None:
             self._pinned = PinnedRegion(out.device_backend(), timeout=timeout)
             self.transport.add_window_user(self._pinned)
         return self._pinned
 
-    def register(self, spec):
-        """Send a pipeline spec to every producer; returns (stream id, replies)."""
+    def register(self, request):
+        """Send a stream request (:func:`dpu_pipe.engines.offload.stream_request`) to every
+        producer; returns (stream id, replies)."""
         sid = self.next_stream
         self.next_stream += 1
-        return sid, self.transport.request("spec", (sid, spec))
+        return sid, self.transport.request("stream", (sid, request))
 
     def close(self):
         """Stop this host's producers (they leave their loop and exit). Idempotent."""

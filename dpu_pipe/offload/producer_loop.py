@@ -14,7 +14,7 @@ The loop, one thread, never blocks for long:
 Request handlers (the extension point for work other than the training stream, e.g.
 evaluating a model on a validation shard between batches)::
 
-    from dpu_pipe.offload.producer_loop import handler
+    from dpu_pipe.worker import handler
 
     @handler("ping")
     def ping(ctx, payload):
@@ -53,7 +53,8 @@ the transfer progresses in its MPI calls (every ``next()``, ``poll()``, ``Reply.
         ctx.weights = buf
         return buf.nbytes
 
-Built-in kinds: ``"spec"`` (open a pipeline: ``(stream id, spec dict)``) and ``"ping"``
+Built-in kinds: ``"stream"`` (open a stream: ``(stream id, stream request)``, see
+:func:`dpu_pipe.engines.offload.stream_request`) and ``"ping"``
 (echo, used by tests and liveness checks).
 """
 
@@ -98,18 +99,19 @@ def handler(kind):
 
 
 class OpenStream:
-    """A stream opened from a host's spec: a BatchMaker and ``DEPTH`` batch buffers."""
+    """A stream opened from a host's stream request: a BatchMaker and ``DEPTH`` batch
+    buffers."""
 
-    def __init__(self, spec):
-        if spec.get("version") != wire.SPEC_VERSION:
-            raise ConfigError(f"pipeline spec version {spec.get('version')} is not "
-                              f"{wire.SPEC_VERSION}: host and producers run different "
-                              "dpu_pipe versions")
-        stream = StreamSpec.from_wire(spec)
+    def __init__(self, request):
+        if request.get("version") != wire.STREAM_REQUEST_VERSION:
+            raise ConfigError(f"stream request version {request.get('version')} is not "
+                              f"{wire.STREAM_REQUEST_VERSION}: host and producers run "
+                              "different dpu_pipe versions")
+        stream = StreamSpec.from_wire(request)
         transform = stream.transform
-        self.maker = BatchMaker(stream, spec["num_threads"])
-        self.layout = wire.PayloadLayout.from_spec(spec, transform.sample_shape,
-                                                   transform.np_dtype)
+        self.maker = BatchMaker(stream, request["num_threads"])
+        self.layout = wire.PayloadLayout.from_request(request, transform.sample_shape,
+                                                      transform.np_dtype)
         mine = (self.maker.label_dtype, self.maker.label_shape)
         if mine != (self.layout.label_dtype, self.layout.label_shape):
             raise ConfigError(f"the batches here have labels {mine[0]}{mine[1]}, "
@@ -192,15 +194,15 @@ def _ping(ctx, payload):
     return payload
 
 
-@handler("spec")
-def _spec(ctx, payload):
-    stream, spec = payload
-    key = json.dumps(spec, sort_keys=True)
-    for maker in ctx.streams.values():   # the same pipeline again: reuse the open source
+@handler("stream")
+def _open_stream(ctx, payload):
+    stream, request = payload
+    key = json.dumps(request, sort_keys=True)
+    for maker in ctx.streams.values():   # the same stream again: reuse the open source
         if getattr(maker, "key", None) == key:
             ctx.streams[stream] = maker
             return stream
-    maker = OpenStream(spec)
+    maker = OpenStream(request)
     maker.key = key
     ctx.streams[stream] = maker
     return stream
@@ -315,7 +317,7 @@ class ProducerLoop:
         self.t.beat(force=True, done=self._done_seq())
         if maker is None:
             self.current = None
-            return self._made(work, ConfigError(f"no pipeline spec for stream {work.stream} "
+            return self._made(work, ConfigError(f"no stream request for stream {work.stream} "
                                                 "arrived"))
         self.future = self.pool.submit(self._make, maker, work, self.publish_ns)
         return True
@@ -330,8 +332,8 @@ class ProducerLoop:
         return None
 
     def _maker(self, stream):
-        """The stream's pipeline; its spec travels on the request channel and may be a
-        moment behind the assignment that needs it."""
+        """The stream's pipeline; its stream request travels on the request channel and may
+        be a moment behind the assignment that needs it."""
         deadline = deadline_in(self.t.setup_timeout)
         while stream not in self.ctx.streams:
             for rid, kind, payload in self.t.requests():

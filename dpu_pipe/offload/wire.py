@@ -26,12 +26,12 @@ from ..errors import ConfigError
 __all__ = [
     "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
     "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
-    "SPEC_VERSION", "WAITING", "CANCELLED",
+    "STREAM_REQUEST_VERSION", "WAITING", "CANCELLED",
     "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
     "align", "check_version",
 ]
 
-#: Version of every layout in this module (and of the pipeline spec's meaning).
+#: Version of every layout in this module (and of a stream request's meaning).
 #: 3: payloads carry each row's sample index, and labels of the source's dtype and shape.
 #: 4: the stream spec carries an elastic resume point and the batch ops (MixUp/CutMix, label
 #: smoothing, ``batch_hook``), whose labels are float32 (B, num_classes); a producer of
@@ -103,7 +103,9 @@ PAYLOAD_HEADER = np.dtype([
     ("reserved", "<i8", (2,)),
 ])
 BAD_REPORT_BYTES = 16384
-SPEC_VERSION = WIRE_VERSION
+#: Version of a stream request (what producers need to make a stream: see
+#: :func:`dpu_pipe.engines.offload.stream_request`).
+STREAM_REQUEST_VERSION = WIRE_VERSION
 #: Label dtypes a payload carries: integer classes, or float targets (regression, soft or
 #: multi-label), one or several per sample.
 LABEL_DTYPES = {"int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
@@ -154,14 +156,15 @@ class PayloadLayout:
         self.nbytes = self.end(self.batch_size) + BAD_REPORT_BYTES
 
     @classmethod
-    def from_spec(cls, spec, sample_shape, image_dtype):
-        """The layout of a pipeline spec's payloads (``spec["labels"]`` from :meth:`labels`)."""
-        labels = spec["labels"]
-        return cls(spec["batch_size"], sample_shape, image_dtype, labels["dtype"],
+    def from_request(cls, request, sample_shape, image_dtype):
+        """The layout of a stream request's payloads (``request["labels"]`` from
+        :meth:`labels`)."""
+        labels = request["labels"]
+        return cls(request["batch_size"], sample_shape, image_dtype, labels["dtype"],
                    labels["shape"])
 
     def labels(self):
-        """The labels' part of a pipeline spec: ``{"dtype": name, "shape": [...]}``."""
+        """The labels' part of a stream request: ``{"dtype": name, "shape": [...]}``."""
         return {"dtype": self.label_dtype.name, "shape": list(self.label_shape)}
 
     def end(self, n):

@@ -4,8 +4,8 @@ The protocol every source follows is documented in :mod:`dpu_pipe.sources.base`.
 :class:`ImageFolder`, :class:`FileList`, :class:`PackedSource`, :class:`WebDataset` (tar
 shards) and :class:`ParquetSource` (Parquet and Arrow IPC files, Hugging Face datasets).
 :func:`as_source` turns what a loader is given into a source, :func:`open_source` rebuilds a
-source from its :meth:`~Source.spec` (in a producer process), and :func:`check_spec` proves
-on the host that a source's spec does rebuild it.
+source from its :meth:`~Source.spec` (in a producer process), and :func:`check_rebuild`
+proves on the host that a source's spec does rebuild it.
 """
 
 import importlib
@@ -24,8 +24,8 @@ from .parquet import ARROW_EXTENSIONS, PARQUET_EXTENSIONS, ParquetSource, from_h
 from .webdataset import WebDataset, expand_shards
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "WebDataset", "ParquetSource",
-           "open_source", "open_path", "as_source", "check_spec", "path_kind", "from_hf_dataset",
-           "expand_shards", "fingerprint_of", "frozen_labels", "JPEG_EXTENSIONS",
+           "open_source", "open_path", "as_source", "check_rebuild", "path_kind",
+           "from_hf_dataset", "expand_shards", "fingerprint_of", "frozen_labels", "JPEG_EXTENSIONS",
            "IMG_EXTENSIONS", "LIST_EXTENSIONS", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
 
 TAR_EXTENSIONS = (".tar",)
@@ -113,7 +113,7 @@ def _looks_like_source(obj):
 _BUILT_IN = (ImageFolder, FileList, PackedSource, WebDataset, ParquetSource)
 
 
-def check_spec(source):
+def check_rebuild(source):
     """The spec of ``source``, after proving on this process that producers can rebuild it:
     it is JSON-serialisable unchanged, and (for a source that is not built in) its factory
     imports and rebuilds a source of the same length, labels and fingerprint. Raises

@@ -353,7 +353,7 @@ def run_loader(job, train_src, val_src):
 def _offload_loaders(job, train_src, val_src, config):
     """(train DPULoader, validation DPULoader or None, RemoteValidation or None) of an
     offloaded configuration."""
-    from ..offload import DPULoader
+    from ..loader import DPULoader
     from ..offload.validation import RemoteValidation
 
     kw = dict(size=job["size"], seed=job["seed"], output="torch")

@@ -1456,7 +1456,7 @@ cdef int aug_config_from(AugConfig* cfg, dict spec) except -1:
 # --- Python face: describe() and the tests ---------------------------------------------------
 
 cdef class Augmenter:
-    """The augmentation of one transform (a spec from dpu_pipe.augment.kernel_spec): the
+    """The augmentation of one transform (the parameters from dpu_pipe.augment.kernel_params): the
     parameters a sample gets and the ops applied to a uint8 image, as the batch kernel does."""
     cdef AugConfig cfg
 

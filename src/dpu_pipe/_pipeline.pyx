@@ -22,7 +22,7 @@ from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sampl
 
 import numpy as np
 
-from dpu_pipe.augment import kernel_spec
+from dpu_pipe.augment import kernel_params
 from dpu_pipe.errors import ConfigError
 from dpu_pipe.transforms import TransformConfig
 
@@ -268,7 +268,7 @@ cdef class Pipeline:
         self.cfg.uint8_pass = tc.uint8_pass
         if ops_output_init(&self.cfg.u8hwc, OPS_UINT8, OPS_HWC, NULL, NULL) != OPS_OK:
             raise ConfigError("uint8 output spec")
-        aug_config_from(&self.cfg.aug, kernel_spec(tc))
+        aug_config_from(&self.cfg.aug, kernel_params(tc))
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
         # numpy has no bfloat16: its samples are held as their uint16 bits.
         self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])

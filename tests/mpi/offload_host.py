@@ -720,17 +720,17 @@ def run_hybrid_stats(args, src, warnings):
     samples and seconds of every host thread, as counted here around each make()."""
     import threading
 
-    from dpu_pipe import DPULoader, steps
+    from dpu_pipe import DPULoader, batch
 
     made = {}                       # thread id -> samples made on this host
-    make = steps.BatchMaker.make
+    make = batch.BatchMaker.make
 
     def counted(self, *a, **kw):
         n = make(self, *a, **kw)
         made[threading.get_ident()] = made.get(threading.get_ident(), 0) + n
         return n
 
-    steps.BatchMaker.make = counted
+    batch.BatchMaker.make = counted
     kw = loader_kwargs(args)
     ref = reference_epochs(src, args.batch, 1, **kw)
     made.clear()                    # the reference was made on this host too
@@ -742,7 +742,7 @@ def run_hybrid_stats(args, src, warnings):
     for th in threads:              # every make() counted on both sides before the stats
         th.join(timeout=60)
     s = dl.stats()
-    steps.BatchMaker.make = make
+    batch.BatchMaker.make = make
     return {"samples": s["samples"], "producer_samples": s["producer_samples"],
             "host_samples": s["host_samples"], "made_here": sum(made.values()),
             "threads_that_made": len(made), "read_s": s["read_s"],
@@ -764,11 +764,11 @@ def run_close_early(args, src, warnings):
 def run_worker(args):
     """``python -m dpu_pipe.worker`` with a delay before each batch: random up to
     ``--delay`` s, or exactly ``--fixed-delay`` s."""
-    from dpu_pipe import steps, worker
+    from dpu_pipe import batch, worker
     from mpi4py import MPI
 
     rng = random.Random(1234 + MPI.COMM_WORLD.Get_rank())
-    produce = steps.BatchMaker.make
+    produce = batch.BatchMaker.make
 
     made = [0]
     intervals = []      # (start, end) of each batch made, CLOCK_MONOTONIC (node-wide)
@@ -784,9 +784,9 @@ def run_worker(args):
         finally:
             intervals.append((start, time.monotonic()))
 
-    steps.BatchMaker.make = slow_produce
+    batch.BatchMaker.make = slow_produce
 
-    from dpu_pipe.offload.producer_loop import handler
+    from dpu_pipe.worker import handler
 
     @handler("bulk-sum")
     def bulk_sum(ctx, payload):

@@ -271,25 +271,25 @@ def run_fault(args, src):
 
 def run_worker(args):
     """The producer with a fault injected into its decode path."""
-    from dpu_pipe import steps, worker
+    from dpu_pipe import batch, worker
     from mpi4py import MPI
 
     me = MPI.COMM_WORLD.Get_rank()
     victim = me == MPI.COMM_WORLD.Get_size() - 1
-    produce = steps.BatchMaker.make
+    produce = batch.BatchMaker.make
     if args.fault == "slow" and victim:
         def slow(self, *a, **k):
             t = time.perf_counter()
             n = produce(self, *a, **k)
             time.sleep(9 * (time.perf_counter() - t) + 0.05)
             return n
-        steps.BatchMaker.make = slow
+        batch.BatchMaker.make = slow
     elif args.fault == "raise" and victim:
         def boom(self, epoch, step, *a, **k):
             if step >= 2:
                 raise RuntimeError("injected failure in the decode path (not a DecodeError)")
             return produce(self, epoch, step, *a, **k)
-        steps.BatchMaker.make = boom
+        batch.BatchMaker.make = boom
     elif args.fault == "unreachable":
         # The dataset's file system is not mounted on the producers' node.
         import builtins

@@ -170,7 +170,7 @@ IMAGES = {"u8-chw": ((3, 7, 5), "uint8"), "f32-hwc": ((9, 11, 3), "float32"),
 @pytest.mark.parametrize("label", LABELS, ids=list(LABELS))
 def test_payload_round_trip(label, batch, n, image):
     """A producer's buffer, sent as the transport Puts its parts (payload up to the report,
-    then the report), reads back through the layout the host makes from the pipeline spec."""
+    then the report), reads back through the layout the host makes from the stream request."""
     dtype, shape = LABELS[label]
     sample_shape, image_dtype = IMAGES[image]
     writer = wire.PayloadLayout(batch, sample_shape, image_dtype, dtype, shape)
@@ -185,8 +185,8 @@ def test_payload_round_trip(label, batch, n, image):
     writer.write_header(buf, n=n, bad_bytes=len(report), read_ns=5)
     sent = bytes(buf[:writer.end(n)]) + report
 
-    spec = json.loads(json.dumps({"batch_size": batch, "labels": writer.labels()}))
-    reader = wire.PayloadLayout.from_spec(spec, sample_shape, image_dtype)
+    request = json.loads(json.dumps({"batch_size": batch, "labels": writer.labels()}))
+    reader = wire.PayloadLayout.from_request(request, sample_shape, image_dtype)
     assert len(sent) <= reader.nbytes
     slot = np.zeros(reader.nbytes, np.uint8)
     slot[:len(sent)] = np.frombuffer(sent, np.uint8)
@@ -235,33 +235,35 @@ def label_data(mpi_dataset):
 
 @pytest.mark.parametrize("kind", ["int", "float", "multi", "multi-float"])
 def test_producer_payload_reads_back_as_the_loaders_batch(label_data, kind):
-    """A producer's OpenStream, opened from a DPULoader's spec, makes payloads that the host's
-    layout reads back as the local Loader's batches: images, labels, each row's sample index
+    """A producer's OpenStream, opened from a loader's stream request, makes payloads that the
+    host's layout reads back as the local Loader's batches: images, labels, each row's sample index
     (a skipped bad file replaced), and the bad-sample report."""
     from offload_host import label_lists
 
     from dpu_pipe import DPULoader, Loader
+    from dpu_pipe.engines.offload import payload_layout, stream_request
     from dpu_pipe.offload.transport import Work
     from dpu_pipe.offload.producer_loop import OpenStream
 
     src = label_data if kind == "int" else label_lists(label_data)[kind]
     kw = dict(size=16, dtype="uint8", seed=3, on_error="skip", return_meta=True)
     host = DPULoader(src, 4, mode="local", **kw)
-    maker = OpenStream(host.spec())
+    layout = payload_layout(host.maker)
+    maker = OpenStream(stream_request(host.stream_spec, layout, host.producer_threads))
     reported = {}
     with Loader(src, 4, **kw) as ref:
         for step, (x, y, meta) in enumerate(ref):
             work = Work({"seq": step, "ticket": step, "stream": 1, "epoch": 0, "step": step})
             maker.make(work)
             sent = b"".join(bytes(p) for p in work.parts)
-            slot = np.zeros(host.payload_bytes, np.uint8)
+            slot = np.zeros(layout.nbytes, np.uint8)
             slot[:len(sent)] = np.frombuffer(sent, np.uint8)
             head = wire.unpack(slot, wire.PAYLOAD_HEADER)
-            images, labels, indices = host.layout.views(slot, head["n"])
+            images, labels, indices = layout.views(slot, head["n"])
             assert np.array_equal(images, x) and np.array_equal(indices, meta["index"])
             assert labels.dtype == y.dtype and np.array_equal(labels, y)
             assert np.array_equal(src.labels[indices], labels)
-            reported.update(host.layout.report(slot, head["n"], head["bad_bytes"]))
+            reported.update(layout.report(slot, head["n"], head["bad_bytes"]))
             maker.give_back(work)
     assert list(reported) == [3] and "img.jpg" in reported[3]
     host.close()
@@ -271,10 +273,11 @@ def test_producer_refuses_a_spec_whose_labels_differ_from_its_source(label_data)
     from offload_host import label_lists
 
     from dpu_pipe import DPULoader
+    from dpu_pipe.engines.offload import payload_layout, stream_request
     from dpu_pipe.offload.producer_loop import OpenStream
 
     with DPULoader(label_lists(label_data)["multi"], 4, mode="local", size=16) as host:
-        spec = host.spec()
-    spec["labels"] = {"dtype": "int64", "shape": []}
+        request = stream_request(host.stream_spec, payload_layout(host.maker), 1)
+    request["labels"] = {"dtype": "int64", "shape": []}
     with pytest.raises(ConfigError, match=r"labels int64\(3,\).*int64\(\)"):
-        OpenStream(spec)
+        OpenStream(request)

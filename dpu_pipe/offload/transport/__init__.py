@@ -28,7 +28,7 @@ Protocol (record layouts in :mod:`dpu_pipe.offload.wire`):
   and frees buffers of cancelled grants only once the producer passed them.
 * The host cancels tickets (a new epoch, ``set_epoch``, another loader) by rewriting their
   entries as ``CANCELLED``; producers drop them, before or after making them.
-* Requests of any other kind (pipeline specs, pings, validation work) travel as pickled
+* Requests of any other kind (stream requests, pings, validation work) travel as pickled
   point-to-point messages: see :meth:`HostTransport.request` and
   :mod:`dpu_pipe.offload.producer_loop`.
 

@@ -1,5 +1,6 @@
-"""DPULoader: batches made by producer ranks (DPU cores) — and, in hybrid mode, by this
-host's threads too — delivered into this host's memory over MPI one-sided RMA.
+"""The engine of the offloaded modes (``mode="offload"`` and ``"hybrid"``): batches made by
+producer ranks (DPU cores) — and, in hybrid mode, by this host's threads too — delivered into
+this host's memory over MPI one-sided RMA.
 
 Launch (one machine)::
 
@@ -10,28 +11,31 @@ and on a cluster, hosts and DPUs as separate machines (MPMD)::
     mpiexec -hosts node1,node2 -n 2 python -m mpi4py train.py \\
           : -hosts node1-dpu,node2-dpu -n 16 python -m mpi4py -m dpu_pipe.worker
 
-The first DPULoader of a host process starts its *host group* (collective over the hosts and
-producers of the job: roles, one window, once): see :mod:`dpu_pipe.offload.roles` for who
-serves whom and :mod:`dpu_pipe.offload.transport` for the protocol. Every loader of the
-process is a *stream* of that host group: its pipeline spec goes to the producers once, then its
-epochs, ``set_epoch`` jumps, ``load_state_dict`` resumes are just the tickets it submits. One
-stream is active at a time; iterating another loader cancels the work the previous one had
-in flight (re-made when it continues). The producers serve the host until its process exits
-(or :func:`shutdown`); an exception that ends the host ends the job (``python -m mpi4py``).
+The first offloaded loader of a host process starts its *host group* (collective over the
+hosts and producers of the job: roles, one window, once; see
+:func:`~dpu_pipe.offload.group.host_group`):
+:mod:`dpu_pipe.offload.roles` says who serves whom and :mod:`dpu_pipe.offload.transport` the
+protocol. Every loader of the process is a *stream* of that host group: its stream request
+(:func:`stream_request`) goes to the producers once, then its epochs, ``set_epoch`` jumps,
+``load_state_dict`` resumes are just the tickets it submits. One stream is active at a time;
+iterating another loader cancels the work the previous one had in flight (re-made when it
+continues). The producers serve the host until its process exits (or
+:func:`dpu_pipe.offload.group.shutdown`); an exception that ends the host ends the job
+(``python -m mpi4py``).
 
-Request channel for other work (validation, say): :func:`host_group` gives the host's
-:class:`HostGroup`; ``host_group().transport.request(kind, payload, to=None)`` sends a request to
-one or every producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which
-producers answer from handlers registered with :func:`dpu_pipe.offload.producer_loop.handler`.
+Request channel for other work (validation, say): :func:`dpu_pipe.offload.group.host_group`
+gives the host's :class:`~dpu_pipe.offload.group.HostGroup`;
+``host_group().transport.request(kind, payload, to=None)`` sends a request to one or every
+producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which producers
+answer from handlers registered with :func:`dpu_pipe.worker.handler`.
 
-The stream is the local :class:`~dpu_pipe.Loader`'s, bit for bit: producers and host threads
-run the same :class:`~dpu_pipe.batch.BatchMaker` built from the loader's
+The stream is the local engine's, bit for bit: producers and host threads run the same
+:class:`~dpu_pipe.batch.BatchMaker` built from the loader's
 :class:`~dpu_pipe.spec.StreamSpec`, and batches are yielded strictly in order.
 
-The engine of the offloaded modes is :class:`OffloadEngine` (the
-:class:`~dpu_pipe.loader.Engine` contract): the host group knows engines, not loaders — it
-activates one, suspends the previous one and asks the active one to give back its held batch
-before it remakes the window.
+:class:`OffloadEngine` keeps the :class:`~dpu_pipe.engines.base.Engine` contract: the host
+group knows engines, not loaders — it activates one, suspends the previous one and asks the
+active one to give back its held batch before it remakes the window.
 """
 
 import atexit
@@ -45,23 +49,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import _validate as _v
+from ..batch import BatchMaker
 from ..deadline import deadline_in
 from ..errors import ConfigError, DpuPipeError, PipeTimeout
-from ..loader import Cancelled, Engine, Loader
-from ..sources import check_spec
-from ..batch import BatchMaker
-from . import rendezvous, wire
-from .group import HostGroup, _mpi_running, host_group, shutdown
-from .transport import FAILED, OK, pack_error
-from .wire import QUEUE
+from ..offload import wire
+from ..offload.transport import FAILED, OK, pack_error
+from ..offload.wire import QUEUE
+from ..sources import check_rebuild
+from .base import Cancelled, Engine
 
-# HostGroup, host_group and shutdown live in .group; named here as before.
-__all__ = ["DPULoader", "HostGroup", "host_group", "shutdown", "MODES"]
+__all__ = ["OffloadEngine", "RemoteStats", "prepare", "payload_layout", "stream_request"]
 
 log = logging.getLogger("dpu_pipe")
-
-MODES = ("offload", "hybrid", "local")
 
 #: Held by whatever drives the host group's transport (one per process): the engines of two
 #: loaders iterated in two threads take turns on it instead of driving it at once.
@@ -84,7 +83,7 @@ def _hook_exit(obj):
 
 def _take_transport_at_exit():
     """Runs at interpreter exit, before the host group and its transport shut down: threads
-    still iterating DPULoaders (daemon threads) let go of the transport within one poll,
+    still iterating offloaded loaders (daemon threads) let go of the transport within one poll,
     and the exiting thread keeps it, so the shutdown (which frees the window) never runs
     while another thread reads the window. Idempotent."""
     _EXITING.set()
@@ -95,162 +94,52 @@ def _take_transport_at_exit():
 def _check_not_exiting():
     if _EXITING.is_set():
         raise ConfigError("the interpreter is exiting: the host group is releasing its "
-                          "producers, and no DPULoader makes batches any more")
+                          "producers, and no offloaded loader makes batches any more")
 
 
+def payload_layout(maker):
+    """The byte layout of ``maker``'s batches in the window and in hybrid host threads
+    (:class:`~dpu_pipe.offload.wire.PayloadLayout`); labels as the batch ops leave them
+    (float32 (num_classes,) rows when mixing)."""
+    return wire.PayloadLayout(maker.batch_size, maker.transform.sample_shape,
+                              maker.transform.np_dtype, maker.label_dtype, maker.label_shape)
 
-class DPULoader(Loader):
-    """:class:`~dpu_pipe.Loader` whose batches are made by producer ranks.
 
-    Same arguments and behaviour as :class:`~dpu_pipe.Loader` (``len``, ``set_epoch``,
-    ``state_dict``/``load_state_dict``, ``on_error``, torch output, the source's labels
-    whatever their dtype and shape, ``return_meta``; a yielded batch stays valid until the
-    next one is requested, also after the loop that ended an epoch), plus:
+def stream_request(stream_spec, layout, producer_threads):
+    """What producers need to make a loader's stream (JSON-serialisable): the
+    :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout`` and the
+    threads of each producer's kernel."""
+    d = {"version": wire.STREAM_REQUEST_VERSION}
+    d.update(stream_spec.to_wire())
+    d.update(labels=layout.labels(), num_threads=producer_threads)
+    return d
 
-    Parameters
-    ----------
-    comm : mpi4py communicator, optional
-        The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
-        first DPULoader of a process starts the host group: collective over ``comm``.
-    mode : "offload", "hybrid" or "local"
-        ``"offload"``: producers make the batches (this host's threads when it has no
-        producer, with a warning). ``"hybrid"``: producers and ``host_threads`` host threads
-        take work from the same ticket pool; the host threads take work only when the
-        producers fall behind (fewer than ``slots // 2 + 1`` batches ready), and take over
-        the work of a producer that falls silent. ``"local"``: this host's threads only,
-        as :class:`~dpu_pipe.Loader`.
-    host_threads : int
-        Threads making batches on the host in hybrid mode (default 1). Each holds its own
-        batch buffer: host memory grows by ``(host_threads + 2) × batch bytes``.
-    rank, world_size : int, optional
-        Shard of this host; default: its index among the host ranks and their count.
-    slots : int, optional
-        Batch buffers in the host's window (default ``prefetch + 1``): host memory for
-        offloaded batches is ``slots × batch bytes``. The window is sized by the first
-        DPULoader of the process (the largest of its slots and batch bytes seen so far when
-        a later loader needs more: then it is made again, a collective with the producers).
-    producer_threads : int
-        Threads of each producer's batch kernel (keep 1 when producer ranks share a DPU).
-    liveness_timeout : float
-        Seconds without a producer's heartbeat after which it counts as silent: offload mode
-        raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
-    hostmap : str, optional
-        ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
-        by name (see :mod:`dpu_pipe.offload.roles`). Used when the host group starts.
-    serve_file : str or path, optional
-        Join the producers of a job of their own (``python -m dpu_pipe.worker --serve
-        FILE``) through the port they published in this file, instead of producer ranks of
-        this MPI job — for hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``; see
-        :mod:`dpu_pipe.offload.rendezvous`). Each host is torch's ``RANK`` of ``WORLD_SIZE``.
 
-    Producer memory: ``dpu_pipe.offload.producer_loop.DEPTH`` (2) batches per producer rank plus
-    its decoder's scratch.
-
-    With an accelerator ``device``, the window is registered as pinned memory
-    (``cudaHostRegister``) and a batch made by a producer is copied to the device straight
-    from its window slot; the slot is given back once that copy has completed. Without
-    registration (refused, or a torch without ``torch.cuda.cudart``) batches go through
-    pinned staging buffers, as with :class:`~dpu_pipe.Loader`; ``stats()["device_path"]``
-    says which (see :mod:`dpu_pipe.device`).
-    """
-
-    def __init__(self, source, batch_size, *, comm=None, mode="offload", host_threads=1,
-                 rank=None, world_size=None, slots=None, producer_threads=1,
-                 liveness_timeout=60.0, hostmap=None, serve_file=None, **kwargs):
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
-                or host_threads < (1 if mode == "hybrid" else 0):
-            raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
-                              f"{host_threads!r}")
-        self._group = None
-        serve = rendezvous.serve_file(serve_file) if comm is None else None
-        if mode != "local" or comm is not None or serve is not None or _mpi_running():
-            # In an MPI job the hosts start the host group whatever the mode, so shard defaults
-            # agree across modes and the producers are released at exit.
-            self._group = host_group(comm, hostmap=hostmap, serve_file=serve)
-            _hook_exit(self._group)
-            if self._group.roles.producers or self._group.num_hosts > 1:
-                rank = self._group.host_index if rank is None else rank
-                world_size = self._group.num_hosts if world_size is None else world_size
-            # else an MPI job of this process alone (torchrun, plain python): the shard
-            # comes from torch.distributed, as for Loader.
-        super().__init__(source, batch_size, rank=rank, world_size=world_size, **kwargs)
-        if mode != "local":
-            # Producers rebuild the source from its spec: one that would not rebuild is
-            # refused here, on the host, before any producer tries.
-            check_spec(self.source)
-        self.slots = self.prefetch + 1 if slots is None else slots
-        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
-            raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
-        #: Byte layout of this loader's batches in the window (and in hybrid host threads);
-        #: labels as the batch ops leave them (float32 (num_classes,) rows when mixing).
-        self.layout = wire.PayloadLayout(self.batch_size, self.transform.sample_shape,
-                                         self.transform.np_dtype, self.maker.label_dtype,
-                                         self.maker.label_shape)
-        self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
-        self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
-        self.host_threads = int(host_threads)
-        if self._group is not None:
-            self._group.reserve(self.slots, self.payload_bytes)
-            if mode == "offload" and not self._group.roles.producers:
-                # torchrun, or a plain python: each process is an MPI job of its own.
-                raise ConfigError(
-                    f"DPULoader(mode='offload'): this MPI job has no producer rank "
-                    f"({self._group.num_hosts} host rank(s) and nothing else; a process "
-                    f"started by torchrun or plain python is an MPI job of one). Launch hosts "
-                    f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
-                    f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
-                    f"mode='hybrid' or 'local' to produce on this host")
-            if mode != "local" and self._group.producers == 0:
-                log.warning("DPULoader: no producer rank serves this host; producing locally")
-                mode = "local"
-        self.mode = mode
-
-    def _new_engine(self):
-        if self.mode == "local":
-            return super()._new_engine()
-        return OffloadEngine(self)
-
-    def _after_fork(self):
-        if self.mode != "local":
-            raise ConfigError(
-                f"DPULoader(mode={self.mode!r}) used in a process forked from the one that "
-                f"made it: the host window and the producers belong to the MPI process that "
-                f"joined them. Use it in that process only (a DataLoader over it needs "
-                f"num_workers=0), or make a Loader in the child")
-        super()._after_fork()
-
-    def spec(self):
-        """What producers need to make this loader's stream (JSON-serialisable): the
-        :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout and the threads of
-        each producer's kernel."""
-        d = {"version": wire.SPEC_VERSION}
-        d.update(self.stream_spec.to_wire())
-        d.update(labels=self.layout.labels(), num_threads=self.producer_threads)
-        return d
-
-    @property
-    def payload_bytes(self):
-        """Bytes of one batch payload: header, indices, labels, images, bad-sample report
-        (see :class:`~dpu_pipe.offload.wire.PayloadLayout`)."""
-        return self.layout.nbytes
-
-    def _busy(self, stats):
-        if self.mode == "local":
-            return super()._busy(stats)
-        # Before the first iteration (no engine yet) nothing was received.
-        return (stats.get("producer_read_s", 0.0) + stats.get("producer_process_s", 0.0),
-                max(1, self._group.producers))
-
-    def stats(self, interval=False):
-        """Loader counters plus, in offload and hybrid modes: bytes received, the producers'
-        read/decode+augment/publish seconds, batches per producer rank (0: host threads),
-        and samples made by each side (``producer_samples``, ``host_samples``), and the
-        window polls made while waiting for batches (``host_polls``; each costs the host
-        ~30-60 us of CPU, and a host waiting for a producer sleeps through most of its batch
-        time instead of polling)."""
-        return super().stats(interval)
+def prepare(loader, mode):
+    """Set up ``loader`` (its host group in ``loader._group``) for the engines of ``mode``
+    (``"offload"`` or ``"hybrid"``); returns the mode it runs in. The window is reserved for
+    its slots and batch bytes; its source is checked to rebuild on the producers;
+    ``"offload"`` without any producer rank in the job raises :class:`ConfigError`, and a
+    host no producer serves produces locally (``"local"``, with a warning)."""
+    group = loader._group
+    _hook_exit(group)
+    # Producers rebuild the source from its spec: one that would not rebuild is refused
+    # here, on the host, before any producer tries.
+    check_rebuild(loader.source)
+    group.reserve(loader.slots, payload_layout(loader.maker).nbytes)
+    if mode == "offload" and not group.roles.producers:
+        # torchrun, or a plain python: each process is an MPI job of its own.
+        raise ConfigError(
+            f"{type(loader).__name__}(mode='offload'): this MPI job has no producer rank "
+            f"({group.num_hosts} host rank(s) and nothing else; a process "
+            f"started by torchrun or plain python is an MPI job of one). Launch hosts "
+            f"and producers as one MPMD job: mpiexec -n HOSTS python -m mpi4py "
+            f"train.py : -n PRODUCERS python -m mpi4py -m dpu_pipe.worker — or use "
+            f"mode='hybrid' or 'local' to produce on this host")
+    if group.producers == 0:
+        log.warning("dpu_pipe: no producer rank serves this host; producing locally")
+        return "local"
+    return mode
 
 
 @dataclass
@@ -331,9 +220,9 @@ class OffloadEngine(Engine):
         self.takeover = loader.mode == "hybrid"
         self.liveness_timeout = loader.liveness_timeout
         self.slots = loader.slots
-        self.layout = loader.layout
-        self.payload_bytes = loader.payload_bytes
-        self.wire_spec = loader.spec()
+        self.layout = payload_layout(loader.maker)
+        self.payload_bytes = self.layout.nbytes
+        self.request = stream_request(loader.stream_spec, self.layout, loader.producer_threads)
         self.stream_spec = loader.stream_spec
         self.host_threads = loader.host_threads if self.takeover else 0
         self.num_threads = loader.num_threads
@@ -344,7 +233,7 @@ class OffloadEngine(Engine):
         self.received = RemoteStats()
         self.stats_lock = threading.Lock()
         self.id = None
-        self.spec_replies = []
+        self.open_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
         self.feed = None            # (epoch, step) to submit next
         self.held = None            # ticket (or local buffer) the caller holds
@@ -362,7 +251,7 @@ class OffloadEngine(Engine):
             t = self.transport
             if self.slots > t.layout.buffers or self.payload_bytes > t.layout.slot_bytes:
                 self.hostgroup.grow(self.slots, self.payload_bytes)
-            self.id, self.spec_replies = self.hostgroup.register(self.wire_spec)
+            self.id, self.open_replies = self.hostgroup.register(self.request)
             if self.out.device is not None:
                 self.out.window = self.hostgroup.pinned_window(self.out, self.timeout)
         if self.host_threads and not self.threads:
@@ -384,10 +273,10 @@ class OffloadEngine(Engine):
             self.local_free.extend(np.zeros(self.payload_bytes, np.uint8)
                                    for _ in range(self.host_threads + 2))
 
-    def _check_specs(self):
-        for r in self.spec_replies:
+    def _check_opened(self):
+        for r in self.open_replies:
             if r._done:
-                r.result(0)  # raises the producer's error opening the pipeline
+                r.result(0)  # raises the producer's error opening the stream
 
     # -- flow -------------------------------------------------------------------------------
     def start(self, epoch, step, end):
@@ -486,7 +375,7 @@ class OffloadEngine(Engine):
             if self.cancel is not None and self.cancel.is_set():
                 raise Cancelled()
             _check_not_exiting()
-            self._check_specs()
+            self._check_opened()
             if self.threads:
                 self._run_local()
 
@@ -580,7 +469,15 @@ class OffloadEngine(Engine):
             th.join(max(0.0, deadline - time.monotonic()))
         self.stopping = [th for th in threads if th.is_alive()]
 
+    def busy(self, stats):
+        return (stats["producer_read_s"] + stats["producer_process_s"],
+                max(1, self.hostgroup.producers))
+
     def stats(self, made):
+        """The makers' counters plus what arrived from the producers: bytes received, the
+        producers' read/decode+augment/publish seconds, batches per producer rank (0: host
+        threads), samples made by each side (``producer_samples``, ``host_samples``) and the
+        window polls made while waiting for batches (``host_polls``)."""
         d = made.as_dict()
         with self.stats_lock:
             d["samples"] += self.received.producer_samples

@@ -1,0 +1,210 @@
+"""Loader states and resuming: what :meth:`Loader.state_dict <dpu_pipe.Loader.state_dict>`
+writes, and where :meth:`Loader.load_state_dict <dpu_pipe.Loader.load_state_dict>` continues —
+the same position, or, elastically, the rest of the saved epoch over another number of
+ranks. Functions over a loader's :class:`~dpu_pipe.spec.StreamSpec` and the saved states;
+nothing here holds state of its own.
+"""
+
+import numpy as np
+
+from .errors import ConfigError
+from .rng import check_epoch
+from .sampler import EpochSampler
+
+__all__ = ["STATE_VERSION", "state_of", "source_identity", "resume_position"]
+
+# 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
+# a state of version 1 would resume into a different stream.
+# 3: a state carries the resume point of an elastic resume (which an older dpu_pipe would
+# ignore, resuming into another stream), and train=False streams default to
+# shard_tail="mask" (equal batch counts on every rank, padding masked) instead of "uneven".
+# A version-2 state has no resume point and means what it meant: it is still read.
+STATE_VERSION = 3
+_READABLE_STATES = (2, STATE_VERSION)
+
+#: State fields an elastic resume may change: how the rest of an epoch is sharded.
+_ELASTIC_FIELDS = ("world_size", "rank", "batch_size")
+
+
+def state_of(spec, epoch, step):
+    """The state of the stream ``spec`` at ``(epoch, step)`` (JSON-serialisable):
+    ``"resume"`` is the spec's resume point when ``epoch`` is the epoch it applies to (else
+    None), ``"source"`` names the dataset (:func:`source_identity`)."""
+    state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
+    state.update(spec.state())
+    resume = spec.resume
+    state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
+    state["source"] = source_identity(spec.source)
+    return state
+
+
+def source_identity(source):
+    """What names the dataset in a state: kind, location, sample count and index
+    fingerprint (paths and labels; None for a source without one)."""
+    spec = source.spec() if hasattr(source, "spec") else {}
+    args = spec.get("args") or {}
+    fp = getattr(source, "fingerprint", None)
+    return {"kind": type(source).__name__,
+            "location": args.get("path", args.get("root")),
+            "num_samples": len(source), "fingerprint": fp() if fp else None}
+
+
+def resume_position(spec, state, elastic):
+    """Where the stream ``spec`` continues from ``state`` (a state of :func:`state_of`, or,
+    with ``elastic``, the list of every saved rank's states): ``(resume, epoch, step)``, the
+    resume point the continued stream's spec takes and its position. See
+    :meth:`dpu_pipe.Loader.load_state_dict` for what is checked; a state that does not fit
+    raises :class:`ConfigError`."""
+    states = state if isinstance(state, (list, tuple)) else [state]
+    if isinstance(state, (list, tuple)) and not (elastic and state):
+        raise ConfigError("a list of states is for load_state_dict(states, elastic=True) "
+                          "(an elastic resume from every rank's state); pass this rank's "
+                          "state to resume on as many ranks as were saved")
+    for st in states:
+        _check_state(spec, st, elastic)
+    first = states[0]
+    epoch = check_epoch(first.get("epoch"))
+    resume = _state_resume(first, epoch)
+    if not elastic or _same_geometry(spec, first):
+        if len(states) > 1:
+            _elastic_point(spec, states, epoch, resume)    # checks the ranks agree
+            first = next(st for st in states if st["rank"] == spec.rank)
+        step = _state_step(spec, first, epoch, resume)
+        if elastic:
+            # Another rank's state (they stood at one step): a rank of an uneven shard
+            # with one batch less is at its end.
+            mine = _sampler(spec, spec.world_size, spec.rank, resume)
+            step = min(step, mine.num_batches(spec.batch_size, spec.drop_last, epoch))
+    else:
+        epoch, start = _elastic_point(spec, states, epoch, resume)
+        resume, step = (epoch, start), 0
+    return resume, epoch, int(step)
+
+
+def _check_state(spec, state, elastic):
+    """ConfigError unless ``state`` is a loader state of this dataset and of these
+    arguments (the re-sharding ones excepted when ``elastic``)."""
+    if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
+        raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
+    theirs, ours = state.get("source"), source_identity(spec.source)
+    # A state saved before the dataset was recorded carries no "source": not checked.
+    if theirs is not None and theirs.get("fingerprint") != ours["fingerprint"]:
+        raise ConfigError(
+            f"state was saved for another dataset: {theirs.get('kind')} "
+            f"{theirs.get('location')!r} ({theirs.get('num_samples')} samples, index "
+            f"fingerprint {theirs.get('fingerprint')}); this loader reads "
+            f"{ours['kind']} {ours['location']!r} ({ours['num_samples']} samples, "
+            f"fingerprint {ours['fingerprint']}); build the loader with the same dataset "
+            f"and arguments to resume")
+    for key, mine in spec.state().items():
+        if elastic and key in _ELASTIC_FIELDS:
+            continue
+        if state.get(key) != mine:
+            hint = ""
+            if key in _ELASTIC_FIELDS:
+                hint = (" — or, to continue on a different number of ranks, "
+                        "load_state_dict(state, elastic=True) (every rank of the saved "
+                        "job must have stood at the same step, as under DDP)")
+            raise ConfigError(
+                f"state was saved with {key}={state.get(key)!r} but this loader has "
+                f"{key}={mine!r}; build the loader with the same dataset and "
+                f"arguments to resume{hint}")
+    if elastic:
+        for key, low in (("world_size", 1), ("batch_size", 1), ("rank", 0)):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low:
+                raise ConfigError(f"state {key} {value!r} is not an integer >= {low}")
+        if state["rank"] >= state["world_size"]:
+            raise ConfigError(f"state rank {state['rank']} outside its world_size "
+                              f"{state['world_size']}")
+
+
+def _state_resume(state, epoch):
+    """The resume point ``state`` was saved with, (epoch, start) or None."""
+    resume = state.get("resume")
+    if resume is None:
+        return None
+    try:
+        resume = tuple(resume)
+        ok = len(resume) == 2 and check_epoch(resume[0]) == epoch
+    except (TypeError, ConfigError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"state resume point {state.get('resume')!r} is not "
+                          f"[epoch {epoch}, start]")
+    return resume
+
+
+def _same_geometry(spec, state):
+    return all(state.get(k) == getattr(spec, k) for k in ("world_size", "batch_size"))
+
+
+def _sampler(spec, world_size, rank, resume):
+    """The sampler of ``spec``'s stream for rank ``rank`` of ``world_size`` with ``resume``."""
+    return EpochSampler(len(spec.source), seed=spec.seed, shuffle=spec.shuffle,
+                        rank=rank, world_size=world_size, shard_tail=spec.shard_tail,
+                        resume=resume)
+
+
+def _state_step(spec, state, epoch, resume):
+    """The step of ``state``, checked against its own geometry."""
+    step = state.get("step")
+    saved = _sampler(spec, state.get("world_size", spec.world_size),
+                     state.get("rank", spec.rank), resume)
+    batches = saved.num_batches(state.get("batch_size", spec.batch_size), spec.drop_last,
+                                epoch)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+            or not 0 <= step <= batches:
+        raise ConfigError(f"state step {step!r} outside 0..{batches}")
+    return int(step)
+
+
+def _elastic_point(spec, states, epoch, resume):
+    """Where the rest of ``epoch`` starts after the saved ranks' steps: ``(epoch, start)``
+    with the positions ``0 .. start - 1`` of its order read, or ``(epoch + 1, 0)`` when the
+    epoch was read to its end.
+
+    Saved rank ``r`` with ``per_r`` indices in the epoch at step ``s_r`` has read its first
+    ``c_r = min(s_r * batch_size, per_r)`` indices: positions ``r, r + W, ...``. The ranks
+    read a prefix of the order — what the rest can continue from — when every ``c_r`` is
+    ``min(K, per_r)`` for one K; one state stands for every rank at its step.
+    """
+    ref = states[0]
+    world, bs = ref["world_size"], ref["batch_size"]
+    base = resume[1] if resume is not None else 0
+    if len(states) > 1:
+        ranks = sorted(st["rank"] for st in states)
+        if ranks != list(range(world)) or any(
+                (st["world_size"], st["batch_size"]) != (world, bs) for st in states):
+            raise ConfigError(f"an elastic resume from a list of states needs the state "
+                              f"of every rank 0..{world - 1} of one job, once each; got "
+                              f"ranks {ranks}")
+        epochs = {st.get("epoch") for st in states}
+        if len(epochs) > 1:
+            raise ConfigError(f"the saved ranks stood in different epochs {sorted(epochs)}: "
+                              f"an elastic resume needs every rank at the same step")
+        if any(_state_resume(st, epoch) != resume for st in states):
+            raise ConfigError("the saved ranks' states have different resume points: "
+                              "they are not the states of one job")
+        steps = {st["rank"]: _state_step(spec, st, epoch, resume) for st in states}
+    else:
+        step = _state_step(spec, ref, epoch, resume)
+        steps = {r: step for r in range(world)}
+    samplers = [_sampler(spec, world, r, resume) for r in range(world)]
+    drop_last = spec.drop_last
+    if all(steps[r] >= s.num_batches(bs, drop_last, epoch) for r, s in enumerate(samplers)):
+        return epoch + 1, 0
+    read = [min(steps[r] * bs, s.count(epoch)) for r, s in enumerate(samplers)]
+    k = max(read)
+    if any(c != min(k, s.count(epoch)) for c, s in zip(read, samplers)):
+        raise ConfigError(
+            "the saved ranks stood at different steps ("
+            + ", ".join(f"rank {r} at step {steps[r]}" for r in range(world))
+            + f") of epoch {epoch}: an elastic resume needs every rank at the same step, "
+              f"as under DDP")
+    n = len(spec.source)
+    start = base + min(k * world, n - base)
+    if start >= n:
+        return epoch + 1, 0
+    return epoch, start
