@@ -43,7 +43,7 @@ cdef enum:
     ST_NOT_JPEG = -11    # no JPEG SOI marker: the caller may decode it another way
 
 
-cdef struct Worker:      # everything one thread owns
+cdef struct Scratch:     # everything one thread owns
     Decoder dec
     OpsWorkspace ws
     uint8_t* img         # decoded region, grown on demand
@@ -109,7 +109,7 @@ cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epo
     return DP_OK
 
 
-cdef int _resample(Worker* w, const BatchConfig* cfg, const uint8_t* src, Py_ssize_t stride,
+cdef int _resample(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ssize_t stride,
                    int h, int wd, double y0, double x0, double bh, double bw, int flip,
                    uint64_t seed, uint32_t epoch, uint64_t index, char* out,
                    char* message) noexcept nogil:
@@ -138,7 +138,7 @@ cdef int _resample(Worker* w, const BatchConfig* cfg, const uint8_t* src, Py_ssi
     return DP_OK
 
 
-cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
+cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
                   uint64_t seed, uint32_t epoch, uint64_t index, char* out,
                   int32_t* info, char* message) noexcept nogil:
     """One sample: ``data`` (``size`` bytes) as sample ``index`` of ``epoch`` into out."""
@@ -187,7 +187,7 @@ cdef int _process(Worker* w, const BatchConfig* cfg, const uint8_t* data, size_t
                      seed, epoch, index, out, message)
 
 
-cdef int _process_decoded(Worker* w, const BatchConfig* cfg, const uint8_t* img,
+cdef int _process_decoded(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
                           Py_ssize_t stride, int H, int W, uint64_t seed, uint32_t epoch,
                           uint64_t index, char* out, int32_t* info,
                           char* message) noexcept nogil:
@@ -224,7 +224,7 @@ cdef class Pipeline:
     so give each Python thread its own Pipeline).
     """
     cdef BatchConfig cfg
-    cdef Worker* workers
+    cdef Scratch* per_thread   # one Scratch per thread
     cdef int nthreads
     cdef readonly tuple sample_shape
     cdef readonly object dtype
@@ -233,7 +233,7 @@ cdef class Pipeline:
         cdef double mean[3]
         cdef double std[3]
         cdef int c, dtype, layout
-        self.workers = NULL
+        self.per_thread = NULL
         if num_threads < 1:
             raise ConfigError("num_threads must be >= 1")
         self.nthreads = num_threads
@@ -272,31 +272,31 @@ cdef class Pipeline:
         self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
         # numpy has no bfloat16: its samples are held as their uint16 bits.
         self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])
-        self.workers = <Worker*>calloc(num_threads, sizeof(Worker))
-        if self.workers == NULL:
+        self.per_thread = <Scratch*>calloc(num_threads, sizeof(Scratch))
+        if self.per_thread == NULL:
             raise MemoryError()
         for c in range(num_threads):
-            dec_init(&self.workers[c].dec, &self.cfg.dopts)
-            ops_ws_init(&self.workers[c].ws)
-            self.workers[c].ready = 1
+            dec_init(&self.per_thread[c].dec, &self.cfg.dopts)
+            ops_ws_init(&self.per_thread[c].ws)
+            self.per_thread[c].ready = 1
             if self.cfg.uint8_pass:
-                self.workers[c].crop = <uint8_t*>calloc(
+                self.per_thread[c].crop = <uint8_t*>calloc(
                     2 * <size_t>self.cfg.oh * self.cfg.ow * 3, 1)
-                if self.workers[c].crop == NULL:
+                if self.per_thread[c].crop == NULL:
                     raise MemoryError()
-                self.workers[c].scratch = (self.workers[c].crop
+                self.per_thread[c].scratch = (self.per_thread[c].crop
                                            + <size_t>self.cfg.oh * self.cfg.ow * 3)
 
     def __dealloc__(self):
         cdef int c
-        if self.workers != NULL:
+        if self.per_thread != NULL:
             for c in range(self.nthreads):
-                if self.workers[c].ready:
-                    dec_free(&self.workers[c].dec)
-                    ops_ws_free(&self.workers[c].ws)
-                    free(self.workers[c].img)
-                    free(self.workers[c].crop)
-            free(self.workers)
+                if self.per_thread[c].ready:
+                    dec_free(&self.per_thread[c].dec)
+                    ops_ws_free(&self.per_thread[c].ws)
+                    free(self.per_thread[c].img)
+                    free(self.per_thread[c].crop)
+            free(self.per_thread)
 
     @property
     def num_threads(self):
@@ -336,7 +336,7 @@ cdef class Pipeline:
                 tid = threadid()
                 for i in prange(n, schedule="dynamic", chunksize=1):
                     info[i, INFO_STATUS] = _process(
-                        &self.workers[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
+                        &self.per_thread[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
                         seed, epoch, <uint64_t>indices[i], base + i * stride, &info[i, 0],
                         messages + i * MSG_LEN)
             return {i: messages[i * MSG_LEN:(i + 1) * MSG_LEN].split(b"\0", 1)[0]
@@ -365,7 +365,7 @@ cdef class Pipeline:
         dst = <char*>&flat[0]
         message[0] = 0
         with nogil:
-            rc = _process_decoded(&self.workers[0], &self.cfg, &img[0, 0, 0], img.strides[0],
+            rc = _process_decoded(&self.per_thread[0], &self.cfg, &img[0, 0, 0], img.strides[0],
                                   <int>img.shape[0], <int>img.shape[1], seed, epoch, index,
                                   dst, &info[pos, 0], message)
         info[pos, INFO_STATUS] = rc
