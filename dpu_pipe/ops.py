@@ -9,6 +9,10 @@ Results are bit-identical across runs, threads and x86-64/aarch64.
 
 Training (RandomResizedCrop) and validation (resize shorter side, centre crop) use the same
 kernel: validation is just another source box, from :func:`center_crop_box`.
+
+Whole-image ops of the self-supervised recipes (DINO, SimCLR, BYOL) on uint8 RGB:
+:func:`gaussian_blur` (torchvision v2's ``gaussian_blur``, within one level of it, vectorized,
+bit-identical across runs, threads and x86-64/aarch64) and :func:`solarize`.
 """
 
 import numbers
@@ -16,12 +20,13 @@ import threading
 
 import numpy as np
 
-from . import _ops
+from . import _augment, _ops
 from . import _validate as _v
 from .constants import IMAGENET_MEAN, IMAGENET_STD, LAYOUTS
 from .errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resize_crop", "center_crop_box", "output_shape"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resize_crop", "center_crop_box", "output_shape",
+           "gaussian_blur", "solarize"]
 
 _DTYPES = {"float32": np.float32, "uint8": np.uint8, "float16": np.float16}
 
@@ -184,3 +189,128 @@ def center_crop_box(height, width, size=224, resize=256):
         raise ConfigError(f"resize ({resize}) must be at least the crop's shorter side "
                           f"({min(sh, sw)})")
     return _ops.center_crop_box(int(height), int(width), sh, sw, int(resize))
+
+
+def _rgb_image(img):
+    """img checked as uint8 (H, W, 3), copied when its pixels are not 3 contiguous bytes."""
+    if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+        got = (f"{type(img).__name__}" if not isinstance(img, np.ndarray)
+               else f"{img.dtype} array of shape {img.shape}")
+        raise ConfigError(f"img must be a uint8 array of shape (H, W, 3), got {got}")
+    if img.strides[2] != 1 or img.strides[1] != 3:
+        img = np.ascontiguousarray(img)
+    return img
+
+
+def _rgb_out(out, shape):
+    """out checked as a writable C-contiguous uint8 array of ``shape``, or a new one."""
+    if out is None:
+        return np.empty(shape, np.uint8)
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:
+        got = (type(out).__name__ if not isinstance(out, np.ndarray)
+               else f"{out.dtype} array of shape {out.shape}")
+        raise ConfigError(f"out must be a uint8 array of shape {shape}, got {got}")
+    if not out.flags.c_contiguous:
+        raise ConfigError(f"out must be C-contiguous (uint8, shape {shape})")
+    if not out.flags.writeable:
+        raise ConfigError(f"out must be writable (uint8, shape {shape})")
+    return out
+
+
+def _xy_pair(value, name, check):
+    """An int/number or a sequence of two (x first, as torchvision), each passed to check."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ConfigError(f"{name} must be one value or a pair (x, y), got {value!r}")
+        return check(value[0]), check(value[1])
+    v = check(value)
+    return v, v
+
+
+def gaussian_blur(img, kernel_size, sigma=None, out=None):
+    """Blur an RGB image with a Gaussian kernel, as torchvision v2's ``gaussian_blur`` does.
+
+    The kernel is separable: along each axis ``ksize`` weights ``exp(-t**2 / (2 sigma**2))``,
+    ``t = -(ksize // 2) .. ksize // 2``, normalized to sum 1 (torchvision's
+    ``_get_gaussian_kernel1d``). The image is reflect-padded by ``ksize // 2`` pixels (the edge
+    pixel not repeated, torch's ``"reflect"``), summed vertically then horizontally in float32
+    and rounded half to even. The result is within one level of torchvision's (which sums the
+    2-D kernel's float32 products in another order) and bit-identical across runs, threads
+    and x86-64/aarch64.
+
+    Parameters
+    ----------
+    img : ndarray, uint8, shape (H, W, 3)
+        RGB image. Rows may be strided (a slice of a larger image) and are read in place;
+        other layouts are copied to a compact array first.
+    kernel_size : int or (int, int)
+        Taps along x (width) and y (height), torchvision's order; one int for both. Odd and
+        positive; ``kernel_size // 2`` must be below the image's size along that axis (torch
+        refuses reflect padding as wide as the image).
+    sigma : float or (float, float), optional
+        Standard deviation along x and y, in pixels, > 0; one number for both. None:
+        ``0.15 * ksize + 0.35`` per axis (torchvision's default).
+    out : ndarray, optional
+        Writable C-contiguous uint8 array of shape (H, W, 3) to fill; may be ``img`` itself
+        (the input is then copied first). Allocated when None.
+
+    Returns
+    -------
+    ndarray, uint8, shape (H, W, 3)
+        ``out`` (or the new array).
+    """
+    img = _rgb_image(img)
+    kx, ky = _xy_pair(kernel_size, "kernel_size",
+                      lambda v: _v.integer(v, "kernel_size", 1, (1 << 20) - 1))
+    if kx % 2 == 0 or ky % 2 == 0:
+        raise ConfigError(f"kernel_size must hold odd integers, got {kernel_size!r}")
+    if sigma is None:
+        sx, sy = kx * 0.15 + 0.35, ky * 0.15 + 0.35
+    else:
+        if isinstance(sigma, (list, tuple)) and len(sigma) == 1:
+            sigma = sigma[0]
+        sx, sy = _xy_pair(sigma, "sigma", lambda v: _v.number(v, "sigma", 0.0, low_open=True))
+    H, W = img.shape[:2]
+    out = _rgb_out(out, img.shape)
+    if H == 0 or W == 0:
+        return out
+    if kx // 2 >= W or ky // 2 >= H:
+        raise ConfigError(f"kernel_size (x, y) = ({kx}, {ky}) is too large for the {H}x{W} image: "
+                          f"reflect padding needs kernel_size // 2 below the width ({W}) and the "
+                          f"height ({H})")
+    if np.may_share_memory(img, out):
+        img = img.copy()
+    _ops.gaussian_blur_into(img, out, kx, ky, sx, sy)
+    return out
+
+
+def solarize(img, threshold, out=None):
+    """Invert every value at or above a threshold, as torchvision v2's ``solarize`` on uint8.
+
+    Each channel value ``v`` becomes ``255 - v`` where ``v >= threshold`` (compared in
+    float32, as torch compares a uint8 tensor with a float), and is kept otherwise. The same
+    value map as the auto-augment op Solarize.
+
+    Parameters
+    ----------
+    img : ndarray, uint8, shape (H, W, 3)
+        RGB image.
+    threshold : float
+        Level on the 0..255 scale, at most 255 (torchvision refuses more); 128 in SimCLR,
+        BYOL and DINO's ``RandomSolarize``.
+    out : ndarray, optional
+        Writable C-contiguous uint8 array of shape (H, W, 3) to fill; may be ``img`` itself
+        (in place). Allocated when None.
+
+    Returns
+    -------
+    ndarray, uint8, shape (H, W, 3)
+        ``out`` (or the new array).
+    """
+    img = _rgb_image(img)
+    thr = _v.number(threshold, "threshold", high=255.0)
+    out = _rgb_out(out, img.shape)
+    if out is not img:
+        np.copyto(out, img)
+    _augment.solarize(out.reshape(-1), thr)
+    return out

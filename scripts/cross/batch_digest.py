@@ -6,7 +6,7 @@ Run once by the x86-64 build on the host and once by the aarch64 build under emu
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
-records, the per-image transform, the fused batch kernel, the epoch permutation and the
+records, the per-image transform, the Gaussian blur and solarize ops, the fused batch kernel, the epoch permutation and the
 samplers' shards, the local Loader, the batch ops (MixUp, CutMix, soft labels); a section
 whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
@@ -95,6 +95,23 @@ def ops_section(paths, put):
                         for layout in ("CHW", "HWC"):
                             put(f"ops/{name}/box{b}/{size[0]}x{size[1]}/flip{int(flip)}/{dtype}/{layout}",
                                 ops.resize_crop(img, box, size, flip=flip, dtype=dtype, layout=layout))
+
+
+def blur_section(paths, put):
+    """The multi-view recipes' whole-image ops: Gaussian blurs (the SimCLR kernel, per-axis
+    sizes and sigmas, a strided view) and solarize."""
+    from dpu_pipe import jpeg, ops
+
+    for p in paths[:4]:
+        name = os.path.basename(p)
+        img = jpeg.decode(open(p, "rb").read())
+        H, W = img.shape[:2]
+        for label, k, s in (("k3-s0.7", 3, 0.7), ("k23-s1.9", 23, 1.9),
+                            ("k9x23-s0.45x2", (9, 23), (0.45, 2.0)), ("k9-s0.1", 9, 0.1)):
+            if max(np.atleast_1d(k)) // 2 < min(H, W):
+                put(f"blur/{name}/{label}", ops.gaussian_blur(img, k, s))
+        put(f"blur/{name}/view", ops.gaussian_blur(img[H // 4:, W // 5:W - 1], 5, 1.3))
+        put(f"blur/{name}/solarize", ops.solarize(img, 128))
 
 
 def batch_section(paths, put):
@@ -242,6 +259,7 @@ def main(root, out_path):
     sections = [("decode", lambda: decode_section(paths, put)),
                 ("transcode", lambda: transcode_section(paths, put)),
                 ("ops", lambda: ops_section(paths, put)),
+                ("blur", lambda: blur_section(paths, put)),
                 ("batch", lambda: batch_section(paths, put)),
                 ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put)),

@@ -984,12 +984,16 @@ cdef void _posterize_map(uint8_t* lut, double mag) noexcept nogil:
     _map_same(lut, lut)
 
 
-cdef void _solarize_map(uint8_t* lut, double mag) noexcept nogil:
-    cdef float thr = <float>(255.0 * mag)
+cdef void _solarize_lut(uint8_t* lut, float thr) noexcept nogil:
+    # torch.where(img >= thr, 255 - img, img): uint8 compared with a float threshold in float32.
     cdef int v
     for v in range(256):
         lut[v] = <uint8_t>(255 - v) if <float>v >= thr else <uint8_t>v
     _map_same(lut, lut)
+
+
+cdef void _solarize_map(uint8_t* lut, double mag) noexcept nogil:
+    _solarize_lut(lut, <float>(255.0 * mag))
 
 
 cdef void _brightness_map(uint8_t* lut, double factor) noexcept nogil:
@@ -1494,3 +1498,14 @@ cdef class Augmenter:
             rc = aug_apply_op(op, magnitude, &img[0, 0, 0], &t[0, 0, 0], h, w, self.cfg.fill)
         if rc != 0:
             raise ConfigError(f"op {name!r} failed (code {rc})")
+
+
+def solarize(uint8_t[::1] values, double threshold):
+    """v2's solarize on uint8 values, in place: every value >= threshold (compared in float32)
+    becomes 255 - value."""
+    cdef uint8_t lut[768]
+    cdef Py_ssize_t i
+    _solarize_lut(lut, <float>threshold)
+    with nogil:
+        for i in range(values.shape[0]):
+            values[i] = lut[values[i]]

@@ -20,6 +20,9 @@
 # The inner loops of both passes and of the uint8 rounding are C (_resample.h), built on x86-64
 # for AVX2 beside the SSE2 baseline.
 #
+# The Gaussian blur (torchvision v2's gaussian_blur on uint8, for multi-view recipes) is a
+# separate kernel over whole images, its passes in _blur.h.
+#
 # Arithmetic, and why it is bit-identical on x86-64 and aarch64:
 #   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
 #   * the passes use float32 multiplies and adds (literals cast to float: a double literal
@@ -34,6 +37,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t, int64_t, uintptr_
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 from libc.math cimport ceil, rint
+
+from dpu_pipe._rng cimport portable_exp
 
 from dpu_pipe.errors import ConfigError
 
@@ -59,6 +64,14 @@ cdef extern from "_resample.h":
     ctypedef const float* ops_cf32_rp
     ctypedef const uint8_t* ops_cu8_rp
     ctypedef uint16_t* ops_u16_rp
+
+cdef extern from "_blur.h":
+    # The Gaussian blur's passes (the vertical and horizontal sums, the rounding), compiled
+    # for AVX2 as well on x86-64 (same bits).
+    size_t blur_scratch_floats(Py_ssize_t w, int kx) noexcept nogil
+    int blur_rgb_u8(const uint8_t* src, Py_ssize_t src_stride, int h, int w, uint8_t* dst,
+                    Py_ssize_t dst_stride, const float* wx, int kx, const float* wy, int ky,
+                    float* scratch) noexcept nogil
 
 
 DTYPE_CODES = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
@@ -730,6 +743,38 @@ cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int 
     return OPS_OK
 
 
+# --- Gaussian blur --------------------------------------------------------------------------
+
+cdef int ops_gaussian_kernel(float* k, int ksize, double sigma) noexcept nogil:
+    """k[t] = exp(-(t - r)**2 / (2 sigma**2)) / sum, r = ksize // 2: torchvision's kernel
+    (softmax of -(x / sigma)**2 over x = linspace(-r, r, ksize) / sqrt(2)), in double with the
+    portable exp, then rounded to float32 (within an ulp or so of torchvision's float32
+    weights; exactly symmetric, which the passes rely on)."""
+    cdef double total = 0.0, u
+    cdef int t, r = ksize // 2
+    if ksize < 1 or ksize % 2 == 0 or not (sigma > 0.0) or sigma > 1e300:
+        return OPS_EARG
+    for t in range(ksize):
+        u = (t - r) / sigma
+        total = total + portable_exp(-0.5 * (u * u))
+    for t in range(ksize):
+        u = (t - r) / sigma
+        k[t] = <float>(portable_exp(-0.5 * (u * u)) / total)
+    return OPS_OK
+
+
+cdef size_t ops_blur_scratch_floats(int w, int kx) noexcept nogil:
+    return blur_scratch_floats(w, kx)
+
+
+cdef int ops_gaussian_blur(const uint8_t* src, Py_ssize_t src_stride, int h, int w,
+                           uint8_t* dst, Py_ssize_t dst_stride, const float* wx, int kx,
+                           const float* wy, int ky, float* scratch) noexcept nogil:
+    if blur_rgb_u8(src, src_stride, h, w, dst, dst_stride, wx, kx, wy, ky, scratch) != 0:
+        return OPS_EARG
+    return OPS_OK
+
+
 # --- Python face (dpu_pipe/ops.py validates arguments before calling these) -----------------
 
 cdef _raise(int rc, what):
@@ -797,3 +842,36 @@ def center_crop_box(int height, int width, int size_h, int size_w, int resize):
         raise ConfigError(f"center crop {size_h}x{size_w} does not fit in image {height}x{width} "
                           f"resized to shorter side {resize}")
     return (box[0], box[1], box[2], box[3])
+
+
+def gaussian_blur_into(const uint8_t[:, :, :] img, uint8_t[:, :, :] out, int kx, int ky,
+                       double sx, double sy):
+    """Blur img (H, W, 3) uint8, pixel stride 3 (rows may be strided), into out (the same
+    shape, pixel stride 3, not overlapping img): kx x ky taps (width first, as torchvision),
+    sigmas sx, sy in pixels."""
+    cdef int h = <int>img.shape[0], w = <int>img.shape[1], rc = OPS_OK
+    cdef float* wts
+    if img.shape[0] < 1 or img.shape[1] < 1 or img.shape[2] != 3 or img.strides[1] != 3 \
+            or img.strides[2] != 1:
+        raise ConfigError("image must be non-empty (H, W, 3) uint8 with 3-byte pixels")
+    if out.shape[0] != img.shape[0] or out.shape[1] != img.shape[1] or out.shape[2] != 3 \
+            or out.strides[1] != 3 or out.strides[2] != 1:
+        raise ConfigError("out must be (H, W, 3) uint8 with 3-byte pixels, as the image")
+    if kx < 1 or ky < 1 or kx % 2 == 0 or ky % 2 == 0 or kx // 2 >= w or ky // 2 >= h:
+        raise ConfigError(f"kernel {kx}x{ky} does not fit the {h}x{w} image: odd sizes whose "
+                          f"half is below the image's width and height")
+    wts = <float*>malloc((<size_t>kx + ky + ops_blur_scratch_floats(w, kx)) * sizeof(float))
+    if wts == NULL:
+        raise MemoryError("gaussian_blur: out of memory for the blur's scratch rows")
+    try:
+        with nogil:
+            rc = ops_gaussian_kernel(wts, kx, sx)
+            if rc == OPS_OK:
+                rc = ops_gaussian_kernel(wts + kx, ky, sy)
+            if rc == OPS_OK:
+                rc = ops_gaussian_blur(&img[0, 0, 0], img.strides[0], h, w, &out[0, 0, 0],
+                                       out.strides[0], wts, kx, wts + kx, ky, wts + kx + ky)
+    finally:
+        free(wts)
+    if rc != OPS_OK:
+        _raise(rc, "gaussian_blur")

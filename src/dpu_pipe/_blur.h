@@ -1,0 +1,202 @@
+/* Separable Gaussian blur of a uint8 interleaved RGB image (torchvision v2's gaussian_blur on
+ * uint8: float32 convolution over a reflect-padded image, rounded half to even). Used by
+ * _ops.pyx (ops_gaussian_blur); plain C over raw pointers so that a batch kernel can run it
+ * per view, and so that each pass can be compiled for AVX2 beside the SSE2 baseline
+ * (_clones.h).
+ *
+ * Per output row y: the vertical pass sums the 1-D kernel's source rows (reflected at the
+ * image's edges) straight from uint8 into a float32 row, the row is reflect-padded by kx/2
+ * pixels at both ends, the horizontal pass sums it over interleaved RGB (tap t of element i is
+ * element i + 3t), and the sums are rounded to uint8. Both passes run over contiguous memory,
+ * which GCC vectorizes across elements on SSE2, AVX2 and NEON alike.
+ *
+ * The kernel is symmetric (k[t] == k[K-1-t]), so each pass adds the two source values of a
+ * pair of taps before one multiply: in the vertical pass that sum is an exact integer. Every
+ * output element is the same float32 expression, centre tap first, then the pairs from the
+ * inside out, with no contraction (-ffp-contract=off): every build, x86-64 or aarch64, gives
+ * the same bits. */
+#ifndef DP_BLUR_H
+#define DP_BLUR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+#include "_clones.h"
+
+typedef float blur_v4f __attribute__((vector_size(16)));
+typedef int32_t blur_v4i __attribute__((vector_size(16)));
+
+/* Index i in [-(n - 1), 2 (n - 1)] mirrored into [0, n) without repeating the edge pixel
+   (torch.nn.functional.pad's "reflect"). */
+static inline ptrdiff_t blur_reflect(ptrdiff_t i, ptrdiff_t n) {
+    return i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i);
+}
+
+/* Vertical pass, output row y: d[0:n] = k[r] s(r) + sum over t = r-1 down to 0 of
+   k[t] (s(t) + s(K-1-t)), s(t) the source row y - r + t reflected, r = K / 2. */
+DP_CLONES static void blur_v_row(const uint8_t *src, ptrdiff_t stride, ptrdiff_t h, ptrdiff_t y,
+                                 const float *k, int K, float *dst, ptrdiff_t n) {
+#define BLUR_ROW(t) (src + blur_reflect(y - r + (t), h) * stride)
+    const int r = K / 2;
+    float *__restrict__ d = dst;
+    const uint8_t *__restrict__ c = BLUR_ROW(r);
+    const float wc = k[r];
+    int t = r - 1;
+    if (t >= 1) {
+        const uint8_t *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
+        const uint8_t *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float w0 = k[t], w1 = k[t - 1];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = (wc * (float)c[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]))
+                   + w1 * (float)(uint16_t)(a1[i] + b1[i]);
+        t -= 2;
+    } else if (t == 0) {
+        const uint8_t *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
+        const float w0 = k[0];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = wc * (float)c[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]);
+        t = -1;
+    } else {
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = wc * (float)c[i];
+    }
+    for (; t >= 1; t -= 2) {
+        const uint8_t *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
+        const uint8_t *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float w0 = k[t], w1 = k[t - 1];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = (d[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]))
+                   + w1 * (float)(uint16_t)(a1[i] + b1[i]);
+    }
+    if (t == 0) {
+        const uint8_t *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
+        const float w0 = k[0];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = d[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]);
+    }
+#undef BLUR_ROW
+}
+
+/* Horizontal pass over an interleaved RGB row padded by r = K / 2 pixels at each end: d[i] =
+   k[r] p[i + 3r] + sum over t = r-1 down to 0 of k[t] (p[i + 3t] + p[i + 3 (K-1-t)]). */
+DP_CLONES static void blur_h_row(const float *pad, const float *k, int K, float *dst,
+                                 ptrdiff_t n) {
+    const int r = K / 2;
+    float *__restrict__ d = dst;
+    const float *__restrict__ c = pad + 3 * r;
+    const float wc = k[r];
+    int t = r - 1;
+    if (t >= 1) {
+        const float *__restrict__ a0 = pad + 3 * t, *__restrict__ b0 = pad + 3 * (K - 1 - t);
+        const float *__restrict__ a1 = pad + 3 * (t - 1), *__restrict__ b1 = pad + 3 * (K - t);
+        const float w0 = k[t], w1 = k[t - 1];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = (wc * c[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
+        t -= 2;
+    } else if (t == 0) {
+        const float *__restrict__ a0 = pad, *__restrict__ b0 = pad + 3 * (K - 1);
+        const float w0 = k[0];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = wc * c[i] + w0 * (a0[i] + b0[i]);
+        t = -1;
+    } else {
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = wc * c[i];
+    }
+    for (; t >= 1; t -= 2) {
+        const float *__restrict__ a0 = pad + 3 * t, *__restrict__ b0 = pad + 3 * (K - 1 - t);
+        const float *__restrict__ a1 = pad + 3 * (t - 1), *__restrict__ b1 = pad + 3 * (K - t);
+        const float w0 = k[t], w1 = k[t - 1];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = (d[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
+    }
+    if (t == 0) {
+        const float *__restrict__ a0 = pad, *__restrict__ b0 = pad + 3 * (K - 1);
+        const float w0 = k[0];
+        for (ptrdiff_t i = 0; i < n; i++)
+            d[i] = d[i] + w0 * (a0[i] + b0[i]);
+    }
+}
+
+/* Round half to even (torch's round_), for 0 <= x < 2**22: adding 1.5 * 2**23 leaves the
+   rounded integer in the low mantissa bits, by the IEEE adder in its default mode on every
+   target. Sums of non-negative values with weights summing to 1 stay in 0..255 (plus a few
+   float32 ulp); the saturating narrowing clamps anyway. */
+#define BLUR_MAGIC 12582912.0f
+#define BLUR_MAGIC_BITS 0x4B400000
+
+static inline uint8_t blur_to_u8(float x) {
+    float m = x + BLUR_MAGIC;
+    int32_t i;
+    memcpy(&i, &m, sizeof i);
+    i -= BLUR_MAGIC_BITS;
+    return (uint8_t)(i < 0 ? 0 : (i > 255 ? 255 : i));
+}
+
+static inline blur_v4i blur_round4(const float *p) {
+    blur_v4f v;
+    memcpy(&v, p, sizeof v);
+    v = v + BLUR_MAGIC;
+    return (blur_v4i)v - BLUR_MAGIC_BITS;
+}
+
+DP_CLONES static void blur_round_row(const float *a, uint8_t *o, ptrdiff_t n) {
+    ptrdiff_t i = 0;
+#if defined(__SSE2__) || defined(__ARM_NEON)
+    for (; i + 16 <= n; i += 16) {
+        blur_v4i x0 = blur_round4(a + i), x1 = blur_round4(a + i + 4);
+        blur_v4i x2 = blur_round4(a + i + 8), x3 = blur_round4(a + i + 12);
+#if defined(__SSE2__)
+        _mm_storeu_si128((__m128i *)(o + i),
+                         _mm_packus_epi16(_mm_packs_epi32((__m128i)x0, (__m128i)x1),
+                                          _mm_packs_epi32((__m128i)x2, (__m128i)x3)));
+#else
+        uint16x8_t lo = vcombine_u16(vqmovun_s32((int32x4_t)x0), vqmovun_s32((int32x4_t)x1));
+        uint16x8_t hi = vcombine_u16(vqmovun_s32((int32x4_t)x2), vqmovun_s32((int32x4_t)x3));
+        vst1q_u8(o + i, vcombine_u8(vqmovn_u16(lo), vqmovn_u16(hi)));
+#endif
+    }
+#endif
+    for (; i < n; i++)
+        o[i] = blur_to_u8(a[i]);
+}
+
+/* Floats of scratch blur_rgb_u8 needs for an image w pixels wide and a horizontal kernel of
+   kx taps: one padded row and one row of sums. */
+static inline size_t blur_scratch_floats(ptrdiff_t w, int kx) {
+    return (size_t)3 * (size_t)(2 * w + 2 * (kx / 2));
+}
+
+/* Blur the h x w RGB image at src (rows src_stride bytes apart, pixels 3 bytes) into dst (rows
+   dst_stride bytes apart), kx horizontal taps wx and ky vertical taps wy (odd counts,
+   symmetric weights), with blur_scratch_floats(w, kx) floats at scratch. dst must not overlap
+   src. 0, or -1 when a size is out of range (even or non-positive tap count, or a kernel
+   half-width not below the image's size along its axis: reflection needs pad < size). */
+static int blur_rgb_u8(const uint8_t *src, ptrdiff_t src_stride, int h, int w, uint8_t *dst,
+                       ptrdiff_t dst_stride, const float *wx, int kx, const float *wy, int ky,
+                       float *scratch) {
+    if (h < 1 || w < 1 || kx < 1 || ky < 1 || (kx & 1) == 0 || (ky & 1) == 0
+        || kx / 2 >= w || ky / 2 >= h)
+        return -1;
+    const int rx = kx / 2;
+    const ptrdiff_t n = (ptrdiff_t)3 * w;
+    float *pad = scratch, *sums = scratch + 3 * ((ptrdiff_t)w + 2 * rx);
+    float *row = pad + 3 * rx;
+    for (ptrdiff_t y = 0; y < h; y++) {
+        blur_v_row(src, src_stride, h, y, wy, ky, row, n);
+        for (int j = 1; j <= rx; j++) {
+            memcpy(row - 3 * j, row + 3 * j, 3 * sizeof(float));
+            memcpy(row + 3 * (w - 1 + j), row + 3 * (w - 1 - j), 3 * sizeof(float));
+        }
+        blur_h_row(pad, wx, kx, sums, n);
+        blur_round_row(sums, dst + y * dst_stride, n);
+    }
+    return 0;
+}
+
+#endif
