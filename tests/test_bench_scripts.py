@@ -1,5 +1,5 @@
 """The developer benchmarks under bench/ (``bench_decode.py``, ``bench_transcode.py``,
-``bench_loader.py``), run as scripts the way a developer runs them, on a few small JPEGs: they
+``bench_loader.py``, ``bench_blur.py``), run as scripts the way a developer runs them, on a few small JPEGs: they
 leave the data as it was, and their JSON holds every method once with figures that add up.
 Timings themselves are never asserted."""
 
@@ -141,3 +141,15 @@ def test_pillow_baseline_makes_the_kernels_images(jpegs):
     for i in range(len(paths)):
         assert np.abs(theirs[i] - ours[i]).mean() < 0.05, (i, boxes[i], flips[i])
     assert 0 < sum(flips) < len(paths)
+
+
+def test_bench_blur_times_every_method_and_case(tmp_path):
+    pytest.importorskip("torchvision")
+    r = _script("bench_blur.py", "--rounds", 1, "--n", 2, "--no-pin", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["size"] == 224 and result["pinned"] is None
+    assert list(result["us_per_image"]) == ["k3-s1.0", "k9-s1.0", "k23-s1.0", "k23-s2.0"]
+    for times in result["us_per_image"].values():
+        assert sorted(times) == ["dpu_pipe", "pillow", "torchvision"]
+        assert all(t > 0 for t in times.values())
