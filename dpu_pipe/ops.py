@@ -193,7 +193,8 @@ def center_crop_box(height, width, size=224, resize=256):
 
 def _rgb_image(img):
     """img checked as uint8 (H, W, 3), copied when its pixels are not 3 contiguous bytes."""
-    if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+    if (not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3
+            or img.shape[2] != 3):
         got = (f"{type(img).__name__}" if not isinstance(img, np.ndarray)
                else f"{img.dtype} array of shape {img.shape}")
         raise ConfigError(f"img must be a uint8 array of shape (H, W, 3), got {got}")

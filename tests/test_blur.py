@@ -260,7 +260,7 @@ def test_solarize_out_and_errors():
             ops.solarize(img, bad)
 
 
-# --- bit identity of the passes across targets -----------------------------------------------------
+# --- bit identity of the passes across targets ---------------------------------------------
 
 DRIVER = r"""
 #include <stdio.h>
@@ -271,7 +271,7 @@ int main(void) {
     int32_t hd[4];
     if (fread(hd, 4, 4, stdin) != 4) return 2;
     int h = hd[0], w = hd[1], kx = hd[2], ky = hd[3];
-    float *wts = malloc(sizeof(float) * ((size_t)kx + ky + blur_scratch_floats(w, kx)));
+    float *wts = malloc(sizeof(float) * ((size_t)kx + ky + blur_scratch_floats(w, kx, ky)));
     uint8_t *src = malloc((size_t)h * w * 3), *dst = malloc((size_t)h * w * 3);
     if (fread(wts, 4, (size_t)kx + ky, stdin) != (size_t)kx + ky) return 2;
     if (fread(src, 1, (size_t)h * w * 3, stdin) != (size_t)h * w * 3) return 2;

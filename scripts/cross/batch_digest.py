@@ -6,9 +6,9 @@ Run once by the x86-64 build on the host and once by the aarch64 build under emu
 tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an ImageFolder
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
-records, the per-image transform, the Gaussian blur and solarize ops, the fused batch kernel, the epoch permutation and the
-samplers' shards, the local Loader, the batch ops (MixUp, CutMix, soft labels); a section
-whose entry point this build lacks is recorded as missing, not failed.
+records, the per-image transform, the Gaussian blur and solarize ops, the fused batch kernel,
+the epoch permutation and the samplers' shards, the local Loader, the batch ops (MixUp, CutMix,
+soft labels); a section whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
 

@@ -5,13 +5,14 @@
  * (_clones.h).
  *
  * Per output row y: the vertical pass sums the 1-D kernel's source rows (reflected at the
- * image's edges) straight from uint8 into a float32 row, the row is reflect-padded by kx/2
- * pixels at both ends, the horizontal pass sums it over interleaved RGB (tap t of element i is
- * element i + 3t), and the sums are rounded to uint8. Both passes run over contiguous memory,
- * which GCC vectorizes across elements on SSE2, AVX2 and NEON alike.
+ * image's edges; each converted to float32 once, into a ring of ky rows) into a float32 row,
+ * the row is reflect-padded by kx/2 pixels at both ends, the horizontal pass sums it over
+ * interleaved RGB (tap t of element i is element i + 3t), and the sums are rounded to uint8.
+ * Every pass runs over contiguous memory, which GCC vectorizes across elements on SSE2, AVX2
+ * and NEON alike.
  *
  * The kernel is symmetric (k[t] == k[K-1-t]), so each pass adds the two source values of a
- * pair of taps before one multiply: in the vertical pass that sum is an exact integer. Every
+ * pair of taps before one multiply (in the vertical pass that sum is an exact integer). Every
  * output element is the same float32 expression, centre tap first, then the pairs from the
  * inside out, with no contraction (-ffp-contract=off): every build, x86-64 or aarch64, gives
  * the same bits. */
@@ -37,47 +38,55 @@ static inline ptrdiff_t blur_reflect(ptrdiff_t i, ptrdiff_t n) {
     return i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i);
 }
 
+/* A source row converted once to float32 (exact), into the ring of rows the vertical pass reads:
+   each row is read by up to K output rows, and converting it per use cost more than the sums. */
+DP_CLONES static void blur_u8_to_f32(const uint8_t *src, float *dst, ptrdiff_t n) {
+    const uint8_t *__restrict__ s = src;
+    float *__restrict__ d = dst;
+    for (ptrdiff_t i = 0; i < n; i++)
+        d[i] = (float)s[i];
+}
+
 /* Vertical pass, output row y: d[0:n] = k[r] s(r) + sum over t = r-1 down to 0 of
-   k[t] (s(t) + s(K-1-t)), s(t) the source row y - r + t reflected, r = K / 2. */
-DP_CLONES static void blur_v_row(const uint8_t *src, ptrdiff_t stride, ptrdiff_t h, ptrdiff_t y,
+   k[t] (s(t) + s(K-1-t)), s(t) the source row y - r + t reflected, r = K / 2, as float32 in
+   ring slot (row % K), slots rs floats apart. (Integer values: each pair's sum is exact.) */
+DP_CLONES static void blur_v_row(const float *ring, ptrdiff_t rs, ptrdiff_t h, ptrdiff_t y,
                                  const float *k, int K, float *dst, ptrdiff_t n) {
-#define BLUR_ROW(t) (src + blur_reflect(y - r + (t), h) * stride)
+#define BLUR_ROW(t) (ring + (blur_reflect(y - r + (t), h) % K) * rs)
     const int r = K / 2;
     float *__restrict__ d = dst;
-    const uint8_t *__restrict__ c = BLUR_ROW(r);
+    const float *__restrict__ c = BLUR_ROW(r);
     const float wc = k[r];
     int t = r - 1;
     if (t >= 1) {
-        const uint8_t *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
-        const uint8_t *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
+        const float *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
         const float w0 = k[t], w1 = k[t - 1];
         for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = (wc * (float)c[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]))
-                   + w1 * (float)(uint16_t)(a1[i] + b1[i]);
+            d[i] = (wc * c[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
         t -= 2;
     } else if (t == 0) {
-        const uint8_t *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
+        const float *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
         const float w0 = k[0];
         for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = wc * (float)c[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]);
+            d[i] = wc * c[i] + w0 * (a0[i] + b0[i]);
         t = -1;
     } else {
         for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = wc * (float)c[i];
+            d[i] = wc * c[i];
     }
     for (; t >= 1; t -= 2) {
-        const uint8_t *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
-        const uint8_t *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
+        const float *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
         const float w0 = k[t], w1 = k[t - 1];
         for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = (d[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]))
-                   + w1 * (float)(uint16_t)(a1[i] + b1[i]);
+            d[i] = (d[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
     }
     if (t == 0) {
-        const uint8_t *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
+        const float *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
         const float w0 = k[0];
         for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = d[i] + w0 * (float)(uint16_t)(a0[i] + b0[i]);
+            d[i] = d[i] + w0 * (a0[i] + b0[i]);
     }
 #undef BLUR_ROW
 }
@@ -166,15 +175,18 @@ DP_CLONES static void blur_round_row(const float *a, uint8_t *o, ptrdiff_t n) {
         o[i] = blur_to_u8(a[i]);
 }
 
-/* Floats of scratch blur_rgb_u8 needs for an image w pixels wide and a horizontal kernel of
-   kx taps: one padded row and one row of sums. */
-static inline size_t blur_scratch_floats(ptrdiff_t w, int kx) {
-    return (size_t)3 * (size_t)(2 * w + 2 * (kx / 2));
+/* Floats between ring rows: 3 w rounded up to 64 bytes. */
+static inline ptrdiff_t blur_ring_stride(ptrdiff_t w) { return (3 * w + 15) & ~(ptrdiff_t)15; }
+
+/* Floats of scratch blur_rgb_u8 needs for an image w pixels wide and a kernel of kx x ky taps:
+   a ring of ky float32 source rows, one padded row and one row of sums. */
+static inline size_t blur_scratch_floats(ptrdiff_t w, int kx, int ky) {
+    return (size_t)ky * (size_t)blur_ring_stride(w) + (size_t)3 * (size_t)(2 * w + 2 * (kx / 2));
 }
 
 /* Blur the h x w RGB image at src (rows src_stride bytes apart, pixels 3 bytes) into dst (rows
    dst_stride bytes apart), kx horizontal taps wx and ky vertical taps wy (odd counts,
-   symmetric weights), with blur_scratch_floats(w, kx) floats at scratch. dst must not overlap
+   symmetric weights), with blur_scratch_floats(w, kx, ky) floats at scratch. dst must not overlap
    src. 0, or -1 when a size is out of range (even or non-positive tap count, or a kernel
    half-width not below the image's size along its axis: reflection needs pad < size). */
 static int blur_rgb_u8(const uint8_t *src, ptrdiff_t src_stride, int h, int w, uint8_t *dst,
@@ -183,12 +195,17 @@ static int blur_rgb_u8(const uint8_t *src, ptrdiff_t src_stride, int h, int w, u
     if (h < 1 || w < 1 || kx < 1 || ky < 1 || (kx & 1) == 0 || (ky & 1) == 0
         || kx / 2 >= w || ky / 2 >= h)
         return -1;
-    const int rx = kx / 2;
-    const ptrdiff_t n = (ptrdiff_t)3 * w;
-    float *pad = scratch, *sums = scratch + 3 * ((ptrdiff_t)w + 2 * rx);
-    float *row = pad + 3 * rx;
+    const int rx = kx / 2, ry = ky / 2;
+    const ptrdiff_t n = (ptrdiff_t)3 * w, rs = blur_ring_stride(w);
+    float *ring = scratch, *pad = ring + (ptrdiff_t)ky * rs;
+    float *sums = pad + 3 * ((ptrdiff_t)w + 2 * rx), *row = pad + 3 * rx;
+    /* Output row y reads source rows max(0, y - ry) .. min(h - 1, y + ry) only (reflection
+       stays inside that span), at most ky consecutive rows: distinct ring slots. */
+    ptrdiff_t next = 0;
     for (ptrdiff_t y = 0; y < h; y++) {
-        blur_v_row(src, src_stride, h, y, wy, ky, row, n);
+        for (; next < h && next <= y + ry; next++)
+            blur_u8_to_f32(src + next * src_stride, ring + (next % ky) * rs, n);
+        blur_v_row(ring, rs, h, y, wy, ky, row, n);
         for (int j = 1; j <= rx; j++) {
             memcpy(row - 3 * j, row + 3 * j, 3 * sizeof(float));
             memcpy(row + 3 * (w - 1 + j), row + 3 * (w - 1 - j), 3 * sizeof(float));

@@ -118,12 +118,12 @@ cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int 
 # --- Gaussian blur (_blur.h) ----------------------------------------------------------------
 # torchvision v2's gaussian_blur on uint8 RGB: a separable kernel of odd size K from sigma
 # (ops_gaussian_kernel), reflect padding, float32 sums rounded half to even. Per image:
-# ops_gaussian_kernel for each axis, then ops_gaussian_blur with ops_blur_scratch_floats(w, kx)
-# floats of scratch the caller owns. OPS_EARG for an even or non-positive tap count, a kernel
+# ops_gaussian_kernel for each axis, then ops_gaussian_blur with ops_blur_scratch_floats(w, kx,
+# ky) floats of scratch the caller owns. OPS_EARG for an even or non-positive tap count, a kernel
 # half-width not below the image's size along its axis (as torch's reflect padding refuses),
 # or a non-positive or non-finite sigma.
 cdef int ops_gaussian_kernel(float* k, int ksize, double sigma) noexcept nogil
-cdef size_t ops_blur_scratch_floats(int w, int kx) noexcept nogil
+cdef size_t ops_blur_scratch_floats(int w, int kx, int ky) noexcept nogil
 cdef int ops_gaussian_blur(const uint8_t* src, Py_ssize_t src_stride, int h, int w,
                            uint8_t* dst, Py_ssize_t dst_stride, const float* wx, int kx,
                            const float* wy, int ky, float* scratch) noexcept nogil

@@ -68,7 +68,7 @@ cdef extern from "_resample.h":
 cdef extern from "_blur.h":
     # The Gaussian blur's passes (the vertical and horizontal sums, the rounding), compiled
     # for AVX2 as well on x86-64 (same bits).
-    size_t blur_scratch_floats(Py_ssize_t w, int kx) noexcept nogil
+    size_t blur_scratch_floats(Py_ssize_t w, int kx, int ky) noexcept nogil
     int blur_rgb_u8(const uint8_t* src, Py_ssize_t src_stride, int h, int w, uint8_t* dst,
                     Py_ssize_t dst_stride, const float* wx, int kx, const float* wy, int ky,
                     float* scratch) noexcept nogil
@@ -763,8 +763,8 @@ cdef int ops_gaussian_kernel(float* k, int ksize, double sigma) noexcept nogil:
     return OPS_OK
 
 
-cdef size_t ops_blur_scratch_floats(int w, int kx) noexcept nogil:
-    return blur_scratch_floats(w, kx)
+cdef size_t ops_blur_scratch_floats(int w, int kx, int ky) noexcept nogil:
+    return blur_scratch_floats(w, kx, ky)
 
 
 cdef int ops_gaussian_blur(const uint8_t* src, Py_ssize_t src_stride, int h, int w,
@@ -860,7 +860,7 @@ def gaussian_blur_into(const uint8_t[:, :, :] img, uint8_t[:, :, :] out, int kx,
     if kx < 1 or ky < 1 or kx % 2 == 0 or ky % 2 == 0 or kx // 2 >= w or ky // 2 >= h:
         raise ConfigError(f"kernel {kx}x{ky} does not fit the {h}x{w} image: odd sizes whose "
                           f"half is below the image's width and height")
-    wts = <float*>malloc((<size_t>kx + ky + ops_blur_scratch_floats(w, kx)) * sizeof(float))
+    wts = <float*>malloc((<size_t>kx + ky + ops_blur_scratch_floats(w, kx, ky)) * sizeof(float))
     if wts == NULL:
         raise MemoryError("gaussian_blur: out of memory for the blur's scratch rows")
     try:
