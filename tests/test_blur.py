@@ -223,6 +223,9 @@ def test_strided_and_noncompact_inputs():
     step = big[:, ::2]                          # pixel step: copied first
     assert np.array_equal(ops.gaussian_blur(step, 9, 1.0),
                           ops.gaussian_blur(np.ascontiguousarray(step), 9, 1.0))
+    flipped = big[::-1]                         # negative row stride: read in place
+    assert np.array_equal(ops.gaussian_blur(flipped, 9, 1.4),
+                          ops.gaussian_blur(np.ascontiguousarray(flipped), 9, 1.4))
     planar = np.ascontiguousarray(big.transpose(2, 0, 1)).transpose(1, 2, 0)
     assert np.array_equal(ops.gaussian_blur(planar, 3, 0.8), ops.gaussian_blur(big, 3, 0.8))
 
