@@ -55,6 +55,9 @@ class BatchMaker:
         ``drop_last=False`` keeps the rank's last partial batch, shorter).
     num_threads : int
         Threads of the batch kernel (where it runs, not what it makes: not in the spec).
+    cache : dpu_pipe.cache.DecodedCache, optional
+        The decoded-sample cache of ``decode_max_side`` (likewise not in the spec: the batches
+        are the same with or without it). Samples found in it are not read from the source.
 
     ``spec.on_error``:
         ``"raise"``: the first undecodable sample of a batch raises :class:`DecodeError` naming
@@ -64,7 +67,7 @@ class BatchMaker:
         the bad sample is recorded in :attr:`bad_samples` and logged once.
     """
 
-    def __init__(self, spec, num_threads=1):
+    def __init__(self, spec, num_threads=1, cache=None):
         if not isinstance(spec, StreamSpec):
             raise TypeError(f"spec must be a StreamSpec, got {spec!r}")
         self.spec = spec
@@ -73,7 +76,8 @@ class BatchMaker:
         self.on_error = spec.on_error
         self.sampler = EpochSampler(len(source), seed=spec.seed, shuffle=spec.shuffle,
                                     rank=spec.rank, world_size=spec.world_size,
-                                    shard_tail=spec.shard_tail, resume=spec.resume)
+                                    shard_tail=spec.shard_tail, resume=spec.resume,
+                                    stick_to_shard=spec.stick_to_shard)
         #: Batches of a whole epoch; :meth:`batches_in` counts those of any epoch (fewer in
         #: the epoch of an elastic resume).
         self.num_batches = self.sampler.num_batches(self.batch_size, spec.drop_last)
@@ -86,8 +90,12 @@ class BatchMaker:
                 f"no batches: {len(self.sampler)} samples per rank and batch_size="
                 f"{self.batch_size} with drop_last=True; lower batch_size or set "
                 f"drop_last=False")
+        if cache is not None and cache.num_samples != len(source):
+            raise ConfigError(f"the cache was made for {cache.num_samples} samples, the source "
+                              f"has {len(source)}")
         self.kernel = BatchProcessor(spec.transform, _v.positive_int(num_threads,
-                                                                     "num_threads"))
+                                                                     "num_threads"), cache)
+        self.cache = cache
         self.transform = self.kernel.config
         labels = np.asarray(source.labels)
         #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
@@ -178,11 +186,17 @@ class BatchMaker:
         return self.sampler.num_valid(epoch, start, stop)
 
     def _buffers(self, indices):
-        """BufferList of the samples, and {batch position: DecodeError} for unreadable ones."""
+        """BufferList of the samples, and {batch position: DecodeError} for unreadable ones.
+        Samples held by the cache are not read (an empty buffer: the kernel does not look at
+        it; a stored sample stays stored)."""
         if self._gather is not None:
             return self._gather(indices)
+        cached = self.cache.ready(indices).tolist() if self.cache is not None else None
         datas, errors = [], {}
         for j, i in enumerate(indices.tolist()):
+            if cached is not None and cached[j]:
+                datas.append(b"")
+                continue
             try:
                 datas.append(self.source.read(i))
             except DecodeError as exc:

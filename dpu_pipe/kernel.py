@@ -39,13 +39,16 @@ class BatchProcessor:
         The transform (train or val, size, output dtype and layout, ...).
     num_threads : int
         OpenMP threads sharing each batch (the GIL is released for the whole batch).
+    cache : dpu_pipe.cache.DecodedCache, optional
+        Where the reduced images of ``decode_max_side`` are kept and served from (the config
+        must set ``decode_max_side``). The output is the same with or without it.
 
     Threads: the kernel's decoders and scratch buffers belong to the processor, so calls
     from several threads take turns (a lock held for one batch); for batches in parallel,
-    give each thread a processor of its own.
+    give each thread a processor of its own (they may share one cache).
     """
 
-    def __init__(self, config=None, num_threads=1):
+    def __init__(self, config=None, num_threads=1, cache=None):
         if config is None:
             config = TransformConfig()
         elif isinstance(config, dict):
@@ -60,7 +63,13 @@ class BatchProcessor:
                           stacklevel=2)
         self.config = config
         self.num_threads = int(num_threads)
-        self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads)
+        if cache is not None and config.decode.decode_max_side is None:
+            raise ConfigError("cache_bytes needs decode_max_side: the cache holds the reduced "
+                              "images that decode_max_side makes")
+        #: The :class:`~dpu_pipe.cache.DecodedCache` this kernel uses, or None.
+        self.cache = cache
+        self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads,
+                                          None if cache is None else cache.kernel)
         self._lock = threading.Lock()
         self._augmenter = _augment.Augmenter(kernel_params(config)) if config.augmented else None
 
@@ -86,14 +95,18 @@ class BatchProcessor:
         Returns
         -------
         (out, info, errors): ``info`` is int32 (N, 7) with the columns of :data:`SampleInfo`
-        (crop box in full-resolution pixels, flip, DCT scale in eighths); ``errors`` maps the
+        (crop box in full-resolution pixels — with ``decode_max_side``, in pixels of the
+        reduced image —, flip, DCT scale in eighths: of the whole decode with
+        ``decode_max_side``); ``errors`` maps the
         batch position of each failed sample to a :class:`DecodeError` (``index`` = its sample
         index). A failed sample's slot in ``out`` holds no meaningful data.
 
         Samples that are not JPEG streams (PNG, GIF, WebP, BMP, TIFF... whatever their file
         name says) are decoded by OpenCV (``cv2.imdecode``, RGB, full resolution) and go
-        through the same fused crop/resample/flip/normalize pass; their status in ``info`` is
-        :data:`ST_OTHER_FORMAT` (1).
+        through the same fused crop/resample/flip/normalize pass (reduced first with
+        ``decode_max_side``, as a JPEG is); their status in ``info`` is
+        :data:`ST_OTHER_FORMAT` (1). With a cache, a sample found there is cut from its cached
+        image and its buffer is not read (it may be empty).
         """
         bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
             _jpeg.BufferList.from_buffers(buffers)
@@ -130,7 +143,7 @@ class BatchProcessor:
     def describe(self, data, index, *, epoch=0, seed=0):
         """The parameters sample ``index`` of ``epoch`` gets from these bytes, in the order they
         apply: ``"crop"`` [top, left, height, width] in source pixels (validation: the centre
-        box, floored), ``"flip"``, ``"ops"`` [[name, magnitude], ...] with torchvision's op
+        box, floored; with ``decode_max_side``, in pixels of the reduced image), ``"flip"``, ``"ops"`` [[name, magnitude], ...] with torchvision's op
         names and the signed magnitude its ``_apply_op`` receives, ``"jitter"`` {name: factor}
         in the order applied, ``"grayscale"``, ``"erase"`` [i, j, h, w] in output pixels or
         None. Raises the sample's DecodeError when the bytes do not decode."""

@@ -41,6 +41,7 @@ from .offload.group import host_group, started_group
 from .rng import check_epoch
 from .sources import as_source
 from .spec import StreamSpec
+from .cache import DecodedCache
 from .transforms import TransformConfig
 
 __all__ = ["Loader", "DPULoader", "MODES", "default_shard"]
@@ -245,7 +246,9 @@ class Loader:
         host threads take work from the same ticket pool; the host threads take work only
         when the producers fall behind (fewer than ``slots // 2 + 1`` batches ready), and
         take over the work of a producer that falls silent. The arguments below apply to
-        the offloaded modes.
+        the offloaded modes. ``decode_max_side`` and ``stick_to_shard`` work in every mode
+        (the producers receive them in the stream spec); ``cache_bytes`` only in
+        ``"local"`` for now (the producers' node-shared cache is not built yet: ConfigError).
     comm : mpi4py communicator, optional
         The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
         first offloaded loader of a process starts the host group: collective over ``comm``.
@@ -345,6 +348,23 @@ class Loader:
         ``k``-th last one yielded, or the last one once the end of the epoch was fetched —
         so a checkpoint taken in the training step resumes at the batch fetched ahead, not
         after it.
+    decode_max_side : int, optional
+        Decode every sample whole and reduce it to this longest side (pixels), then cut its
+        crop from the reduced image (see :class:`~dpu_pipe.transforms.DecodeOptions`): part
+        of the stream, which then depends on it. What ``cache_bytes`` caches.
+    cache_bytes : int
+        Keep the reduced images of ``decode_max_side`` in a cache of this many bytes (0: no
+        cache), shared by this loader's threads, so later epochs cut their crops without
+        decoding. The batches are the same whatever the cache holds. The bytes include a
+        table of 24 bytes per sample of the source; when the cache is full, the samples that
+        did not fit are decoded every epoch. Resident memory grows by at most
+        ``cache_bytes`` as it fills. ``stats()["cache"]`` counts hits, misses, bytes,
+        entries and did_not_fit. ``mode="local"`` only, for now. See
+        docs/guides/caching.md.
+    stick_to_shard : bool
+        Every rank reads the same subset of the dataset every epoch (reshuffled within it),
+        so that a per-rank cache is hit: see :class:`dpu_pipe.sampler.EpochSampler`. Part of
+        the stream and of its saved state.
     **transform_options
         More :class:`~dpu_pipe.transforms.TransformConfig` fields: ``scale``, ``ratio``,
         ``flip_p``, ``resize``, ``mean``, ``std``, ``fast``, ``max_pixels``, the recipes
@@ -370,11 +390,18 @@ class Loader:
                  output=None, copy=False, device=None, pin_memory=False, memory_format=None,
                  timeout=DEFAULT_TIMEOUT, return_meta=False, max_bad=None, lookahead=0,
                  mode="local", comm=None, host_threads=1, slots=None, producer_threads=1,
-                 liveness_timeout=60.0, hostmap=None, serve_file=None, **transform_options):
+                 liveness_timeout=60.0, hostmap=None, serve_file=None, cache_bytes=0,
+                 stick_to_shard=False, **transform_options):
         self._init_locks()
         _LIVE.add(self)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
+        if mode != "local" and cache_bytes:
+            # The producers' cache is one per node, in MPI shared memory: not built yet.
+            raise ConfigError(f"cache_bytes is not supported yet with mode={mode!r} (only "
+                              f"mode='local' caches decoded samples); decode_max_side works "
+                              f"in every mode")
         if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
                 or host_threads < (1 if mode == "hybrid" else 0):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
@@ -408,7 +435,7 @@ class Loader:
         self.stream_spec = StreamSpec(self.source, batch_size, self.transform, seed=seed,
                                       shuffle=shuffle, rank=rank, world_size=world_size,
                                       shard_tail=shard_tail, drop_last=drop_last,
-                                      on_error=on_error)
+                                      on_error=on_error, stick_to_shard=stick_to_shard)
         self.output = self.out.output
         self.copy = self.out.copy
         self.return_meta = _v.boolean(return_meta, "return_meta")
@@ -416,7 +443,13 @@ class Loader:
         self.out.timeout = self.timeout
         #: The :class:`~dpu_pipe.batch.BatchMaker` of this host (the local engine's; thread
         #: 0's in hybrid mode); it also gives the stream's geometry.
-        self.maker = BatchMaker(self.stream_spec, self.num_threads)
+        if cache_bytes and self.transform.decode.decode_max_side is None:
+            raise ConfigError("cache_bytes needs decode_max_side: the cache holds the whole "
+                              "images decode_max_side reduces (e.g. decode_max_side=256)")
+        #: The decoded-sample cache (:class:`~dpu_pipe.cache.DecodedCache`), or None: where the
+        #: stream runs, not what it is — every maker of this loader shares it.
+        self.cache = DecodedCache(cache_bytes, len(self.source)) if cache_bytes else None
+        self.maker = BatchMaker(self.stream_spec, self.num_threads, self.cache)
         self.batch_size = self.maker.batch_size
         self.max_bad = max_bad
         self._bad_limit = _v.bad_budget(max_bad, len(self.maker.sampler))
@@ -598,6 +631,9 @@ class Loader:
         for every rank's) or the list of every saved rank's states, which is checked: ranks
         at different steps, a missing rank or different epochs raise :class:`ConfigError`.
         With the same geometry (world size, batch size) an elastic load is a plain resume.
+        With ``stick_to_shard`` the rest of the saved epoch keeps the order the saved job
+        began it in (the resume point records that job's world size); from the next epoch
+        on, the samples are split among this job's ranks (each rank's subset changes once).
         """
         elastic = _v.boolean(elastic, "elastic")
         # Checked before the current iteration is told to end: a bad state changes nothing.
@@ -620,7 +656,7 @@ class Loader:
             self._engine.close()
             self._engine = None
         old = self.maker
-        maker = BatchMaker(spec, self.num_threads)
+        maker = BatchMaker(spec, self.num_threads, self.cache)
         maker.stats, maker.bad_samples = old.stats, old.bad_samples
         with self._state_lock:
             self.stream_spec = spec
@@ -713,6 +749,8 @@ class Loader:
         d = engine.stats(made) if engine is not None else made.as_dict()
         d["wait_s"] = self._wait_s
         d.update(self.out.stats())
+        if self.cache is not None:
+            d["cache"] = self.cache.stats()
         if not interval:
             return d
         busy, makers = self._busy(d, engine)

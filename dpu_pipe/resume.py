@@ -10,6 +10,7 @@ import numpy as np
 from .errors import ConfigError
 from .rng import check_epoch
 from .sampler import EpochSampler
+from .spec import STATE_DEFAULTS
 
 __all__ = ["STATE_VERSION", "state_of", "source_identity", "resume_position"]
 
@@ -19,8 +20,11 @@ __all__ = ["STATE_VERSION", "state_of", "source_identity", "resume_position"]
 # ignore, resuming into another stream), and train=False streams default to
 # shard_tail="mask" (equal batch counts on every rank, padding masked) instead of "uneven".
 # A version-2 state has no resume point and means what it meant: it is still read.
-STATE_VERSION = 3
-_READABLE_STATES = (2, STATE_VERSION)
+# 4: a state records stick_to_shard (another stream, which an older dpu_pipe would ignore),
+# and with it a resume point may carry the world size whose order its epoch follows. A
+# state of version 2 or 3 has stick_to_shard off: still read.
+STATE_VERSION = 4
+_READABLE_STATES = (2, 3, STATE_VERSION)
 
 #: State fields an elastic resume may change: how the rest of an epoch is sharded.
 _ELASTIC_FIELDS = ("world_size", "rank", "batch_size")
@@ -76,8 +80,13 @@ def resume_position(spec, state, elastic):
             mine = _sampler(spec, spec.world_size, spec.rank, resume)
             step = min(step, mine.num_batches(spec.batch_size, spec.drop_last, epoch))
     else:
+        saved_resume = resume
         epoch, start = _elastic_point(spec, states, epoch, resume)
         resume, step = (epoch, start), 0
+        if spec.stick_to_shard and start:
+            # The rest of the epoch follows the order the saved job began it in.
+            resume += (saved_resume[2] if saved_resume is not None
+                       and len(saved_resume) == 3 else first["world_size"],)
     return resume, epoch, int(step)
 
 
@@ -99,7 +108,7 @@ def _check_state(spec, state, elastic):
     for key, mine in spec.state().items():
         if elastic and key in _ELASTIC_FIELDS:
             continue
-        if state.get(key) != mine:
+        if state.get(key, STATE_DEFAULTS.get(key)) != mine:
             hint = ""
             if key in _ELASTIC_FIELDS:
                 hint = (" — or, to continue on a different number of ranks, "
@@ -127,7 +136,7 @@ def _state_resume(state, epoch):
         return None
     try:
         resume = tuple(resume)
-        ok = len(resume) == 2 and check_epoch(resume[0]) == epoch
+        ok = len(resume) in (2, 3) and check_epoch(resume[0]) == epoch
     except (TypeError, ConfigError):
         ok = False
     if not ok:
@@ -144,7 +153,7 @@ def _sampler(spec, world_size, rank, resume):
     """The sampler of ``spec``'s stream for rank ``rank`` of ``world_size`` with ``resume``."""
     return EpochSampler(len(spec.source), seed=spec.seed, shuffle=spec.shuffle,
                         rank=rank, world_size=world_size, shard_tail=spec.shard_tail,
-                        resume=resume)
+                        resume=resume, stick_to_shard=spec.stick_to_shard)
 
 
 def _state_step(spec, state, epoch, resume):

@@ -56,7 +56,11 @@ Streams (one per purpose, so purposes never share random numbers)
                                    (:func:`beta_variate`), two per block, in order
     261     ``STREAM_HOOK``        the seed of ``batch_hook``'s numpy Generator (not
                                    Philox blocks: SeedSequence(seed, epoch, rank, step, 261))
-    262...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    262     ``STREAM_STICK``       ``stick_to_shard``'s keys (dpu_pipe/sampler.py), the
+                                   64-bit word 0 of: block 0 at index 0 (the key of the
+                                   fixed permutation), block 1 at index ``rank | world_size
+                                   << 32`` (the key of that rank's in-shard shuffle); epoch 0
+    263...  ``STREAM_USER``        first id free for new purposes; add them to this table
     512+    ``STREAM_ERASE_NOISE``
                                    streams 512..527 (erase_value="random"): element k of
                                    the erased (3, h, w) box, in that order, is the standard
@@ -111,7 +115,7 @@ from .errors import ConfigError
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
     "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_ERASE_NOISE",
-    "STREAM_USER", "CROP_ATTEMPTS", "beta_variate",
+    "STREAM_STICK", "STREAM_USER", "CROP_ATTEMPTS", "beta_variate",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -128,7 +132,8 @@ STREAM_GRAYSCALE = 258
 STREAM_ERASE = 259
 STREAM_MIX = 260
 STREAM_HOOK = 261
-STREAM_USER = 262
+STREAM_STICK = 262
+STREAM_USER = 263
 STREAM_ERASE_NOISE = 512
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8

@@ -11,6 +11,16 @@ computes the same order without talking to the others. Each rank takes every
 An elastic resume (``resume=(epoch, start)``) shards only positions ``start .. n - 1`` of that
 one epoch — the part the ranks of a job of another size had not read — over this job's ranks:
 rank ``r`` reads positions ``start + r, start + r + world_size, ...``; other epochs are whole.
+
+``stick_to_shard=True`` keeps each rank on the same samples every epoch (what a per-rank
+decoded cache wants): the epoch's order at position ``p = r + k * world_size`` (rank ``r``'s
+``k``-th position) is ``F(r + world_size * P_{r,e}(k))``, where ``F`` is a permutation of
+``[0, n)`` keyed by the seed alone and ``P_{r,e}`` a permutation of rank ``r``'s ``k`` keyed
+by (seed, rank, world size) and the epoch (of the ``k`` the rank reads: with
+``shard_tail="drop"`` the first ``n // world_size``, the rest staying in place). So rank ``r`` holds the samples ``F(r), F(r + W),
+...`` in every epoch, in another order each epoch; the subsets are disjoint and cover the
+dataset, and ``shard_tail`` pads, drops or masks as without it (the same samples every
+epoch). Still O(1) memory: both permutations are evaluated one position at a time.
 """
 
 import numpy as np
@@ -19,7 +29,7 @@ from . import _validate as _v
 from ._rng import permute
 from .constants import SHARD_TAILS
 from .errors import ConfigError
-from .rng import check_epoch, check_seed
+from .rng import STREAM_STICK, check_epoch, check_seed, random_u64
 
 __all__ = ["EpochSampler", "SHARD_TAILS", "MAX_SAMPLES"]
 
@@ -64,11 +74,19 @@ class EpochSampler:
           only the valid rows reads **every sample exactly once across ranks** while every
           rank runs the same number of steps: exact evaluation under DDP, whose per-batch
           collectives would hang on ``"uneven"``'s unequal batch counts.
-    resume : (epoch, start), optional
+    resume : (epoch, start) or (epoch, start, order_world_size), optional
         Epoch ``epoch`` covers only positions ``start .. num_samples - 1`` of its order (0 <=
         start < num_samples), sharded as above over ``num_samples - start`` positions
         (padding wraps around to the start of the whole order): the rest of an epoch that
-        ranks of another job size had read up to ``start``. Other epochs are whole.
+        ranks of another job size had read up to ``start``. Other epochs are whole. With
+        ``stick_to_shard`` the order of an epoch depends on the world size: the third item
+        is the world size whose order that epoch follows (the saved job's; default: this
+        one's); without it the third item is ignored.
+    stick_to_shard : bool
+        Every rank reads the same subset of the samples every epoch, reshuffled within it
+        each epoch (see the module docstring). An elastic resume onto another world size
+        finishes the resumed epoch in the saved job's order; the epochs after it are split
+        among the new ranks, so each rank's subset changes once.
 
     The last partial *batch* is a separate choice, ``drop_last`` of :meth:`batches` (as
     ``DataLoader``'s ``drop_last``, default False: kept, shorter).
@@ -104,14 +122,18 @@ class EpochSampler:
     """
 
     def __init__(self, num_samples, *, seed=0, shuffle=True, rank=0, world_size=1,
-                 shard_tail="pad", resume=None):
+                 shard_tail="pad", resume=None, stick_to_shard=False):
         self.num_samples = _v.integer(num_samples, "num_samples", 1, MAX_SAMPLES)
         self.seed = check_seed(seed)
         self.world_size = _v.positive_int(world_size, "world_size")
         self.rank = _v.integer(rank, "rank", 0, self.world_size - 1)
         self.shuffle = _v.boolean(shuffle, "shuffle")
         self.shard_tail = _v.choice(shard_tail, "shard_tail", SHARD_TAILS)
-        self.resume = check_resume(resume, self.num_samples)
+        self.stick_to_shard = _v.boolean(stick_to_shard, "stick_to_shard")
+        if self.stick_to_shard and self.world_size >= 1 << 32:
+            raise ConfigError("stick_to_shard needs world_size < 2**32")
+        self.resume = check_resume(resume, self.num_samples, self.stick_to_shard)
+        self._keys = {}
         self._per_rank = self._count(self.num_samples)
         if self._per_rank == 0 and shard_tail == "drop":
             raise ConfigError(
@@ -159,7 +181,40 @@ class EpochSampler:
         """Sample indices at global positions (int64 array, each < num_samples)."""
         if not self.shuffle:
             return positions.astype(np.int64)
+        if self.stick_to_shard:
+            return self._stuck(positions, epoch)
         return permute(positions, self.num_samples, self.seed, epoch)
+
+    def _key(self, rank, world_size):
+        """Key of ``F`` (rank None) or of ``P_{rank}`` in a job of ``world_size`` ranks."""
+        key = self._keys.get((rank, world_size))
+        if key is None:
+            index = 0 if rank is None else (world_size << 32) | rank
+            key = int(random_u64(self.seed, 0, index, STREAM_STICK, 0 if rank is None else 1)[0])
+            self._keys[(rank, world_size)] = key
+        return key
+
+    def _stuck(self, positions, epoch):
+        """stick_to_shard's order at global positions: ``F(r + W * P_{r,e}(k))`` for
+        position ``r + k * W``, W the world size whose order ``epoch`` follows."""
+        n = self.num_samples
+        ws = self.world_size
+        if self.resume is not None and epoch == self.resume[0] and len(self.resume) == 3:
+            ws = self.resume[2]
+        rank, k = np.divmod(positions, ws)[::-1]
+        stuck = np.empty(len(positions), np.int64)
+        # Rank r's positions below n have k in 0 .. ceil((n - r) / W) - 1; "drop" reads only
+        # the first n // W of them, so only those are shuffled (the dropped one stays put:
+        # the same samples are left out every epoch).
+        for r in np.unique(rank).tolist():
+            sel = rank == r
+            mine = n // ws if self.shard_tail == "drop" else -(-(n - r) // ws)
+            kr = k[sel]
+            shuffled = kr < mine
+            if shuffled.any():
+                kr[shuffled] = permute(kr[shuffled], mine, self._key(r, ws), epoch)
+            stuck[sel] = r + ws * kr
+        return permute(stuck, n, self._key(None, 0), 0)
 
     def permutation(self, epoch=None):
         """The global order of ``epoch`` before sharding: int64, shape (num_samples,), the
@@ -256,18 +311,28 @@ class EpochSampler:
     def __repr__(self):
         return (f"EpochSampler(num_samples={self.num_samples}, seed={self.seed}, "
                 f"shuffle={self.shuffle}, rank={self.rank}, world_size={self.world_size}, "
-                f"shard_tail={self.shard_tail!r}, resume={self.resume}, epoch={self.epoch})")
+                f"shard_tail={self.shard_tail!r}, resume={self.resume}, "
+                f"stick_to_shard={self.stick_to_shard}, epoch={self.epoch})")
 
 
-def check_resume(resume, num_samples):
+def check_resume(resume, num_samples, stick_to_shard=False):
     """``resume`` as ``(epoch, start)`` ints with 0 <= start < num_samples, or None (also
-    for a start of 0: the whole epoch)."""
+    for a start of 0: the whole epoch); with ``stick_to_shard``, ``(epoch, start,
+    order_world_size)`` when the third item is given (without it a third item is an error:
+    the order does not depend on the world size)."""
     if resume is None:
         return None
     try:
-        epoch, start = resume
+        epoch, start, *rest = resume
     except (TypeError, ValueError):
-        raise ConfigError(f"resume must be (epoch, start) or None, got {resume!r}") from None
+        rest = None
+    if rest is None or len(rest) > 1 or (rest and not stick_to_shard):
+        raise ConfigError(f"resume must be (epoch, start) or None (with stick_to_shard: "
+                          f"(epoch, start[, order_world_size])), got {resume!r}")
     epoch = check_epoch(epoch)
     start = _v.integer(start, "resume start", 0, num_samples - 1)
-    return None if start == 0 else (epoch, start)
+    if start == 0:
+        return None
+    if rest and stick_to_shard:
+        return (epoch, start, _v.integer(rest[0], "resume order_world_size", 1, (1 << 32) - 1))
+    return (epoch, start)

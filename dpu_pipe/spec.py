@@ -20,7 +20,9 @@ __all__ = ["StreamSpec", "ON_ERROR"]
 
 #: Fields a saved loader state records and a resume must match, beside ``num_samples``.
 _STATE_FIELDS = ("seed", "batch_size", "rank", "world_size", "drop_last", "shard_tail",
-                 "shuffle")
+                 "shuffle", "stick_to_shard")
+#: What a state field added later means when a state (or a producer's spec) lacks it.
+STATE_DEFAULTS = {"stick_to_shard": False}
 
 
 @dataclass(frozen=True, eq=True)
@@ -33,15 +35,17 @@ class StreamSpec:
         The object itself; its ``spec()`` is what goes on the wire.
     batch_size : int
     transform : TransformConfig
-    seed, shuffle, rank, world_size, shard_tail : as :class:`~dpu_pipe.sampler.EpochSampler`
+    seed, shuffle, rank, world_size, shard_tail, stick_to_shard : as
+        :class:`~dpu_pipe.sampler.EpochSampler`
     drop_last : bool
         Drop the rank's last partial batch.
     on_error : "raise" or "skip"
         See :class:`~dpu_pipe.batch.BatchMaker`.
-    resume : (epoch, start), optional
+    resume : (epoch, start) or (epoch, start, order_world_size), optional
         The resume point of an elastic resume: epoch ``epoch`` holds only positions
         ``start ..`` of its order, sharded over this job's ranks (see
-        :class:`~dpu_pipe.sampler.EpochSampler`). None: every epoch whole.
+        :class:`~dpu_pipe.sampler.EpochSampler`; the third item: with ``stick_to_shard``,
+        the world size whose order the epoch follows). None: every epoch whole.
 
     Every field is checked and normalized here (``seed`` to its int, booleans to bool), so
     two specs of one stream compare equal.
@@ -58,6 +62,7 @@ class StreamSpec:
     drop_last: bool = False
     on_error: str = "raise"
     resume: tuple = None
+    stick_to_shard: bool = False
 
     def __post_init__(self):
         put = object.__setattr__
@@ -72,7 +77,8 @@ class StreamSpec:
         put(self, "shard_tail", _v.choice(self.shard_tail, "shard_tail", SHARD_TAILS))
         put(self, "drop_last", _v.boolean(self.drop_last, "drop_last"))
         put(self, "on_error", _v.choice(self.on_error, "on_error", ON_ERROR))
-        put(self, "resume", check_resume(self.resume, len(self.source)))
+        put(self, "stick_to_shard", _v.boolean(self.stick_to_shard, "stick_to_shard"))
+        put(self, "resume", check_resume(self.resume, len(self.source), self.stick_to_shard))
 
     def state(self):
         """The fields a loader state saves and a resume must match (JSON-serialisable)."""
@@ -83,9 +89,13 @@ class StreamSpec:
 
     def to_wire(self):
         """The spec as a JSON-serialisable dict, the source as its ``spec()``."""
-        d = {k: getattr(self, k) for k in _STATE_FIELDS}
+        d = {k: getattr(self, k) for k in _STATE_FIELDS if k not in STATE_DEFAULTS}
         d.update(source=self.source.spec(), transform=self.transform.to_dict(),
                  on_error=self.on_error)
+        for k, default in STATE_DEFAULTS.items():
+            # Only when set, as ``resume``: the specs of the streams without it stay the same.
+            if getattr(self, k) != default:
+                d[k] = getattr(self, k)
         if self.resume is not None:
             # Only when set: the specs (and the producers' stream keys) of every stream
             # without a resume point stay what they were.
@@ -100,4 +110,5 @@ class StreamSpec:
                    transform=TransformConfig.from_dict(d["transform"]), seed=d["seed"],
                    shuffle=d["shuffle"], rank=d["rank"], world_size=d["world_size"],
                    shard_tail=d["shard_tail"], drop_last=d["drop_last"],
-                   on_error=d.get("on_error", "raise"), resume=d.get("resume"))
+                   on_error=d.get("on_error", "raise"), resume=d.get("resume"),
+                   stick_to_shard=d.get("stick_to_shard", False))

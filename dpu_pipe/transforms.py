@@ -4,7 +4,8 @@ shipped to DPU producers as one flat dict (``to_dict`` / ``from_dict``).
 
 A :class:`TransformConfig` has three parts, along the seams of the pipeline:
 
-- :class:`DecodeOptions`: how a JPEG is decoded (IDCT and upsampling, the pixel budget);
+- :class:`DecodeOptions`: how a JPEG is decoded (IDCT and upsampling, the pixel budget, and
+  ``decode_max_side``: decode whole and reduce, crops cut from the reduced image);
 - :class:`SampleRecipe`: what one sample goes through.
   Train: RandomResizedCrop(size, scale, ratio, interpolation) → horizontal flip with
   probability ``flip_p`` → auto-augment (``auto_augment``: TrivialAugmentWide, RandAugment or
@@ -41,17 +42,33 @@ def _set(obj, name, value):
     object.__setattr__(obj, name, value)
 
 
+#: Largest decode_max_side (pixels): JPEG's own limit on a side.
+MAX_SIDE_LIMIT = 65500
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """How a sample's JPEG is decoded; the pixels of the crop box do not depend on it except
-    through ``fast``."""
+    through ``fast`` and ``decode_max_side``.
+
+    ``decode_max_side=S`` (pixels; None: off) decodes every sample whole, at the smallest DCT
+    scale s/8 (s in 1..8) whose scaled longest side is still >= S, and reduces it with the
+    antialiased bilinear filter to a longest side of exactly S (the other side
+    ``round(side * S / longest)``, half up, at least 1; an image no larger than S is kept as
+    decoded). Every crop is then drawn from and cut out of that reduced image, so the stream
+    depends on S, as on a ``pack --max-side`` dataset; it is what ``cache_bytes`` caches.
+    """
 
     fast: bool = False                  # the fast IDCT and plain chroma upsampling
     max_pixels: int = DEFAULT_MAX_PIXELS  # refuse images larger than this (decompression bombs)
+    decode_max_side: object = None      # None, or decode whole and reduce to this longest side
 
     def __post_init__(self):
         _set(self, "fast", _v.boolean(self.fast, "fast"))
         _set(self, "max_pixels", _v.positive_int(self.max_pixels, "max_pixels"))
+        if self.decode_max_side is not None:
+            _set(self, "decode_max_side", _v.integer(self.decode_max_side, "decode_max_side",
+                                                     1, MAX_SIDE_LIMIT))
 
 
 @dataclass(frozen=True)
@@ -221,6 +238,8 @@ class BatchOptions:
 _PARTS = (("decode", DecodeOptions), ("recipe", SampleRecipe), ("batch_ops", BatchOptions))
 #: Flat option name -> the attribute of the part that holds it.
 _OWNER = {f.name: attr for attr, cls in _PARTS for f in fields(cls)}
+#: Options left out of ``to_dict`` while None (their default).
+_ONLY_WHEN_SET = ("decode_max_side",)
 
 
 @dataclass(frozen=True, init=False)
@@ -292,10 +311,15 @@ class TransformConfig:
 
     def to_dict(self):
         """The flat options as a JSON-serialisable dict, for shipping to producers and for
-        saved states."""
+        saved states. Options added after a stream format was fixed appear only when set
+        (``decode_max_side``), so the dicts — saved states, producers' stream keys — of
+        every stream without them stay what they were."""
         d = {}
         for attr, _ in _PARTS:
             d.update(asdict(getattr(self, attr)))
+        for key in _ONLY_WHEN_SET:
+            if d[key] is None:
+                del d[key]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod

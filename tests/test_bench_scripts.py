@@ -153,3 +153,20 @@ def test_bench_blur_times_every_method_and_case(tmp_path):
     for times in result["us_per_image"].values():
         assert sorted(times) == ["dpu_pipe", "pillow", "torchvision"]
         assert all(t > 0 for t in times.values())
+
+
+def test_bench_cache_runs_every_method_and_fills_the_cache(jpegs, tmp_path):
+    before = _snapshot(jpegs)
+    out = tmp_path / "cache.json"
+    r = _script("bench_cache.py", "--data", jpegs, "--n", N, "--rounds", 2, "--json", out,
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert result["images"] == N and list(result["methods"]) == [
+        "default", "max_side", "cache_first", "cache_warm"]
+    assert all(len(m["wall_img_s"]) == 2 and min(m["cpu_img_s"]) > 0
+               for m in result["methods"].values())
+    st = result["cache_stats"]
+    # The warm loader's cache: filled in its first epoch, then two epochs of hits only.
+    assert st["entries"] == N and st["misses"] == N and st["hits"] == 2 * N
+    assert _snapshot(jpegs) == before

@@ -128,12 +128,15 @@ def test_info_summarises_folder_and_packed_dataset(tree, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "dpu_pipe build:" in r.stdout and "dataset:" in r.stdout
     assert "count           5" in r.stdout and "3: cat, dog, eel" in r.stdout
+    assert "decoded cache (cache_bytes):" in r.stdout and "table_bytes  256" in r.stdout
 
 
 def test_info_build(tmp_path):
     r = run("info", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["build"] == json.loads(json.dumps(dpu_pipe.build_info()))
+    # The decoded cache's overhead: 24 bytes per sample, stored samples 16-byte aligned.
+    assert json.loads(r.stdout)["cache"] == {"entry_bytes": 24, "align": 16}
 
 
 @pytest.mark.parametrize("args, status, message", [

@@ -27,7 +27,7 @@ LAYERS = [
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",
                          "packed.writer"]),
-    ("batch", ["spec", "kernel", "batch", "evaluate", "models"]),
+    ("batch", ["spec", "cache", "kernel", "batch", "evaluate", "models"]),
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.transport.endpoint",
                    "offload.transport.failures", "offload.transport.host",
                    "offload.transport.producer", "offload.roles", "offload.rendezvous",

@@ -38,11 +38,19 @@ def test_to_dict_is_flat_and_round_trips():
     d = cfg.to_dict()
     names = {f.name for part in (DecodeOptions, SampleRecipe, BatchOptions)
              for f in dataclasses.fields(part)}
-    assert set(d) == names
+    # decode_max_side appears only when set: the dicts of the streams without it (saved
+    # states, producers' stream keys) stay what they were.
+    assert set(d) == names - {"decode_max_side"}
     assert d["size"] == [64, 48] and d["max_pixels"] == 10**6 and d["cutmix_alpha"] == 1.0
     assert TransformConfig.from_dict(d) == cfg
     with pytest.raises(ConfigError, match="unknown transform settings"):
         TransformConfig.from_dict({**d, "colour": 1})
+    reduced = TransformConfig(decode_max_side=256)
+    assert reduced.to_dict()["decode_max_side"] == 256
+    assert TransformConfig.from_dict(reduced.to_dict()) == reduced != TransformConfig()
+    for bad in (0, -3, 2.5, True, 70000):
+        with pytest.raises(ConfigError, match="decode_max_side"):
+            TransformConfig(decode_max_side=bad)
 
 
 def test_each_part_checks_its_own_fields():

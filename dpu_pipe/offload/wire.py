@@ -36,7 +36,10 @@ __all__ = [
 #: 4: the stream spec carries an elastic resume point and the batch ops (MixUp/CutMix, label
 #: smoothing, ``batch_hook``), whose labels are float32 (B, num_classes); a producer of
 #: version 3 would drop the resume point and make another stream.
-WIRE_VERSION = 4
+#: 5: the stream spec may carry ``stick_to_shard`` (and its resume point the world size of
+#: the epoch's order) and the transform ``decode_max_side``; a producer of version 4 would
+#: drop ``stick_to_shard`` and make another stream.
+WIRE_VERSION = 5
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3

@@ -357,6 +357,18 @@ def _print_kv(title, d):
         print(f"  {k:<{width}}  {v}")
 
 
+def _cache_overhead(count):
+    """What a decoded-sample cache spends beside the pixels: bytes per sample of the source
+    (its table), the alignment of each stored sample, and for a dataset of ``count`` samples
+    the table's total."""
+    from ..cache import ALIGN, ENTRY_BYTES, table_bytes
+
+    out = {"entry_bytes": ENTRY_BYTES, "align": ALIGN}
+    if count:
+        out["table_bytes"] = table_bytes(count)
+    return out
+
+
 def _info_run(args):
     from ..build_info import build_info
 
@@ -368,6 +380,7 @@ def _info_run(args):
     result = {"build": build_info()}
     if path is not None:
         result["dataset"] = _summary(path, args.root, args.verify)
+    result["cache"] = _cache_overhead(result.get("dataset", {}).get("count"))
     if args.json:
         write_json(args.json, result)
     build = result["build"]
@@ -378,6 +391,7 @@ def _info_run(args):
         print(f"cpu check: {verdict}: {build['cpu_check']}")
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
+        _print_kv("decoded cache (cache_bytes)", result["cache"])
     if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False:
         return 1
     return 0

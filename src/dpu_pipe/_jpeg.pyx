@@ -625,17 +625,21 @@ def read_header(const uint8_t[::1] data, int64_t max_pixels, int max_scans):
 
 
 def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bint strict,
-           int64_t max_pixels, int max_scans, bint intervals=True, bint report=False):
+           int64_t max_pixels, int max_scans, bint intervals=True, bint report=False,
+           int scale=0):
     """Decode one JPEG (or the region (top, left, height, width) of it, full-resolution pixels)
-    at the smallest power-of-two DCT scale that keeps the region at least min_h x min_w.
+    at the smallest power-of-two DCT scale that keeps the region at least min_h x min_w, or at
+    DCT scale ``scale``/8 when it is given (1..8).
     Returns (uint8 array (h, w, 3), scale in eighths), and with ``report`` a third item: whether
     only the covering restart intervals were decoded. ``intervals=False`` forces the plain
     region decode. Raises DecodeError on bad data, ConfigError for a region outside the image."""
     cdef Decoder d
     cdef DecodeOptions o = _options(fast, strict, max_pixels, max_scans, intervals)
     cdef Region r
-    cdef int rc, scale, top, left, height, width
+    cdef int rc, top, left, height, width
     cdef uint8_t[:, :, ::1] out
+    if not 0 <= scale <= 8:
+        raise ConfigError(f"scale must be 1..8 eighths (0: chosen from min_h, min_w), got {scale}")
     dec_init(&d, &o)
     try:
         _header_or_raise(&d, data)
@@ -643,7 +647,8 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
             top, left, height, width = 0, 0, d.info.height, d.info.width
         else:
             top, left, height, width = region
-        scale = choose_scale(height, width, min_h, min_w)
+        if scale == 0:
+            scale = choose_scale(height, width, min_h, min_w)
         if scale_region(&d.info, scale, top, left, height, width, &r) != DP_OK:
             raise ConfigError(f"region (top={top}, left={left}, height={height}, "
                              f"width={width}) is not inside the {d.info.width}x{d.info.height} image")

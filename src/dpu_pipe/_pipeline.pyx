@@ -3,15 +3,20 @@
 # pass written straight into the caller's batch buffer. The GIL is released for the whole
 # batch; samples are spread over OpenMP threads, each with its own decoder and workspace, and
 # a sample's result depends only on (seed, epoch, index, bytes, config), never on the thread.
+#
+# With decode_max_side a sample is first decoded whole and reduced (longest side <= S), and
+# its crop is cut from that reduced image; with a SampleCache the reduced image is kept
+# (src/dpu_pipe/_cache.h) and later epochs cut their crops from it without decoding. A hit and
+# a miss run the same crop code on the same pixels, so the output never depends on the cache.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport strncpy
+from libc.string cimport memcpy, strncpy
 from libc.math cimport floor, ceil
 from cython.parallel cimport parallel, prange, threadid
 
 from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, DP_EREGION,
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
-                             dec_decode, choose_scale, scale_region)
+                             dec_decode, choose_scale, scale_region, scaled_size)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
                             OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
                             ops_output_init, ops_resize_crop, ops_center_crop_box,
@@ -25,6 +30,32 @@ import numpy as np
 from dpu_pipe.augment import kernel_params
 from dpu_pipe.errors import ConfigError
 from dpu_pipe.transforms import TransformConfig
+
+
+cdef extern from "_cache.h" nogil:
+    ctypedef struct DpcEntry:
+        uint32_t state
+        uint32_t height
+        uint32_t width
+        uint32_t scale
+        uint64_t offset
+    size_t DPC_ENTRY_BYTES
+    size_t DPC_ALIGN
+    size_t dpc_table_bytes(uint64_t n)
+    int dpc_init(void* base, size_t size, uint64_t n)
+    int dpc_valid(const void* base, size_t size, uint64_t n)
+    DpcEntry* dpc_entry(void* base, uint64_t index)
+    int dpc_ready(void* base, uint64_t index)
+    const uint8_t* dpc_lookup(void* base, uint64_t index, uint32_t* height, uint32_t* width,
+                              uint32_t* scale)
+    int dpc_insert(void* base, uint64_t index, uint32_t height, uint32_t width, uint32_t scale,
+                   const uint8_t* pixels)
+    void dpc_stats(void* base, uint64_t* out)
+
+#: Bytes of the cache's table per sample of the source (counted in ``cache_bytes``).
+CACHE_ENTRY_BYTES = DPC_ENTRY_BYTES
+#: Alignment of each cached sample's pixels: at most CACHE_ALIGN - 1 padding bytes each.
+CACHE_ALIGN = DPC_ALIGN
 
 cdef enum:
     MSG_LEN = 200
@@ -48,6 +79,8 @@ cdef struct Scratch:     # everything one thread owns
     OpsWorkspace ws
     uint8_t* img         # decoded region, grown on demand
     size_t img_cap
+    uint8_t* red         # decode_max_side: the reduced whole image, grown on demand
+    size_t red_cap
     uint8_t* crop        # augmented recipes: the uint8 (oh, ow, 3) crop and a scratch copy
     uint8_t* scratch
     int ready
@@ -68,6 +101,8 @@ cdef struct BatchConfig:
                          # but erasing, which works on the output sample)
     OpsOutput u8hwc
     AugConfig aug
+    int max_side         # decode_max_side (0: off): decode whole, reduce, crop from that
+    void* cache          # a SampleCache's arena, or NULL
 
 
 cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epoch,
@@ -147,14 +182,10 @@ cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_
     cdef int64_t span[4]
     cdef double f
     cdef int scale, rc, flip = 0
-    cdef size_t need
-    cdef uint8_t* grown
-    rc = dec_read_header(&w.dec, data, size)
+    if cfg.max_side:
+        return _process_whole(w, cfg, data, size, seed, epoch, index, out, info, message)
+    rc = _header(w, data, size, message)
     if rc != DP_OK:
-        if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
-            strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
-            return ST_NOT_JPEG
-        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     cdef int H = w.dec.info.height
     cdef int W = w.dec.info.width
@@ -169,14 +200,8 @@ cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_
     if rc != DP_OK:
         strncpy(message, b"crop box outside the image", MSG_LEN - 1)
         return rc
-    need = <size_t>r.height * r.width * 3
-    if need > w.img_cap:
-        grown = <uint8_t*>realloc(w.img, need)
-        if grown == NULL:
-            strncpy(message, b"out of memory for the decoded region", MSG_LEN - 1)
-            return DP_ENOMEM
-        w.img = grown
-        w.img_cap = need
+    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
+        return DP_ENOMEM
     rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
     if rc != DP_OK:
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
@@ -187,23 +212,240 @@ cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_
                      seed, epoch, index, out, message)
 
 
-cdef int _process_decoded(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
-                          Py_ssize_t stride, int H, int W, uint64_t seed, uint32_t epoch,
-                          uint64_t index, char* out, int32_t* info,
-                          char* message) noexcept nogil:
-    """The fused pass of _process on an image decoded elsewhere (RGB, full resolution): the
-    same crop, flip and span as a JPEG decoded at scale 1, so the result is identical."""
+cdef int _header(Scratch* w, const uint8_t* data, size_t size, char* message) noexcept nogil:
+    """dec_read_header, with ST_NOT_JPEG for bytes that are not a JPEG stream at all."""
+    cdef int rc = dec_read_header(&w.dec, data, size)
+    if rc != DP_OK:
+        if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
+            strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
+            return ST_NOT_JPEG
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+    return rc
+
+
+cdef int _grow(uint8_t** buf, size_t* cap, size_t need, char* message) noexcept nogil:
+    cdef uint8_t* grown
+    if need > cap[0]:
+        grown = <uint8_t*>realloc(buf[0], need)
+        if grown == NULL:
+            strncpy(message, b"out of memory for the decoded image", MSG_LEN - 1)
+            return DP_ENOMEM
+        buf[0] = grown
+        cap[0] = need
+    return DP_OK
+
+
+cdef int whole_scale(int H, int W, int max_side) noexcept nogil:
+    """DCT scale (eighths) of decode_max_side's whole decode: the smallest s in 1..8 whose
+    scaled longest side is still >= max_side; 8 when the image is no larger than that."""
+    cdef int longest = H if H > W else W
+    cdef int s
+    if longest <= max_side:
+        return 8
+    for s in range(1, 8):
+        if scaled_size(longest, s) >= max_side:
+            return s
+    return 8
+
+
+cdef void reduced_size(int H, int W, int max_side, int* h, int* w) noexcept nogil:
+    """decode_max_side's size for an H x W image: the longest side max_side exactly, the other
+    round(side * max_side / longest) (half up, at least 1); the image's own size when it is
+    no larger than max_side. Integer arithmetic: the same everywhere."""
+    cdef int64_t longest = H if H > W else W
+    if longest <= max_side:
+        h[0], w[0] = H, W
+    elif H >= W:
+        h[0] = max_side
+        w[0] = <int>((2 * <int64_t>W * max_side + longest) // (2 * longest))
+    else:
+        w[0] = max_side
+        h[0] = <int>((2 * <int64_t>H * max_side + longest) // (2 * longest))
+    h[0] = h[0] if h[0] > 0 else 1
+    w[0] = w[0] if w[0] > 0 else 1
+
+
+cdef int _reduce(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ssize_t stride,
+                 int sh, int sw, int H, int W, int scale, uint64_t index, const uint8_t** px,
+                 int* h, int* wd, char* message) noexcept nogil:
+    """The decoded whole image (sh x sw at DCT scale ``scale`` of an H x W image) -> the
+    reduced image ``px`` (h x wd, rows contiguous), stored in the cache when there is one.
+    Antialiased bilinear (Pillow's triangle filter) over the whole image, whatever the
+    recipe's interpolation; no resampling when the decoded size already is the reduced one."""
+    cdef int y
+    reduced_size(H, W, cfg.max_side, h, wd)
+    if h[0] == sh and wd[0] == sw and stride == <Py_ssize_t>sw * 3:
+        px[0] = src
+    else:
+        if _grow(&w.red, &w.red_cap, <size_t>h[0] * wd[0] * 3, message) != DP_OK:
+            return DP_ENOMEM
+        if h[0] == sh and wd[0] == sw:
+            for y in range(sh):
+                memcpy(w.red + <size_t>y * sw * 3, src + y * stride, <size_t>sw * 3)
+        elif ops_resize_crop(&w.ws, src, stride, sh, sw, 0.0, 0.0, sh, sw, h[0], wd[0], 0,
+                             OPS_BILINEAR, &cfg.u8hwc, w.red) != OPS_OK:
+            strncpy(message, b"resampling kernel rejected the reduction", MSG_LEN - 1)
+            return ST_OPS
+        px[0] = w.red
+    if cfg.cache != NULL:
+        dpc_insert(cfg.cache, index, <uint32_t>h[0], <uint32_t>wd[0], <uint32_t>scale, px[0])
+    return DP_OK
+
+
+cdef int _from_image(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
+                     Py_ssize_t stride, int H, int W, int scale, uint64_t seed,
+                     uint32_t epoch, uint64_t index, char* out, int32_t* info,
+                     char* message) noexcept nogil:
+    """The sample cut from a whole decoded image (H x W RGB, rows ``stride`` bytes apart),
+    as _process cuts it from a JPEG decoded at scale 1: same crop, flip and span."""
     cdef double box[4]
     cdef int64_t span[4]
     cdef int rc, flip = 0
     rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
     if rc != DP_OK:
         return rc
-    info[INFO_SCALE] = 8
+    info[INFO_SCALE] = scale
     return _resample(w, cfg, img + span[0] * stride + span[1] * 3, stride,
                      <int>(span[2] - span[0]), <int>(span[3] - span[1]),
                      box[0] - span[0], box[1] - span[1], box[2], box[3], flip,
                      seed, epoch, index, out, message)
+
+
+cdef int _process_whole(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
+                        uint64_t seed, uint32_t epoch, uint64_t index, char* out,
+                        int32_t* info, char* message) noexcept nogil:
+    """decode_max_side's _process: the cached reduced image, or the JPEG decoded whole at
+    the DCT scale of whole_scale, reduced (and cached); then the crop cut from it."""
+    cdef const uint8_t* px
+    cdef uint32_t ch, cw, cscale
+    cdef Region r
+    cdef int rc, scale, h, wd
+    if cfg.cache != NULL:
+        px = dpc_lookup(cfg.cache, index, &ch, &cw, &cscale)
+        if px != NULL:
+            return _from_image(w, cfg, px, <Py_ssize_t>cw * 3, <int>ch, <int>cw, <int>cscale,
+                               seed, epoch, index, out, info, message)
+    rc = _header(w, data, size, message)
+    if rc != DP_OK:
+        return rc
+    cdef int H = w.dec.info.height
+    cdef int W = w.dec.info.width
+    scale = whole_scale(H, W, cfg.max_side)
+    rc = scale_region(&w.dec.info, scale, 0, 0, H, W, &r)
+    if rc != DP_OK:
+        strncpy(message, b"image has no pixels", MSG_LEN - 1)
+        return rc
+    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
+        return DP_ENOMEM
+    rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
+    if rc != DP_OK:
+        # A decode error is never cached: the entry stays empty, the next lookup a miss.
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+        return rc
+    rc = _reduce(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width, H, W, scale,
+                 index, &px, &h, &wd, message)
+    if rc != DP_OK:
+        return rc
+    return _from_image(w, cfg, px, <Py_ssize_t>wd * 3, h, wd, scale, seed, epoch, index,
+                       out, info, message)
+
+
+cdef int _process_decoded(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
+                          Py_ssize_t stride, int H, int W, uint64_t seed, uint32_t epoch,
+                          uint64_t index, char* out, int32_t* info,
+                          char* message) noexcept nogil:
+    """The fused pass of _process on an image decoded elsewhere (RGB, full resolution): the
+    same crop, flip and span as a JPEG decoded at scale 1, so the result is identical. With
+    decode_max_side the image is reduced (and cached) first, as a JPEG at scale 8/8 is."""
+    cdef const uint8_t* px
+    cdef int rc, h, wd
+    if cfg.max_side:
+        rc = _reduce(w, cfg, img, stride, H, W, H, W, 8, index, &px, &h, &wd, message)
+        if rc != DP_OK:
+            return rc
+        return _from_image(w, cfg, px, <Py_ssize_t>wd * 3, h, wd, 8, seed, epoch, index,
+                           out, info, message)
+    return _from_image(w, cfg, img, stride, H, W, 8, seed, epoch, index, out, info, message)
+
+
+cdef class SampleCache:
+    """The decoded-sample cache over memory the caller provides (see src/dpu_pipe/_cache.h).
+
+    Parameters
+    ----------
+    buffer : writable bytes-like (an anonymous ``mmap``, an MPI shared-memory window)
+        The arena: at least :func:`cache_table_bytes` ``(num_samples)`` bytes, 8-byte
+        aligned. Kept referenced (and exported) while this object lives.
+    num_samples : int
+        Samples of the source: one table entry per sample index.
+    init : bool
+        Lay out an empty cache (one process, before any other uses the arena); False:
+        attach to a cache another process laid out over the same memory (checked).
+    """
+    cdef void* base
+    cdef uint8_t[::1] view
+    cdef readonly size_t nbytes
+    cdef readonly uint64_t num_samples
+
+    def __cinit__(self, buffer, uint64_t num_samples, bint init=True):
+        self.view = buffer
+        self.nbytes = <size_t>self.view.shape[0]
+        self.num_samples = num_samples
+        self.base = NULL if self.nbytes == 0 else <void*>&self.view[0]
+        if init:
+            if dpc_init(self.base, self.nbytes, num_samples) != 0:
+                raise ConfigError(
+                    f"a cache for {num_samples} samples needs more than "
+                    f"{dpc_table_bytes(num_samples)} bytes (its table: "
+                    f"{DPC_ENTRY_BYTES} bytes per sample), got {self.nbytes}")
+        elif not dpc_valid(self.base, self.nbytes, num_samples):
+            raise ConfigError(f"the memory given holds no cache of {num_samples} samples and "
+                              f"{self.nbytes} bytes")
+
+    def stats(self):
+        """{"hits", "misses", "bytes", "entries", "did_not_fit"}: lookups that found / did not
+        find their sample, pixel bytes stored, samples stored, samples refused for lack of
+        room."""
+        cdef uint64_t c[5]
+        dpc_stats(self.base, c)
+        return {"hits": c[0], "misses": c[1], "bytes": c[2], "entries": c[3],
+                "did_not_fit": c[4]}
+
+    def ready(self, const int64_t[::1] indices):
+        """Whether each sample is stored: bool array (N,) (not counted as lookups)."""
+        out = np.zeros(indices.shape[0], np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t i
+        for i in range(indices.shape[0]):
+            o[i] = indices[i] >= 0 and dpc_ready(self.base, <uint64_t>indices[i])
+        return out
+
+    def sample(self, uint64_t index):
+        """(pixels, scale): a copy of sample ``index``'s stored image, uint8 (h, w, 3), and the
+        DCT scale (eighths) it was decoded at; None when it is not stored (not counted)."""
+        cdef DpcEntry* e
+        if not dpc_ready(self.base, index):
+            return None
+        e = dpc_entry(self.base, index)
+        px = np.asarray(self.view[e.offset:e.offset + <size_t>e.height * e.width * 3])
+        return px.reshape(e.height, e.width, 3).copy(), int(e.scale)
+
+
+def cache_table_bytes(uint64_t num_samples):
+    """Bytes a cache of ``num_samples`` samples holds before any pixel: its header and one
+    table entry (CACHE_ENTRY_BYTES) per sample, rounded up to 64."""
+    return dpc_table_bytes(num_samples)
+
+
+def decode_max_side_geometry(int height, int width, int max_side):
+    """(scale, reduced height, reduced width) that decode_max_side=max_side gives an image of
+    height x width pixels: the DCT scale (eighths) of its whole decode and the size of the
+    reduced image its crops are cut from."""
+    cdef int h, w
+    if height < 1 or width < 1 or max_side < 1:
+        raise ConfigError("height, width and max_side must be positive")
+    reduced_size(height, width, max_side, &h, &w)
+    return whole_scale(height, width, max_side), h, w
 
 
 def buffer_bytes(BufferList buffers, Py_ssize_t i):
@@ -220,7 +462,9 @@ cdef class Pipeline:
 
     ``config`` is ``TransformConfig.to_dict()``; ``num_threads`` OpenMP threads share each
     batch. Per-thread decoders and workspaces persist across batches, so a steady stream does
-    not allocate. One Pipeline must not run two batches at once (each call releases the GIL,
+    not allocate. ``cache``: a :class:`SampleCache` the reduced images of ``decode_max_side``
+    are kept in and served from (shared by every Pipeline given it). One Pipeline must not
+    run two batches at once (each call releases the GIL,
     so give each Python thread its own Pipeline).
     """
     cdef BatchConfig cfg
@@ -228,8 +472,9 @@ cdef class Pipeline:
     cdef int nthreads
     cdef readonly tuple sample_shape
     cdef readonly object dtype
+    cdef readonly SampleCache cache
 
-    def __cinit__(self, dict config, int num_threads=1):
+    def __cinit__(self, dict config, int num_threads=1, SampleCache cache=None):
         cdef double mean[3]
         cdef double std[3]
         cdef int c, dtype, layout
@@ -261,6 +506,14 @@ cdef class Pipeline:
         self.cfg.dopts.max_pixels = config["max_pixels"]
         self.cfg.dopts.max_scans = config.get("max_scans", 1000)
         self.cfg.dopts.intervals = 1
+        self.cfg.max_side = config.get("decode_max_side") or 0
+        self.cfg.cache = NULL
+        self.cache = cache
+        if cache is not None:
+            if not self.cfg.max_side:
+                raise ConfigError("a sample cache needs decode_max_side (it holds the reduced "
+                                  "images)")
+            self.cfg.cache = cache.base
         # Keys beyond the transform's own are decoder settings (strict, max_scans).
         tc = TransformConfig.from_dict({k: v for k, v in config.items()
                                         if k not in ("strict", "max_scans")})
@@ -295,6 +548,7 @@ cdef class Pipeline:
                     dec_free(&self.per_thread[c].dec)
                     ops_ws_free(&self.per_thread[c].ws)
                     free(self.per_thread[c].img)
+                    free(self.per_thread[c].red)
                     free(self.per_thread[c].crop)
             free(self.per_thread)
 

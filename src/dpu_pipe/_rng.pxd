@@ -30,7 +30,8 @@ cdef enum:
     RNG_STREAM_ERASE = 259     # random erasing
     RNG_STREAM_MIX = 260       # batch ops: mix, switch, CutMix box, Beta draw (dpu_pipe/mix.py)
     RNG_STREAM_HOOK = 261      # batch_hook's Generator seed (dpu_pipe/mix.py)
-    RNG_STREAM_USER = 262
+    RNG_STREAM_STICK = 262     # stick_to_shard's permutation keys (dpu_pipe/sampler.py)
+    RNG_STREAM_USER = 263
     RNG_STREAM_ERASE_NOISE = 512  # erase_value="random": streams 512..527 (_augment: aug_erase)
     RNG_ERASE_NOISE_STREAMS = 16
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback

@@ -1,0 +1,101 @@
+"""The decoded-sample cache of ``decode_max_side``: the reduced images of a source, kept in one
+arena of ``cache_bytes`` bytes and served to every batch kernel given it.
+
+The arena is laid out and used by C code over a raw pointer and size (``src/dpu_pipe/_cache.h``,
+GCC atomics, no lock), so the same cache works over any shared memory. Here, in local mode,
+it is an anonymous shared mapping: one loader's threads share it (and so do processes forked
+from it, a DataLoader's workers). Layout:
+
+- a header (128 bytes) and one table entry per sample index of the source
+  (:data:`ENTRY_BYTES` = 24 bytes: state, height, width, DCT scale, offset), counted in
+  ``cache_bytes``: :func:`table_bytes`;
+- the pixels of the samples stored, uint8 (h, w, 3) each, at 16-byte aligned offsets (up to
+  15 bytes of padding per sample).
+
+A sample is stored by the first thread that decodes it, if it fits; once the arena is full,
+the samples that did not fit are decoded every time (``did_not_fit``): there is no eviction,
+so what was stored stays and a full cache serves a fixed subset. A sample whose decode fails
+is never stored.
+
+Memory: the mapping reserves ``cache_bytes`` of address space up front, and the table's pages
+are written at once; pixel pages become resident as samples are stored, so resident memory
+grows by at most ``cache_bytes`` (plus the page rounding of the last pixel page).
+"""
+
+import mmap
+
+import numpy as np
+
+from . import _pipeline
+from . import _validate as _v
+from .errors import ConfigError
+
+__all__ = ["DecodedCache", "ENTRY_BYTES", "ALIGN", "table_bytes"]
+
+#: Bytes of the cache's table per sample index of the source.
+ENTRY_BYTES = int(_pipeline.CACHE_ENTRY_BYTES)
+#: Alignment of each stored sample's pixels (at most ALIGN - 1 padding bytes per sample).
+ALIGN = int(_pipeline.CACHE_ALIGN)
+
+
+def table_bytes(num_samples):
+    """Bytes of ``cache_bytes`` a cache of a ``num_samples`` source spends before any pixel:
+    the header and :data:`ENTRY_BYTES` per sample, rounded up to 64.
+
+    Parameters
+    ----------
+    num_samples : int
+        Samples of the source (every index gets an entry, whichever rank reads it).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    return int(_pipeline.cache_table_bytes(_v.positive_int(num_samples, "num_samples")))
+
+
+class DecodedCache:
+    """A cache of ``cache_bytes`` bytes for a source of ``num_samples`` samples, in an
+    anonymous shared mapping of this process.
+
+    Parameters
+    ----------
+    cache_bytes : int
+        Size of the arena, table included: at least :func:`table_bytes` ``(num_samples)``
+        plus the bytes of the samples to hold.
+    num_samples : int
+        Samples of the source.
+    """
+
+    def __init__(self, cache_bytes, num_samples):
+        self.cache_bytes = _v.positive_int(cache_bytes, "cache_bytes")
+        self.num_samples = _v.positive_int(num_samples, "num_samples")
+        need = table_bytes(self.num_samples)
+        if self.cache_bytes <= need:
+            raise ConfigError(
+                f"cache_bytes={self.cache_bytes} cannot hold a sample: its table alone takes "
+                f"{need} bytes for {self.num_samples} samples ({ENTRY_BYTES} bytes each)")
+        self._map = mmap.mmap(-1, self.cache_bytes)
+        #: The kernel-side cache (:class:`dpu_pipe._pipeline.SampleCache`) batch kernels use.
+        self.kernel = _pipeline.SampleCache(self._map, self.num_samples)
+
+    def stats(self):
+        """The counters: ``{"hits", "misses", "bytes", "entries", "did_not_fit"}`` — lookups
+        that found / did not find their sample, pixel bytes stored, samples stored, samples
+        refused for lack of room (each refused once; they are decoded every time after)."""
+        return self.kernel.stats()
+
+    def ready(self, indices):
+        """Whether each sample of ``indices`` (int array (N,)) is stored: bool (N,). Not
+        counted as lookups."""
+        return self.kernel.ready(np.ascontiguousarray(indices, dtype=np.int64))
+
+    def sample(self, index):
+        """(pixels, scale): a copy of sample ``index``'s reduced image, uint8 (h, w, 3), and
+        the DCT scale (eighths) it was decoded at; None when it is not stored."""
+        return self.kernel.sample(_v.integer(index, "index", 0, self.num_samples - 1))
+
+    def __repr__(self):
+        return (f"DecodedCache(cache_bytes={self.cache_bytes}, num_samples={self.num_samples}, "
+                f"{self.stats()})")
