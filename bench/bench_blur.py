@@ -16,11 +16,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import numpy as np
 
 from dpu_pipe import ops
+from dpu_pipe.tools.plan import cpu_name
+
+from bench_region import time_interleaved
 
 SIZE = 224
 CASES = [(3, 1.0), (9, 1.0), (23, 1.0), (23, 2.0)]
@@ -37,22 +39,6 @@ def photos(n):
         out.append(np.ascontiguousarray(cv2.resize(src, (SIZE, SIZE),
                                                    interpolation=cv2.INTER_AREA)))
     return out
-
-
-def time_interleaved(methods, items, rounds):
-    """{method: [µs per item of each round]}, the methods interleaved item by item."""
-    totals = {m: [] for m in methods}
-    names = list(methods)
-    for _ in range(rounds):
-        acc = dict.fromkeys(methods, 0.0)
-        for j, it in enumerate(items):
-            for m in names[j % len(names):] + names[:j % len(names)]:
-                t0 = time.perf_counter()
-                methods[m](it)
-                acc[m] += time.perf_counter() - t0
-        for m in methods:
-            totals[m].append(acc[m] / len(items) * 1e6)
-    return totals
 
 
 def main(argv=None):
@@ -74,7 +60,7 @@ def main(argv=None):
     items = [(a, torch.from_numpy(a).permute(2, 0, 1).contiguous(), Image.fromarray(a))
              for a in imgs]
     out = np.empty((SIZE, SIZE, 3), np.uint8)
-    result = {"cpu": _cpu_name(), "size": SIZE, "rounds": args.rounds, "n": args.n,
+    result = {"cpu": cpu_name(), "size": SIZE, "rounds": args.rounds, "n": args.n,
               "pinned": None if args.no_pin else args.cpu, "us_per_image": {}}
     for k, s in CASES:
         methods = {
@@ -96,14 +82,6 @@ def main(argv=None):
     for case, r in result["us_per_image"].items():
         print(f"{case:14s} {r['dpu_pipe']:10.0f} {r['torchvision']:12.0f} {r['pillow']:10.0f} "
               f"{r['torchvision'] / r['dpu_pipe']:7.1f} {r['pillow'] / r['dpu_pipe']:8.1f}")
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 if __name__ == "__main__":

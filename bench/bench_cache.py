@@ -25,7 +25,6 @@ method's ratio to ``default``. Numbers only; nothing is asserted.
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from dpu_pipe.tools.plan import cpu_name  # noqa: E402 - after the checkout joins the path
 
 BATCH = 50
 MAX_SIDE = 256
@@ -53,17 +54,6 @@ def _epoch(loader):
     t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(y) for _, y in loader)
     return n, time.perf_counter() - t0, time.process_time() - c0
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None):
@@ -116,10 +106,10 @@ def main(argv=None):
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     result = {"images": n, "rounds": args.rounds, "batch": BATCH, "max_side": MAX_SIDE,
-              "cache_bytes": cache_bytes, "cpu": _cpu_name(), "loadavg": load,
+              "cache_bytes": cache_bytes, "cpu": cpu_name(), "loadavg": load,
               "cache_stats": st, "methods": {}}
     base = {k: statistics.median(rates["default"][k]) for k in ("wall", "cpu")}
-    print(f"{n} images, {args.rounds} rounds, one core ({_cpu_name()}), load {' '.join(load)}")
+    print(f"{n} images, {args.rounds} rounds, one core ({cpu_name()}), load {' '.join(load)}")
     print(f"{'method':<12} {'img/s wall (min-max)':>26} {'x default':>9} "
           f"{'img/CPU-s':>10} {'x default':>9}")
     for name in names:

@@ -41,7 +41,7 @@ import time
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
 
-__all__ = ["PRESETS", "plan", "measure_kernel", "add_args", "run"]
+__all__ = ["PRESETS", "plan", "measure_kernel", "cpu_name", "add_args", "run"]
 
 GiB = 1 << 30
 
@@ -276,7 +276,7 @@ def run(args):
              slots=args.slots)
     if measured:
         p["measured"] = {**measured, "data": os.path.abspath(args.data),
-                         "cpu": _cpu_name()}
+                         "cpu": cpu_name()}
     if args.json:
         print(json.dumps(p, indent=2))
     else:
@@ -288,7 +288,8 @@ def run(args):
     return 0
 
 
-def _cpu_name():
+def cpu_name():
+    """The CPU's model name (``/proc/cpuinfo``), or the machine type where it has none."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
