@@ -140,18 +140,7 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     std = _triple(std, "std")
     if not all(s > 0 for s in std):
         raise ConfigError(f"std must be positive, got {std!r}")
-    if out is None:
-        out = np.empty(shape, dtype=_DTYPES[name])
-    else:
-        if (not isinstance(out, np.ndarray) or out.shape != shape
-                or out.dtype != np.dtype(_DTYPES[name])):
-            got = (type(out).__name__ if not isinstance(out, np.ndarray)
-                   else f"{out.dtype} array of shape {out.shape}")
-            raise ConfigError(f"out must be a {name} array of shape {shape}, got {got}")
-        if not out.flags.c_contiguous:
-            raise ConfigError(f"out must be C-contiguous ({name}, shape {shape})")
-        if not out.flags.writeable:
-            raise ConfigError(f"out must be writable ({name}, shape {shape})")
+    out = _out_array(out, shape, name)
     ws = _workspace()
     if ws.busy:  # shared by a re-entrant caller on this thread: use a private one
         ws = _ops.Workspace()
@@ -203,18 +192,20 @@ def _rgb_image(img):
     return img
 
 
-def _rgb_out(out, shape):
-    """out checked as a writable C-contiguous uint8 array of ``shape``, or a new one."""
+def _out_array(out, shape, name):
+    """``out`` checked as a writable C-contiguous array of dtype ``name`` and ``shape``, or a
+    new one."""
     if out is None:
-        return np.empty(shape, np.uint8)
-    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:
+        return np.empty(shape, dtype=_DTYPES[name])
+    if not isinstance(out, np.ndarray) or out.shape != shape \
+            or out.dtype != np.dtype(_DTYPES[name]):
         got = (type(out).__name__ if not isinstance(out, np.ndarray)
                else f"{out.dtype} array of shape {out.shape}")
-        raise ConfigError(f"out must be a uint8 array of shape {shape}, got {got}")
+        raise ConfigError(f"out must be a {name} array of shape {shape}, got {got}")
     if not out.flags.c_contiguous:
-        raise ConfigError(f"out must be C-contiguous (uint8, shape {shape})")
+        raise ConfigError(f"out must be C-contiguous ({name}, shape {shape})")
     if not out.flags.writeable:
-        raise ConfigError(f"out must be writable (uint8, shape {shape})")
+        raise ConfigError(f"out must be writable ({name}, shape {shape})")
     return out
 
 
@@ -272,7 +263,7 @@ def gaussian_blur(img, kernel_size, sigma=None, out=None):
             sigma = sigma[0]
         sx, sy = _xy_pair(sigma, "sigma", lambda v: _v.number(v, "sigma", 0.0, low_open=True))
     H, W = img.shape[:2]
-    out = _rgb_out(out, img.shape)
+    out = _out_array(out, img.shape, "uint8")
     if H == 0 or W == 0:
         return out
     if kx // 2 >= W or ky // 2 >= H:
@@ -310,7 +301,7 @@ def solarize(img, threshold, out=None):
     """
     img = _rgb_image(img)
     thr = _v.number(threshold, "threshold", high=255.0)
-    out = _rgb_out(out, img.shape)
+    out = _out_array(out, img.shape, "uint8")
     if out is not img:
         np.copyto(out, img)
     _augment.solarize(out.reshape(-1), thr)
