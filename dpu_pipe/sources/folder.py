@@ -42,18 +42,15 @@ class FileSource(Source):
             # writer appears. Only regular files are samples: a device such as /dev/zero
             # never ends, and a FIFO's contents are whatever some writer sends.
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-            f = None
+            # The descriptor stays this function's (closefd=False): closed once, here, also
+            # when Ctrl-C lands anywhere in between.
             try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    f = open(fd, "rb")
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise DecodeError("cannot read: not a regular file", index=i, path=path)
+                with open(fd, "rb", closefd=False) as f:
+                    return f.read()
             finally:
-                # Not a regular file, or interrupted (Ctrl-C) before the file took the fd.
-                if f is None:
-                    os.close(fd)
-            if f is None:
-                raise DecodeError("cannot read: not a regular file", index=i, path=path)
-            with f:
-                return f.read()
+                os.close(fd)
         except OSError as e:
             raise DecodeError(f"cannot read: {e}", index=i, path=path) from e
 
