@@ -20,6 +20,7 @@ from .errors import ConfigError, DecodeError, DpuPipeError, PipeTimeout, Produce
 from .build_info import build_info
 from .loader import DPULoader, Loader
 from .packed.writer import pack
+from .progressive import ProgressiveSize, progressive_size
 from .transforms import TransformConfig
 from .offload.validation import RemoteValidation
 from .sources import FileList, ImageFolder, PackedSource, ParquetSource, WebDataset, open_source
@@ -41,6 +42,8 @@ __all__ = [
     "DpuPipeError",
     "PipeTimeout",
     "ProducerError",
+    "progressive_size",
+    "ProgressiveSize",
     "RemoteValidation",
     "TransformConfig",
     "WebDataset",

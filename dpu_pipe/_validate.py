@@ -15,7 +15,7 @@ from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
            "seconds", "names", "dtype", "bad_budget", "hook_path", "color_jitter",
-           "erase_value", "OUTPUT_DTYPES"]
+           "erase_value", "progressive", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -134,6 +134,30 @@ def color_jitter(value, name="color_jitter"):
         raise ConfigError(f"{name} must be (brightness, contrast, saturation, hue) with each "
                           f">= 0 and hue <= 0.5, got {value!r}")
     return cj if any(cj) else None
+
+
+#: Largest side (pixels) of a progressive size: JPEG's own limit on a side.
+MAX_PROGRESSIVE_SIDE = 65500
+#: Epochs are 32-bit (the RNG keys them so).
+_EPOCH_LIMIT = 2**32 - 1
+
+
+def progressive(min_size, max_size, start_epoch, end_epoch, multiple):
+    """The fields of a progressive size (:func:`dpu_pipe.progressive_size`) as ints:
+    ``1 <= min_size <= max_size`` (pixels, at most 65500), ``0 <= start_epoch <= end_epoch
+    < 2**32`` and ``multiple >= 1``."""
+    min_size = integer(min_size, "min_size", 1, MAX_PROGRESSIVE_SIDE)
+    max_size = integer(max_size, "max_size", 1, MAX_PROGRESSIVE_SIDE)
+    if min_size > max_size:
+        raise ConfigError(f"progressive_size needs min_size <= max_size, got {min_size} "
+                          f"and {max_size}")
+    start_epoch = integer(start_epoch, "start_epoch", 0, _EPOCH_LIMIT)
+    end_epoch = integer(end_epoch, "end_epoch", 0, _EPOCH_LIMIT)
+    if start_epoch > end_epoch:
+        raise ConfigError(f"progressive_size needs start_epoch <= end_epoch, got "
+                          f"{start_epoch} and {end_epoch}")
+    multiple = integer(multiple, "multiple", 1, MAX_PROGRESSIVE_SIDE)
+    return min_size, max_size, start_epoch, end_epoch, multiple
 
 
 def choice(value, name, options):

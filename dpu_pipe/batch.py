@@ -93,18 +93,27 @@ class BatchMaker:
         if cache is not None and cache.num_samples != len(source):
             raise ConfigError(f"the cache was made for {cache.num_samples} samples, the source "
                               f"has {len(source)}")
-        self.kernel = BatchProcessor(spec.transform, _v.positive_int(num_threads,
-                                                                     "num_threads"), cache)
+        self.num_threads = _v.positive_int(num_threads, "num_threads")
         self.cache = cache
-        self.transform = self.kernel.config
+        #: The stream's transform; with a progressive size, each epoch runs
+        #: ``transform.at_epoch(epoch)`` (:meth:`kernel_at`).
+        self.transform = spec.transform
+        # {(height, width): (BatchProcessor, BatchOps)} of the sizes made lately: a
+        # progressive size changes a few times per run, so two are kept (the epoch being
+        # made, and the one a jump or a resume may come back to).
+        self._stages = {}
+        self._stages_lock = threading.Lock()
+        self._stage(0)      # a transform the kernel refuses fails here, not in a thread
         labels = np.asarray(source.labels)
         #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
         self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
                                     copy=False)
         # A packed source gathers a batch's records itself, without a copy per record.
         self._gather = getattr(source, "buffers", None)
-        #: The batch ops (mixing, label smoothing, batch_hook), run on every finished batch.
-        self.batch_ops = BatchOps(self.transform, spec.seed, spec.rank)
+        #: The batch ops (mixing, label smoothing, batch_hook) of the first epoch, run on
+        #: every finished batch (another epoch's: :meth:`ops_at`; only the CutMix box
+        #: depends on the epoch's size).
+        self.batch_ops = self.ops_at(0)
         if self.batch_ops.soft:
             if self.labels.dtype != np.int64 or self.labels.ndim != 1:
                 raise ConfigError(f"mixup_alpha, cutmix_alpha and label_smoothing need one "
@@ -130,7 +139,51 @@ class BatchMaker:
 
     @property
     def batch_shape(self):
+        """(batch_size, *sample_shape): a buffer that holds a batch of any epoch (with a
+        progressive size, of the largest)."""
         return (self.batch_size,) + self.transform.sample_shape
+
+    def _stage(self, epoch):
+        """(BatchProcessor, BatchOps) of ``epoch``'s transform."""
+        config = self.transform.at_epoch(epoch)
+        key = config.recipe.size
+        with self._stages_lock:
+            stage = self._stages.get(key)
+            if stage is None:
+                stage = (BatchProcessor(config, self.num_threads, self.cache),
+                         BatchOps(config, self.seed, self.spec.rank))
+                if len(self._stages) >= 2:
+                    del self._stages[next(iter(self._stages))]
+                self._stages[key] = stage
+            return stage
+
+    def kernel_at(self, epoch):
+        """The :class:`~dpu_pipe.kernel.BatchProcessor` that makes ``epoch``'s samples."""
+        return self._stage(epoch)[0]
+
+    def ops_at(self, epoch):
+        """The :class:`~dpu_pipe.mix.BatchOps` of ``epoch``'s batches."""
+        return self._stage(epoch)[1]
+
+    def sample_shape_at(self, epoch):
+        """Shape of one sample of ``epoch``: :attr:`transform`'s ``sample_shape``, or with
+        a progressive size that epoch's."""
+        return self.transform.sample_shape_at(epoch)
+
+    def rows(self, images, epoch, n):
+        """The first ``n`` rows of ``epoch``'s batch in the buffer ``images`` (C-contiguous,
+        at least ``n`` samples of ``epoch``'s shape, e.g. of :attr:`batch_shape`): the
+        (n, *sample_shape_at(epoch)) view of its first bytes — ``images[:n]`` when the
+        shapes agree. A smaller epoch's batch fills the start of a larger buffer, as it
+        travels in a window slot."""
+        shape = (int(n),) + self.sample_shape_at(epoch)
+        if images.shape[1:] == shape[1:]:
+            return images[:n]
+        count = int(np.prod(shape))
+        if not images.flags.c_contiguous or images.size < count:
+            raise ConfigError(f"a batch of shape {shape} does not fit a C-contiguous "
+                              f"buffer of shape {images.shape}")
+        return images.reshape(-1)[:count].reshape(shape)
 
     def batches_in(self, epoch):
         """Number of batches of ``epoch``: :attr:`num_batches`, or fewer in the epoch of
@@ -166,7 +219,7 @@ class BatchMaker:
         if step >= self.batches_in(epoch):
             return None
         batch = self.step_indices(epoch, step)
-        p = self.batch_ops.params(epoch, step)
+        p = self.ops_at(epoch).params(epoch, step)
         box = p["box"]
         return {"step": step, "row": row, "partner": int(batch[(row - 1) % len(batch)]),
                 "mode": p["mode"], "lam": p["lam"],
@@ -208,8 +261,9 @@ class BatchMaker:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``, and
         ``out_indices[:n]`` (when given) with the dataset index of each row.
 
-        ``images`` is a C-contiguous array of shape (>= n, *sample_shape) and the transform's
-        dtype, ``labels`` of :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
+        ``images`` is a C-contiguous array of the transform's dtype holding at least ``n``
+        samples of ``epoch``'s shape (shape (>= n, *sample_shape); with a progressive size
+        the batch fills its first bytes, :meth:`rows` gives the view), ``labels`` of :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
         ``out_indices`` int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``,
         except where ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]``
         then names the replacement, the sample whose image and label the row holds. The
@@ -229,14 +283,14 @@ class BatchMaker:
     def _make(self, epoch, step, indices, images, labels, out_indices, t0):
         """make()'s work on the batch's ``indices``, begun at ``t0`` (perf_counter)."""
         n = len(indices)
+        images = self.rows(images, epoch, n)
+        kernel, ops = self._stage(epoch)
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
-        _, info, errors = self.kernel.run(bufs, indices, epoch=epoch, seed=self.seed,
-                                          out=images[:n])
+        _, info, errors = kernel.run(bufs, indices, epoch=epoch, seed=self.seed, out=images)
         other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
         t2 = time.perf_counter()
         errors.update(read_errors)
-        ops = self.batch_ops
         classes = self._classes if ops.soft else labels
         classes[:n] = self.labels[indices]
         if errors:
@@ -295,5 +349,6 @@ class BatchMaker:
         bufs, errors = self._buffers(idx)
         if errors:
             return self._named(errors[0], index)
-        _, _, errors = self.kernel.run(bufs, idx, epoch=epoch, seed=self.seed, out=out)
+        _, _, errors = self.kernel_at(epoch).run(bufs, idx, epoch=epoch, seed=self.seed,
+                                                 out=out)
         return self._named(errors[0], index) if errors else None

@@ -55,6 +55,9 @@ class BatchProcessor:
             config = TransformConfig.from_dict(config)
         elif not isinstance(config, TransformConfig):
             raise ConfigError(f"config must be a TransformConfig, got {type(config).__name__}")
+        if config.progressive:
+            raise ConfigError("a batch kernel makes one output size: give it one epoch's "
+                              "transform, config.at_epoch(epoch), of a progressive size")
         num_threads = _v.positive_int(num_threads, "num_threads")
         if num_threads > 1 and not _jpeg.build_flags()["openmp"]:
             warnings.warn("dpu_pipe was built without OpenMP: batches run on one thread "

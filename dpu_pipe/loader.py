@@ -689,9 +689,10 @@ class Loader:
         data = self.source.read(index)
         # A kernel of its own: the makers' kernels (and their scratch memory) are in use by
         # the threads making batches. One thread is enough: the answer is the same.
+        transform = self.stream_spec.transform.at_epoch(epoch)
         with self._describe_lock:
-            if self._describe_kernel is None:
-                self._describe_kernel = BatchProcessor(self.stream_spec.transform, 1)
+            if self._describe_kernel is None or self._describe_kernel.config != transform:
+                self._describe_kernel = BatchProcessor(transform, 1)
             out = self._describe_kernel.describe(data, index, epoch=epoch, seed=maker.seed)
         if maker.batch_ops.soft:
             out["mix"] = maker.describe_mix(epoch, index)

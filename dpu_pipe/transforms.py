@@ -33,6 +33,7 @@ from . import _validate as _v
 from .constants import (AUTO_AUGMENT, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATIONS, LAYOUTS)
 from .errors import ConfigError
 from .jpeg import DEFAULT_MAX_PIXELS
+from .progressive import ProgressiveSize
 
 __all__ = ["TransformConfig", "DecodeOptions", "SampleRecipe", "BatchOptions",
            "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -73,7 +74,11 @@ class DecodeOptions:
 
 @dataclass(frozen=True)
 class SampleRecipe:
-    """What one sample goes through, train or val. Sizes are in pixels, (height, width)."""
+    """What one sample goes through, train or val. Sizes are in pixels, (height, width).
+
+    ``size`` may be a :class:`~dpu_pipe.progressive.ProgressiveSize` (train only): the
+    output size then changes with the epoch; :meth:`at_epoch` gives the recipe of one epoch,
+    and :attr:`sample_shape` is the largest epoch's (what buffers are sized for)."""
 
     train: bool = True
     size: tuple = (224, 224)
@@ -109,6 +114,11 @@ class SampleRecipe:
 
     def _check_geometry(self):
         size = self.size
+        if isinstance(size, dict):
+            size = ProgressiveSize.from_dict(size)
+        if isinstance(size, ProgressiveSize):
+            self._check_progressive(size)
+            return
         if isinstance(size, (int, np.integer)) and not isinstance(size, (bool, np.bool_)):
             size = (size, size)
         try:
@@ -136,6 +146,44 @@ class SampleRecipe:
         _set(self, "train", _v.boolean(self.train, "train"))
         _set(self, "interpolation",
              _v.choice(self.interpolation, "interpolation", INTERPOLATIONS))
+
+    def _check_progressive(self, size):
+        """The geometry checks with a progressive ``size``: a train recipe; ``resize`` (a
+        validation setting) is kept as given."""
+        _set(self, "size", size)
+        _set(self, "train", _v.boolean(self.train, "train"))
+        if not self.train:
+            raise ConfigError("a progressive size is a train recipe: give the evaluation "
+                              "loader a fixed size (FFCV's validation resolution, "
+                              "examples/train_imagenet.py --val-res)")
+        # Everything else is checked as for the largest size.
+        resize = _v.integer(self.resize, "resize", low=0)
+        _set(self, "size", (size.largest, size.largest))
+        try:
+            self._check_geometry()
+        finally:
+            _set(self, "size", size)
+        _set(self, "resize", resize)
+
+    @property
+    def progressive(self):
+        """Whether the output size changes with the epoch (``size`` is a ProgressiveSize)."""
+        return isinstance(self.size, ProgressiveSize)
+
+    @property
+    def largest_size(self):
+        """(height, width) of the largest output of any epoch, in pixels."""
+        if self.progressive:
+            return (self.size.largest,) * 2
+        return self.size
+
+    def at_epoch(self, epoch):
+        """The recipe of epoch ``epoch``: this one with a progressive size replaced by that
+        epoch's (itself when the size is fixed)."""
+        if not self.progressive:
+            return self
+        side = self.size.size_at(epoch)
+        return replace(self, size=(side, side))
 
     def _check_output(self):
         _set(self, "mean", _v.triple(self.mean, "mean"))
@@ -171,12 +219,14 @@ class SampleRecipe:
                               f"got {self.erase_scale!r}, {self.erase_ratio!r}")
         _set(self, "erase_scale", es)
         _set(self, "erase_ratio", er)
-        _set(self, "erase_value", _v.erase_value(self.erase_value, self.dtype, self.size))
+        _set(self, "erase_value", _v.erase_value(self.erase_value, self.dtype,
+                                                 self.largest_size))
 
     @property
     def sample_shape(self):
-        """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC."""
-        h, w = self.size
+        """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC (with a
+        progressive size, the largest epoch's)."""
+        h, w = self.largest_size
         return (3, h, w) if self.layout == "CHW" else (h, w, 3)
 
     @property
@@ -280,8 +330,27 @@ class TransformConfig:
 
     @property
     def sample_shape(self):
-        """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC."""
+        """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC (with a
+        progressive size, the largest epoch's: what buffers are sized for)."""
         return self.recipe.sample_shape
+
+    @property
+    def progressive(self):
+        """Whether the output size changes with the epoch (``size=progressive_size(...)``)."""
+        return self.recipe.progressive
+
+    def at_epoch(self, epoch):
+        """The transform of epoch ``epoch``: a fixed-size one (itself when the size is fixed;
+        with a progressive size, that epoch's size). The batch kernel and the batch ops run
+        on it."""
+        if not self.recipe.progressive:
+            return self
+        return TransformConfig(decode=self.decode, recipe=self.recipe.at_epoch(epoch),
+                               batch_ops=self.batch_ops)
+
+    def sample_shape_at(self, epoch):
+        """Shape of one output sample of epoch ``epoch``."""
+        return self.recipe.at_epoch(epoch).sample_shape
 
     @property
     def np_dtype(self):
@@ -320,6 +389,8 @@ class TransformConfig:
         for key in _ONLY_WHEN_SET:
             if d[key] is None:
                 del d[key]
+        if self.recipe.progressive:
+            d["size"] = self.recipe.size.to_dict()
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod

@@ -18,6 +18,12 @@ epoch's partial sums) is written every epoch and when SIGTERM or SIGUSR1 arrives
 preemption signals; the ranks agree on the step to stop at), and ``--resume`` continues from
 it with the same weights an uninterrupted run would have. ``--json PATH`` keeps one record per
 epoch.
+
+Progressive resolution, FFCV's knobs: ``--min-res 160 --max-res 192 --start-ramp 65
+--end-ramp 76 --val-res 256`` trains at 160 px up to epoch 65, at 192 px from epoch 76 and in
+between at the linear ramp rounded to a multiple of 32 (:func:`dpu_pipe.progressive_size`);
+validation runs at ``--val-res``. The schedule is part of the loader's stream, so a
+checkpoint resumes at the size its epoch has.
 """
 import argparse
 import json
@@ -53,7 +59,17 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=256, help="per host rank")
     p.add_argument("--val-batch-size", type=int, default=None,
                    help="default: --batch-size")
-    p.add_argument("--size", type=int, default=224, help="training crop (pixels)")
+    p.add_argument("--size", type=int, default=224,
+                   help="training crop (pixels), and the default of the four below")
+    p.add_argument("--min-res", type=int, default=None,
+                   help="progressive resolution (FFCV's): training size up to --start-ramp")
+    p.add_argument("--max-res", type=int, default=None,
+                   help="progressive resolution: training size from --end-ramp on")
+    p.add_argument("--start-ramp", type=int, default=0, metavar="EPOCH",
+                   help="last epoch at --min-res (default 0)")
+    p.add_argument("--end-ramp", type=int, default=0, metavar="EPOCH",
+                   help="first epoch at --max-res (default 0: --max-res throughout)")
+    p.add_argument("--val-res", type=int, default=None, help="validation size (pixels)")
     p.add_argument("--arch", default="resnet50",
                    help="a dpu_pipe.models factory (resnet_tiny) or a torchvision model name")
     p.add_argument("--width", type=int, default=16, help="resnet_tiny's first-stage width")
@@ -90,6 +106,15 @@ def build_model(args, classes):
         kwargs = {"num_classes": classes}
         torch.manual_seed(args.seed)
     return evaluate.load_factory(spec)(**kwargs), spec, kwargs
+
+
+def train_size(args):
+    """The training loader's ``size``: ``--size``, or with ``--min-res``/``--max-res`` FFCV's
+    progressive schedule over ``--start-ramp`` .. ``--end-ramp``."""
+    if args.min_res is None and args.max_res is None:
+        return args.size
+    return dpu_pipe.progressive_size(args.min_res or args.size, args.max_res or args.size,
+                                     args.start_ramp, args.end_ramp)
 
 
 def learning_rate(args, epoch, step, steps):
@@ -186,8 +211,10 @@ class Training:
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
         out = dict(output="torch", device=device if cuda else None, timeout=args.timeout,
                    memory_format=torch.channels_last if cuda else None)
+        self.size = train_size(args)
+        val_size = args.val_res or args.size
         self.loader = dpu_pipe.Loader(train_src, args.batch_size, mode=args.mode,
-                                      size=args.size, seed=args.seed, num_threads=args.threads,
+                                      size=self.size, seed=args.seed, num_threads=args.threads,
                                       host_threads=max(1, args.threads), **out)
         group = started_group()     # init_process_group started it in an MPI job
         self.producers = int(sum(gather(group.producers if group is not None else 0)))
@@ -195,10 +222,10 @@ class Training:
         self.remote = self.val_loader = None
         if args.mode != "local" and self.producers:
             self.remote = dpu_pipe.RemoteValidation(
-                val_src, vbs, model=spec, model_kwargs=model_kwargs, size=args.size,
+                val_src, vbs, model=spec, model_kwargs=model_kwargs, size=val_size,
                 timeout=args.timeout)
         else:
-            self.val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=args.size, **out)
+            self.val_loader = dpu_pipe.Loader(val_src, vbs, train=False, size=val_size, **out)
         self.full_steps = len(self.loader)   # of a whole epoch: the schedule's unit
         self.ckpt = os.path.join(args.checkpoint, "last.pt") if args.checkpoint else None
         self.records = []
@@ -368,6 +395,9 @@ class Training:
         for epoch in range(start_epoch, self.args.epochs):
             self.loader.set_epoch(epoch)    # keeps a restored position within this epoch
             steps = len(self.loader)        # fewer in an epoch continued by an elastic resume
+            if isinstance(self.size, dpu_pipe.ProgressiveSize) and self.rank == 0:
+                side = self.size.size_at(epoch)
+                print(f"epoch {epoch}: training at {side}x{side}", flush=True)
             sums = self.train_epoch(epoch, steps, partial)
             partial = None
             if sums is None:

@@ -40,7 +40,8 @@ class LocalEngine(Engine):
     """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order.
 
     Memory: ``(prefetch + 1) × batch bytes``, one buffer per batch in flight plus the one
-    the caller holds (kept from the thread until :meth:`release_held`).
+    the caller holds (kept from the thread until :meth:`release_held`); with a progressive
+    size, batch bytes of the largest size.
     """
 
     def __init__(self, maker, prefetch, timeout):
@@ -104,7 +105,8 @@ class LocalEngine(Engine):
             raise ProducerError(f"{type(exc).__name__}: {exc}", producer="loader thread",
                                 remote_traceback=format_traceback(exc)) from exc
         self.held = slot
-        return self.images[slot][:n], self.labels[slot][:n], self.indices[slot][:n]
+        return (self.maker.rows(self.images[slot], epoch, n), self.labels[slot][:n],
+                self.indices[slot][:n])
 
     def pause(self):
         thread = self.thread

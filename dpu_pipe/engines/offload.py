@@ -191,7 +191,8 @@ class _HostThread(threading.Thread):
                 r0, p0 = st.read_s, st.process_s
                 n = self.maker.make(epoch, step, images, labels, indices)
                 self.layout.write_header(buf, n=n, read_ns=round((st.read_s - r0) * 1e9),
-                                         process_ns=round((st.process_s - p0) * 1e9))
+                                         process_ns=round((st.process_s - p0) * 1e9),
+                                         sample_shape=self.maker.sample_shape_at(epoch))
                 self.done.put((ticket, buf, OK, None))
             except Exception as exc:  # noqa: BLE001 - raised in the consumer for that step
                 self.done.put((ticket, buf, FAILED, pack_error(exc, None, 1 << 20,
@@ -208,7 +209,9 @@ class OffloadEngine(Engine):
     Tickets run ahead of the caller, across epoch ends: :meth:`pause` keeps them, and
     :meth:`start` keeps them when the iteration continues where they stand (else cancels
     them). Memory: the window's slots (shared by the process's loaders) and, in hybrid
-    mode, ``host_threads + 2`` payload buffers.
+    mode, ``host_threads + 2`` payload buffers; both hold a batch of the stream's largest
+    size (:class:`~dpu_pipe.offload.wire.PayloadLayout`), so a progressive size needs no
+    other window.
     """
 
     def __init__(self, loader):
@@ -329,7 +332,8 @@ class OffloadEngine(Engine):
                     t.deliver(ticket, buf[:len(blob)], FAILED)
                 else:
                     head = wire.unpack(buf, wire.PAYLOAD_HEADER)
-                    t.deliver(ticket, buf[:self.layout.end(head["n"])], OK)
+                    t.deliver(ticket, buf[:self.layout.end(head["n"],
+                                                           self.layout.shape_of(head))], OK)
             else:
                 self.local_free.append(buf)
         ready = sum(1 for tk, _, _ in self.pending if t.state(tk) == "ready")
@@ -388,14 +392,20 @@ class OffloadEngine(Engine):
         # Grant the buffer just given back before the caller's training step, so producers
         # fill it meanwhile without waiting for the next call.
         t.poll()
-        return self._unpack(d)
+        return self._unpack(d, epoch)
 
-    def _unpack(self, d):
+    def _unpack(self, d, epoch):
         payload = d.payload
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
-        images, labels, indices = self.layout.views(payload, n)
-        for index, message in self.layout.report(payload, n, head["bad_bytes"]).items():
+        shape = self.layout.shape_of(head)
+        if shape != self.first_maker.sample_shape_at(epoch):
+            raise DpuPipeError(f"producer {d.producer} sent epoch {epoch}'s batch with "
+                               f"samples of shape {shape}; this stream's are "
+                               f"{self.first_maker.sample_shape_at(epoch)}")
+        images, labels, indices = self.layout.views(payload, n, shape)
+        for index, message in self.layout.report(payload, n, head["bad_bytes"],
+                                                 shape).items():
             if index not in self.remote_bad:
                 self.remote_bad[index] = message
                 log.warning("producer %d skipped undecodable sample: %s", d.producer, message)

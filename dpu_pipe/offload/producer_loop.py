@@ -160,11 +160,12 @@ class OpenStream:
             raise
         entries = self._bad_report(work.stream)
         report = json.dumps(entries).encode() if entries else b""
+        shape = self.maker.sample_shape_at(work.epoch)
         self.layout.write_header(buf, n=n, bad_bytes=len(report),
                                  read_ns=round((st.read_s - read0) * 1e9),
                                  process_ns=round((st.process_s - proc0) * 1e9),
-                                 publish_ns=publish_ns)
-        work.parts = [buf[:self.layout.end(n)], np.frombuffer(report, np.uint8)]
+                                 publish_ns=publish_ns, sample_shape=shape)
+        work.parts = [buf[:self.layout.end(n, shape)], np.frombuffer(report, np.uint8)]
         work.buffers = (buf, [int(i) for i in entries])
 
     def give_back(self, work, delivered=True):

@@ -39,7 +39,10 @@ __all__ = [
 #: 5: the stream spec may carry ``stick_to_shard`` (and its resume point the world size of
 #: the epoch's order) and the transform ``decode_max_side``; a producer of version 4 would
 #: drop ``stick_to_shard`` and make another stream.
-WIRE_VERSION = 5
+#: 6: a payload header carries its batch's sample shape (a progressive size changes it with
+#: the epoch; slots are sized for the largest), and the transform's size may be a
+#: progressive schedule, which a producer of version 5 would refuse.
+WIRE_VERSION = 6
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3
@@ -103,7 +106,8 @@ PAYLOAD_HEADER = np.dtype([
     ("process_ns", "<i8"),
     ("publish_ns", "<i8"),
     ("version", "<i8"),
-    ("reserved", "<i8", (2,)),
+    ("sample_shape", "<i4", (3,)),   # one image of this batch, e.g. (3, H, W)
+    ("reserved", "<i4"),
 ])
 BAD_REPORT_BYTES = 16384
 #: Version of a stream request (what producers need to make a stream: see
@@ -121,18 +125,22 @@ class PayloadLayout:
         0                 PAYLOAD_HEADER (64 bytes)
         indices_offset    int64[batch_size]: the dataset index of each row
         labels_offset     label dtype [batch_size, *label_shape]
-        images_offset     images, ``sample_bytes`` per row (64-byte aligned)
-        end(n)            ``bad_bytes`` of UTF-8 JSON {index: message}: samples newly skipped
+        images_offset     images, n rows of the header's ``sample_shape`` (64-byte aligned)
+        end(n, shape)     ``bad_bytes`` of UTF-8 JSON {index: message}: samples newly skipped
 
     A batch of ``n < batch_size`` rows leaves the tail of the indices and labels unused and
-    ends its images at ``end(n)``. :attr:`nbytes` is the largest payload (a full batch and a
-    full report): the size of a host window slot.
+    ends its images at ``end(n)``. A batch's images may be smaller than ``sample_shape``
+    (a progressive size: an epoch before the largest); the header names their shape and they
+    fill the start of the images area. :attr:`nbytes` is the largest payload (a full batch
+    of ``sample_shape`` and a full report): the size of a host window slot, so a slot holds
+    ``64 + 8 B + B x label bytes + B x sample bytes + 16384`` bytes (B the batch size, sample
+    bytes of the largest size).
 
     Parameters
     ----------
     batch_size : int
     sample_shape : tuple of int
-        One image, e.g. (3, H, W); ``image_dtype`` its numpy dtype.
+        The largest image, e.g. (3, H, W); ``image_dtype`` its numpy dtype.
     label_dtype : "int64" or "float32" (or the numpy dtype)
     label_shape : tuple of int
         One sample's labels: () for one label, (K,) for K.
@@ -170,33 +178,50 @@ class PayloadLayout:
         """The labels' part of a stream request: ``{"dtype": name, "shape": [...]}``."""
         return {"dtype": self.label_dtype.name, "shape": list(self.label_shape)}
 
-    def end(self, n):
-        """Offset of the bad-sample report of a batch of ``n`` rows (the end of its images)."""
-        return self.images_offset + int(n) * self.sample_bytes
+    def end(self, n, sample_shape=None):
+        """Offset of the bad-sample report of a batch of ``n`` rows of ``sample_shape``
+        (default :attr:`sample_shape`): the end of its images."""
+        row = self.sample_bytes if sample_shape is None else \
+            int(np.prod(sample_shape)) * self.image_dtype.itemsize
+        return self.images_offset + int(n) * row
 
-    def views(self, payload, n):
+    def shape_of(self, head):
+        """The sample shape a payload's header (a dict of :data:`PAYLOAD_HEADER`) names;
+        ConfigError when it does not fit this layout's slots."""
+        shape = tuple(int(v) for v in head["sample_shape"])
+        if len(shape) != len(self.sample_shape) or min(shape) < 1 or \
+                int(np.prod(shape)) * self.image_dtype.itemsize > self.sample_bytes:
+            raise ConfigError(f"a payload names samples of shape {shape}, which do not fit "
+                              f"this stream's slots of {self.sample_shape}")
+        return shape
+
+    def views(self, payload, n, sample_shape=None):
         """``(images (n, *sample_shape), labels (n, *label_shape), indices (n,))``: views into
-        ``payload``, a 1-D uint8 array holding (at least) the first ``end(n)`` bytes."""
+        ``payload``, a 1-D uint8 array holding (at least) the first ``end(n, sample_shape)``
+        bytes (``sample_shape`` default :attr:`sample_shape`)."""
+        shape = self.sample_shape if sample_shape is None else tuple(sample_shape)
         b = self.batch_size
         indices = payload[self.indices_offset:self.labels_offset].view("<i8")[:n]
         labels = payload[self.labels_offset:self.labels_offset
                          + b * int(np.prod(self.label_shape)) * self.label_dtype.itemsize]
         labels = labels.view(self.label_dtype).reshape((b,) + self.label_shape)[:n]
-        images = payload[self.images_offset:self.end(n)].view(self.image_dtype).reshape(
-            (n,) + self.sample_shape)
+        images = payload[self.images_offset:self.end(n, shape)].view(self.image_dtype).reshape(
+            (n,) + shape)
         return images, labels, indices
 
     def write_header(self, payload, **fields):
         """Write the :data:`PAYLOAD_HEADER` (``fields``, and this format's version) at the
-        start of ``payload``."""
+        start of ``payload``; ``sample_shape`` defaults to :attr:`sample_shape`."""
+        fields.setdefault("sample_shape", self.sample_shape)
         payload[:PAYLOAD_HEADER.itemsize] = pack(PAYLOAD_HEADER, version=WIRE_VERSION,
                                                  **fields).view(np.uint8)
 
-    def report(self, payload, n, bad_bytes):
-        """The bad-sample report of a payload of ``n`` rows: {sample index: message}."""
+    def report(self, payload, n, bad_bytes, sample_shape=None):
+        """The bad-sample report of a payload of ``n`` rows of ``sample_shape`` (default
+        :attr:`sample_shape`): {sample index: message}."""
         if not bad_bytes:
             return {}
-        at = self.end(n)
+        at = self.end(n, sample_shape)
         return {int(k): v for k, v in json.loads(bytes(payload[at:at + bad_bytes])).items()}
 
 for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
