@@ -98,12 +98,12 @@ class BatchMaker:
         #: The stream's transform; with a progressive size, each epoch runs
         #: ``transform.at_epoch(epoch)`` (:meth:`kernel_at`).
         self.transform = spec.transform
-        # {(height, width): (BatchProcessor, BatchOps)} of the sizes made lately: a
-        # progressive size changes a few times per run, so two are kept (the epoch being
-        # made, and the one a jump or a resume may come back to).
-        self._stages = {}
+        # {(height, width): BatchProcessor} and {(height, width): BatchOps} of the sizes
+        # used lately: a progressive size changes a few times per run, so two of each are
+        # kept (the epoch being made, and the one a jump or a resume may come back to).
+        self._kernels, self._ops = {}, {}
         self._stages_lock = threading.Lock()
-        self._stage(0)      # a transform the kernel refuses fails here, not in a thread
+        self.kernel_at(0)       # a transform the kernel refuses fails here, not in a thread
         labels = np.asarray(source.labels)
         #: Labels of every sample: int64, or float32 (FileList float labels); (N,) or (N, K).
         self.labels = labels.astype(np.int64 if labels.dtype.kind in "iub" else np.float32,
@@ -143,27 +143,29 @@ class BatchMaker:
         progressive size, of the largest)."""
         return (self.batch_size,) + self.transform.sample_shape
 
-    def _stage(self, epoch):
-        """(BatchProcessor, BatchOps) of ``epoch``'s transform."""
+    def _cached(self, cache, epoch, make):
+        """``cache``'s entry for ``epoch``'s transform, made by ``make(transform)`` when
+        missing (the oldest of two then dropped)."""
         config = self.transform.at_epoch(epoch)
         key = config.recipe.size
         with self._stages_lock:
-            stage = self._stages.get(key)
-            if stage is None:
-                stage = (BatchProcessor(config, self.num_threads, self.cache),
-                         BatchOps(config, self.seed, self.spec.rank))
-                if len(self._stages) >= 2:
-                    del self._stages[next(iter(self._stages))]
-                self._stages[key] = stage
-            return stage
+            got = cache.get(key)
+            if got is None:
+                got = make(config)
+                if len(cache) >= 2:
+                    del cache[next(iter(cache))]
+                cache[key] = got
+            return got
 
     def kernel_at(self, epoch):
         """The :class:`~dpu_pipe.kernel.BatchProcessor` that makes ``epoch``'s samples."""
-        return self._stage(epoch)[0]
+        return self._cached(self._kernels, epoch, lambda config: BatchProcessor(
+            config, self.num_threads, self.cache))
 
     def ops_at(self, epoch):
         """The :class:`~dpu_pipe.mix.BatchOps` of ``epoch``'s batches."""
-        return self._stage(epoch)[1]
+        return self._cached(self._ops, epoch,
+                            lambda config: BatchOps(config, self.seed, self.spec.rank))
 
     def sample_shape_at(self, epoch):
         """Shape of one sample of ``epoch``: :attr:`transform`'s ``sample_shape``, or with
@@ -284,7 +286,7 @@ class BatchMaker:
         """make()'s work on the batch's ``indices``, begun at ``t0`` (perf_counter)."""
         n = len(indices)
         images = self.rows(images, epoch, n)
-        kernel, ops = self._stage(epoch)
+        kernel, ops = self.kernel_at(epoch), self.ops_at(epoch)
         bufs, read_errors = self._buffers(indices)
         t1 = time.perf_counter()
         _, info, errors = kernel.run(bufs, indices, epoch=epoch, seed=self.seed, out=images)

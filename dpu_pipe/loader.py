@@ -214,8 +214,10 @@ class Loader:
     batch_size : int
     train : bool
         RandomResizedCrop + flip (True) or resize + center crop (False).
-    size : int or (height, width)
-        Output size in pixels.
+    size : int, (height, width) or dpu_pipe.progressive_size(...)
+        Output size in pixels. A :func:`~dpu_pipe.progressive_size` (train only) changes it
+        with the epoch by FFCV's rule: epoch ``e`` yields ``(B, 3, s, s)`` with ``s =
+        size.size_at(e)``; buffers (and window slots) are sized for ``size.largest``.
     seed : int
         Keys the epoch permutation and every sample's augmentation.
     shuffle : bool, optional

@@ -191,3 +191,23 @@ def test_a_checkpoint_of_two_ranks_resumes_on_three(data, tmp_path):
         assert set(r) == KEYS and r["world_size"] == 3 and r["val_count"] == 21
         assert np.isfinite(r["train_loss"]) and 0 <= r["val_top1"] <= r["val_top5"] <= 1
     assert (tmp_path / "final_weights.pt").exists()
+
+
+@pytest.mark.slow
+def test_progressive_resolution_resumes_across_the_size_change(data, tmp_path_factory):
+    """FFCV's knobs: 32 px in epoch 0, 64 px from epoch 1 (validation at 32 px). Stopped
+    after 2 of epoch 0's 3 steps and resumed, the run crosses the size change as the
+    uninterrupted one does and ends with the same weights and metrics."""
+    knobs = ("--min-res", "32", "--max-res", "64", "--end-ramp", "1", "--val-res", "32")
+    full = tmp_path_factory.mktemp("progressive-full")
+    proc = run(data, full, mode="local", producers=0, extra=knobs)
+    assert "epoch 0: training at 32x32" in proc.stdout, proc.stdout
+    assert "epoch 1: training at 64x64" in proc.stdout, proc.stdout
+    part = tmp_path_factory.mktemp("progressive-resumed")
+    proc = run(data, part, mode="local", producers=0, extra=knobs + ("--stop-after-steps", "2"))
+    assert "stopped after epoch 0 step 2" in proc.stdout, proc.stdout
+    ckpt = torch.load(part / "last.pt", weights_only=False)
+    assert ckpt["loader"][0]["transform"]["size"]["kind"] == "progressive"
+    proc = run(data, part, mode="local", producers=0, extra=knobs + ("--resume",))
+    assert "epoch 1: training at 64x64" in proc.stdout, proc.stdout
+    assert_same_run(full, part)
