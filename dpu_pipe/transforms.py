@@ -25,6 +25,7 @@ Users pass every option flat (``Loader(..., auto_augment="ta_wide", mixup_alpha=
 (with its check) to one part, and reading it where it acts.
 """
 
+import functools
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
@@ -77,8 +78,9 @@ class SampleRecipe:
     """What one sample goes through, train or val. Sizes are in pixels, (height, width).
 
     ``size`` may be a :class:`~dpu_pipe.progressive.ProgressiveSize` (train only): the
-    output size then changes with the epoch; :meth:`at_epoch` gives the recipe of one epoch,
-    and :attr:`sample_shape` is the largest epoch's (what buffers are sized for)."""
+    output size then changes with the epoch (``TransformConfig.at_epoch`` gives the transform
+    of one epoch), and :attr:`sample_shape` is the largest epoch's (what buffers are sized
+    for)."""
 
     train: bool = True
     size: tuple = (224, 224)
@@ -176,14 +178,6 @@ class SampleRecipe:
         if self.progressive:
             return (self.size.largest,) * 2
         return self.size
-
-    def at_epoch(self, epoch):
-        """The recipe of epoch ``epoch``: this one with a progressive size replaced by that
-        epoch's (itself when the size is fixed)."""
-        if not self.progressive:
-            return self
-        side = self.size.size_at(epoch)
-        return replace(self, size=(side, side))
 
     def _check_output(self):
         _set(self, "mean", _v.triple(self.mean, "mean"))
@@ -345,12 +339,15 @@ class TransformConfig:
         on it."""
         if not self.recipe.progressive:
             return self
-        return TransformConfig(decode=self.decode, recipe=self.recipe.at_epoch(epoch),
-                               batch_ops=self.batch_ops)
+        return _sized(self, self.recipe.size.size_at(epoch))
 
     def sample_shape_at(self, epoch):
         """Shape of one output sample of epoch ``epoch``."""
-        return self.recipe.at_epoch(epoch).sample_shape
+        recipe = self.recipe
+        if not recipe.progressive:
+            return recipe.sample_shape
+        side = recipe.size.size_at(epoch)
+        return (3, side, side) if recipe.layout == "CHW" else (side, side, 3)
 
     @property
     def np_dtype(self):
@@ -399,3 +396,12 @@ class TransformConfig:
         if unknown:
             raise ConfigError(f"unknown transform settings: {sorted(unknown)}")
         return cls(**d)
+
+
+@functools.lru_cache(maxsize=32)
+def _sized(config, side):
+    """``config`` (a progressive TransformConfig) at the fixed size ``side`` x ``side``:
+    kept, since every batch asks for its epoch's."""
+    return TransformConfig(decode=config.decode, recipe=replace(config.recipe,
+                                                                 size=(side, side)),
+                           batch_ops=config.batch_ops)

@@ -9,8 +9,12 @@ For modes {offload, hybrid} x threads {1, 2} (the producers' kernel threads, the
 epochs 0 and 1 (16 px), breaks off epoch 2 (24 px) after 2 batches with its state saved,
 jumps to epoch 3 (32 px), then loads the state saved at the end of epoch 1 (the next batch is
 epoch 2's, at the next size) and the mid-epoch one, each continued to the end of epoch 3.
-Every batch equals the local Loader's (``num_threads=1``) bit for bit. ``O/host0.json`` holds
-per run the mode, threads, the shapes seen per epoch and the samples made by each side.
+Every batch equals the local Loader's (``num_threads=1``) bit for bit. Then, per mode, an
+elastic resume: the states of a job of 2 ranks stopped one batch into epoch 2 (local Loaders
+of ranks 0 and 1 of 2) continue on this one host, the rest of epoch 2 at 24 px and epoch 3 at
+32 px equal to a local Loader that loaded the same states. ``O/host0.json`` holds per run the
+mode, threads, the shapes seen per epoch and the samples made by each side, and per mode the
+shapes of the elastic resume.
 """
 import argparse
 import os
@@ -78,7 +82,26 @@ def main():
                          "producer_samples": s["producer_samples"],
                          "host_samples": s["host_samples"]})
             dl.close()
-    write_json(os.path.join(args.out, "host0.json"), {"runs": runs})
+    states = []
+    for r in range(2):
+        with Loader(src, BATCH, size=size, rank=r, world_size=2, **KW) as old:
+            old.set_epoch(2)
+            next(iter(old))
+            states.append(old.state_dict())
+    elastic = {}
+    with Loader(src, BATCH, size=size, rank=0, world_size=1, **KW) as ref:
+        ref.load_state_dict(states, elastic=True)
+        want = copies(ref) + copies(ref)
+    for mode in ("offload", "hybrid"):
+        dl = DPULoader(src, BATCH, size=size, mode=mode, slots=3, **KW)
+        dl.load_state_dict(states, elastic=True)
+        got = copies(dl) + copies(dl)
+        assert len(got) == len(want), (mode, len(got), len(want))
+        for j, (b, w) in enumerate(zip(got, want)):
+            check_same(b, w, f"{mode} elastic batch {j}")
+        elastic[mode] = [list(x.shape[1:]) for x, _ in got]
+        dl.close()
+    write_json(os.path.join(args.out, "host0.json"), {"runs": runs, "elastic": elastic})
     print(f"OK host={MPI.COMM_WORLD.Get_rank()}", flush=True)
 
 

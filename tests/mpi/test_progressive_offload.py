@@ -2,7 +2,7 @@
 spec, each batch's shape in its payload header, and the window's slots hold the largest
 size; offload and hybrid (threads 1 and 2) make the local Loader's stream bit for bit across
 the size changes, set_epoch jumps and resumes (``progressive_host.py`` compares every
-batch)."""
+batch), and so does an elastic resume from a job of two ranks across the size change."""
 import json
 import os
 import sys
@@ -29,7 +29,8 @@ def test_progressive_stream_offloaded_equals_the_loader(data, tmp_path):
     assert job.returncode == 0, job.explain()
     assert job.stdout.count("OK host=") == 1, job.explain()
     with open(os.path.join(out, "host0.json")) as f:
-        runs = json.load(f)["runs"]
+        res = json.load(f)
+    runs = res["runs"]
     assert [(r["mode"], r["threads"]) for r in runs] == \
         [("offload", 1), ("offload", 2), ("hybrid", 1), ("hybrid", 2)]
     for r in runs:
@@ -37,3 +38,7 @@ def test_progressive_stream_offloaded_equals_the_loader(data, tmp_path):
         assert r["shapes"]["2"] == ["[3, 24, 24]"] and r["shapes"]["3"] == ["[3, 32, 32]"], r
         assert r["shapes"]["from-boundary"] == ["[3, 24, 24]", "[3, 32, 32]"], r
         assert r["producer_samples"] > 0, r
+    # 16 samples, 2 ranks had read 8 of epoch 2: 8 left for one rank (2 batches at 24 px),
+    # then epoch 3 whole (4 batches at 32 px).
+    for mode in ("offload", "hybrid"):
+        assert res["elastic"][mode] == [[3, 24, 24]] * 2 + [[3, 32, 32]] * 4, res["elastic"]
