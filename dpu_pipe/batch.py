@@ -265,7 +265,8 @@ class BatchMaker:
 
         ``images`` is a C-contiguous array of the transform's dtype holding at least ``n``
         samples of ``epoch``'s shape (shape (>= n, *sample_shape); with a progressive size
-        the batch fills its first bytes, :meth:`rows` gives the view), ``labels`` of :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
+        the batch fills its first bytes, :meth:`rows` gives the view), ``labels`` of
+        :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
         ``out_indices`` int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``,
         except where ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]``
         then names the replacement, the sample whose image and label the row holds. The

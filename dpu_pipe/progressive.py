@@ -126,7 +126,9 @@ def progressive_size(min_size, max_size, start_epoch, end_epoch, multiple=32):
     start_epoch : int
         Last epoch at ``min_size`` (FFCV's ``start_ramp``), >= 0.
     end_epoch : int
-        First epoch at ``max_size`` (FFCV's ``end_ramp``), >= ``start_epoch``.
+        First epoch at ``max_size`` (FFCV's ``end_ramp``), >= ``start_epoch``. The test for
+        ``start_epoch`` comes first, as in FFCV: with ``end_epoch == start_epoch`` that epoch
+        is still at ``min_size`` and the next one at ``max_size``.
     multiple : int
         The epochs in between get the linear interpolation rounded (half to even) to a
         multiple of this (FFCV: 32).

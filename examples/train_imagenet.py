@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--start-ramp", type=int, default=0, metavar="EPOCH",
                    help="last epoch at --min-res (default 0)")
     p.add_argument("--end-ramp", type=int, default=0, metavar="EPOCH",
-                   help="first epoch at --max-res (default 0: --max-res throughout)")
+                   help="first epoch at --max-res (default 0; an epoch <= --start-ramp "
+                        "stays at --min-res, as in FFCV)")
     p.add_argument("--val-res", type=int, default=None, help="validation size (pixels)")
     p.add_argument("--arch", default="resnet50",
                    help="a dpu_pipe.models factory (resnet_tiny) or a torchvision model name")

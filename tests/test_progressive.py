@@ -297,3 +297,11 @@ def test_loader_buffers_hold_the_largest_size(data):
         loader.set_epoch(10)
         x, _ = next(iter(loader))
         assert x.shape[1:] == (3, 22, 22) and x.flags.c_contiguous
+
+
+def test_an_empty_ramp_switches_after_start_epoch():
+    # FFCV tests start_ramp first: with start == end that epoch keeps min_size.
+    ps = progressive_size(128, 192, 4, 4)
+    assert ps.sizes(7) == [ffcv_resolution(e, 128, 192, 4, 4, 32) for e in range(7)] \
+        == [128] * 5 + [192] * 2
+    assert ps.largest == 192
