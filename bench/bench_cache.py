@@ -1,14 +1,15 @@
 """The decoded-sample cache: ``Loader(decode_max_side=256, cache_bytes=...)`` against today's
-default ``Loader`` (classic train recipe: RandomResizedCrop 224 + flip, float32 CHW), images/s
-on one core.
+default ``Loader`` (classic train recipe: RandomResizedCrop 224 + flip, float32 CHW), images
+per CPU second on one core.
 
-    python bench/bench_cache.py [--data DIR] [--n 300] [--rounds 3] [--core 0] [--json PATH]
+    nice -n 5 python bench/bench_cache.py [--data DIR] [--n 300] [--rounds 3] [--core 0]
+                                          [--json PATH]
 
 The first ``--n`` images of ``--data`` (default: the ImageNet-like sample dataset of
 ``dpu_pipe.tools.sample_data`` at original sizes, made once under the user's cache directory)
 are read as a FileList. The process is pinned to one core (``--core``) and every loader has
-one thread. Methods, interleaved in rounds (their order rotated from round to round), one
-epoch each per round:
+one thread. Methods, interleaved in rounds by ``dpu_pipe.tools.harness.interleaved`` (their
+order rotated from round to round), one epoch each per round:
 
 - ``default``: ``Loader(..., size=224)``, today's default (region decode at the best DCT scale);
 - ``max_side``: ``decode_max_side=256`` without a cache (whole decode + reduction every epoch);
@@ -17,9 +18,16 @@ epoch each per round:
 - ``cache_warm``: one loader with the cache, filled before the rounds: an epoch >= 2 (all
   hits: crops cut from the cached reduced images).
 
-Reported per method: median and min-max images/s of wall time, and images per CPU second of
-the process (what one core delivers, less sensitive to other load on the machine), with each
+The clock is :func:`cpu_seconds`: the CPU time of this process (every thread: the loader's
+maker thread does the work) and of its live child processes (a DataLoader's workers, for
+``bench_cache_recipes.py``), which other work on a shared machine does not inflate, unlike wall
+time. Reported per method: median and min-max images per CPU second (what one core delivers)
+and images per wall second (which includes the other work's share of the core), with each
 method's ratio to ``default``. Numbers only; nothing is asserted.
+
+The helpers here (:func:`cpu_seconds`, :func:`file_list`, :func:`full_cache_bytes`,
+:func:`epochs`, :func:`measure`, :func:`report`, :func:`machine`, :func:`pin`) serve
+``bench/bench_cache_recipes.py`` too.
 """
 
 import argparse
@@ -37,9 +45,50 @@ from dpu_pipe.tools.plan import cpu_name  # noqa: E402 - after the checkout join
 
 BATCH = 50
 MAX_SIDE = 256
+# Linux's CPU-time clock of another process: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED).
+_CPUCLOCK_SCHED = 2
 
 
-def _dataset(data, n):
+def cpu_seconds():
+    """CPU seconds spent so far by this process (all threads) and its live child processes.
+
+    A child's time counts only while it lives (a DataLoader's persistent workers live for the
+    whole benchmark), so differences of this clock are exact for the methods measured here.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    total = time.process_time()
+    try:
+        import psutil
+        children = psutil.Process().children(recursive=True)
+    except ImportError:
+        children = []
+    for child in children:
+        try:
+            total += time.clock_gettime((~child.pid << 3) | _CPUCLOCK_SCHED)
+        except OSError:             # ended between the listing and the read
+            pass
+    return total
+
+
+def file_list(data, n):
+    """A FileList of the first ``n`` images of the ImageFolder ``data`` (default: the
+    ImageNet-like sample dataset at original sizes).
+
+    Parameters
+    ----------
+    data : str or None
+        ImageFolder root.
+    n : int
+        Images.
+
+    Returns
+    -------
+    FileList
+    """
     from dpu_pipe.sources import FileList, ImageFolder
     from dpu_pipe.tools.sample_data import sample_dataset
 
@@ -49,16 +98,100 @@ def _dataset(data, n):
                      for i in range(min(n, len(folder)))])
 
 
-def _epoch(loader):
-    """(images, wall seconds, CPU seconds of the process) of one epoch of ``loader``."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    n = sum(len(y) for _, y in loader)
-    return n, time.perf_counter() - t0, time.process_time() - c0
+def full_cache_bytes(num_samples, max_side=MAX_SIDE):
+    """``cache_bytes`` with room for every sample reduced to ``max_side`` (at most
+    ``max_side``² pixels each, plus alignment) and the table.
+
+    Parameters
+    ----------
+    num_samples : int
+        Samples of the source.
+    max_side : int
+        ``decode_max_side`` (pixels).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    from dpu_pipe.cache import ALIGN, table_bytes
+    return table_bytes(num_samples) + num_samples * (max_side * max_side * 3 + ALIGN)
+
+
+def epochs(loader):
+    """A function that runs the next epoch of ``loader`` (``set_epoch`` 0, 1, ...) and returns
+    the images it yielded."""
+    done = [0]
+
+    def run():
+        loader.set_epoch(done[0])
+        done[0] += 1
+        return sum(len(y) for _, y in loader)
+    return run
+
+
+def measure(methods, rounds):
+    """Time ``methods`` (name -> ``fn()`` running one epoch and returning its image count)
+    interleaved in ``rounds`` rounds, on the :func:`cpu_seconds` clock; wall time too.
+
+    Returns
+    -------
+    dict
+        name -> ``{"cpu": [img/CPU-s per round], "wall": [img/s per round]}``.
+    """
+    from dpu_pipe.tools.harness import interleaved
+
+    counts = {k: [] for k in methods}
+    walls = {k: [] for k in methods}
+
+    def timed(name, fn):
+        def run(start, stop):
+            t0 = time.perf_counter()
+            counts[name].append(fn())
+            walls[name].append(time.perf_counter() - t0)
+        return run
+
+    cpu = interleaved({k: timed(k, fn) for k, fn in methods.items()}, 1, chunk=1,
+                      repeat=rounds, clock=cpu_seconds)
+    return {k: {"cpu": [c / t for c, t in zip(counts[k], cpu[k])],
+                "wall": [c / t for c, t in zip(counts[k], walls[k])]} for k in methods}
+
+
+def machine():
+    """``{"cpu", "loadavg", "date"}`` of this run (load average: 1, 5, 15 minutes)."""
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    return {"cpu": cpu_name(), "loadavg": load,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def report(rates, base, title):
+    """Print one table of :func:`measure`'s ``rates``, ratios against method ``base``;
+    return the rows as dicts (medians, min-max and ratios)."""
+    ref = {k: statistics.median(rates[base][k]) for k in ("cpu", "wall")}
+    print(title)
+    print(f"{'method':<16} {'img/CPU-s (min-max)':>24} {'x ' + base:>12} "
+          f"{'img/s wall (min-max)':>24} {'x ' + base:>12}")
+    rows = {}
+    for name, r in rates.items():
+        mc, mw = statistics.median(r["cpu"]), statistics.median(r["wall"])
+        rows[name] = {"median_cpu": mc, "median_wall": mw, "cpu_img_s": r["cpu"],
+                      "wall_img_s": r["wall"], "ratio_cpu": mc / ref["cpu"],
+                      "ratio_wall": mw / ref["wall"]}
+        print(f"{name:<16} {mc:>8.0f} ({min(r['cpu']):6.0f}-{max(r['cpu']):6.0f}) "
+              f"{mc / ref['cpu']:>11.2f}x {mw:>8.0f} ({min(r['wall']):6.0f}-"
+              f"{max(r['wall']):6.0f}) {mw / ref['wall']:>11.2f}x")
+    return rows
+
+
+def pin(core):
+    """Pin this process (and the threads and processes it starts later) to ``core``."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
 
 
 def main(argv=None):
     from dpu_pipe import Loader
-    from dpu_pipe.cache import table_bytes
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="ImageFolder (default: the ImageNet-like sample dataset)")
@@ -68,62 +201,36 @@ def main(argv=None):
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args(argv)
 
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {args.core})
-    src = _dataset(args.data, args.n)
+    pin(args.core)
+    src = file_list(args.data, args.n)
     n = len(src)
-    # Room for every reduced sample (at most MAX_SIDE^2 pixels each) and the table.
-    cache_bytes = table_bytes(n) + n * (MAX_SIDE * MAX_SIDE * 3 + 16)
+    cache_bytes = full_cache_bytes(n)
     common = dict(size=224, num_threads=1, seed=0)
     warm = Loader(src, BATCH, decode_max_side=MAX_SIDE, cache_bytes=cache_bytes, **common)
-    _epoch(warm)                                    # fill the cache: epoch 0
-    assert warm.stats()["cache"]["entries"] == n
+    methods = {"default": epochs(Loader(src, BATCH, **common)),
+               "max_side": epochs(Loader(src, BATCH, decode_max_side=MAX_SIDE, **common)),
+               "cache_first": lambda: epochs(Loader(src, BATCH, decode_max_side=MAX_SIDE,
+                                                    cache_bytes=cache_bytes, **common))(),
+               "cache_warm": epochs(warm)}
+    for name in ("default", "max_side", "cache_warm"):
+        methods[name]()                             # warm-up; fills the cache: epoch 0
+    if warm.stats()["cache"]["entries"] != n:
+        raise SystemExit(f"the cache did not take every sample: {warm.stats()['cache']}")
 
-    def default():
-        return _epoch(Loader(src, BATCH, **common))
-
-    def max_side():
-        return _epoch(Loader(src, BATCH, decode_max_side=MAX_SIDE, **common))
-
-    def cache_first():
-        return _epoch(Loader(src, BATCH, decode_max_side=MAX_SIDE, cache_bytes=cache_bytes,
-                             **common))
-
-    def cache_warm():
-        return _epoch(warm)
-
-    methods = {"default": default, "max_side": max_side, "cache_first": cache_first,
-               "cache_warm": cache_warm}
-    names = list(methods)
-    rates = {k: {"wall": [], "cpu": []} for k in names}
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            count, wall, cpu = methods[name]()
-            rates[name]["wall"].append(count / wall)
-            rates[name]["cpu"].append(count / cpu)
+    before = machine()
+    rates = measure(methods, args.rounds)
+    after = machine()
     st = warm.stats()["cache"]
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
-    result = {"images": n, "rounds": args.rounds, "batch": BATCH, "max_side": MAX_SIDE,
-              "cache_bytes": cache_bytes, "cpu": cpu_name(), "loadavg": load,
-              "cache_stats": st, "methods": {}}
-    base = {k: statistics.median(rates["default"][k]) for k in ("wall", "cpu")}
-    print(f"{n} images, {args.rounds} rounds, one core ({cpu_name()}), load {' '.join(load)}")
-    print(f"{'method':<12} {'img/s wall (min-max)':>26} {'x default':>9} "
-          f"{'img/CPU-s':>10} {'x default':>9}")
-    for name in names:
-        w, c = rates[name]["wall"], rates[name]["cpu"]
-        mw, mc = statistics.median(w), statistics.median(c)
-        result["methods"][name] = {"wall_img_s": w, "cpu_img_s": c, "median_wall": mw,
-                                   "median_cpu": mc, "ratio_wall": mw / base["wall"],
-                                   "ratio_cpu": mc / base["cpu"]}
-        print(f"{name:<12} {mw:>9.1f} ({min(w):7.1f}-{max(w):7.1f}) {mw / base['wall']:>8.2f}x "
-              f"{mc:>10.1f} {mc / base['cpu']:>8.2f}x")
-    print(f"cache: {st}")
+    rows = report(rates, "default",
+                  f"{n} images, {args.rounds} rounds, one core ({before['cpu']}), "
+                  f"{before['date']}, load {' '.join(before['loadavg'])} -> "
+                  f"{' '.join(after['loadavg'])}")
+    print(f"cache: {st}, cache_bytes {cache_bytes}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump({"images": n, "rounds": args.rounds, "batch": BATCH,
+                       "max_side": MAX_SIDE, "cache_bytes": cache_bytes, "before": before,
+                       "after": after, "cache_stats": st, "methods": rows}, f, indent=1)
     return 0
 
 
