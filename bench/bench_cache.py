@@ -49,11 +49,38 @@ MAX_SIDE = 256
 _CPUCLOCK_SCHED = 2
 
 
-def cpu_seconds():
-    """CPU seconds spent so far by this process (all threads) and its live child processes.
+def _descendants():
+    """Process ids of this process's live descendants, from ``/proc`` (Linux)."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):   # ended while listed
+                pass
+    found, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == pid]
+        found += kids
+        todo += kids
+    return found
+
+
+def cpu_seconds(pids=None):
+    """CPU seconds spent so far by this process (all threads) and its live descendant
+    processes.
 
     A child's time counts only while it lives (a DataLoader's persistent workers live for the
     whole benchmark), so differences of this clock are exact for the methods measured here.
+
+    Parameters
+    ----------
+    pids : list of int, optional
+        The descendants to count (default: those alive now; listing them reads ``/proc`` and
+        takes milliseconds, so a clock read between short intervals takes a fixed list).
 
     Returns
     -------
@@ -61,14 +88,9 @@ def cpu_seconds():
         Seconds.
     """
     total = time.process_time()
-    try:
-        import psutil
-        children = psutil.Process().children(recursive=True)
-    except ImportError:
-        children = []
-    for child in children:
+    for pid in _descendants() if pids is None else pids:
         try:
-            total += time.clock_gettime((~child.pid << 3) | _CPUCLOCK_SCHED)
+            total += time.clock_gettime((~pid << 3) | _CPUCLOCK_SCHED)
         except OSError:             # ended between the listing and the read
             pass
     return total
@@ -132,7 +154,9 @@ def epochs(loader):
 
 def measure(methods, rounds):
     """Time ``methods`` (name -> ``fn()`` running one epoch and returning its image count)
-    interleaved in ``rounds`` rounds, on the :func:`cpu_seconds` clock; wall time too.
+    interleaved in ``rounds`` rounds, on the :func:`cpu_seconds` clock of this process and the
+    child processes alive when it is called (the methods' workers, started by a warm-up
+    epoch); wall time too.
 
     Returns
     -------
@@ -151,8 +175,9 @@ def measure(methods, rounds):
             walls[name].append(time.perf_counter() - t0)
         return run
 
+    pids = _descendants()           # a DataLoader's workers start in the methods' warm-up
     cpu = interleaved({k: timed(k, fn) for k, fn in methods.items()}, 1, chunk=1,
-                      repeat=rounds, clock=cpu_seconds)
+                      repeat=rounds, clock=lambda: cpu_seconds(pids))
     return {k: {"cpu": [c / t for c, t in zip(counts[k], cpu[k])],
                 "wall": [c / t for c, t in zip(counts[k], walls[k])]} for k in methods}
 
