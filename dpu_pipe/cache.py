@@ -30,7 +30,7 @@ from . import _pipeline
 from . import _validate as _v
 from .errors import ConfigError
 
-__all__ = ["DecodedCache", "ENTRY_BYTES", "ALIGN", "table_bytes"]
+__all__ = ["DecodedCache", "ENTRY_BYTES", "ALIGN", "table_bytes", "check_cache_bytes"]
 
 #: Bytes of the cache's table per sample index of the source.
 ENTRY_BYTES = int(_pipeline.CACHE_ENTRY_BYTES)
@@ -55,6 +55,30 @@ def table_bytes(num_samples):
     return int(_pipeline.cache_table_bytes(_v.positive_int(num_samples, "num_samples")))
 
 
+def check_cache_bytes(cache_bytes, num_samples):
+    """``cache_bytes`` (an int), or :class:`ConfigError` when a cache of that size cannot
+    hold one sample of a ``num_samples`` source beside its table.
+
+    Parameters
+    ----------
+    cache_bytes : int
+        Bytes of the whole arena.
+    num_samples : int
+        Samples of the source.
+
+    Returns
+    -------
+    int
+    """
+    cache_bytes = _v.positive_int(cache_bytes, "cache_bytes")
+    need = table_bytes(num_samples)
+    if cache_bytes <= need:
+        raise ConfigError(
+            f"cache_bytes={cache_bytes} cannot hold a sample: its table alone takes "
+            f"{need} bytes for {num_samples} samples ({ENTRY_BYTES} bytes each)")
+    return cache_bytes
+
+
 class DecodedCache:
     """A cache of ``cache_bytes`` bytes for a source of ``num_samples`` samples, in an
     anonymous shared mapping of this process.
@@ -69,13 +93,8 @@ class DecodedCache:
     """
 
     def __init__(self, cache_bytes, num_samples):
-        self.cache_bytes = _v.positive_int(cache_bytes, "cache_bytes")
         self.num_samples = _v.positive_int(num_samples, "num_samples")
-        need = table_bytes(self.num_samples)
-        if self.cache_bytes <= need:
-            raise ConfigError(
-                f"cache_bytes={self.cache_bytes} cannot hold a sample: its table alone takes "
-                f"{need} bytes for {self.num_samples} samples ({ENTRY_BYTES} bytes each)")
+        self.cache_bytes = check_cache_bytes(cache_bytes, self.num_samples)
         self._map = mmap.mmap(-1, self.cache_bytes)
         #: The kernel-side cache (:class:`dpu_pipe._pipeline.SampleCache`) batch kernels use.
         self.kernel = _pipeline.SampleCache(self._map, self.num_samples)

@@ -26,6 +26,7 @@ from .errors import ConfigError
 from .sources import open_source
 from .spec import StreamSpec
 from .batch import BatchMaker
+from .cache import DecodedCache
 from .transforms import TransformConfig
 from .weights import load_state
 
@@ -257,12 +258,23 @@ class ShardEvaluator:
     :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``, the
     validation transform), ``batch_size``, ``rank``/``world_size`` (the host's shard),
     ``shard_tail`` (``"mask"`` when absent, as ``Loader(train=False)``, or ``"uneven"``),
-    ``model`` (``"module:factory"``), ``model_kwargs``, ``topk`` and ``num_threads``.
+    ``model`` (``"module:factory"``), ``model_kwargs``, ``topk``, ``num_threads`` and
+    ``cache_bytes`` (0 or absent: no cache; else, with the transform's ``decode_max_side``,
+    the reduced images are kept and every run after the first evaluates from them, with the
+    same metrics).
+
+    Parameters
+    ----------
+    cache_for : callable, optional
+        ``cache_for(spec, num_samples)`` returns the cache of a spec with ``cache_bytes`` (a
+        producer's node cache); by default a :class:`~dpu_pipe.cache.DecodedCache` of this
+        process.
     """
 
-    def __init__(self):
+    def __init__(self, cache_for=None):
         self._models = {}
         self._makers = {}
+        self._cache_for = cache_for or (lambda spec, n: DecodedCache(spec["cache_bytes"], n))
         # One evaluation at a time: the cached model and each maker's kernel and buffers
         # are not for two threads at once.
         self._lock = threading.Lock()
@@ -280,9 +292,7 @@ class ShardEvaluator:
         if tail not in ("mask", "uneven"):
             raise ConfigError(f"validation shard_tail must be 'mask' or 'uneven' (every sample "
                               f"once), got {tail!r}")
-        key = json.dumps({k: spec[k] for k in ("source", "transform", "batch_size", "rank",
-                                               "world_size", "num_threads")}
-                         | {"shard_tail": tail}, sort_keys=True)
+        key = self._key(spec)
         maker = self._makers.get(key)
         if maker is None:
             transform = TransformConfig.from_dict(spec["transform"])
@@ -292,11 +302,27 @@ class ShardEvaluator:
             stream = StreamSpec(open_source(spec["source"]), spec["batch_size"], transform,
                                 shuffle=False, shard_tail=tail, drop_last=False,
                                 rank=spec["rank"], world_size=spec["world_size"])
-            maker = BatchMaker(stream, spec.get("num_threads", 1))
+            cache = None
+            if spec.get("cache_bytes"):
+                cache = self._cache_for(spec, len(stream.source))
+            maker = BatchMaker(stream, spec.get("num_threads", 1), cache)
             maker.buffers = (np.empty(maker.batch_shape, transform.np_dtype),
                              np.empty(maker.batch_size, np.int64))
             self._makers[key] = maker
         return maker
+
+    @staticmethod
+    def _key(spec):
+        return json.dumps({k: spec[k] for k in ("source", "transform", "batch_size", "rank",
+                                                "world_size", "num_threads")}
+                          | {"shard_tail": spec.get("shard_tail", "mask"),
+                             "cache_bytes": spec.get("cache_bytes", 0)}, sort_keys=True)
+
+    def cache_stats(self, spec):
+        """The counters of the cache spec ``spec``'s batches use (``{"hits", "misses",
+        "bytes", "entries", "did_not_fit"}``), or None without one."""
+        maker = self._makers.get(self._key(spec))
+        return None if maker is None or maker.cache is None else maker.cache.stats()
 
     def run(self, spec, weights, part=0, parts=1):
         """Evaluate the steps ``part, part + parts, ...`` of the shard ``spec`` describes with

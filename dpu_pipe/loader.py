@@ -41,7 +41,8 @@ from .offload.group import host_group, started_group
 from .rng import check_epoch
 from .sources import as_source
 from .spec import StreamSpec
-from .cache import DecodedCache
+from .cache import DecodedCache, check_cache_bytes
+from .offload.wire import CACHE_FIELDS
 from .transforms import TransformConfig
 
 __all__ = ["Loader", "DPULoader", "MODES", "default_shard"]
@@ -248,9 +249,8 @@ class Loader:
         host threads take work from the same ticket pool; the host threads take work only
         when the producers fall behind (fewer than ``slots // 2 + 1`` batches ready), and
         take over the work of a producer that falls silent. The arguments below apply to
-        the offloaded modes. ``decode_max_side`` and ``stick_to_shard`` work in every mode
-        (the producers receive them in the stream spec); ``cache_bytes`` only in
-        ``"local"`` for now (the producers' node-shared cache is not built yet: ConfigError).
+        the offloaded modes. ``decode_max_side``, ``stick_to_shard`` and ``cache_bytes``
+        work in every mode (the producers receive them with the stream spec).
     comm : mpi4py communicator, optional
         The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
         first offloaded loader of a process starts the host group: collective over ``comm``.
@@ -356,12 +356,15 @@ class Loader:
         of the stream, which then depends on it. What ``cache_bytes`` caches.
     cache_bytes : int
         Keep the reduced images of ``decode_max_side`` in a cache of this many bytes (0: no
-        cache), shared by this loader's threads, so later epochs cut their crops without
-        decoding. The batches are the same whatever the cache holds. The bytes include a
-        table of 24 bytes per sample of the source; when the cache is full, the samples that
-        did not fit are decoded every epoch. Resident memory grows by at most
-        ``cache_bytes`` as it fills. ``stats()["cache"]`` counts hits, misses, bytes,
-        entries and did_not_fit. ``mode="local"`` only, for now. See
+        cache), so later epochs cut their crops without decoding. The batches are the same
+        whatever the cache holds. The bytes include a table of 24 bytes per sample of the
+        source; when the cache is full, the samples that did not fit are decoded every
+        epoch. Resident memory grows by at most ``cache_bytes`` as it fills.
+        ``stats()["cache"]`` counts hits, misses, bytes, entries and did_not_fit. In
+        ``"local"`` mode the cache is this loader's, shared by its threads; in the offloaded
+        modes it is the producers' — one per node, in MPI shared memory, shared by the
+        node's producers of this host (``stats()["cache"]``: their totals, as of the last
+        batch received) — and this host's own threads (hybrid) do not cache. See
         docs/guides/caching.md.
     stick_to_shard : bool
         Every rank reads the same subset of the dataset every epoch (reshuffled within it),
@@ -398,12 +401,9 @@ class Loader:
         _LIVE.add(self)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
-        if mode != "local" and cache_bytes:
-            # The producers' cache is one per node, in MPI shared memory: not built yet.
-            raise ConfigError(f"cache_bytes is not supported yet with mode={mode!r} (only "
-                              f"mode='local' caches decoded samples); decode_max_side works "
-                              f"in every mode")
+        #: Bytes of the decoded-sample cache (0: none): this loader's in local mode, the
+        #: producers' node cache in the offloaded modes.
+        self.cache_bytes = cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
         if isinstance(host_threads, bool) or not isinstance(host_threads, int) \
                 or host_threads < (1 if mode == "hybrid" else 0):
             raise ConfigError(f"host_threads must be an integer >= 1 in hybrid mode, got "
@@ -448,9 +448,14 @@ class Loader:
         if cache_bytes and self.transform.decode.decode_max_side is None:
             raise ConfigError("cache_bytes needs decode_max_side: the cache holds the whole "
                               "images decode_max_side reduces (e.g. decode_max_side=256)")
-        #: The decoded-sample cache (:class:`~dpu_pipe.cache.DecodedCache`), or None: where the
-        #: stream runs, not what it is — every maker of this loader shares it.
-        self.cache = DecodedCache(cache_bytes, len(self.source)) if cache_bytes else None
+        if cache_bytes:
+            check_cache_bytes(cache_bytes, len(self.source))
+        #: This process's decoded-sample cache (:class:`~dpu_pipe.cache.DecodedCache`), or
+        #: None: where the stream runs, not what it is — every maker of this loader shares
+        #: it. Local mode only: the offloaded modes cache on the producers, and the host's
+        #: memory is the training's.
+        self.cache = DecodedCache(cache_bytes, len(self.source)) \
+            if cache_bytes and mode == "local" else None
         self.maker = BatchMaker(self.stream_spec, self.num_threads, self.cache)
         self.batch_size = self.maker.batch_size
         self.max_bad = max_bad
@@ -481,6 +486,10 @@ class Loader:
         #: The engine's mode: the one asked for, or ``"local"`` when no producer serves this
         #: host.
         self.mode = mode if mode == "local" else _offload.prepare(self, mode)
+        if self.mode == "local" and cache_bytes and self.cache is None:
+            # No producer serves this host: it caches as a local loader does.
+            self.cache = DecodedCache(cache_bytes, len(self.source))
+            self.maker = BatchMaker(self.stream_spec, self.num_threads, self.cache)
 
     def _new_engine(self):
         """The engine of :attr:`mode`."""
@@ -754,6 +763,9 @@ class Loader:
         d.update(self.out.stats())
         if self.cache is not None:
             d["cache"] = self.cache.stats()
+        elif self.cache_bytes:
+            d["cache"] = engine.cache_stats() if engine is not None else \
+                dict.fromkeys(CACHE_FIELDS, 0)
         if not interval:
             return d
         busy, makers = self._busy(d, engine)

@@ -105,13 +105,16 @@ def payload_layout(maker):
                               maker.transform.np_dtype, maker.label_dtype, maker.label_shape)
 
 
-def stream_request(stream_spec, layout, producer_threads):
+def stream_request(stream_spec, layout, producer_threads, cache_bytes=0):
     """What producers need to make a loader's stream (JSON-serialisable): the
-    :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout`` and the
-    threads of each producer's kernel."""
+    :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout``, the
+    threads of each producer's kernel and, when not 0, the bytes of the node cache
+    (``cache_bytes``: where the stream runs, not what it is, so not in the spec)."""
     d = {"version": wire.STREAM_REQUEST_VERSION}
     d.update(stream_spec.to_wire())
     d.update(labels=layout.labels(), num_threads=producer_threads)
+    if cache_bytes:
+        d["cache_bytes"] = int(cache_bytes)
     return d
 
 
@@ -225,7 +228,9 @@ class OffloadEngine(Engine):
         self.slots = loader.slots
         self.layout = payload_layout(loader.maker)
         self.payload_bytes = self.layout.nbytes
-        self.request = stream_request(loader.stream_spec, self.layout, loader.producer_threads)
+        self.request = stream_request(loader.stream_spec, self.layout, loader.producer_threads,
+                                      loader.cache_bytes)
+        self.cache_nodes = {}       # node -> the largest counters its producers reported
         self.stream_spec = loader.stream_spec
         self.host_threads = loader.host_threads if self.takeover else 0
         self.num_threads = loader.num_threads
@@ -421,7 +426,21 @@ class OffloadEngine(Engine):
                 r.producer_samples += n
             else:
                 r.host_samples += n
+            node = head["cache_node"]
+            if node > 0:
+                # Counters only grow: the largest of each, whichever producer of the node
+                # made the batch and whenever it arrives.
+                seen = self.cache_nodes.get(node, (0,) * len(wire.CACHE_FIELDS))
+                self.cache_nodes[node] = tuple(
+                    max(a, head[f"cache_{k}"]) for a, k in zip(seen, wire.CACHE_FIELDS))
         return images, labels, indices
+
+    def cache_stats(self):
+        """The producers' node caches, summed over nodes: ``{"hits", "misses", "bytes",
+        "entries", "did_not_fit"}`` as of the last batch received from each node."""
+        with self.stats_lock:
+            nodes = list(self.cache_nodes.values())
+        return {k: sum(c[i] for c in nodes) for i, k in enumerate(wire.CACHE_FIELDS)}
 
     def release_held(self):
         with _TRANSPORT_LOCK:

@@ -75,6 +75,7 @@ from ..spec import StreamSpec
 from ..batch import BatchMaker
 from . import rendezvous, wire
 from .channel import open_channel
+from .node_cache import NodeCaches, cache_key
 from .roles import discover_roles, host_comm
 from .transport import CANCELLED, ProducerTransport
 from .validation import ValidationService
@@ -102,14 +103,16 @@ class OpenStream:
     """A stream opened from a host's stream request: a BatchMaker and ``DEPTH`` batch
     buffers."""
 
-    def __init__(self, request):
+    def __init__(self, request, cache=None):
         if request.get("version") != wire.STREAM_REQUEST_VERSION:
             raise ConfigError(f"stream request version {request.get('version')} is not "
                               f"{wire.STREAM_REQUEST_VERSION}: host and producers run "
                               "different dpu_pipe versions")
         stream = StreamSpec.from_wire(request)
         transform = stream.transform
-        self.maker = BatchMaker(stream, request["num_threads"])
+        #: The node cache this stream's samples are kept in (a SharedCache), or None.
+        self.cache = cache
+        self.maker = BatchMaker(stream, request["num_threads"], cache)
         self.layout = wire.PayloadLayout.from_request(request, transform.sample_shape,
                                                       transform.np_dtype)
         mine = (self.maker.label_dtype, self.maker.label_shape)
@@ -161,10 +164,15 @@ class OpenStream:
         entries = self._bad_report(work.stream)
         report = json.dumps(entries).encode() if entries else b""
         shape = self.maker.sample_shape_at(work.epoch)
+        cache = {}
+        if self.cache is not None:
+            c = self.cache.stats()
+            cache = {f"cache_{k}": c[k] for k in wire.CACHE_FIELDS}
+            cache["cache_node"] = self.cache.node
         self.layout.write_header(buf, n=n, bad_bytes=len(report),
                                  read_ns=round((st.read_s - read0) * 1e9),
                                  process_ns=round((st.process_s - proc0) * 1e9),
-                                 publish_ns=publish_ns, sample_shape=shape)
+                                 publish_ns=publish_ns, sample_shape=shape, **cache)
         work.parts = [buf[:self.layout.end(n, shape)], np.frombuffer(report, np.uint8)]
         work.buffers = (buf, [int(i) for i in entries])
 
@@ -181,13 +189,16 @@ class OpenStream:
 
 class Context:
     """What a request handler may use: ``comm`` (host group), ``rank`` (group rank),
-    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: OpenStream})."""
+    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: OpenStream}),
+    ``caches`` (the node's decoded-sample caches, :class:`~.node_cache.NodeCaches`, or None
+    when the loop runs without them)."""
 
-    def __init__(self, transport):
+    def __init__(self, transport, caches=None):
         self.transport = transport
         self.comm = transport.comm
         self.rank = transport.rank
         self.streams = {}
+        self.caches = caches
 
 
 @handler("ping")
@@ -197,13 +208,24 @@ def _ping(ctx, payload):
 
 @handler("stream")
 def _open_stream(ctx, payload):
+    """Open a stream; with ``cache_bytes``, its node cache first (a generator: the cache's
+    set-up waits for the node's other producers, in pieces between batches)."""
     stream, request = payload
     key = json.dumps(request, sort_keys=True)
     for maker in ctx.streams.values():   # the same stream again: reuse the open source
         if getattr(maker, "key", None) == key:
             ctx.streams[stream] = maker
             return stream
-    maker = OpenStream(request)
+    cache = None
+    if request.get("cache_bytes"):
+        if ctx.caches is None:
+            raise ConfigError("this producer runs without node caches: cache_bytes cannot "
+                              "be served")
+        source = StreamSpec.from_wire(request).source
+        cache = yield from ctx.caches.open(
+            cache_key(request["source"], request["transform"], request["cache_bytes"]),
+            request["cache_bytes"], len(source))
+    maker = OpenStream(request, cache)
     maker.key = key
     ctx.streams[stream] = maker
     return stream
@@ -213,9 +235,9 @@ class ProducerLoop:
     """The producer rank's loop over its transport (see the module docstring): requests,
     handlers in pieces, grants, the next batch, heartbeats."""
 
-    def __init__(self, transport):
+    def __init__(self, transport, caches=None):
         self.t = transport
-        self.ctx = Context(transport)
+        self.ctx = Context(transport, caches)
         self.made = []          # Work made, waiting for a grant, in seq order
         self.running = []         # (id, generator) of handlers running in pieces
         self.backoff_max = transport.poll_interval
@@ -339,6 +361,8 @@ class ProducerLoop:
         while stream not in self.ctx.streams:
             for rid, kind, payload in self.t.requests():
                 self._start(rid, kind, payload)
+            # Opening a stream with a node cache runs in pieces.
+            self._step_handlers()
             if stream in self.ctx.streams or time.monotonic() > deadline:
                 break
             if self.t.stop_requested():
@@ -384,20 +408,25 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
     else:
         roles = discover_roles(comm, "producer", hostmap=hostmap)
         group = host_comm(comm, roles)
+    channel = open_channel(group, "producer")
+    # The node's decoded-sample caches (made when a stream or validation job asks for one).
+    caches = NodeCaches(group)
     # Validation snapshots are served by a low-priority thread of their own, in the gaps
     # between batches (see dpu_pipe.offload.validation).
-    validation = ValidationService(open_channel(group, "producer"))
+    validation = ValidationService(channel, caches=caches)
     validation.start()
     transport = ProducerTransport(group)
     # On an exception no clean shutdown is attempted: python -m mpi4py aborts the job.
-    loop = ProducerLoop(transport)
+    loop = ProducerLoop(transport, caches)
     loop.run()
     loop.pool.shutdown(wait=True)
     validation.stop()
     transport.close()
     if not validation.is_alive():
-        # A validation thread still evaluating keeps the window (and MPI_Finalize may wait).
+        # A validation thread still evaluating keeps the window (and MPI_Finalize may wait),
+        # and may still read a cache.
         validation.channel.close(transport.setup_timeout)
+        caches.close()
     if serve_file is not None:
         rendezvous.leave(group, transport.setup_timeout)
     else:

@@ -44,12 +44,14 @@ import numpy as np
 from .. import _validate as _v
 from ..deadline import deadline_in, poll_until
 from ..errors import ConfigError, ProducerError, error_record
+from ..cache import check_cache_bytes
 from ..evaluate import Metrics, ShardEvaluator, check_topk, require_torch
 from ..mpi import load_mpi
 from ..transforms import TransformConfig
 from ..weights import pack_state
 from .channel import MERGE_TAG, REQUEST_TAG, RESULT_TAG
 from .group import host_group
+from .node_cache import cache_key, run_to_end
 
 __all__ = ["RemoteValidation", "ValidationFuture", "ValidationService"]
 
@@ -71,12 +73,13 @@ class ValidationService(threading.Thread):
     weights from the host.
     """
 
-    def __init__(self, channel, *, rma_timeout=120.0):
+    def __init__(self, channel, *, rma_timeout=120.0, caches=None):
         super().__init__(name="dpu_pipe-validation", daemon=True)
         self.channel = channel
         self.rma_timeout = float(rma_timeout)
         self._halt = threading.Event()
-        self.evaluator = ShardEvaluator()
+        self.caches = caches
+        self.evaluator = ShardEvaluator(cache_for=self._node_cache if caches else None)
         self.jobs = 0
 
     def stop(self, timeout=10.0):
@@ -115,6 +118,9 @@ class ValidationService(threading.Thread):
             metrics, make_s, model_s = self.evaluator.run(job["spec"], weights, job["part"],
                                                           job["parts"])
             record.update(ok=True, metrics=metrics.to_dict(), make_s=make_s, model_s=model_s)
+            cache = self.evaluator.cache_stats(job["spec"])
+            if cache is not None:
+                record["cache"] = cache
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the host
             record.update(error_record(exc), ok=False)
         record["seconds"] = time.perf_counter() - t0
@@ -123,6 +129,13 @@ class ValidationService(threading.Thread):
         record["cpu_s"] = time.thread_time() - c0
         self.jobs += 1
         ch.comm.send(record, dest=0, tag=RESULT_TAG)
+
+    def _node_cache(self, spec, num_samples):
+        """The node cache of a validation spec with ``cache_bytes``: the same arena for every
+        job of that spec (made collectively by the node's producers on the first)."""
+        key = cache_key(spec["source"], spec["transform"], spec["cache_bytes"])
+        return run_to_end(self.caches.open(key, spec["cache_bytes"], num_samples,
+                                           user="validation"), _POLL)
 
     def _read_weights(self, job):
         ch = self.channel
@@ -248,6 +261,12 @@ class RemoteValidation:
         Default seconds :meth:`ValidationFuture.result` waits.
     producer_threads : int
         Threads of each producer's batch kernel.
+    cache_bytes : int
+        With ``decode_max_side``: keep the validation set's reduced images in the producers'
+        node cache (one per node, this many bytes, shared by the node's producers; see
+        :mod:`dpu_pipe.offload.node_cache`), so that every snapshot after the first is
+        evaluated from it without decoding. The metrics are the same either way. Each
+        producer's ``by_rank`` record then has the node's ``"cache"`` counters.
 
     :meth:`submit` returns at once. A second ``submit`` before the first finished is
     **queued**: producers take snapshots in submission order, and each queued snapshot holds
@@ -255,7 +274,7 @@ class RemoteValidation:
     """
 
     def __init__(self, val_source, batch_size, *, model, model_kwargs=None, size=224,
-                 topk=(1, 5), comm=None, timeout=600.0, producer_threads=1,
+                 topk=(1, 5), comm=None, timeout=600.0, producer_threads=1, cache_bytes=0,
                  **transform_options):
         require_torch()
         self.topk = check_topk(topk)
@@ -269,6 +288,12 @@ class RemoteValidation:
         except TypeError as exc:
             raise ConfigError(f"model_kwargs must be JSON-serialisable: {exc}") from None
         transform = TransformConfig(train=False, size=size, **transform_options)
+        cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
+        if cache_bytes and transform.decode.decode_max_side is None:
+            raise ConfigError("cache_bytes needs decode_max_side: the cache holds the whole "
+                              "images decode_max_side reduces (e.g. decode_max_side=256)")
+        if cache_bytes:
+            check_cache_bytes(cache_bytes, len(val_source))
         MPI = load_mpi()
         self._world = MPI.COMM_WORLD if comm is None else comm
         self._session = host_group(self._world)
@@ -282,7 +307,7 @@ class RemoteValidation:
                      "batch_size": int(batch_size), "rank": self.host_index,
                      "world_size": self.num_hosts, "shard_tail": "mask", "model": model,
                      "model_kwargs": model_kwargs or {}, "topk": list(self.topk),
-                     "num_threads": int(producer_threads)}
+                     "num_threads": int(producer_threads), "cache_bytes": cache_bytes}
         self._hosts_world = list(self._session.roles.hosts)
         self._attached = {}         # job -> weights buffer attached to the window
         self._closed = False

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
-    "ASSIGN", "PAYLOAD_HEADER", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
+    "ASSIGN", "PAYLOAD_HEADER", "CACHE_FIELDS", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
     "STREAM_REQUEST_VERSION", "WAITING", "CANCELLED",
     "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
     "align", "check_version",
@@ -42,7 +42,9 @@ __all__ = [
 #: 6: a payload header carries its batch's sample shape (a progressive size changes it with
 #: the epoch; slots are sized for the largest), and the transform's size may be a
 #: progressive schedule, which a producer of version 5 would refuse.
-WIRE_VERSION = 6
+#: 7: the stream request may carry ``cache_bytes`` (the producers' node cache), and the
+#: payload header (128 bytes) the node cache's counters.
+WIRE_VERSION = 7
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3
@@ -108,7 +110,19 @@ PAYLOAD_HEADER = np.dtype([
     ("version", "<i8"),
     ("sample_shape", "<i4", (3,)),   # one image of this batch, e.g. (3, H, W)
     ("reserved", "<i4"),
+    # The producer's node cache (decoded samples) as of this batch: the host-group rank that
+    # names the node (0, the host's rank: no cache) and the node's counters, every producer
+    # of it counted.
+    ("cache_node", "<i8"),
+    ("cache_hits", "<i8"),
+    ("cache_misses", "<i8"),
+    ("cache_bytes", "<i8"),
+    ("cache_entries", "<i8"),
+    ("cache_did_not_fit", "<i8"),
+    ("reserved2", "<i8", (2,)),
 ])
+#: The cache counters of a payload header, in the order of ``stats()["cache"]``.
+CACHE_FIELDS = ("hits", "misses", "bytes", "entries", "did_not_fit")
 BAD_REPORT_BYTES = 16384
 #: Version of a stream request (what producers need to make a stream: see
 #: :func:`dpu_pipe.engines.offload.stream_request`).
@@ -122,7 +136,7 @@ class PayloadLayout:
     """Byte layout of one DPULoader batch payload, computed the same way by the producer that
     writes it and the host that reads it (and by the host's own threads in hybrid mode)::
 
-        0                 PAYLOAD_HEADER (64 bytes)
+        0                 PAYLOAD_HEADER (128 bytes)
         indices_offset    int64[batch_size]: the dataset index of each row
         labels_offset     label dtype [batch_size, *label_shape]
         images_offset     images, n rows of the header's ``sample_shape`` (64-byte aligned)
@@ -133,7 +147,7 @@ class PayloadLayout:
     (a progressive size: an epoch before the largest); the header names their shape and they
     fill the start of the images area. :attr:`nbytes` is the largest payload (a full batch
     of ``sample_shape`` and a full report): the size of a host window slot, so a slot holds
-    ``64 + 8 B + B x label bytes + B x sample bytes + 16384`` bytes (B the batch size, sample
+    ``128 + 8 B + B x label bytes + B x sample bytes + 16384`` bytes (B the batch size, sample
     bytes of the largest size).
 
     Parameters

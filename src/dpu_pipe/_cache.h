@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DPC_MAGIC 0x3148434143555044ULL      /* "DPUCACH1" */
 #define DPC_VERSION 1
@@ -108,6 +109,11 @@ static inline int dpc_ready(void *base, uint64_t index) {
     return __atomic_load_n(&dpc_entry(base, index)->state, __ATOMIC_ACQUIRE) == DPC_READY;
 }
 
+/* The state of sample `index`'s entry (DPC_*; not counted as a lookup). */
+static inline uint32_t dpc_state(void *base, uint64_t index) {
+    return __atomic_load_n(&dpc_entry(base, index)->state, __ATOMIC_ACQUIRE);
+}
+
 /* Sample `index`'s pixels (height x width x 3, rows of width * 3 bytes) and the DCT scale
  * it was decoded at, or NULL when it is not stored. Counts a hit or a miss. */
 static inline const uint8_t *dpc_lookup(void *base, uint64_t index, uint32_t *height,
@@ -131,9 +137,12 @@ static inline const uint8_t *dpc_lookup(void *base, uint64_t index, uint32_t *he
 /* Store sample `index` (height x width x 3 bytes at `pixels`, rows contiguous) unless
  * another writer has it, it was refused before, or the arena is full. Returns 1 when
  * stored, 0 when someone else holds (or held) the entry, -1 when it did not fit. Never
- * blocks: the caller keeps its own copy of the pixels whatever happens. */
-static inline int dpc_insert(void *base, uint64_t index, uint32_t height, uint32_t width,
-                             uint32_t scale, const uint8_t *pixels) {
+ * blocks: the caller keeps its own copy of the pixels whatever happens.
+ * `stall_ms` (tests only, else 0) holds the entry in FILLING that long with half its
+ * pixels copied: the window in which a writer killed mid-fill leaves it. */
+static inline int dpc_insert_stalled(void *base, uint64_t index, uint32_t height,
+                                     uint32_t width, uint32_t scale, const uint8_t *pixels,
+                                     uint32_t stall_ms) {
     DpcHeader *h = (DpcHeader *)base;
     DpcEntry *e;
     uint32_t expected = DPC_EMPTY;
@@ -156,15 +165,33 @@ static inline int dpc_insert(void *base, uint64_t index, uint32_t height, uint32
         }
     } while (!__atomic_compare_exchange_n(&h->used, &used, used + need, 1,
                                           __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-    memcpy((char *)base + h->data_off + used, pixels, (size_t)nbytes);
     e->height = height;
     e->width = width;
     e->scale = scale;
     e->offset = h->data_off + used;
+    if (stall_ms > 0) {
+        /* Tests: half the pixels copied, the rest after the stall (a writer killed here
+         * leaves an entry whose fields are set and whose pixels are not). */
+        size_t half = (size_t)nbytes / 2;
+        memcpy((char *)base + e->offset, pixels, half);
+        while (stall_ms > 0) {
+            uint32_t step = stall_ms < 100 ? stall_ms : 100;
+            usleep(step * 1000u);
+            stall_ms -= step;
+        }
+        memcpy((char *)base + e->offset + half, pixels + half, (size_t)nbytes - half);
+    } else {
+        memcpy((char *)base + e->offset, pixels, (size_t)nbytes);
+    }
     __atomic_store_n(&e->state, DPC_READY, __ATOMIC_RELEASE);
     __atomic_fetch_add(&h->entries, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&h->bytes, nbytes, __ATOMIC_RELAXED);
     return 1;
+}
+
+static inline int dpc_insert(void *base, uint64_t index, uint32_t height, uint32_t width,
+                             uint32_t scale, const uint8_t *pixels) {
+    return dpc_insert_stalled(base, index, height, width, scale, pixels, 0);
 }
 
 /* The counters: out = {hits, misses, bytes, entries, did_not_fit}. */

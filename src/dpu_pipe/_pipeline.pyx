@@ -25,6 +25,8 @@ from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized
 from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample,
                                 aug_apply_convert, aug_erase)
 
+import os
+
 import numpy as np
 
 from dpu_pipe.augment import kernel_params
@@ -46,10 +48,13 @@ cdef extern from "_cache.h" nogil:
     int dpc_valid(const void* base, size_t size, uint64_t n)
     DpcEntry* dpc_entry(void* base, uint64_t index)
     int dpc_ready(void* base, uint64_t index)
+    uint32_t dpc_state(void* base, uint64_t index)
     const uint8_t* dpc_lookup(void* base, uint64_t index, uint32_t* height, uint32_t* width,
                               uint32_t* scale)
     int dpc_insert(void* base, uint64_t index, uint32_t height, uint32_t width, uint32_t scale,
                    const uint8_t* pixels)
+    int dpc_insert_stalled(void* base, uint64_t index, uint32_t height, uint32_t width,
+                           uint32_t scale, const uint8_t* pixels, uint32_t stall_ms)
     void dpc_stats(void* base, uint64_t* out)
 
 #: Bytes of the cache's table per sample of the source (counted in ``cache_bytes``).
@@ -103,6 +108,8 @@ cdef struct BatchConfig:
     AugConfig aug
     int max_side         # decode_max_side (0: off): decode whole, reduce, crop from that
     void* cache          # a SampleCache's arena, or NULL
+    uint64_t stall_index # tests only: the sample whose fill stalls in FILLING (see SampleCache)
+    uint32_t stall_ms
 
 
 cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epoch,
@@ -288,7 +295,8 @@ cdef int _reduce(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ssiz
             return ST_OPS
         px[0] = w.red
     if cfg.cache != NULL:
-        dpc_insert(cfg.cache, index, <uint32_t>h[0], <uint32_t>wd[0], <uint32_t>scale, px[0])
+        dpc_insert_stalled(cfg.cache, index, <uint32_t>h[0], <uint32_t>wd[0], <uint32_t>scale,
+                           px[0], cfg.stall_ms if index == cfg.stall_index else 0)
     return DP_OK
 
 
@@ -386,8 +394,19 @@ cdef class SampleCache:
     cdef uint8_t[::1] view
     cdef readonly size_t nbytes
     cdef readonly uint64_t num_samples
+    cdef readonly uint64_t stall_index
+    cdef readonly uint32_t stall_ms
 
     def __cinit__(self, buffer, uint64_t num_samples, bint init=True):
+        # Tests only: DPU_PIPE_TEST_FILL_STALL="index:ms" holds that sample's entry in
+        # FILLING for ms after its pixels are copied, so a test can kill its writer there.
+        # Read once here; the batch kernels compare one integer per insert.
+        self.stall_index = <uint64_t>-1
+        self.stall_ms = 0
+        stall = os.environ.get("DPU_PIPE_TEST_FILL_STALL")
+        if stall:
+            index, _, ms = stall.partition(":")
+            self.stall_index, self.stall_ms = int(index), int(ms)
         self.view = buffer
         self.nbytes = <size_t>self.view.shape[0]
         self.num_samples = num_samples
@@ -419,6 +438,13 @@ cdef class SampleCache:
         for i in range(indices.shape[0]):
             o[i] = indices[i] >= 0 and dpc_ready(self.base, <uint64_t>indices[i])
         return out
+
+    def state(self, uint64_t index):
+        """The state of sample ``index``'s entry: 0 empty, 1 being filled (or left so by a
+        writer that died), 2 stored, 3 refused for lack of room (not counted as a lookup)."""
+        if index >= self.num_samples:
+            raise ConfigError(f"sample {index} out of range for {self.num_samples} samples")
+        return int(dpc_state(self.base, index))
 
     def sample(self, uint64_t index):
         """(pixels, scale): a copy of sample ``index``'s stored image, uint8 (h, w, 3), and the
@@ -514,6 +540,8 @@ cdef class Pipeline:
                 raise ConfigError("a sample cache needs decode_max_side (it holds the reduced "
                                   "images)")
             self.cfg.cache = cache.base
+            self.cfg.stall_index = cache.stall_index
+            self.cfg.stall_ms = cache.stall_ms
         # Keys beyond the transform's own are decoder settings (strict, max_scans).
         tc = TransformConfig.from_dict({k: v for k, v in config.items()
                                         if k not in ("strict", "max_scans")})
