@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from dpu_pipe.tools import cli
-from dpu_pipe.tools.plan import GiB, PRESETS, plan
+from dpu_pipe.tools.plan import GiB, PRESETS, cache_plan, plan
 
 
 def test_hand_computed_case():
@@ -25,19 +25,19 @@ def test_hand_computed_case():
     assert p["producer_capacity"] == 1100
     assert p["batch_seconds_per_core"] == 0.2                # 10 images at 50 img/s
     assert p["slots"] == 24                                   # 22 producers + 2
-    # header 64 B, then indices and labels (10 x 8 B each) padded to 64 B, images, report
-    assert p["slot_bytes"] == 256 + 10 * 192 + 16384 == 18560
-    assert p["window_bytes"] == 24 * 18560
-    assert p["producer_rank_bytes"] == 1000 + (256 + 1920) + 500 == 3676
-    assert p["producer_memory_bytes"] == 22 * 3676
+    # header 128 B, then indices and labels (10 x 8 B each) padded to 64 B, images, report
+    assert p["slot_bytes"] == 320 + 10 * 192 + 16384 == 18624
+    assert p["window_bytes"] == 24 * 18624
+    assert p["producer_rank_bytes"] == 1000 + (320 + 1920) + 500 == 3740
+    assert p["producer_memory_bytes"] == 22 * 3740
     assert p["to_host_bytes_per_s"] == 1000 * (192 + 16)
     assert p["dataset_read_bytes_per_s"] == 1000 * 50_000
     d = p["dpu"]
     assert d["dpus_per_host"] == 3                            # ceil(22 / 8)
     assert d["rate_per_dpu"] == 8 * 50
     assert d["ranks_per_dpu"] == 8
-    assert d["memory_per_dpu_bytes"] == 8 * 3676
-    assert d["memory_share"] == 8 * 3676 / (16 * GiB)
+    assert d["memory_per_dpu_bytes"] == 8 * 3740
+    assert d["memory_share"] == 8 * 3740 / (16 * GiB)
 
 
 def test_presets_and_exact_fit():
@@ -89,6 +89,39 @@ def test_measure_times_the_kernel_on_the_users_data(tmp_path, capsys):
     assert p["inputs"]["jpeg_bytes"] == m["mean_jpeg_bytes"]
     assert p["inputs"]["producer_rate"] == m["rate_per_core"]
     assert sorted(os.listdir(tmp_path / "data")) == before      # the user's data untouched
+
+
+def test_cache_model_hand_computed():
+    # 1000 samples of 100x75 at max side 100 (22500 B + 7.5 B mean padding each); the table
+    # is 128 + 24 x 1000 = 24128 B; 1 MB holds (1e6 - 24128) // 22507.5 = 43 samples.
+    c = cache_plan(cache_bytes=1_000_000, max_side=100, shard_samples=1000, miss_rate=100,
+                   hit_rate=400, train_rate=1000, headroom=0.0)
+    assert c["bytes_per_sample"] == 100 * 75 * 3 and c["table_bytes"] == 24128
+    assert c["samples_fit"] == 43 and c["fraction_cached"] == 0.043
+    assert c["rate_per_core_later"] == pytest.approx(1 / (0.043 / 400 + 0.957 / 100))
+    assert c["producer_cores_later"] == 10          # ceil(1000 / 103.3)
+    # Large enough for the whole shard: every later sample a hit.
+    c = cache_plan(cache_bytes=c["bytes_for_whole_shard"], max_side=100, shard_samples=1000,
+                   miss_rate=100, hit_rate=400, arm_factor=0.5)
+    assert c["samples_fit"] == 1000 and c["rate_per_core_later"] == pytest.approx(200)
+    assert c["rate_per_core_first_epoch"] == 50
+
+
+def test_cache_model_measured_on_the_users_data(tmp_path, capsys):
+    d = tmp_path / "data" / "c0"
+    d.mkdir(parents=True)
+    for k in range(4):
+        g = np.random.default_rng(k)
+        Image.fromarray(g.integers(0, 255, (120, 160, 3), dtype=np.uint8)).save(
+            d / f"{k}.jpg", quality=90)
+    p = _json_run(capsys, "--train-rate", "100", "--measure", "--data", str(tmp_path / "data"),
+                  "--size", "32", "--cache-bytes", "1e6", "--max-side", "80")
+    c = p["cache"]
+    assert c["bytes_per_sample"] == 80 * 60 * 3 and c["samples_fit"] == c["shard_samples"] == 4
+    assert c["hit_rate"] > 0 and c["miss_rate"] > 0 and c["fraction_cached"] == 1
+    assert cli.main(["plan", "--train-rate", "1", "--producer-rate", "1", "--cache-bytes",
+                     "1e6", "--max-side", "80"]) == 2
+    assert "--hit-rate" in capsys.readouterr().err
 
 
 def test_measure_names_an_undecodable_sample(tmp_path, capsys):

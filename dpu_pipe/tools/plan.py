@@ -26,6 +26,19 @@ core's rate, ``B`` the batch size, ``S`` one output sample's bytes):
 * bandwidth: batches to the host ``R × (S + 16)`` bytes/s; dataset reads by the producers
   ``R × mean JPEG bytes`` (measured from ``--data``, else ``--jpeg-bytes``).
 
+Decoded-sample cache (``--cache-bytes N --max-side S``; ``Loader(decode_max_side=S,
+cache_bytes=N)``, one cache per node shared by its producers): a sample takes
+``h' × w' × 3`` bytes at its reduced size (measured from the JPEG headers of ``--data``, else
+a 4:3 image, ``S × 3S/4 × 3``) plus its alignment padding, and the table takes 24 bytes per
+sample of the *dataset* (every index has an entry); the samples that fit are
+``(N - table) / bytes per sample``, against the node's shard (``--shard-samples``, default the
+dataset with ``--data``: one node). From epoch 2 on, the fraction ``f`` that fits is served
+from the cache and the rest decoded: a core makes ``1 / (f / hit_rate + (1 - f) / miss_rate)``
+img/s, where ``miss_rate`` is a core's rate with ``decode_max_side`` (the whole image decoded
+and reduced; ``--miss-rate``, default the producer rate) and ``hit_rate`` its rate on cached
+samples (``--hit-rate``; with ``--measure`` both are timed on ``--data``, a cold and a warm
+pass). The producer cores the steady state needs follow from that rate.
+
 The x86 → Arm factor: this machine has no Arm CPU, so the planner cannot time a DPU core.
 State the factor you measured — run ``dpu-pipe plan --measure --data D --json`` on one DPU
 core and on the host, and divide the two ``measured.rate_per_core`` figures — or pass
@@ -41,7 +54,8 @@ import time
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
 
-__all__ = ["PRESETS", "plan", "measure_kernel", "cpu_name", "add_args", "run"]
+__all__ = ["PRESETS", "plan", "cache_plan", "measure_kernel", "measure_cache", "cpu_name",
+           "add_args", "run"]
 
 GiB = 1 << 30
 
@@ -90,6 +104,101 @@ def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
     return {"rate_per_core": len(idx) / best, "images": int(len(idx)),
             "mean_jpeg_bytes": float(np.mean([len(b) for b in bufs])),
             "kernel_memory_bytes": max(0, _rss_bytes() - before)}
+
+
+def measure_cache(data, max_side, *, images=200, size=224, dtype="float32", repeat=3):
+    """Time the training batch kernel with ``decode_max_side=max_side`` and a cache on one
+    core over ``images`` samples of ``data``: a cold pass (every sample decoded whole,
+    reduced and stored) and warm passes (every sample cut from the cache, the best of
+    ``repeat - 1``), and the reduced sizes.
+
+    Returns ``{"miss_rate": img/s cold, "hit_rate": img/s warm, "bytes_per_sample": mean
+    reduced bytes, "images"}``.
+    """
+    from ..cache import DecodedCache, table_bytes
+    from ..kernel import BatchProcessor
+    from ..transforms import TransformConfig
+
+    idx, bufs, src = _sample(data, images)
+    cache = DecodedCache(table_bytes(len(src)) + sum(len(b) for b in bufs) * 64 + (1 << 20),
+                         len(src))
+    proc = BatchProcessor(TransformConfig(train=True, size=size, dtype=dtype,
+                                          decode_max_side=max_side), 1, cache)
+    times = []
+    for epoch in range(max(2, repeat)):
+        t = time.perf_counter()
+        _, _, errors = proc.run(bufs, idx, epoch=epoch, seed=0)
+        times.append(time.perf_counter() - t)
+        if errors:
+            j = min(errors)
+            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
+                              f"{errors[j]}", index=int(idx[j]), path=src.describe(int(idx[j])))
+    st = cache.stats()
+    return {"miss_rate": len(idx) / times[0], "hit_rate": len(idx) / min(times[1:]),
+            "bytes_per_sample": st["bytes"] / max(1, st["entries"]), "images": int(len(idx))}
+
+
+def cache_plan(*, cache_bytes, max_side, shard_samples, num_samples=None,
+               bytes_per_sample=None, miss_rate, hit_rate, train_rate=None, arm_factor=1.0,
+               headroom=0.1):
+    """How much of a node's shard a decoded-sample cache holds, and the rate that gives (see
+    the module docstring).
+
+    Parameters
+    ----------
+    cache_bytes : int
+        The node cache's bytes (``cache_bytes``).
+    max_side : int
+        ``decode_max_side``, pixels.
+    shard_samples : int
+        Samples the node's producers read each epoch.
+    num_samples : int, optional
+        Samples of the dataset (one table entry each); default ``shard_samples``.
+    bytes_per_sample : float, optional
+        Mean reduced pixels' bytes; default a 4:3 image at ``max_side``.
+    miss_rate, hit_rate : float
+        img/s of one core (where measured) on a decoded / a cached sample.
+    train_rate : float, optional
+        img/s the host trains at: then the producer cores the steady state needs.
+    arm_factor : float
+        Producer core speed / the measuring core's.
+    headroom : float
+        Spare producer capacity, a fraction.
+
+    Returns
+    -------
+    dict
+        Bytes, counts, the fraction cached and img/s per producer core (epoch 1, later).
+    """
+    from ..cache import ALIGN, ENTRY_BYTES, table_bytes
+
+    cache_bytes = _v.positive_int(cache_bytes, "--cache-bytes")
+    max_side = _v.positive_int(max_side, "--max-side")
+    shard_samples = _v.positive_int(shard_samples, "--shard-samples")
+    num_samples = shard_samples if num_samples is None else _v.positive_int(num_samples,
+                                                                             "num_samples")
+    if bytes_per_sample is None:
+        bytes_per_sample = max_side * round(max_side * 3 / 4) * 3
+    miss_rate = _v.number(miss_rate, "--miss-rate", 0, low_open=True)
+    hit_rate = _v.number(hit_rate, "--hit-rate", 0, low_open=True)
+    table = table_bytes(num_samples)
+    # Each sample is stored at an ALIGN-aligned offset: half an alignment unit of padding on
+    # average.
+    per_sample = bytes_per_sample + (ALIGN - 1) / 2
+    fit = max(0, min(shard_samples, int((cache_bytes - table) // per_sample)))
+    f = fit / shard_samples
+    later = 1.0 / (f / hit_rate + (1 - f) / miss_rate)
+    out = {"cache_bytes": cache_bytes, "max_side": max_side, "shard_samples": shard_samples,
+           "table_bytes": table, "entry_bytes": ENTRY_BYTES,
+           "bytes_per_sample": bytes_per_sample, "samples_fit": fit, "fraction_cached": f,
+           "bytes_for_whole_shard": table + math.ceil(per_sample * shard_samples),
+           "miss_rate": miss_rate, "hit_rate": hit_rate,
+           "rate_per_core_first_epoch": miss_rate * arm_factor,
+           "rate_per_core_later": later * arm_factor}
+    if train_rate is not None:
+        out["producer_cores_later"] = math.ceil(round(
+            train_rate * (1 + headroom) / (later * arm_factor), 9))
+    return out
 
 
 def _sample(data, images):
@@ -199,6 +308,17 @@ def format_plan(p):
     parts = p["producer_rank_parts"]
     kernel = ("not measured (--measure)" if parts["kernel"] is None
               else f"{parts['kernel'] / mb:.0f} MB kernel")
+    if "cache" in p:
+        c = p["cache"]
+        lines.append(
+            f"decoded cache: {c['cache_bytes'] / mb:.0f} MB at max side {c['max_side']} "
+            f"({c['bytes_per_sample'] / 1e3:.1f} kB per sample, table {c['table_bytes'] / mb:.1f}"
+            f" MB at {c['entry_bytes']} B per sample) holds {c['samples_fit']} of "
+            f"{c['shard_samples']} samples ({c['fraction_cached']:.0%}; the whole shard needs "
+            f"{c['bytes_for_whole_shard'] / mb:.0f} MB); a producer core makes "
+            f"{c['rate_per_core_first_epoch']:.0f} img/s in epoch 1, "
+            f"{c['rate_per_core_later']:.0f} after"
+            + (f": {c['producer_cores_later']} cores" if "producer_cores_later" in c else ""))
     lines += [
         f"slots: {p['slots']} of {p['slot_bytes'] / mb:.1f} MB -> host window "
         f"{p['window_bytes'] / mb:.0f} MB",
@@ -242,6 +362,17 @@ def add_args(p):
     p.add_argument("--jpeg-bytes", type=float,
                    help=f"mean JPEG size when --data is not given (default: "
                         f"{IMAGENET_JPEG_BYTES}, ImageNet-1k train)")
+    p.add_argument("--cache-bytes", type=float, metavar="BYTES",
+                   help="model a decoded-sample cache of this size per node (with --max-side)")
+    p.add_argument("--max-side", type=int, metavar="S",
+                   help="decode_max_side of the cache model, pixels")
+    p.add_argument("--shard-samples", type=int, metavar="N",
+                   help="samples a node reads per epoch (default: the --data set's)")
+    p.add_argument("--miss-rate", type=float, metavar="IMG_S_PER_CORE",
+                   help="a core's rate on samples decoded with --max-side (default: the "
+                        "producer rate; measured with --measure)")
+    p.add_argument("--hit-rate", type=float, metavar="IMG_S_PER_CORE",
+                   help="a core's rate on cached samples (measured with --measure)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -277,6 +408,8 @@ def run(args):
     if measured:
         p["measured"] = {**measured, "data": os.path.abspath(args.data),
                          "cpu": cpu_name()}
+    if args.cache_bytes is not None:
+        p["cache"] = _run_cache(args, rate)
     if args.json:
         print(json.dumps(p, indent=2))
     else:
@@ -286,6 +419,35 @@ def run(args):
                   f"images of {args.data}")
         print(format_plan(p))
     return 0
+
+
+def _run_cache(args, rate):
+    """``plan --cache-bytes``: the cache model, measured on ``--data`` with ``--measure``."""
+    if args.max_side is None:
+        raise ConfigError("--cache-bytes needs --max-side (the decode_max_side it caches)")
+    num, per_sample = None, None
+    miss, hit = args.miss_rate, args.hit_rate
+    if args.data:
+        from ..sources import open_path
+        num = len(open_path(args.data))
+    if args.measure:
+        m = measure_cache(args.data, args.max_side, images=args.images, size=args.size,
+                          dtype=args.dtype)
+        miss = m["miss_rate"] if miss is None else miss
+        hit = m["hit_rate"] if hit is None else hit
+        per_sample = m["bytes_per_sample"]
+    if hit is None:
+        raise ConfigError("--cache-bytes needs --hit-rate (a core's img/s on cached samples) "
+                          "or --measure --data")
+    shard = args.shard_samples or num
+    if shard is None:
+        raise ConfigError("--cache-bytes needs --shard-samples (or --data)")
+    return cache_plan(cache_bytes=int(args.cache_bytes), max_side=args.max_side,
+                      shard_samples=shard, num_samples=max(num or 0, shard),
+                      bytes_per_sample=per_sample, miss_rate=miss or rate, hit_rate=hit,
+                      train_rate=args.train_rate,
+                      arm_factor=1.0 if args.arm_factor is None else args.arm_factor,
+                      headroom=args.headroom)
 
 
 def cpu_name():
