@@ -442,6 +442,7 @@ def _compare(x86_digest, arm_digest, names=("x86-64", "aarch64")):
     assert x86_report["sections"]["decode"].endswith("arrays")
     assert x86_report["sections"]["permutation"].endswith("arrays")
     assert x86_report["sections"]["transcode"].endswith("arrays")
+    assert x86_report["sections"]["cache"].endswith("arrays")
     assert sorted(x86) == sorted(arm), set(x86) ^ set(arm)
     differ = []
     for key in sorted(x86):
@@ -459,7 +460,7 @@ def _compare(x86_digest, arm_digest, names=("x86-64", "aarch64")):
 
 def test_bit_identity_x86_64_vs_aarch64(userland, dataset, x86_digest):
     """Decodes, transforms, fused batches (seeds, epochs, 1 and 2 threads), permutations and
-    shards, Loader batches."""
+    shards, Loader batches, and batches cut from the decoded-sample cache."""
     _compare(x86_digest, _emulated_digest(userland, dataset, None))
 
 

@@ -7,7 +7,8 @@ tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an 
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
 records, the per-image transform, the Gaussian blur and solarize ops, the fused batch kernel,
-the epoch permutation and the samplers' shards, the local Loader, the batch ops (MixUp, CutMix,
+the epoch permutation and the samplers' shards, the local Loader, the decoded-sample cache
+(an epoch filling it, one served from it, the cached images), the batch ops (MixUp, CutMix,
 soft labels); a section whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
@@ -206,6 +207,27 @@ def loader_section(root, put):
         put(f"loader/val/b{b}/labels", np.asarray(labels))
 
 
+def cache_section(root, put):
+    """decode_max_side with the decoded-sample cache: an epoch that fills the cache and one
+    served from it (the same batches as without a cache), and the cached reduced images."""
+    import dpu_pipe
+
+    src = dpu_pipe.ImageFolder(root)
+    kw = dict(train=True, size=32, seed=7, decode_max_side=48, num_threads=2)
+    loader = dpu_pipe.Loader(src, 4, cache_bytes=1 << 22, **kw)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        for b, (images, labels) in enumerate(loader):
+            put(f"cache/e{epoch}/b{b}/images", np.asarray(images))
+    st = loader.stats()["cache"]
+    if st["hits"] < len(src):
+        raise AssertionError(f"epoch 1 was not served from the cache: {st}")
+    for i in range(len(src)):
+        pixels, scale = loader.cache.sample(i)
+        put(f"cache/sample{i}/pixels", pixels)
+        put(f"cache/sample{i}/scale", np.array(scale))
+
+
 def mix_section(root, put):
     """The batch ops: MixUp and CutMix batches and soft labels (the Beta draw uses the portable
     exp/log, so λ has the same bits everywhere), each output dtype and layout, and the kernel
@@ -263,6 +285,7 @@ def main(root, out_path):
                 ("batch", lambda: batch_section(paths, put)),
                 ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put)),
+                ("cache", lambda: cache_section(root, put)),
                 ("mix", lambda: mix_section(root, put))]
     for name, fn in sections:
         before = len(arrays)

@@ -205,17 +205,25 @@ def test_payload_byte_layout():
     # Offsets are the wire format between x86 hosts and aarch64 DPUs: little-endian fields,
     # labels 8-aligned after the indices, images 64-aligned.
     L = wire.PayloadLayout(3, (3, 2, 2), "uint8", "float32", (2,))
-    assert (L.indices_offset, L.labels_offset, L.images_offset) == (64, 64 + 24, 128)
-    assert L.end(3) == 128 + 36 and L.nbytes == 128 + 36 + wire.BAD_REPORT_BYTES
+    assert wire.PAYLOAD_HEADER.itemsize == 128
+    assert (L.indices_offset, L.labels_offset, L.images_offset) == (128, 128 + 24, 192)
+    assert L.end(3) == 192 + 36 and L.nbytes == 192 + 36 + wire.BAD_REPORT_BYTES
     buf = np.zeros(L.end(3), np.uint8)
     images, labels, indices = L.views(buf, 3)
     indices[:] = [1, 2**40, 3]
     labels[:] = [[0.5, -1.0], [2.0, 3.0], [4.0, 5.0]]
     images[2] = 9
+    L.write_header(buf, n=3, cache_node=2, cache_hits=2**33, cache_did_not_fit=5)
     raw = buf.tobytes()
-    assert raw[72:80] == (2**40).to_bytes(8, "little")
-    assert raw[88:96] == struct.pack("<ff", 0.5, -1.0)
-    assert raw[128 + 24:128 + 36] == bytes([9] * 12) and raw[128:128 + 24] == bytes(24)
+    assert raw[136:144] == (2**40).to_bytes(8, "little")
+    assert raw[152:160] == struct.pack("<ff", 0.5, -1.0)
+    assert raw[192 + 24:192 + 36] == bytes([9] * 12) and raw[192:192 + 24] == bytes(24)
+    # The node cache's counters: node, then hits, misses, bytes, entries, did_not_fit.
+    assert raw[48:64] == (2).to_bytes(8, "little") + (2**33).to_bytes(8, "little")
+    assert raw[88:96] == (5).to_bytes(8, "little")
+    head = wire.unpack(buf, wire.PAYLOAD_HEADER)
+    assert (head["version"], head["cache_node"], head["cache_hits"]) == (wire.WIRE_VERSION, 2,
+                                                                        2**33)
     assert wire.PayloadLayout(4, (1,), "uint8").labels() == {"dtype": "int64", "shape": []}
 
 
