@@ -109,12 +109,14 @@ def stream_request(stream_spec, layout, producer_threads, cache_bytes=0):
     """What producers need to make a loader's stream (JSON-serialisable): the
     :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout``, the
     threads of each producer's kernel and, when not 0, the bytes of the node cache
-    (``cache_bytes``: where the stream runs, not what it is, so not in the spec)."""
+    (``cache_bytes``: where the stream runs, not what it is, so not in the spec) with the
+    source's sample count (``cache_samples``: the cache's table size, known before a
+    producer opens the source)."""
     d = {"version": wire.STREAM_REQUEST_VERSION}
     d.update(stream_spec.to_wire())
     d.update(labels=layout.labels(), num_threads=producer_threads)
     if cache_bytes:
-        d["cache_bytes"] = int(cache_bytes)
+        d.update(cache_bytes=int(cache_bytes), cache_samples=len(stream_spec.source))
     return d
 
 

@@ -29,6 +29,7 @@ per node and the node's DPU cores as its producers, that is one cache per node; 
 on one node (one per GPU) each get their own.
 """
 
+import itertools
 import json
 import logging
 import time
@@ -140,22 +141,23 @@ class NodeCaches:
         # one communicator could interleave differently on two ranks.
         self.comms = {"stream": node}
         self.comms["validation"] = node.Dup()
-        self.caches = {}            # cache_key -> SharedCache
+        self.caches = {}            # (user, cache_key) -> SharedCache
         self.made = {u: [] for u in self.USERS}      # keys each communicator made, in order
         self._queue = {u: [] for u in self.USERS}    # set-ups waiting, in arrival order
-        self._next = 0
+        self._tokens = itertools.count()
 
     def open(self, key, cache_bytes, num_samples, user="stream"):
         """Generator: yields while it waits for the node's other producers, then returns the
         :class:`SharedCache` of ``key`` (:func:`cache_key`), made collectively on first use.
         ``user`` names the calling thread's communicator (:attr:`USERS`). Raises
         :class:`PipeTimeout` when a barrier passes ``setup_timeout``."""
+        # Each communicator's caches are its own: two threads never set one up together.
+        key = (user, key)
         cache = self.caches.get(key)
         if cache is not None:
             return cache
         queue = self._queue[user]
-        token = self._next
-        self._next += 1
+        token = next(self._tokens)
         queue.append(token)
         try:
             while queue[0] != token:

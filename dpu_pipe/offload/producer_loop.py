@@ -221,10 +221,9 @@ def _open_stream(ctx, payload):
         if ctx.caches is None:
             raise ConfigError("this producer runs without node caches: cache_bytes cannot "
                               "be served")
-        source = StreamSpec.from_wire(request).source
         cache = yield from ctx.caches.open(
             cache_key(request["source"], request["transform"], request["cache_bytes"]),
-            request["cache_bytes"], len(source))
+            request["cache_bytes"], request["cache_samples"])
     maker = OpenStream(request, cache)
     maker.key = key
     ctx.streams[stream] = maker

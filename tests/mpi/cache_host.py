@@ -18,6 +18,9 @@ Scenarios:
     epoch must still equal the uncached Loader's. The host then writes its results, prints
     OK and SIGKILLs the stalled producer — still mid-fill — which ends the job (MPICH's
     Hydra ends a job when a rank dies).
+``memory``
+    Each producer's resident memory after an uncached epoch and after two epochs of the same
+    stream with the node cache.
 ``validation``
     RemoteValidation with and without ``cache_bytes``, the same snapshot twice each: all
     four results equal the host's own evaluation; the cached one's second run reads from the
@@ -156,7 +159,37 @@ def run_validation(args, src, warnings):
     return out
 
 
-SCENARIOS = {"stream": run_stream, "fault": run_fault, "validation": run_validation}
+def _rss(pid):
+    """Resident bytes of process ``pid`` (its own pages and the shared ones it touched)."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_memory(args, src, warnings):
+    """The producers' resident memory: one uncached epoch (what a producer holds today, its
+    batch buffers and decoders warm), then the same stream with the node cache over two
+    epochs; each producer's growth, against cache_bytes and what the cache stores."""
+    from dpu_pipe import DPULoader
+
+    kw = dict(size=args.size, dtype="uint8", seed=3, decode_max_side=args.max_side,
+              mode="offload", slots=2)
+    workers = job_workers()
+    with DPULoader(src, args.batch, **kw) as dl:
+        for _ in dl:
+            pass
+        before = {p: _rss(p) for p in workers}
+    with DPULoader(src, args.batch, cache_bytes=args.cache_bytes, **kw) as dl:
+        for _ in range(2):
+            for _ in dl:
+                pass
+        after = {p: _rss(p) for p in workers}
+        cache = dl.stats()["cache"]
+    return {"growth": [after[p] - before[p] for p in workers], "cache": cache,
+            "cache_bytes": args.cache_bytes}
+
+
+SCENARIOS = {"stream": run_stream, "fault": run_fault, "validation": run_validation,
+             "memory": run_memory}
 
 
 def main():

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import helpers
 from mpi_launch import ENVS, run_mpi
 
 pytestmark = pytest.mark.timeout(300)
@@ -166,3 +167,26 @@ def test_validation_from_the_node_cache_equals_uncached(data, tmp_path):
     c2 = max(second["cache"], key=lambda c: c["hits"] + c["misses"])
     assert c1["entries"] == N and c1["misses"] == N, res
     assert c2["misses"] == N and c2["hits"] >= N, res
+
+
+#: What a producer's resident memory may grow by beyond what the cache stores: the table's
+#: pages, the last pixel page, a second stream's kernel and the allocator's noise.
+RSS_SLACK = 8 << 20
+
+
+@pytest.mark.slow
+def test_producer_memory_grows_by_at_most_what_the_cache_holds(tmp_path):
+    """40 photographs of 480x360 and more, reduced to 320 x ~240 (~9 MB in all), in a 64 MiB
+    node cache: each producer's resident memory grows by what the cache stores (the pages it
+    touched, at most the whole arena), not by cache_bytes."""
+    data = helpers.photo_folder(tmp_path / "ds", 40, shape=(360, 2, 480, 2), quality=85)
+    out = str(tmp_path / "out")
+    cache_bytes = 64 << 20
+    job = launch(out, "memory", 2, "--max-side", "320", "--size", "64", "--cache-bytes",
+                 str(cache_bytes), data=str(data))
+    assert job.returncode == 0, job.explain()
+    res = result(out)
+    c = res["cache"]
+    assert c["entries"] == 40 and c["bytes"] > 8 << 20, res
+    for g in res["growth"]:
+        assert g <= min(cache_bytes, c["bytes"] + TABLE) + RSS_SLACK, res
