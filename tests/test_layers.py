@@ -31,7 +31,7 @@ LAYERS = [
     ("transport", ["mpi", "device", "offload.wire", "offload.transport", "offload.transport.endpoint",
                    "offload.transport.failures", "offload.transport.host",
                    "offload.transport.producer", "offload.roles", "offload.rendezvous",
-                   "offload.channel", "offload.group",
+                   "offload.channel", "offload.node_cache", "offload.group",
                    "offload.scheduler"]),
     ("loaders/worker", ["resume", "engines", "engines.base", "engines.local", "engines.offload",
                         "loader", "torch_dataset", "offload",

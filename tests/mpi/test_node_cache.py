@@ -129,7 +129,6 @@ def test_corrupt_files_are_never_cached(bad_data, tmp_path):
     assert run["cache"][-1]["entries"] == N - len(BAD), run
 
 
-@pytest.mark.slow
 def test_a_writer_stalled_mid_fill_is_never_read_and_killing_it_ends_the_job(data, tmp_path):
     """Hybrid, 2 producers: the producer that fills sample 7 stops with half its pixels
     copied (DPU_PIPE_TEST_FILL_STALL) and is taken over; the others find the entry FILLING,
@@ -174,7 +173,6 @@ def test_validation_from_the_node_cache_equals_uncached(data, tmp_path):
 RSS_SLACK = 8 << 20
 
 
-@pytest.mark.slow
 def test_producer_memory_grows_by_at_most_what_the_cache_holds(tmp_path):
     """40 photographs of 480x360 and more, reduced to 320 x ~240 (~9 MB in all), in a 64 MiB
     node cache: each producer's resident memory grows by what the cache stores (the pages it
@@ -190,3 +188,5 @@ def test_producer_memory_grows_by_at_most_what_the_cache_holds(tmp_path):
     assert c["entries"] == 40 and c["bytes"] > 8 << 20, res
     for g in res["growth"]:
         assert g <= min(cache_bytes, c["bytes"] + TABLE) + RSS_SLACK, res
+    # Some producer touched the pages it stored or read (the measurement sees the cache).
+    assert max(res["growth"]) >= c["bytes"] // 4, res
