@@ -219,8 +219,8 @@ def test_payload_byte_layout():
     assert raw[152:160] == struct.pack("<ff", 0.5, -1.0)
     assert raw[192 + 24:192 + 36] == bytes([9] * 12) and raw[192:192 + 24] == bytes(24)
     # The node cache's counters: node, then hits, misses, bytes, entries, did_not_fit.
-    assert raw[48:64] == (2).to_bytes(8, "little") + (2**33).to_bytes(8, "little")
-    assert raw[88:96] == (5).to_bytes(8, "little")
+    assert raw[64:80] == (2).to_bytes(8, "little") + (2**33).to_bytes(8, "little")
+    assert raw[104:112] == (5).to_bytes(8, "little")
     head = wire.unpack(buf, wire.PAYLOAD_HEADER)
     assert (head["version"], head["cache_node"], head["cache_hits"]) == (wire.WIRE_VERSION, 2,
                                                                         2**33)
