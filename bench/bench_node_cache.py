@@ -66,8 +66,8 @@ def host(args):
     made = []
     unpack = offload.OffloadEngine._unpack
 
-    def recording(self, d):
-        out = unpack(self, d)
+    def recording(self, d, *rest):
+        out = unpack(self, d, *rest)
         made.append((int(d.producer), out[2].tolist()))
         return out
 

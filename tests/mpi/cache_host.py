@@ -61,8 +61,8 @@ def record_producers(made):
 
     unpack = offload.OffloadEngine._unpack
 
-    def recording(self, d):
-        images, labels, indices = unpack(self, d)
+    def recording(self, d, *rest):
+        images, labels, indices = unpack(self, d, *rest)
         made.append((int(d.producer), as_numpy(indices).tolist()))
         return images, labels, indices
 
