@@ -10,12 +10,12 @@ import numbers
 
 import numpy as np
 
-from .constants import OUTPUT_DTYPES
+from .constants import INTERPOLATIONS, OUTPUT_DTYPES
 from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
            "seconds", "names", "dtype", "bad_budget", "hook_path", "color_jitter",
-           "erase_value", "progressive", "OUTPUT_DTYPES"]
+           "erase_value", "progressive", "image_size", "view", "OUTPUT_DTYPES"]
 
 
 def boolean(value, name):
@@ -158,6 +158,58 @@ def progressive(min_size, max_size, start_epoch, end_epoch, multiple):
                           f"{start_epoch} and {end_epoch}")
     multiple = integer(multiple, "multiple", 1, MAX_PROGRESSIVE_SIDE)
     return min_size, max_size, start_epoch, end_epoch, multiple
+def image_size(value, name="size"):
+    """An image size in pixels as ``(height, width)`` positive ints (one int: square)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        value = (value, value)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int or (height, width), got {value!r}") from None
+    if len(items) != 2:
+        raise ConfigError(f"{name} must be an int or (height, width), got {value!r}")
+    return tuple(positive_int(v, name) for v in items)
+
+
+def view(value, fields):
+    """A multi-view recipe's view (a :class:`dpu_pipe.views.View`, or the dict of one, as
+    ``to_dict`` gives it) checked field by field: ``fields`` maps each field to its default.
+    Returns the checked fields as a dict."""
+    if hasattr(value, "__dataclass_fields__"):
+        value = {k: getattr(value, k) for k in fields}
+    if not isinstance(value, dict):
+        raise ConfigError(f"a view must be a dpu_pipe.views.View, got {value!r}")
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown view settings: {unknown}")
+    d = dict(fields, **value)
+    size = image_size(d["size"], "view size")
+    scale = pair(d["scale"], "view scale")
+    if not 0 < scale[0] <= scale[1] <= 1.0:
+        raise ConfigError(f"view scale must satisfy 0 < min <= max <= 1, got {d['scale']!r}")
+    ratio = pair(d["ratio"], "view ratio")
+    if not 0 < ratio[0]:
+        raise ConfigError(f"view ratio must satisfy 0 < min <= max, got {d['ratio']!r}")
+    out = {"size": size, "scale": scale, "ratio": ratio,
+           "interpolation": choice(d["interpolation"], "view interpolation", INTERPOLATIONS),
+           "color_jitter": color_jitter(d["color_jitter"], "view color_jitter")}
+    for key in ("flip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p"):
+        out[key] = number(d[key], f"view {key}", 0.0, 1.0)
+    sigma = pair(d["blur_sigma"], "view blur_sigma")
+    if not 0 < sigma[0]:
+        raise ConfigError(f"view blur_sigma must be positive, got {d['blur_sigma']!r}")
+    out["blur_sigma"] = sigma
+    kernel = d["blur_kernel"]
+    if kernel is None:      # SimCLR's rule: 10 % of the side, made odd
+        kernel = int(0.1 * min(size))
+        kernel += 1 - kernel % 2
+    kernel = integer(kernel, "view blur_kernel", 1, 2 * min(size) - 1)
+    if kernel % 2 == 0:
+        raise ConfigError(f"view blur_kernel must be odd, got {kernel}")
+    out["blur_kernel"] = kernel
+    out["solarize_threshold"] = number(d["solarize_threshold"], "view solarize_threshold",
+                                       0.0, 255.0)
+    return out
 
 
 def choice(value, name, options):

@@ -10,6 +10,7 @@ bits ``round(8 - arange(bins) / ((bins - 1) / d))``. Nothing here runs per sampl
 import numpy as np
 
 from .constants import AUTO_AUGMENT
+from .rng import view_stream
 
 __all__ = ["kernel_params", "AUTO_AUGMENT", "TA_WIDE_SPACE", "RA_SPACE", "IMAGENET_POLICY"]
 
@@ -102,9 +103,18 @@ def _jitter_ranges(color_jitter):
     return out
 
 
-def kernel_params(config):
+def kernel_params(config, view=None, index=0):
     """The dict ``_augment.Augmenter`` and the batch kernel read, from a TransformConfig's
-    :class:`~dpu_pipe.transforms.SampleRecipe`."""
+    :class:`~dpu_pipe.transforms.SampleRecipe`; for view ``index`` of a multi-view recipe,
+    from its one-view config (:meth:`~dpu_pipe.transforms.TransformConfig.per_view`) and
+    its :class:`~dpu_pipe.views.View` (jitter probability, blur, solarize, RNG streams)."""
+    extra = {"jitter_p": 1.0, "blur_p": 0.0, "solarize_p": 0.0, "vstream": 0}
+    if view is not None:
+        extra = {"jitter_p": view.jitter_p, "blur_p": view.blur_p,
+                 "blur_sigma": list(view.blur_sigma), "blur_kernel": view.blur_kernel,
+                 "solarize_p": view.solarize_p,
+                 "solarize_threshold": float(view.solarize_threshold),
+                 "vstream": view_stream(0, index)}
     config = config.recipe
     oh, ow = config.size
     mode = config.auto_augment if config.train else None
@@ -137,6 +147,6 @@ def kernel_params(config):
         "erase_scale": list(config.erase_scale), "erase_ratio": list(config.erase_ratio),
         "erase_value": [0.0] * 3 if config.erase_value == "random" else
                        [float(v) for v in config.erase_value],
-        "erase_random": config.erase_value == "random",
+        "erase_random": config.erase_value == "random", **extra,
     }
 

@@ -44,6 +44,13 @@ class MakerStats:
         return asdict(self)
 
 
+def take_rows(images, start, stop):
+    """Rows ``start:stop`` of a batch's images: of the array, or of each view's."""
+    if isinstance(images, list):
+        return [v[start:stop] for v in images]
+    return images[start:stop]
+
+
 class BatchMaker:
     """Makes the batches of one rank's shard, as its :class:`~dpu_pipe.spec.StreamSpec` says.
 
@@ -177,7 +184,10 @@ class BatchMaker:
         at least ``n`` samples of ``epoch``'s shape, e.g. of :attr:`batch_shape`): the
         (n, *sample_shape_at(epoch)) view of its first bytes — ``images[:n]`` when the
         shapes agree. A smaller epoch's batch fills the start of a larger buffer, as it
-        travels in a window slot."""
+        travels in a window slot. With views, ``images`` is a list (one buffer per view)
+        and so is the result."""
+        if isinstance(images, list):
+            return [v[:n] for v in images]
         shape = (int(n),) + self.sample_shape_at(epoch)
         if images.shape[1:] == shape[1:]:
             return images[:n]
@@ -186,6 +196,16 @@ class BatchMaker:
             raise ConfigError(f"a batch of shape {shape} does not fit a C-contiguous "
                               f"buffer of shape {images.shape}")
         return images.reshape(-1)[:count].reshape(shape)
+    @property
+    def view_shapes(self):
+        """Shape of a full batch of each view, in view order (one without views)."""
+        return [(self.batch_size,) + s for s in self.transform.view_shapes]
+
+    def empty_images(self):
+        """Uninitialised images of a full batch: an array, or with views a list of arrays,
+        one per view (what :meth:`make` fills)."""
+        out = [np.empty(s, self.transform.np_dtype) for s in self.view_shapes]
+        return out if self.transform.views is not None else out[0]
 
     def batches_in(self, epoch):
         """Number of batches of ``epoch``: :attr:`num_batches`, or fewer in the epoch of
@@ -265,7 +285,8 @@ class BatchMaker:
 
         ``images`` is a C-contiguous array of the transform's dtype holding at least ``n``
         samples of ``epoch``'s shape (shape (>= n, *sample_shape); with a progressive size
-        the batch fills its first bytes, :meth:`rows` gives the view), ``labels`` of
+        the batch fills its first bytes, :meth:`rows` gives the view; with views, a
+        list of such arrays, one per view), ``labels`` of
         :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
         ``out_indices`` int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``,
         except where ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]``
@@ -302,7 +323,7 @@ class BatchMaker:
         if out_indices is not None:
             out_indices[:n] = indices
         if ops.active:
-            ops.apply(epoch, step, images[:n], classes[:n], labels[:n], indices)
+            ops.apply(epoch, step, images, classes[:n], labels[:n], indices)
         t3 = time.perf_counter()
         st = self.stats
         with self._busy_lock:
@@ -336,7 +357,7 @@ class BatchMaker:
                 cand = int(self.sampler.indices(epoch, at, at + 1)[0])
                 if cand in self.bad_samples:
                     continue
-                err = self._single(epoch, cand, images[j:j + 1])
+                err = self._single(epoch, cand, take_rows(images, j, j + 1))
                 if err is None:
                     labels[j] = self.labels[cand]
                     indices[j] = cand

@@ -126,7 +126,7 @@ class BatchOutput:
                           "pinned", RuntimeWarning, stacklevel=4)
             self.pin_memory = False
         self._torch = torch
-        self._stage = None
+        self._stages = {}       # view -> DeviceStage (its pinned buffers fit that view)
         #: The device runtime (:class:`CudaBackend` unless set before the first batch).
         self.backend = None
         #: A :class:`PinnedRegion` whose batches are copied in place (DPULoader's window).
@@ -135,7 +135,15 @@ class BatchOutput:
         self.timeout = 300.0
 
     def emit(self, images, labels):
-        """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``."""
+        """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``;
+        ``images`` a list (one batch per view) gives a list, each view emitted as one batch
+        is (its own staging buffers on the way to a device)."""
+        if isinstance(images, list):
+            out = [self._emit(x, labels, v) for v, x in enumerate(images)]
+            return [x for x, _ in out], out[0][1]
+        return self._emit(images, labels, 0)
+
+    def _emit(self, images, labels, view):
         if self.output == "numpy":
             return (images.copy() if self.copy else images), labels.copy()
         torch = self._torch
@@ -146,7 +154,7 @@ class BatchOutput:
             x = x.permute(0, 3, 1, 2)       # (B, 3, H, W) view of NHWC memory
         if self.device is not None:
             # Labels in place too: staged (copied at once) or copied from the pinned window.
-            return self._device_stage().send(x, torch.from_numpy(labels), x.dtype)
+            return self._device_stage(view).send(x, torch.from_numpy(labels), x.dtype)
         y = torch.from_numpy(labels.copy())
         if self.pin_memory:
             return x.pin_memory(), y.pin_memory()   # new pinned copies
@@ -160,25 +168,27 @@ class BatchOutput:
             self.backend = CudaBackend(self._torch, self.device)
         return self.backend
 
-    def _device_stage(self):
-        if self._stage is None:
-            self._stage = DeviceStage(self._torch, self.device, backend=self.device_backend(),
-                                      timeout=self.timeout)
-        self._stage.window = self.window
-        return self._stage
+    def _device_stage(self, view=0):
+        stage = self._stages.get(view)
+        if stage is None:
+            stage = self._stages[view] = DeviceStage(self._torch, self.device,
+                                                     backend=self.device_backend(),
+                                                     timeout=self.timeout)
+        stage.window = self.window
+        return stage
 
     def fence(self):
         """Wait (deadline :attr:`timeout`) until no device copy still reads the memory of
         the batches emitted so far: call before that memory is given back for reuse."""
-        if self._stage is not None:
-            self._stage.fence()
+        for stage in self._stages.values():
+            stage.fence()
 
     def stats(self):
         """Which way batches reach the device (empty without a device): see the module's
         docstring."""
         if self.device is None:
             return {}
-        stage, window = self._stage, self.window
+        stage, window = self._stages.get(0), self.window    # view 0's: one per batch
         return {"device_path": "window" if window is not None and window.nbytes else "staging",
                 "device_path_reason": None if window is None else window.reason,
                 "device_batches_from_window": stage.direct if stage is not None else 0,

@@ -4,6 +4,9 @@ Each sample's crop and flip come from the counter-based RNG keyed by (seed, epoc
 index) (see :mod:`dpu_pipe.rng`), so a sample's output depends only on its bytes, its index,
 the epoch, the seed and the :class:`~dpu_pipe.transforms.TransformConfig` — not on the batch it
 is in, its position, or the number of threads.
+
+With a multi-view recipe (``views``, see :mod:`dpu_pipe.views`) each sample gives one output
+per view, decoded once: ``out`` is then a list of batches, one per view.
 """
 
 import threading
@@ -74,15 +77,23 @@ class BatchProcessor:
         self._kernel = _pipeline.Pipeline(config.to_dict(), self.num_threads,
                                           None if cache is None else cache.kernel)
         self._lock = threading.Lock()
-        self._augmenter = _augment.Augmenter(kernel_params(config)) if config.augmented else None
+        #: Views of the recipe (1 without ``views``).
+        self.num_views = len(config.view_shapes)
+        self._augmenters = [
+            _augment.Augmenter(kernel_params(vtc, view, v))
+            if vtc.augmented or view is not None else None
+            for v, (vtc, view) in enumerate(config.per_view())]
 
     @property
     def sample_shape(self):
         return self.config.sample_shape
 
     def empty(self, n):
-        """An uninitialised output batch for n samples."""
-        return np.empty((n,) + self.config.sample_shape, dtype=self.config.np_dtype)
+        """An uninitialised output batch for n samples: an array, or with views a list of
+        arrays, one per view."""
+        out = [np.empty((n,) + shape, dtype=self.config.np_dtype)
+               for shape in self.config.view_shapes]
+        return out if self.config.views is not None else out[0]
 
     def run(self, buffers, indices, *, epoch=0, seed=0, out=None):
         """Process ``buffers[i]`` as sample ``indices[i]`` of ``epoch``.
@@ -93,11 +104,13 @@ class BatchProcessor:
         indices : int array (N,)
             Sample indices in the dataset: they key the random crop and flip.
         epoch, seed : int
-        out : array (N, *sample_shape) of the configured dtype, optional
+        out : array (N, *sample_shape) of the configured dtype, optional; with views a list
+            of them, one per view (shapes ``config.view_shapes``)
 
         Returns
         -------
-        (out, info, errors): ``info`` is int32 (N, 7) with the columns of :data:`SampleInfo`
+        (out, info, errors): ``info`` is int32 (N, 7 * views) with the columns of
+        :data:`SampleInfo` for each view in turn (the status, column 0, is the sample's)
         (crop box in full-resolution pixels — with ``decode_max_side``, in pixels of the
         reduced image —, flip, DCT scale in eighths: of the whole decode with
         ``decode_max_side``); ``errors`` maps the
@@ -123,12 +136,15 @@ class BatchProcessor:
             raise ConfigError("epoch must fit in 32 bits and seed in 64 bits, unsigned")
         if out is None:
             out = self.empty(n)
-        elif not (isinstance(out, np.ndarray) and out.dtype == self.config.np_dtype
-                  and out.shape == (n,) + self.config.sample_shape
-                  and out.flags.c_contiguous and out.flags.writeable):
-            raise ConfigError(f"out must be a writable C-contiguous {self.config.recipe.dtype} "
-                              f"array of shape {(n,) + self.config.sample_shape}")
-        info = np.zeros((n, len(SampleInfo)), dtype=np.int32)
+        outs = out if self.config.views is not None else [out]
+        if not (isinstance(outs, (list, tuple)) and len(outs) == self.num_views and all(
+                isinstance(o, np.ndarray) and o.dtype == self.config.np_dtype
+                and o.shape == (n,) + shape and o.flags.c_contiguous and o.flags.writeable
+                for o, shape in zip(outs, self.config.view_shapes))):
+            raise ConfigError(f"out must be {'a list of ' if self.config.views else ''}"
+                              f"writable C-contiguous {self.config.recipe.dtype} array(s) of "
+                              f"shape {[(n,) + s for s in self.config.view_shapes]}")
+        info = np.zeros((n, len(SampleInfo) * self.num_views), dtype=np.int32)
         with self._lock:
             messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
             for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
@@ -149,17 +165,25 @@ class BatchProcessor:
         box, floored; with ``decode_max_side``, in pixels of the reduced image), ``"flip"``, ``"ops"`` [[name, magnitude], ...] with torchvision's op
         names and the signed magnitude its ``_apply_op`` receives, ``"jitter"`` {name: factor}
         in the order applied, ``"grayscale"``, ``"erase"`` [i, j, h, w] in output pixels or
-        None. Raises the sample's DecodeError when the bytes do not decode."""
+        None, ``"blur"`` {"sigma", "kernel"} or None, ``"solarize"`` (the threshold) or None.
+        With views, a list of such dicts, one per view, each with ``"scale"`` (the DCT scale
+        of the sample's one decode, eighths). Raises the sample's DecodeError when the bytes
+        do not decode."""
         _, info, errors = self.run([data], [index], epoch=epoch, seed=seed)
         if errors:
             raise errors[0]
-        row = info[0]
-        out = {"crop": [int(row[1]), int(row[2]), int(row[3]), int(row[4])],
-               "flip": bool(row[5]), "ops": [], "jitter": {}, "grayscale": False,
-               "erase": None}
-        if self._augmenter is not None and self.config.train:
-            out.update(self._augmenter.params(int(seed), int(epoch), int(index)))
-        return out
+        found = []
+        for v, aug in enumerate(self._augmenters):
+            row = info[0, v * len(SampleInfo):(v + 1) * len(SampleInfo)]
+            out = {"crop": [int(row[1]), int(row[2]), int(row[3]), int(row[4])],
+                   "flip": bool(row[5]), "ops": [], "jitter": {}, "grayscale": False,
+                   "erase": None, "blur": None, "solarize": None}
+            if aug is not None and self.config.train:
+                out.update(aug.params(int(seed), int(epoch), int(index)))
+            if self.config.views is not None:
+                out["scale"] = int(row[6])
+            found.append(out)
+        return found if self.config.views is not None else found[0]
 
     def _other_format(self, bufs, i, index, seed, epoch, out, info):
         """Decode ``bufs[i]`` with OpenCV and run the fused pass on it; None or a message."""

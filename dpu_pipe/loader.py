@@ -376,7 +376,10 @@ class Loader:
         (``interpolation``, ``auto_augment``, ``color_jitter``, ``random_erase``, ...) and
         the batch ops (``mixup_alpha``, ``cutmix_alpha``, ``mix_switch_p``, ``mix_p``,
         ``label_smoothing``, ``num_classes``: labels then float32 (B, num_classes);
-        ``batch_hook``), see :mod:`dpu_pipe.mix`.
+        ``batch_hook``), see :mod:`dpu_pipe.mix`; ``views``: a multi-view recipe, a list of
+        :class:`dpu_pipe.views.View` (presets ``views.dino()``, ``views.simclr()``,
+        ``views.byol()``), each sample decoded once and ``images`` a list, one batch per
+        view (see :mod:`dpu_pipe.views`).
 
     Offloaded memory
     ----------------
@@ -693,7 +696,10 @@ class Loader:
         A train loader that mixes (``mixup_alpha``, ``cutmix_alpha``) or smooths labels adds
         ``"mix"``: the sample's step and row in this rank's epoch, its partner, the mode
         (``"mixup"``, ``"cutmix"`` or None), λ (its own label's weight) and the CutMix box
-        (see :meth:`dpu_pipe.batch.BatchMaker.describe_mix`)."""
+        (see :meth:`dpu_pipe.batch.BatchMaker.describe_mix`).
+
+        With ``views`` (:mod:`dpu_pipe.views`), a list of such dicts, one per view in view
+        order, each with ``"blur"`` and ``"solarize"`` (see :mod:`dpu_pipe.views`)."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
         epoch = check_epoch(epoch)
         maker = self.maker
@@ -706,7 +712,8 @@ class Loader:
                 self._describe_kernel = BatchProcessor(transform, 1)
             out = self._describe_kernel.describe(data, index, epoch=epoch, seed=maker.seed)
         if maker.batch_ops.soft:
-            out["mix"] = maker.describe_mix(epoch, index)
+            for d in out if isinstance(out, list) else [out]:
+                d["mix"] = maker.describe_mix(epoch, index)
         return out
 
     def _check_bad(self):

@@ -60,13 +60,25 @@ Streams (one per purpose, so purposes never share random numbers)
                                    64-bit word 0 of: block 0 at index 0 (the key of the
                                    fixed permutation), block 1 at index ``rank | world_size
                                    << 32`` (the key of that rank's in-shard shuffle); epoch 0
-    263...  ``STREAM_USER``        first id free for new purposes; add them to this table
+    263     ``STREAM_BLUR``        multi-view Gaussian blur (dpu_pipe/views.py): block 0
+                                   u0 < blur_p blurs, u1 -> sigma = lo + (hi - lo) u1
+    264     ``STREAM_SOLARIZE``    multi-view solarize: block 0 u0 < solarize_p solarizes
+    265...  ``STREAM_USER``        first id free for new purposes; add them to this table
     512+    ``STREAM_ERASE_NOISE``
                                    streams 512..527 (erase_value="random"): element k of
                                    the erased (3, h, w) box, in that order, is the standard
                                    normal quantile of ((word k % 4) + 1/2) / 2**32 of block
                                    (k // 4) % 2**16 of stream 512 + k // 2**18
     ======  =====================  =========================================================
+
+    The colour jitter of a view (dpu_pipe/views.py) also reads ``STREAM_JITTER`` block 4
+    (u0 < jitter_p applies it) when ``jitter_p < 1``.
+
+Views
+    View ``v`` of a multi-view recipe draws every per-sample stream above at id
+    ``stream + (v << VIEW_SHIFT)`` (:func:`view_stream`; every id above is below
+    ``1 << VIEW_SHIFT``, and ``v < MAX_VIEWS`` keeps the id below 2**16): no two views share
+    random numbers, and view 0 draws exactly what a one-view recipe draws.
 
 From words to numbers
     A block's words ``(x0, x1, x2, x3)`` form two 64-bit words ``w0 = x1 << 32 | x0`` and
@@ -115,7 +127,8 @@ from .errors import ConfigError
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
     "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_ERASE_NOISE",
-    "STREAM_STICK", "STREAM_USER", "CROP_ATTEMPTS", "beta_variate",
+    "STREAM_STICK", "STREAM_BLUR", "STREAM_SOLARIZE", "STREAM_USER", "VIEW_SHIFT",
+    "MAX_VIEWS", "view_stream", "CROP_ATTEMPTS", "beta_variate",
     "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
     "permutation_at",
     "portable_exp", "portable_log",
@@ -133,7 +146,11 @@ STREAM_ERASE = 259
 STREAM_MIX = 260
 STREAM_HOOK = 261
 STREAM_STICK = 262
-STREAM_USER = 263
+STREAM_BLUR = 263
+STREAM_SOLARIZE = 264
+STREAM_USER = 265
+VIEW_SHIFT = 10
+MAX_VIEWS = 64
 STREAM_ERASE_NOISE = 512
 CROP_ATTEMPTS = 10
 PERM_ROUNDS = 8
@@ -416,19 +433,32 @@ def _sample_args(seed, epoch, index):
             _as_uint(index, "index", 64))
 
 
+def view_stream(stream, view):
+    """Stream id of ``stream`` for view ``view`` (0 <= view < MAX_VIEWS) of a multi-view
+    recipe: ``stream + (view << VIEW_SHIFT)``."""
+    if isinstance(view, bool) or not isinstance(view, (int, np.integer)) \
+            or not 0 <= view < MAX_VIEWS:
+        raise ConfigError(f"view must be an integer in [0, {MAX_VIEWS}), got {view!r}")
+    if not 0 <= int(stream) < 1 << VIEW_SHIFT:
+        raise ConfigError(f"stream {stream} has no per-view ids (ids below {1 << VIEW_SHIFT})")
+    return int(stream) + (int(view) << VIEW_SHIFT)
+
+
 def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
-                        ratio=(3.0 / 4.0, 4.0 / 3.0), *, return_attempt=False):
+                        ratio=(3.0 / 4.0, 4.0 / 3.0), *, return_attempt=False, view=0):
     """torchvision's ``RandomResizedCrop.get_params`` for sample ``index`` of ``epoch``.
 
     ``height``, ``width``: the full-resolution image size in pixels (1 .. 2**31 - 1);
     ``scale``: range of the crop's area as a fraction of the image area; ``ratio``: range of
-    the crop's width/height. All arguments broadcast against each other.
+    the crop's width/height. All arguments broadcast against each other. ``view``: the view
+    of a multi-view recipe (its own streams, :func:`view_stream`).
 
     Returns ``(top, left, crop_height, crop_width)`` in full-resolution pixels — int64 arrays
     of the broadcast shape, or Python ints if every input is a scalar — plus ``attempt``
     (the accepted attempt 0..9, or -1 for the central-crop fallback) if ``return_attempt``.
     """
     s_lo, s_hi, r_lo, r_hi = check_crop_config(scale, ratio)
+    crop_stream = view_stream(STREAM_CROP, view)
     seed, epoch, index = _sample_args(seed, epoch, index)
     height = np.asarray(height)
     width = np.asarray(width)
@@ -460,7 +490,7 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     for a in range(CROP_ATTEMPTS):
         if not todo.size:
             break
-        x0, x1, x2, x3 = _block(seed[todo], epoch[todo], index[todo], STREAM_CROP, a)
+        x0, x1, x2, x3 = _block(seed[todo], epoch[todo], index[todo], crop_stream, a)
         target = area[todo] * (s_lo + (s_hi - s_lo) * _unit(x0, x1))
         aspect = portable_exp(lr_lo + (lr_hi - lr_lo) * _unit(x2, x3))
         wf = np.rint(np.sqrt(target * aspect))      # half to even, as Python's round
@@ -474,7 +504,7 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
 
     acc = np.flatnonzero(attempt >= 0)
     if acc.size:
-        x0, x1, x2, x3 = _block(seed[acc], epoch[acc], index[acc], STREAM_CROP, CROP_ATTEMPTS)
+        x0, x1, x2, x3 = _block(seed[acc], epoch[acc], index[acc], crop_stream, CROP_ATTEMPTS)
         span_h = H[acc] - h[acc]
         span_w = W[acc] - w[acc]
         t = np.floor(_unit(x0, x1) * (span_h + 1).astype(np.float64)).astype(np.int64)
@@ -505,14 +535,15 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     return tuple(v.reshape(shape) for v in out)
 
 
-def random_flip(seed, epoch, index, p=0.5):
+def random_flip(seed, epoch, index, p=0.5, view=0):
     """Whether sample ``index`` of ``epoch`` is flipped horizontally (probability ``p``), as
-    ``RandomHorizontalFlip(p)``: bool array of the broadcast shape, or a bool for scalars."""
+    ``RandomHorizontalFlip(p)``: bool array of the broadcast shape, or a bool for scalars.
+    ``view``: the view of a multi-view recipe (:func:`view_stream`)."""
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ConfigError(f"flip probability must be in [0, 1], got {p}")
     seed, epoch, index = _sample_args(seed, epoch, index)
-    x0, x1, _, _ = _block(seed, epoch, index, STREAM_FLIP, 0)
+    x0, x1, _, _ = _block(seed, epoch, index, view_stream(STREAM_FLIP, view), 0)
     flip = _unit(x0, x1) < p
     return bool(flip) if flip.ndim == 0 else flip
 

@@ -17,6 +17,10 @@ A :class:`TransformConfig` has three parts, along the seams of the pipeline:
   (given in [0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
   bfloat16 is the float32 value rounded to nearest even, as torch rounds it; numpy has no
   bfloat16, so numpy arrays hold its uint16 bits.
+  Multi-view (``views``, a list of :class:`~dpu_pipe.views.View`): every sample gives one
+  output per view, each view with its own crop, flip, colour ops, blur and solarize (see
+  :mod:`dpu_pipe.views`); the recipe's own crop and colour options then stay at their
+  defaults.
 - :class:`BatchOptions`: what happens to a finished train batch — MixUp / CutMix, label
   smoothing and ``batch_hook`` (:mod:`dpu_pipe.mix`).
 
@@ -35,6 +39,8 @@ from .constants import (AUTO_AUGMENT, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATION
 from .errors import ConfigError
 from .jpeg import DEFAULT_MAX_PIXELS
 from .progressive import ProgressiveSize
+from .rng import MAX_VIEWS
+from .views import View
 
 __all__ = ["TransformConfig", "DecodeOptions", "SampleRecipe", "BatchOptions",
            "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -107,12 +113,38 @@ class SampleRecipe:
     erase_ratio: tuple = (0.3, 3.3)
     erase_value: tuple = (0.0, 0.0, 0.0)  # in output units (after normalize), per channel,
                                           # or "random" (standard normal values)
+    views: object = None                # None, or a multi-view recipe: a tuple of View
 
     def __post_init__(self):
         self._check_geometry()
         self._check_output()
         self._check_augment()
         self._check_erasing()
+        self._check_views()
+
+    def _check_views(self):
+        if self.views is None:
+            return
+        if not self.train:
+            raise ConfigError("views= is a train recipe (random crops and colour ops): "
+                              "evaluate with train=False and no views")
+        if isinstance(self.views, (View, dict, str)):
+            raise ConfigError("views must be a list of dpu_pipe.views.View (e.g. "
+                              "dpu_pipe.views.dino())")
+        try:
+            views = tuple(View.from_dict(v) for v in self.views)
+        except TypeError:
+            raise ConfigError(f"views must be a list of dpu_pipe.views.View, got "
+                              f"{self.views!r}") from None
+        if not 1 <= len(views) <= MAX_VIEWS:
+            raise ConfigError(f"views must hold 1 to {MAX_VIEWS} views, got {len(views)}")
+        # The view sets these; a recipe value beside it would be silently ignored.
+        clash = [f.name for f in fields(self) if f.name in _PER_VIEW
+                 and getattr(self, f.name) != _RECIPE_DEFAULTS[f.name]]
+        if clash:
+            raise ConfigError(f"views= sets each view's crop and colour ops itself: leave "
+                              f"{', '.join(clash)} unset (or set them on each View)")
+        _set(self, "views", views)
 
     def _check_geometry(self):
         size = self.size
@@ -219,9 +251,15 @@ class SampleRecipe:
     @property
     def sample_shape(self):
         """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC (with a
-        progressive size, the largest epoch's)."""
-        h, w = self.largest_size
-        return (3, h, w) if self.layout == "CHW" else (h, w, 3)
+        progressive size, the largest epoch's; with views, view 0's: see
+        :attr:`view_shapes`)."""
+        return self.view_shapes[0]
+
+    @property
+    def view_shapes(self):
+        """Shape of one sample of each view, in view order: one shape without views."""
+        sizes = [self.largest_size] if self.views is None else [v.size for v in self.views]
+        return [(3, h, w) if self.layout == "CHW" else (h, w, 3) for h, w in sizes]
 
     @property
     def np_dtype(self):
@@ -278,12 +316,18 @@ class BatchOptions:
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0 or self.label_smoothing > 0
 
 
+#: Recipe options a View sets for itself (refused beside ``views``).
+_PER_VIEW = ("size", "scale", "ratio", "flip_p", "interpolation", "auto_augment",
+             "color_jitter", "grayscale_p", "random_erase")
+_RECIPE_DEFAULTS = {f.name: f.default for f in fields(SampleRecipe)}
+_RECIPE_DEFAULTS["size"] = (224, 224)
+
 #: The parts of a TransformConfig, in order: (attribute, class).
 _PARTS = (("decode", DecodeOptions), ("recipe", SampleRecipe), ("batch_ops", BatchOptions))
 #: Flat option name -> the attribute of the part that holds it.
 _OWNER = {f.name: attr for attr, cls in _PARTS for f in fields(cls)}
 #: Options left out of ``to_dict`` while None (their default).
-_ONLY_WHEN_SET = ("decode_max_side",)
+_ONLY_WHEN_SET = ("decode_max_side", "views")
 
 
 @dataclass(frozen=True, init=False)
@@ -317,6 +361,12 @@ class TransformConfig:
             elif mine:
                 part = replace(part, **mine)
             _set(self, attr, part)
+        ops = self.batch_ops
+        if self.recipe.views is not None and (ops.mixup_alpha or ops.cutmix_alpha
+                                              or ops.batch_hook):
+            raise ConfigError("mixup_alpha, cutmix_alpha and batch_hook work on one batch of "
+                              "images, not on the views of a multi-view recipe: leave them "
+                              "unset with views=")
 
     @property
     def train(self):
@@ -356,7 +406,28 @@ class TransformConfig:
 
     @property
     def sample_bytes(self):
-        return int(np.prod(self.sample_shape)) * self.np_dtype.itemsize
+        """Bytes of one output sample, every view's together."""
+        return sum(int(np.prod(s)) for s in self.view_shapes) * self.np_dtype.itemsize
+
+    @property
+    def views(self):
+        """The multi-view recipe (a tuple of :class:`~dpu_pipe.views.View`), or None."""
+        return self.recipe.views
+
+    @property
+    def view_shapes(self):
+        """Shape of one sample of each view (one shape without views)."""
+        return self.recipe.view_shapes
+
+    def per_view(self):
+        """``[(config, view)]``, one per view: the one-view TransformConfig that makes it
+        (the recipe's crop and colour options from the View) and the
+        :class:`~dpu_pipe.views.View` (None without views)."""
+        if self.recipe.views is None:
+            return [(self, None)]
+        return [(TransformConfig(decode=self.decode, batch_ops=self.batch_ops,
+                                 recipe=replace(self.recipe, views=None, **v.recipe_fields)), v)
+                for v in self.recipe.views]
 
     @property
     def augmented(self):
@@ -383,6 +454,8 @@ class TransformConfig:
         d = {}
         for attr, _ in _PARTS:
             d.update(asdict(getattr(self, attr)))
+        if self.recipe.views is not None:
+            d["views"] = [v.to_dict() for v in self.recipe.views]
         for key in _ONLY_WHEN_SET:
             if d[key] is None:
                 del d[key]

@@ -22,7 +22,7 @@ LAYERS = [
     ("jpeg", ["constants", "errors", "_validate", "_version", "_torch", "deadline", "_jpeg",
               "_ops", "_rng",
               "_pipeline", "_augment", "_mix", "jpeg", "build_info"]),
-    ("ops", ["ops", "rng", "progressive", "transforms", "augment", "mix", "weights"]),
+    ("ops", ["ops", "rng", "progressive", "views", "transforms", "augment", "mix", "weights"]),
     ("sources/sampler", ["sources", "sources.base", "sources.folder", "sources.filelist",
                          "sources.packed", "sources.webdataset", "sources.parquet",
                          "sampler", "packed", "packed.format", "packed.reader",

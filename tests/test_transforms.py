@@ -38,9 +38,9 @@ def test_to_dict_is_flat_and_round_trips():
     d = cfg.to_dict()
     names = {f.name for part in (DecodeOptions, SampleRecipe, BatchOptions)
              for f in dataclasses.fields(part)}
-    # decode_max_side appears only when set: the dicts of the streams without it (saved
-    # states, producers' stream keys) stay what they were.
-    assert set(d) == names - {"decode_max_side"}
+    # decode_max_side and views appear only when set: the dicts of the streams without them
+    # (saved states, producers' stream keys) stay what they were.
+    assert set(d) == names - {"decode_max_side", "views"}
     assert d["size"] == [64, 48] and d["max_pixels"] == 10**6 and d["cutmix_alpha"] == 1.0
     assert TransformConfig.from_dict(d) == cfg
     with pytest.raises(ConfigError, match="unknown transform settings"):

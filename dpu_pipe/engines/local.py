@@ -49,8 +49,7 @@ class LocalEngine(Engine):
         self.makers = (maker,)
         self.timeout = timeout
         nslots = prefetch + 1
-        shape = maker.batch_shape
-        self.images = [np.empty(shape, dtype=maker.transform.np_dtype) for _ in range(nslots)]
+        self.images = [maker.empty_images() for _ in range(nslots)]
         self.labels = [np.empty((maker.batch_size,) + maker.label_shape,
                                 dtype=maker.label_dtype) for _ in range(nslots)]
         self.indices = [np.empty(maker.batch_size, np.int64) for _ in range(nslots)]

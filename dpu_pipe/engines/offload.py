@@ -101,7 +101,7 @@ def payload_layout(maker):
     """The byte layout of ``maker``'s batches in the window and in hybrid host threads
     (:class:`~dpu_pipe.offload.wire.PayloadLayout`); labels as the batch ops leave them
     (float32 (num_classes,) rows when mixing)."""
-    return wire.PayloadLayout(maker.batch_size, maker.transform.sample_shape,
+    return wire.PayloadLayout(maker.batch_size, wire.image_shapes(maker.transform),
                               maker.transform.np_dtype, maker.label_dtype, maker.label_shape)
 
 

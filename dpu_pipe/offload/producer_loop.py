@@ -113,7 +113,7 @@ class OpenStream:
         #: The node cache this stream's samples are kept in (a SharedCache), or None.
         self.cache = cache
         self.maker = BatchMaker(stream, request["num_threads"], cache)
-        self.layout = wire.PayloadLayout.from_request(request, transform.sample_shape,
+        self.layout = wire.PayloadLayout.from_request(request, wire.image_shapes(transform),
                                                       transform.np_dtype)
         mine = (self.maker.label_dtype, self.maker.label_shape)
         if mine != (self.layout.label_dtype, self.layout.label_shape):

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 __all__ = [
     "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
     "ASSIGN", "PAYLOAD_HEADER", "CACHE_FIELDS", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
+    "image_shapes",
     "STREAM_REQUEST_VERSION", "WAITING", "CANCELLED",
     "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
     "align", "check_version",
@@ -44,7 +45,9 @@ __all__ = [
 #: progressive schedule, which a producer of version 5 would refuse.
 #: 7: the stream request may carry ``cache_bytes`` (the producers' node cache), and the
 #: payload header (128 bytes) the node cache's counters.
-WIRE_VERSION = 7
+#: 8: the transform may carry ``views`` (a multi-view recipe), whose payloads hold one block
+#: of images per view; a producer of version 7 would refuse or misplace them.
+WIRE_VERSION = 8
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
 QUEUE = 3
@@ -150,11 +153,20 @@ class PayloadLayout:
     ``128 + 8 B + B x label bytes + B x sample bytes + 16384`` bytes (B the batch size, sample
     bytes of the largest size).
 
+    Multi-view recipes (``sample_shape`` a list of shapes, one per view): the images are one
+    block per view, in view order, view v at ``images_offset + view_offsets[v]``, each block
+    ``batch_size`` rows of that view's sample bytes (64-byte aligned); a short batch fills
+    the first ``n`` rows of every block and ends at the last view's row ``n``. A slot then
+    holds, per sample, every view's images: with the DINO preset (2 x 224 + 8 x 96, float32)
+    2,088,960 bytes (2 x 602,112 + 8 x 110,592), about 127.5 MiB for a batch of 64 (uint8:
+    a quarter of that, 31.9 MiB), plus the indices, labels and the 16 KiB report.
+
     Parameters
     ----------
     batch_size : int
-    sample_shape : tuple of int
-        The largest image, e.g. (3, H, W); ``image_dtype`` its numpy dtype.
+    sample_shape : tuple of int, or list of them
+        The largest image, e.g. (3, H, W); a list: one shape per view of a multi-view
+        recipe. ``image_dtype`` is their numpy dtype.
     label_dtype : "int64" or "float32" (or the numpy dtype)
     label_shape : tuple of int
         One sample's labels: () for one label, (K,) for K.
@@ -163,7 +175,13 @@ class PayloadLayout:
     def __init__(self, batch_size, sample_shape, image_dtype, label_dtype="int64",
                  label_shape=()):
         self.batch_size = int(batch_size)
-        self.sample_shape = tuple(int(v) for v in sample_shape)
+        #: Whether images come as a list, one batch per view.
+        self.multi_view = isinstance(sample_shape, list)
+        shapes = sample_shape if self.multi_view else [sample_shape]
+        if not shapes:
+            raise ConfigError("a multi-view payload needs at least one view")
+        self.view_shapes = [tuple(int(v) for v in s) for s in shapes]
+        self.sample_shape = self.view_shapes[0]
         self.image_dtype = np.dtype(image_dtype)
         name = np.dtype(label_dtype).name
         if name not in LABEL_DTYPES:
@@ -173,7 +191,13 @@ class PayloadLayout:
         self.label_shape = tuple(int(v) for v in label_shape)
         if any(v < 1 for v in self.label_shape):
             raise ConfigError(f"label shape {self.label_shape} has an empty axis")
-        self.sample_bytes = int(np.prod(self.sample_shape)) * self.image_dtype.itemsize
+        self.view_bytes = [int(np.prod(s)) * self.image_dtype.itemsize
+                           for s in self.view_shapes]
+        #: Image bytes of one sample, every view's together.
+        self.sample_bytes = sum(self.view_bytes)
+        self.view_offsets = [0]
+        for b in self.view_bytes[:-1]:
+            self.view_offsets.append(self.view_offsets[-1] + align(b * self.batch_size))
         label_row = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self.indices_offset = PAYLOAD_HEADER.itemsize
         self.labels_offset = self.indices_offset + 8 * self.batch_size
@@ -194,17 +218,20 @@ class PayloadLayout:
 
     def end(self, n, sample_shape=None):
         """Offset of the bad-sample report of a batch of ``n`` rows of ``sample_shape``
-        (default :attr:`sample_shape`): the end of its images."""
-        row = self.sample_bytes if sample_shape is None else \
-            int(np.prod(sample_shape)) * self.image_dtype.itemsize
-        return self.images_offset + int(n) * row
+        (default :attr:`sample_shape`; with views, always the views' own): the end of its
+        images."""
+        if self.multi_view or sample_shape is None:
+            return self.images_offset + self.view_offsets[-1] + int(n) * self.view_bytes[-1]
+        return self.images_offset + int(n) * int(np.prod(sample_shape)) * \
+            self.image_dtype.itemsize
 
     def shape_of(self, head):
         """The sample shape a payload's header (a dict of :data:`PAYLOAD_HEADER`) names;
         ConfigError when it does not fit this layout's slots."""
         shape = tuple(int(v) for v in head["sample_shape"])
         if len(shape) != len(self.sample_shape) or min(shape) < 1 or \
-                int(np.prod(shape)) * self.image_dtype.itemsize > self.sample_bytes:
+                int(np.prod(shape)) * self.image_dtype.itemsize > self.sample_bytes or \
+                (self.multi_view and shape != self.sample_shape):
             raise ConfigError(f"a payload names samples of shape {shape}, which do not fit "
                               f"this stream's slots of {self.sample_shape}")
         return shape
@@ -212,16 +239,24 @@ class PayloadLayout:
     def views(self, payload, n, sample_shape=None):
         """``(images (n, *sample_shape), labels (n, *label_shape), indices (n,))``: views into
         ``payload``, a 1-D uint8 array holding (at least) the first ``end(n, sample_shape)``
-        bytes (``sample_shape`` default :attr:`sample_shape`)."""
-        shape = self.sample_shape if sample_shape is None else tuple(sample_shape)
+        bytes (``sample_shape`` default :attr:`sample_shape`). With views, ``images`` is a
+        list: view v's ``(n, *view_shapes[v])``."""
         b = self.batch_size
         indices = payload[self.indices_offset:self.labels_offset].view("<i8")[:n]
         labels = payload[self.labels_offset:self.labels_offset
                          + b * int(np.prod(self.label_shape)) * self.label_dtype.itemsize]
         labels = labels.view(self.label_dtype).reshape((b,) + self.label_shape)[:n]
-        images = payload[self.images_offset:self.end(n, shape)].view(self.image_dtype).reshape(
-            (n,) + shape)
-        return images, labels, indices
+        if sample_shape is not None and not self.multi_view:
+            shape = tuple(sample_shape)
+            images = payload[self.images_offset:self.end(n, shape)].view(
+                self.image_dtype).reshape((n,) + shape)
+            return images, labels, indices
+        images = []
+        for off, nb, shape in zip(self.view_offsets, self.view_bytes, self.view_shapes):
+            at = self.images_offset + off
+            images.append(payload[at:at + int(n) * nb].view(self.image_dtype).reshape(
+                (n,) + shape))
+        return (images if self.multi_view else images[0]), labels, indices
 
     def write_header(self, payload, **fields):
         """Write the :data:`PAYLOAD_HEADER` (``fields``, and this format's version) at the
@@ -237,6 +272,13 @@ class PayloadLayout:
             return {}
         at = self.end(n, sample_shape)
         return {int(k): v for k, v in json.loads(bytes(payload[at:at + bad_bytes])).items()}
+
+def image_shapes(transform):
+    """The ``sample_shape`` argument of :class:`PayloadLayout` for a
+    :class:`~dpu_pipe.transforms.TransformConfig`: its sample shape, or with views the list
+    of its views' sample shapes."""
+    return transform.sample_shape if transform.views is None else list(transform.view_shapes)
+
 
 for _dt in (STATUS, BUFFER_HEADER, CONTROL, ASSIGN, PAYLOAD_HEADER):
     assert _dt.itemsize % 64 == 0, _dt

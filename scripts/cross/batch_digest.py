@@ -7,8 +7,9 @@ tests/test_aarch64.py then compares the two files byte for byte. DATA_DIR is an 
 (class sub-folders of .jpg files). Every section is a public entry point of dpu_pipe: JPEG decode
 (full, region, DCT-scaled, fast), lossless transcoding and the region decode of transcoded
 records, the per-image transform, the Gaussian blur and solarize ops, the fused batch kernel,
-the epoch permutation and the samplers' shards, the local Loader, the decoded-sample cache
-(an epoch filling it, one served from it, the cached images), the batch ops (MixUp, CutMix,
+the epoch permutation and the samplers' shards, the local Loader (one view, and multi-view
+DINO and BYOL batches), the decoded-sample cache (an epoch filling it, one served from it, the
+cached images), the batch ops (MixUp, CutMix,
 soft labels); a section whose entry point this build lacks is recorded as missing, not failed.
 Standard library and numpy only, no subprocesses: it runs inside the emulated userland.
 """
@@ -228,6 +229,27 @@ def cache_section(root, put):
         put(f"cache/sample{i}/scale", np.array(scale))
 
 
+def views_section(root, put):
+    """A DINO multi-crop batch (decoded once, bicubic crops, jitter, grayscale, blur,
+    solarize) into float32 CHW and uint8 HWC, and BYOL's two views, two epochs each."""
+    import dpu_pipe
+    from dpu_pipe import views
+
+    src = dpu_pipe.ImageFolder(root)
+    configs = {"dino-f32": dict(views=views.dino(48, 24, 4)),
+               "dino-u8-hwc": dict(views=views.dino(40, 16, 2), dtype="uint8", layout="HWC"),
+               "byol-f16": dict(views=views.byol(32), dtype="float16")}
+    for cname, kw in configs.items():
+        loader = dpu_pipe.Loader(src, 3, seed=9, **kw)
+        for epoch in (0, 2):
+            loader.set_epoch(epoch)
+            for b, (images, labels) in enumerate(loader):
+                for v, x in enumerate(images):
+                    put(f"views/{cname}/e{epoch}/b{b}/v{v}", np.asarray(x))
+                put(f"views/{cname}/e{epoch}/b{b}/labels", np.asarray(labels))
+        loader.close()
+
+
 def mix_section(root, put):
     """The batch ops: MixUp and CutMix batches and soft labels (the Beta draw uses the portable
     exp/log, so λ has the same bits everywhere), each output dtype and layout, and the kernel
@@ -286,7 +308,8 @@ def main(root, out_path):
                 ("permutation", lambda: permutation_section(put)),
                 ("loader", lambda: loader_section(root, put)),
                 ("cache", lambda: cache_section(root, put)),
-                ("mix", lambda: mix_section(root, put))]
+                ("mix", lambda: mix_section(root, put)),
+                ("views", lambda: views_section(root, put))]
     for name, fn in sections:
         before = len(arrays)
         try:

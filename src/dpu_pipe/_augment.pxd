@@ -9,6 +9,7 @@
 #                place, then uint8 (h, w, 3) -> one output sample (dtype, layout, normalize)
 #                as ops_run's conversion does; runs of value maps are composed into tables,
 #                a final run folded into the conversion;
+#   aug_tmp_bytes  the scratch aug_apply_convert needs (the image's size; more with blur);
 #   aug_erase    RandomErasing's box set to a constant, or to standard normal values, in the
 #                output sample.
 # One table of ops (AUG_OP_NAMES in _augment.pyx, torchvision's names) and one dispatcher
@@ -39,7 +40,9 @@ cdef enum:
     AUG_J_SATURATION = 17
     AUG_J_HUE = 18           # hue shift in turns, [-0.5, 0.5]
     AUG_GRAYSCALE = 19
-    AUG_NUM_OPS = 20
+    AUG_BLUR = 20            # multi-view Gaussian blur: sigma (kernel size in AugConfig)
+    AUG_V_SOLARIZE = 21      # multi-view solarize: the threshold itself (0..255)
+    AUG_NUM_OPS = 22
 
 cdef enum:
     AUG_MODE_NONE = 0
@@ -52,7 +55,7 @@ cdef enum:
     AUG_MAX_BINS = 64        # magnitude bins
     AUG_MAX_POLICIES = 32    # AutoAugment sub-policies
     AUG_MAX_RA_OPS = 16      # RandAugment num_ops
-    AUG_MAX_STEPS = 24       # auto-augment ops + 4 jitter ops + grayscale
+    AUG_MAX_STEPS = 26       # auto-augment ops + 4 jitter ops + grayscale, blur, solarize
 
 ctypedef struct AugSpaceOp:
     int op
@@ -83,7 +86,14 @@ ctypedef struct AugConfig:
     int jitter[4]            # brightness, contrast, saturation, hue on?
     double jlo[4]
     double jhi[4]
+    double jitter_p          # RandomApply's probability of the colour jitter (1: always)
     double gray_p
+    double blur_p            # multi-view ops: probability, sigma range, taps; solarize
+    double blur_sigma[2]
+    int blur_k
+    double sol_p
+    double sol_thr
+    uint32_t vstream         # view v's RNG stream offset (v << RNG_VIEW_SHIFT)
     double erase_p
     double erase_scale[2]
     double erase_log_ratio[2]
@@ -109,6 +119,7 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
 cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* img,
                            uint8_t* tmp, int h, int w, const OpsOutput* o,
                            void* out) noexcept nogil
+cdef size_t aug_tmp_bytes(const AugConfig* cfg, int h, int w) noexcept nogil
 cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
                     const OpsOutput* o, void* out) noexcept nogil
 cdef int aug_config_from(AugConfig* cfg, dict spec) except -1

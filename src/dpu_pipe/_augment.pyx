@@ -12,10 +12,12 @@ from libc.string cimport memchr, memcpy, memset
 from libc.math cimport floor, fmod, sqrt, rint
 
 from dpu_pipe._ops cimport (OpsOutput, OPS_FLOAT32, OPS_UINT8, OPS_FLOAT16, OPS_BFLOAT16,
-                            OPS_CHW, _to_f16, _to_bf16)
+                            OPS_CHW, OPS_OK, _to_f16, _to_bf16, ops_gaussian_kernel,
+                            ops_blur_scratch_floats, ops_gaussian_blur)
 from dpu_pipe._rng cimport (rng_block, rng_uniform2, portable_log, portable_exp,
                             RNG_STREAM_AUGMENT, RNG_STREAM_JITTER, RNG_STREAM_GRAYSCALE,
-                            RNG_STREAM_ERASE, RNG_STREAM_ERASE_NOISE)
+                            RNG_STREAM_ERASE, RNG_STREAM_ERASE_NOISE, RNG_STREAM_BLUR,
+                            RNG_STREAM_SOLARIZE)
 
 import numpy as np
 
@@ -542,7 +544,8 @@ cdef extern from "math.h" nogil:
 #: torchvision's names of the ops, indexed by the AUG_* codes of _augment.pxd.
 OP_NAMES = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
             "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast",
-            "Equalize", "Invert", "brightness", "contrast", "saturation", "hue", "grayscale")
+            "Equalize", "Invert", "brightness", "contrast", "saturation", "hue", "grayscale",
+            "blur", "solarize")
 OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
 
 DEF PI = 3.141592653589793
@@ -649,27 +652,28 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
     cdef int k, s, pol, t, j, hh, ww
     cdef int perm[4]
     cdef double fac[4]
+    cdef uint32_t vs = cfg.vstream
     out.n = 0
     out.erase = 0
     out.seed, out.epoch, out.index = seed, epoch, index
     if cfg.mode == AUG_MODE_TA_WIDE:
-        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 0, &u0, &u1)
         sp = &cfg.space[_randint(u0, cfg.n_space)]
         mag = 0.0
         if sp.has_mag:
             mag = sp.bins[_randint(u1, cfg.num_bins)]
-            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 1, &u2, &u3)
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 1, &u2, &u3)
             if sp.is_signed and u2 <= 0.5:
                 mag = -mag
         _push(out, sp.op, mag)
     elif cfg.mode == AUG_MODE_RA:
         for k in range(cfg.num_ops):
-            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 2 * k, &u0, &u1)
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 2 * k, &u0, &u1)
             sp = &cfg.space[_randint(u0, cfg.n_space)]
             mag = 0.0
             if sp.has_mag:
                 if cfg.mstd > 0.0:
-                    rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 2 * k + 1, &u2, &u3)
+                    rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 2 * k + 1, &u2, &u3)
                     level = cfg.magnitude + cfg.mstd * _normal(u2)
                     level = 0.0 if level < 0.0 else level
                     level = <double>(cfg.num_bins - 1) if level > cfg.num_bins - 1 else level
@@ -680,10 +684,10 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
                     mag = -mag
             _push(out, sp.op, mag)
     elif cfg.mode == AUG_MODE_IMAGENET:
-        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 0, &u0, &u1)
         pol = _randint(u0, cfg.n_policies)
         for s in range(2):
-            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT, 1 + s, &u2, &u3)
+            rng_uniform2(seed, epoch, index, RNG_STREAM_AUGMENT + vs, 1 + s, &u2, &u3)
             if not u2 <= cfg.pol_p[pol][s]:
                 continue
             mag = cfg.pol_mag[pol][s]
@@ -692,8 +696,8 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
             _push(out, cfg.pol_op[pol][s], mag)
     if cfg.jitter[0] or cfg.jitter[1] or cfg.jitter[2] or cfg.jitter[3]:
         # torchvision draws a random order of the four (randperm), then each factor.
-        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 0, &u0, &u1)
-        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 1, &u2, &u3)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER + vs, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER + vs, 1, &u2, &u3)
         perm[0], perm[1], perm[2], perm[3] = 0, 1, 2, 3
         fac[0], fac[1], fac[2] = u0, u1, u2    # Fisher-Yates: position k swaps with j <= k
         for k in range(3, 0, -1):
@@ -701,25 +705,36 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
             t = perm[k]
             perm[k] = perm[j]
             perm[j] = t
-        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 2, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER + vs, 2, &u0, &u1)
         fac[0] = cfg.jlo[0] + (cfg.jhi[0] - cfg.jlo[0]) * u3
         fac[1] = cfg.jlo[1] + (cfg.jhi[1] - cfg.jlo[1]) * u0
         fac[2] = cfg.jlo[2] + (cfg.jhi[2] - cfg.jlo[2]) * u1
-        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER, 3, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER + vs, 3, &u0, &u1)
         fac[3] = cfg.jlo[3] + (cfg.jhi[3] - cfg.jlo[3]) * u0
+        u1 = 0.0                # RandomApply(p): block 4, drawn only when p < 1
+        if cfg.jitter_p < 1.0:
+            rng_uniform2(seed, epoch, index, RNG_STREAM_JITTER + vs, 4, &u1, &u2)
         for k in range(4):
-            if cfg.jitter[perm[k]]:
+            if cfg.jitter[perm[k]] and u1 < cfg.jitter_p:
                 _push(out, AUG_J_BRIGHTNESS + perm[k], fac[perm[k]])
     if cfg.gray_p > 0.0:
-        rng_uniform2(seed, epoch, index, RNG_STREAM_GRAYSCALE, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_GRAYSCALE + vs, 0, &u0, &u1)
         if u0 < cfg.gray_p:
             _push(out, AUG_GRAYSCALE, 0.0)
+    if cfg.blur_p > 0.0:        # GaussianBlur: sigma uniform in [lo, hi]
+        rng_uniform2(seed, epoch, index, RNG_STREAM_BLUR + vs, 0, &u0, &u1)
+        if u0 < cfg.blur_p:
+            _push(out, AUG_BLUR, cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * u1)
+    if cfg.sol_p > 0.0:
+        rng_uniform2(seed, epoch, index, RNG_STREAM_SOLARIZE + vs, 0, &u0, &u1)
+        if u0 < cfg.sol_p:
+            _push(out, AUG_V_SOLARIZE, cfg.sol_thr)
     if cfg.erase_p > 0.0:
-        rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 0, &u0, &u1)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE + vs, 0, &u0, &u1)
         if u0 < cfg.erase_p:
             area = <double>cfg.oh * cfg.ow
             for k in range(10):
-                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 1 + k, &u0, &u1)
+                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE + vs, 1 + k, &u0, &u1)
                 target = area * (cfg.erase_scale[0] + (cfg.erase_scale[1] - cfg.erase_scale[0]) * u0)
                 aspect = portable_exp(cfg.erase_log_ratio[0]
                                       + (cfg.erase_log_ratio[1] - cfg.erase_log_ratio[0]) * u1)
@@ -729,7 +744,7 @@ cdef void aug_sample(const AugConfig* cfg, uint64_t seed, uint32_t epoch, uint64
                     continue
                 hh = <int>hf
                 ww = <int>wf
-                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE, 11 + k, &u0, &u1)
+                rng_uniform2(seed, epoch, index, RNG_STREAM_ERASE + vs, 11 + k, &u0, &u1)
                 out.ebox[0] = _randint(u0, cfg.oh - hh + 1)
                 out.ebox[1] = _randint(u1, cfg.ow - ww + 1)
                 out.ebox[2] = hh
@@ -1119,6 +1134,8 @@ cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
         _posterize_map(lut, mag)
     elif op == AUG_SOLARIZE:
         _solarize_map(lut, mag)
+    elif op == AUG_V_SOLARIZE:
+        _solarize_lut(lut, <float>mag)
     elif op == AUG_INVERT:
         _solarize_map(lut, 0.0)
     elif op == AUG_AUTOCONTRAST:
@@ -1135,7 +1152,7 @@ cdef inline int _takes_pending(int op) noexcept nogil:
     look at the image, Contrast (its mean is taken through the maps), and the grayscale ops,
     which apply the maps as they read the pixels."""
     return op == AUG_BRIGHTNESS or op == AUG_J_BRIGHTNESS or op == AUG_POSTERIZE \
-        or op == AUG_SOLARIZE or op == AUG_INVERT or op == AUG_CONTRAST \
+        or op == AUG_SOLARIZE or op == AUG_V_SOLARIZE or op == AUG_INVERT or op == AUG_CONTRAST \
         or op == AUG_J_CONTRAST or op == AUG_COLOR or op == AUG_J_SATURATION \
         or op == AUG_GRAYSCALE
 
@@ -1275,9 +1292,38 @@ cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_
                             else prm.step[k].mag, lut)
             pending = 0
             continue
-        rc = aug_apply_op(op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
+        if op == AUG_BLUR:
+            rc = _blur(cfg, prm.step[k].mag, img, tmp, h, w)
+        else:
+            rc = aug_apply_op(op, prm.step[k].mag, img, tmp, h, w, cfg.fill)
         if rc != 0:
             return rc
+    return 0
+
+
+cdef inline size_t _blur_at(int h, int w) noexcept nogil:
+    return (<size_t>h * w * 3 + 15) // 16 * 16     # the float part of tmp, 16-byte aligned
+
+
+cdef size_t aug_tmp_bytes(const AugConfig* cfg, int h, int w) noexcept nogil:
+    """Bytes of the ``tmp`` aug_apply_convert needs for an h x w image: the image's size,
+    and with blur the kernel's weights and scratch rows (floats) after it."""
+    if cfg.blur_p <= 0.0:
+        return <size_t>h * w * 3
+    return _blur_at(h, w) + (2 * <size_t>cfg.blur_k
+                             + ops_blur_scratch_floats(w, cfg.blur_k, cfg.blur_k)) * sizeof(float)
+
+
+cdef int _blur(const AugConfig* cfg, double sigma, uint8_t* img, uint8_t* tmp, int h,
+               int w) noexcept nogil:
+    """v2's gaussian_blur(img, [k, k], [sigma, sigma]) in place, through tmp (aug_tmp_bytes)."""
+    cdef int k = cfg.blur_k
+    cdef float* wts = <float*>(tmp + _blur_at(h, w))
+    if ops_gaussian_kernel(wts, k, sigma) != OPS_OK or ops_gaussian_blur(
+            img, <Py_ssize_t>w * 3, h, w, tmp, <Py_ssize_t>w * 3, wts, k, wts, k,
+            wts + k) != OPS_OK:
+        return -1
+    memcpy(img, tmp, <size_t>h * w * 3)
     return 0
 
 
@@ -1450,6 +1496,13 @@ cdef int aug_config_from(AugConfig* cfg, dict spec) except -1:
         if cfg.jitter[k]:
             cfg.jlo[k], cfg.jhi[k] = spec["jitter"][k]
     cfg.gray_p = spec["grayscale_p"]
+    cfg.jitter_p = spec.get("jitter_p", 1.0)
+    cfg.blur_p = spec.get("blur_p", 0.0)
+    cfg.blur_sigma[0], cfg.blur_sigma[1] = spec.get("blur_sigma", (0.1, 2.0))
+    cfg.blur_k = spec.get("blur_kernel", 1)
+    cfg.sol_p = spec.get("solarize_p", 0.0)
+    cfg.sol_thr = spec.get("solarize_threshold", 128.0)
+    cfg.vstream = spec.get("vstream", 0)
     cfg.erase_p = spec["erase_p"]
     cfg.erase_scale[0], cfg.erase_scale[1] = spec["erase_scale"]
     cfg.erase_log_ratio[0] = portable_log(spec["erase_ratio"][0])
@@ -1469,20 +1522,27 @@ cdef class Augmenter:
 
     def params(self, uint64_t seed, uint32_t epoch, uint64_t index):
         """{"ops": [[name, magnitude], ...], "jitter": {name: factor} in the order applied,
-        "grayscale": bool, "erase": [i, j, h, w] or None} of sample ``index``."""
+        "grayscale": bool, "erase": [i, j, h, w] or None, "blur": {"sigma", "kernel"} or
+        None, "solarize": threshold or None} of sample ``index``."""
         cdef AugParams p
         aug_sample(&self.cfg, seed, epoch, index, &p)
-        ops, jitter, gray = [], {}, False
+        ops, jitter, gray, blur, sol = [], {}, False, None, None
         for k in range(p.n):
-            name = OP_NAMES[p.step[k].op]
-            if p.step[k].op == AUG_GRAYSCALE:
+            op = p.step[k].op
+            name = OP_NAMES[op]
+            if op == AUG_GRAYSCALE:
                 gray = True
-            elif p.step[k].op >= AUG_J_BRIGHTNESS:
+            elif op == AUG_BLUR:
+                blur = {"sigma": p.step[k].mag, "kernel": self.cfg.blur_k}
+            elif op == AUG_V_SOLARIZE:
+                sol = p.step[k].mag
+            elif op >= AUG_J_BRIGHTNESS:
                 jitter[name] = p.step[k].mag
             else:
                 ops.append([name, p.step[k].mag])
         erase = [p.ebox[0], p.ebox[1], p.ebox[2], p.ebox[3]] if p.erase else None
-        return {"ops": ops, "jitter": jitter, "grayscale": gray, "erase": erase}
+        return {"ops": ops, "jitter": jitter, "grayscale": gray, "erase": erase,
+                "blur": blur, "solarize": sol}
 
     def apply_op(self, uint8_t[:, :, ::1] img, name, double magnitude):
         """Apply op ``name`` (an OP_NAMES entry) with ``magnitude`` to img (h, w, 3) in place,

@@ -4,6 +4,12 @@
 # batch; samples are spread over OpenMP threads, each with its own decoder and workspace, and
 # a sample's result depends only on (seed, epoch, index, bytes, config), never on the thread.
 #
+# Multi-view recipes (``views``): one BatchConfig per view. Each sample's header is read
+# once, every view's crop drawn (view v from its own RNG streams), and ONE region covering
+# them all decoded at the DCT scale the most demanding view allows; each view is then cut,
+# resampled and augmented from that region into its own output batch. A file is never
+# decoded twice for one sample.
+#
 # With decode_max_side a sample is first decoded whole and reduced (longest side <= S), and
 # its crop is cut from that reduced image; with a SampleCache the reduced image is kept
 # (src/dpu_pipe/_cache.h) and later epochs cut their crops from it without decoding. A hit and
@@ -21,9 +27,10 @@ from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UI
                             OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
                             ops_output_init, ops_resize_crop, ops_center_crop_box,
                             OPS_BILINEAR, OPS_BICUBIC)
-from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop, random_flip
+from dpu_pipe._rng cimport (CropConfig, CropBox, crop_config_init, random_resized_crop,
+                            random_flip, RNG_MAX_VIEWS, RNG_VIEW_SHIFT)
 from dpu_pipe._augment cimport (AugConfig, AugParams, aug_config_from, aug_sample,
-                                aug_apply_convert, aug_erase)
+                                aug_apply_convert, aug_erase, aug_tmp_bytes)
 
 import os
 
@@ -32,6 +39,9 @@ import numpy as np
 from dpu_pipe.augment import kernel_params
 from dpu_pipe.errors import ConfigError
 from dpu_pipe.transforms import TransformConfig
+
+#: Most views of a multi-view recipe (the RNG's view streams).
+MAX_VIEWS = RNG_MAX_VIEWS
 
 
 cdef extern from "_cache.h" nogil:
@@ -86,8 +96,8 @@ cdef struct Scratch:     # everything one thread owns
     size_t img_cap
     uint8_t* red         # decode_max_side: the reduced whole image, grown on demand
     size_t red_cap
-    uint8_t* crop        # augmented recipes: the uint8 (oh, ow, 3) crop and a scratch copy
-    uint8_t* scratch
+    uint8_t* crop        # augmented recipes: the uint8 (oh, ow, 3) crop (the largest view's)
+    uint8_t* scratch     # and the ops' scratch (aug_tmp_bytes)
     int ready
 
 
@@ -122,7 +132,7 @@ cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epo
     flip[0] = 0
     if cfg.train:
         random_resized_crop(&cfg.crop, seed, epoch, index, H, W, &cb)
-        flip[0] = random_flip(seed, epoch, index, cfg.flip_p)
+        flip[0] = random_flip(seed, epoch, index, cfg.flip_p, cfg.crop.vstream)
         box[0], box[1], box[2], box[3] = cb.top, cb.left, cb.height, cb.width
         span[0], span[1] = cb.top, cb.left
         span[2], span[3] = cb.top + cb.height, cb.left + cb.width
@@ -180,28 +190,52 @@ cdef int _resample(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ss
     return DP_OK
 
 
-cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
-                  uint64_t seed, uint32_t epoch, uint64_t index, char* out,
+cdef inline char* _row(char* const* bases, const Py_ssize_t* strides, Py_ssize_t row,
+                       int v) noexcept nogil:
+    return bases[v] + row * strides[v]
+
+
+cdef int _process(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* data,
+                  size_t size, uint64_t seed, uint32_t epoch, uint64_t index,
+                  char* const* bases, const Py_ssize_t* strides, Py_ssize_t row,
                   int32_t* info, char* message) noexcept nogil:
-    """One sample: ``data`` (``size`` bytes) as sample ``index`` of ``epoch`` into out."""
+    """One sample: ``data`` (``size`` bytes) as sample ``index`` of ``epoch`` into row ``row``
+    of each view's output (``bases[v] + row * strides[v]``); view v's info at
+    ``info + v * INFO_COLS``. One region, the union of the views' spans, is decoded at the
+    largest DCT scale any view asks for."""
     cdef Region r
-    cdef double box[4]
+    cdef double box[4 * RNG_MAX_VIEWS]
+    cdef int flips[RNG_MAX_VIEWS]
     cdef int64_t span[4]
+    cdef int64_t s[4]
     cdef double f
-    cdef int scale, rc, flip = 0
-    if cfg.max_side:
-        return _process_whole(w, cfg, data, size, seed, epoch, index, out, info, message)
+    cdef int v, sc, scale = 1, rc
+    span[0] = span[1] = span[2] = span[3] = 0
+    if cfgs[0].max_side:
+        return _process_whole(w, cfgs, nv, data, size, seed, epoch, index, bases, strides,
+                              row, info, message)
     rc = _header(w, data, size, message)
     if rc != DP_OK:
         return rc
     cdef int H = w.dec.info.height
     cdef int W = w.dec.info.width
-    rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
-    if rc != DP_OK:
-        return rc
-
-    scale = choose_scale(<int64_t>floor(box[2]), <int64_t>floor(box[3]), cfg.oh, cfg.ow)
-    info[INFO_SCALE] = scale
+    for v in range(nv):
+        rc = _crop(&cfgs[v], H, W, seed, epoch, index, box + 4 * v, s, &flips[v],
+                   info + v * INFO_COLS, message)
+        if rc != DP_OK:
+            return rc
+        sc = choose_scale(<int64_t>floor(box[4 * v + 2]), <int64_t>floor(box[4 * v + 3]),
+                          cfgs[v].oh, cfgs[v].ow)
+        scale = sc if sc > scale else scale
+        if v == 0:
+            span[0], span[1], span[2], span[3] = s[0], s[1], s[2], s[3]
+        else:
+            span[0] = s[0] if s[0] < span[0] else span[0]
+            span[1] = s[1] if s[1] < span[1] else span[1]
+            span[2] = s[2] if s[2] > span[2] else span[2]
+            span[3] = s[3] if s[3] > span[3] else span[3]
+    for v in range(nv):
+        info[v * INFO_COLS + INFO_SCALE] = scale
     rc = scale_region(&w.dec.info, scale, span[0], span[1], span[2] - span[0],
                       span[3] - span[1], &r)
     if rc != DP_OK:
@@ -214,9 +248,14 @@ cdef int _process(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     f = scale / 8.0
-    return _resample(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
-                     box[0] * f - r.top, box[1] * f - r.left, box[2] * f, box[3] * f, flip,
-                     seed, epoch, index, out, message)
+    for v in range(nv):
+        rc = _resample(w, &cfgs[v], w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
+                       box[4 * v] * f - r.top, box[4 * v + 1] * f - r.left,
+                       box[4 * v + 2] * f, box[4 * v + 3] * f, flips[v], seed, epoch,
+                       index, _row(bases, strides, row, v), message)
+        if rc != DP_OK:
+            return rc
+    return DP_OK
 
 
 cdef int _header(Scratch* w, const uint8_t* data, size_t size, char* message) noexcept nogil:
@@ -300,27 +339,34 @@ cdef int _reduce(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ssiz
     return DP_OK
 
 
-cdef int _from_image(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
+cdef int _from_image(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* img,
                      Py_ssize_t stride, int H, int W, int scale, uint64_t seed,
-                     uint32_t epoch, uint64_t index, char* out, int32_t* info,
+                     uint32_t epoch, uint64_t index, char* const* bases,
+                     const Py_ssize_t* strides, Py_ssize_t row, int32_t* info,
                      char* message) noexcept nogil:
-    """The sample cut from a whole decoded image (H x W RGB, rows ``stride`` bytes apart),
-    as _process cuts it from a JPEG decoded at scale 1: same crop, flip and span."""
+    """The views cut from a whole decoded image (H x W RGB, rows ``stride`` bytes apart),
+    as _process cuts them from a JPEG decoded at scale 1: same crops, flips and spans."""
     cdef double box[4]
     cdef int64_t span[4]
-    cdef int rc, flip = 0
-    rc = _crop(cfg, H, W, seed, epoch, index, box, span, &flip, info, message)
-    if rc != DP_OK:
-        return rc
-    info[INFO_SCALE] = scale
-    return _resample(w, cfg, img + span[0] * stride + span[1] * 3, stride,
-                     <int>(span[2] - span[0]), <int>(span[3] - span[1]),
-                     box[0] - span[0], box[1] - span[1], box[2], box[3], flip,
-                     seed, epoch, index, out, message)
+    cdef int v, rc, flip = 0
+    for v in range(nv):
+        rc = _crop(&cfgs[v], H, W, seed, epoch, index, box, span, &flip,
+                   info + v * INFO_COLS, message)
+        if rc != DP_OK:
+            return rc
+        info[v * INFO_COLS + INFO_SCALE] = scale
+        rc = _resample(w, &cfgs[v], img + span[0] * stride + span[1] * 3, stride,
+                       <int>(span[2] - span[0]), <int>(span[3] - span[1]),
+                       box[0] - span[0], box[1] - span[1], box[2], box[3], flip,
+                       seed, epoch, index, _row(bases, strides, row, v), message)
+        if rc != DP_OK:
+            return rc
+    return DP_OK
 
 
-cdef int _process_whole(Scratch* w, const BatchConfig* cfg, const uint8_t* data, size_t size,
-                        uint64_t seed, uint32_t epoch, uint64_t index, char* out,
+cdef int _process_whole(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* data,
+                        size_t size, uint64_t seed, uint32_t epoch, uint64_t index,
+                        char* const* bases, const Py_ssize_t* strides, Py_ssize_t row,
                         int32_t* info, char* message) noexcept nogil:
     """decode_max_side's _process: the cached reduced image, or the JPEG decoded whole at
     the DCT scale of whole_scale, reduced (and cached); then the crop cut from it."""
@@ -328,11 +374,13 @@ cdef int _process_whole(Scratch* w, const BatchConfig* cfg, const uint8_t* data,
     cdef uint32_t ch, cw, cscale
     cdef Region r
     cdef int rc, scale, h, wd
+    cdef const BatchConfig* cfg = cfgs
     if cfg.cache != NULL:
         px = dpc_lookup(cfg.cache, index, &ch, &cw, &cscale)
         if px != NULL:
-            return _from_image(w, cfg, px, <Py_ssize_t>cw * 3, <int>ch, <int>cw, <int>cscale,
-                               seed, epoch, index, out, info, message)
+            return _from_image(w, cfgs, nv, px, <Py_ssize_t>cw * 3, <int>ch, <int>cw,
+                               <int>cscale, seed, epoch, index, bases, strides, row, info,
+                               message)
     rc = _header(w, data, size, message)
     if rc != DP_OK:
         return rc
@@ -354,26 +402,27 @@ cdef int _process_whole(Scratch* w, const BatchConfig* cfg, const uint8_t* data,
                  index, &px, &h, &wd, message)
     if rc != DP_OK:
         return rc
-    return _from_image(w, cfg, px, <Py_ssize_t>wd * 3, h, wd, scale, seed, epoch, index,
-                       out, info, message)
+    return _from_image(w, cfgs, nv, px, <Py_ssize_t>wd * 3, h, wd, scale, seed, epoch, index,
+                       bases, strides, row, info, message)
 
 
-cdef int _process_decoded(Scratch* w, const BatchConfig* cfg, const uint8_t* img,
+cdef int _process_decoded(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* img,
                           Py_ssize_t stride, int H, int W, uint64_t seed, uint32_t epoch,
-                          uint64_t index, char* out, int32_t* info,
-                          char* message) noexcept nogil:
+                          uint64_t index, char* const* bases, const Py_ssize_t* strides,
+                          Py_ssize_t row, int32_t* info, char* message) noexcept nogil:
     """The fused pass of _process on an image decoded elsewhere (RGB, full resolution): the
     same crop, flip and span as a JPEG decoded at scale 1, so the result is identical. With
     decode_max_side the image is reduced (and cached) first, as a JPEG at scale 8/8 is."""
     cdef const uint8_t* px
     cdef int rc, h, wd
-    if cfg.max_side:
-        rc = _reduce(w, cfg, img, stride, H, W, H, W, 8, index, &px, &h, &wd, message)
+    if cfgs[0].max_side:
+        rc = _reduce(w, cfgs, img, stride, H, W, H, W, 8, index, &px, &h, &wd, message)
         if rc != DP_OK:
             return rc
-        return _from_image(w, cfg, px, <Py_ssize_t>wd * 3, h, wd, 8, seed, epoch, index,
-                           out, info, message)
-    return _from_image(w, cfg, img, stride, H, W, 8, seed, epoch, index, out, info, message)
+        return _from_image(w, cfgs, nv, px, <Py_ssize_t>wd * 3, h, wd, 8, seed, epoch, index,
+                           bases, strides, row, info, message)
+    return _from_image(w, cfgs, nv, img, stride, H, W, 8, seed, epoch, index, bases, strides,
+                       row, info, message)
 
 
 cdef class SampleCache:
@@ -492,81 +541,66 @@ cdef class Pipeline:
     are kept in and served from (shared by every Pipeline given it). One Pipeline must not
     run two batches at once (each call releases the GIL,
     so give each Python thread its own Pipeline).
+
+    With ``views`` in the config, every sample gives one output per view: :attr:`view_shapes`
+    lists their sample shapes, and :meth:`run` takes one output batch per view.
     """
-    cdef BatchConfig cfg
+    cdef BatchConfig* cfgs     # one per view (one without views)
+    cdef int nviews
     cdef Scratch* per_thread   # one Scratch per thread
     cdef int nthreads
     cdef readonly tuple sample_shape
+    cdef readonly tuple view_shapes
     cdef readonly object dtype
     cdef readonly SampleCache cache
 
     def __cinit__(self, dict config, int num_threads=1, SampleCache cache=None):
-        cdef double mean[3]
-        cdef double std[3]
-        cdef int c, dtype, layout
+        cdef int c, v
+        cdef size_t crop_bytes = 0, tmp_bytes = 0
         self.per_thread = NULL
+        self.cfgs = NULL
         if num_threads < 1:
             raise ConfigError("num_threads must be >= 1")
         self.nthreads = num_threads
-        oh, ow = config["size"]
-        self.cfg.train = bool(config["train"])
-        self.cfg.oh = oh
-        self.cfg.ow = ow
-        self.cfg.resize = config["resize"]
-        self.cfg.flip_p = config["flip_p"]
-        self.cfg.filt = {"bilinear": OPS_BILINEAR, "bicubic": OPS_BICUBIC}[
-            config.get("interpolation", "bilinear")]
-        if crop_config_init(&self.cfg.crop, config["scale"][0], config["scale"][1],
-                            config["ratio"][0], config["ratio"][1]) != 0:
-            raise ConfigError("invalid scale/ratio for RandomResizedCrop")
-        for c in range(3):
-            mean[c] = config["mean"][c]
-            std[c] = config["std"][c]
-        dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
-                 "bfloat16": OPS_BFLOAT16}[config["dtype"]]
-        layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[config["layout"]]
-        if ops_output_init(&self.cfg.output, dtype, layout, mean, std) != OPS_OK:
-            raise ConfigError("invalid output settings (dtype, layout, mean, std)")
-        self.cfg.dopts.fast = bool(config["fast"])
-        self.cfg.dopts.strict = bool(config.get("strict", False))
-        self.cfg.dopts.max_pixels = config["max_pixels"]
-        self.cfg.dopts.max_scans = config.get("max_scans", 1000)
-        self.cfg.dopts.intervals = 1
-        self.cfg.max_side = config.get("decode_max_side") or 0
-        self.cfg.cache = NULL
-        self.cache = cache
-        if cache is not None:
-            if not self.cfg.max_side:
-                raise ConfigError("a sample cache needs decode_max_side (it holds the reduced "
-                                  "images)")
-            self.cfg.cache = cache.base
-            self.cfg.stall_index = cache.stall_index
-            self.cfg.stall_ms = cache.stall_ms
         # Keys beyond the transform's own are decoder settings (strict, max_scans).
-        tc = TransformConfig.from_dict({k: v for k, v in config.items()
+        tc = TransformConfig.from_dict({k: x for k, x in config.items()
                                         if k not in ("strict", "max_scans")})
-        self.cfg.augmented = tc.augmented
-        self.cfg.uint8_pass = tc.uint8_pass
-        if ops_output_init(&self.cfg.u8hwc, OPS_UINT8, OPS_HWC, NULL, NULL) != OPS_OK:
-            raise ConfigError("uint8 output spec")
-        aug_config_from(&self.cfg.aug, kernel_params(tc))
-        self.sample_shape = (3, oh, ow) if layout == OPS_CHW else (oh, ow, 3)
+        parts = [(vtc, kernel_params(vtc, view, k)) for k, (vtc, view) in
+                 enumerate(tc.per_view())]
+        if len(parts) > RNG_MAX_VIEWS:
+            raise ConfigError(f"at most {RNG_MAX_VIEWS} views, got {len(parts)}")
+        self.nviews = len(parts)
+        self.cfgs = <BatchConfig*>calloc(self.nviews, sizeof(BatchConfig))
+        if self.cfgs == NULL:
+            raise MemoryError()
+        self.cache = cache
+        if cache is not None and tc.decode.decode_max_side is None:
+            raise ConfigError("a sample cache needs decode_max_side (it holds the reduced "
+                              "images)")
+        shapes = []
+        for v, (vtc, params) in enumerate(parts):
+            _configure(&self.cfgs[v], vtc, params, config, cache, v)
+            shapes.append(vtc.sample_shape)
+            if self.cfgs[v].uint8_pass:
+                crop_bytes = max(crop_bytes, <size_t>self.cfgs[v].oh * self.cfgs[v].ow * 3)
+                tmp_bytes = max(tmp_bytes, aug_tmp_bytes(&self.cfgs[v].aug, self.cfgs[v].oh,
+                                                         self.cfgs[v].ow))
+        self.view_shapes = tuple(shapes)
+        self.sample_shape = self.view_shapes[0]
         # numpy has no bfloat16: its samples are held as their uint16 bits.
         self.dtype = np.dtype(np.uint16 if config["dtype"] == "bfloat16" else config["dtype"])
         self.per_thread = <Scratch*>calloc(num_threads, sizeof(Scratch))
         if self.per_thread == NULL:
             raise MemoryError()
         for c in range(num_threads):
-            dec_init(&self.per_thread[c].dec, &self.cfg.dopts)
+            dec_init(&self.per_thread[c].dec, &self.cfgs[0].dopts)
             ops_ws_init(&self.per_thread[c].ws)
             self.per_thread[c].ready = 1
-            if self.cfg.uint8_pass:
-                self.per_thread[c].crop = <uint8_t*>calloc(
-                    2 * <size_t>self.cfg.oh * self.cfg.ow * 3, 1)
+            if crop_bytes:
+                self.per_thread[c].crop = <uint8_t*>calloc(crop_bytes + tmp_bytes + 16, 1)
                 if self.per_thread[c].crop == NULL:
                     raise MemoryError()
-                self.per_thread[c].scratch = (self.per_thread[c].crop
-                                           + <size_t>self.cfg.oh * self.cfg.ow * 3)
+                self.per_thread[c].scratch = self.per_thread[c].crop + (crop_bytes + 15) // 16 * 16
 
     def __dealloc__(self):
         cdef int c
@@ -579,78 +613,138 @@ cdef class Pipeline:
                     free(self.per_thread[c].red)
                     free(self.per_thread[c].crop)
             free(self.per_thread)
+        free(self.cfgs)
 
     @property
     def num_threads(self):
         return self.nthreads
 
+    def _outputs(self, out, Py_ssize_t n):
+        """``out`` as a list of one output batch per view, each checked (>= n rows)."""
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if len(outs) != self.nviews or not all(
+                isinstance(o, np.ndarray) and o.dtype == self.dtype
+                and o.shape[1:] == shape and o.shape[0] >= n
+                and o.flags.c_contiguous and o.flags.writeable
+                for o, shape in zip(outs, self.view_shapes)):
+            raise ConfigError(f"out must be {self.nviews} writable C-contiguous {self.dtype} "
+                              f"array(s) of shape ({n}, *sample_shape), sample shapes "
+                              f"{list(self.view_shapes)}")
+        return outs
+
     def run(self, BufferList buffers, const int64_t[::1] indices, uint64_t seed,
             uint32_t epoch, out, int32_t[:, ::1] info):
         """Process buffers[i] as sample indices[i] of `epoch` into out[i].
 
-        out: C-contiguous array (N, *sample_shape) of the configured dtype.
-        info: int32 (N, 7) receiving status, crop top/left/height/width, flip, DCT scale.
+        out: C-contiguous array (N, *sample_shape) of the configured dtype; with views, a list
+        of them, one per view (shapes :attr:`view_shapes`).
+        info: int32 (N, 7 * views) receiving, per view, status (the sample's, in column 0),
+        crop top/left/height/width, flip, DCT scale.
         Returns {i: message} for the samples that failed (their out[i] is left unspecified).
         """
         cdef Py_ssize_t n = buffers.n, i
-        cdef char* base
         cdef char* messages
-        cdef Py_ssize_t stride
-        cdef int tid
-        if indices.shape[0] != n or info.shape[0] != n or info.shape[1] != INFO_COLS:
+        cdef int tid, v
+        if indices.shape[0] != n or info.shape[0] != n \
+                or info.shape[1] != INFO_COLS * self.nviews:
             raise ConfigError(f"indices ({indices.shape[0]}) and info ({info.shape[0]}, "
                              f"{info.shape[1]}) must match the {n} buffers; info has "
-                             f"{INFO_COLS} columns")
-        if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
-                and out.shape[1:] == self.sample_shape and out.shape[0] >= n
-                and out.flags.c_contiguous and out.flags.writeable):
-            raise ConfigError(f"out must be a writable C-contiguous {self.dtype} array of "
-                             f"shape ({n}, {', '.join(map(str, self.sample_shape))})")
-        cdef uint8_t[::1] flat = out.reshape(-1).view(np.uint8) if out.size else \
-            np.empty(1, np.uint8)
-        base = <char*>&flat[0]
-        stride = out.strides[0] if out.ndim else 0
+                             f"{INFO_COLS} columns per view")
+        outs = self._outputs(out, n)
+        cdef char** bases = <char**>calloc(self.nviews, sizeof(char*))
+        cdef Py_ssize_t* strides = <Py_ssize_t*>calloc(self.nviews, sizeof(Py_ssize_t))
         messages = <char*>calloc(max(n, 1), MSG_LEN)
-        if messages == NULL:
-            raise MemoryError()
         try:
+            if bases == NULL or strides == NULL or messages == NULL:
+                raise MemoryError()
+            for v in range(self.nviews):
+                bases[v] = <char*><Py_ssize_t>outs[v].ctypes.data
+                strides[v] = outs[v].strides[0]
             with nogil, parallel(num_threads=self.nthreads):
                 tid = threadid()
                 for i in prange(n, schedule="dynamic", chunksize=1):
                     info[i, INFO_STATUS] = _process(
-                        &self.per_thread[tid], &self.cfg, buffers.ptrs[i], buffers.sizes[i],
-                        seed, epoch, <uint64_t>indices[i], base + i * stride, &info[i, 0],
-                        messages + i * MSG_LEN)
+                        &self.per_thread[tid], self.cfgs, self.nviews, buffers.ptrs[i],
+                        buffers.sizes[i], seed, epoch, <uint64_t>indices[i], bases, strides, i,
+                        &info[i, 0], messages + i * MSG_LEN)
             return {i: messages[i * MSG_LEN:(i + 1) * MSG_LEN].split(b"\0", 1)[0]
                     .decode("utf-8", "replace") for i in range(n) if info[i, INFO_STATUS] != 0}
         finally:
             free(messages)
+            free(bases)
+            free(strides)
 
     def run_decoded(self, const uint8_t[:, :, ::1] img, uint64_t index, uint64_t seed,
                     uint32_t epoch, out, Py_ssize_t pos, int32_t[:, ::1] info):
         """Augment ``img`` (H, W, 3) uint8 RGB, decoded by another decoder, as sample ``index``
-        into ``out[pos]`` and ``info[pos]`` (``out`` and ``info`` as in :meth:`run`). Returns
-        None, or the message of a failure (``info[pos, 0]`` then holds its code)."""
+        into row ``pos`` of ``out`` and ``info`` (as in :meth:`run`). Returns None, or the
+        message of a failure (``info[pos, 0]`` then holds its code)."""
         cdef char message[MSG_LEN]
-        cdef int rc
-        cdef char* dst
+        cdef int rc, v
+        cdef char* bases[RNG_MAX_VIEWS]
+        cdef Py_ssize_t strides[RNG_MAX_VIEWS]
         if img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
             raise ConfigError("img must be a non-empty (H, W, 3) uint8 array")
-        if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
-                and out.shape[1:] == self.sample_shape and 0 <= pos < out.shape[0]
-                and out.flags.c_contiguous and out.flags.writeable) \
-                or not 0 <= pos < info.shape[0] or info.shape[1] != INFO_COLS:
-            raise ConfigError(f"out must be a writable C-contiguous {self.dtype} array of "
-                              f"samples {self.sample_shape} and info int32 (N, {INFO_COLS}), "
-                              f"both with a row {pos}")
-        cdef uint8_t[::1] flat = out[pos].reshape(-1).view(np.uint8)
-        dst = <char*>&flat[0]
+        if not 0 <= pos < info.shape[0] or info.shape[1] != INFO_COLS * self.nviews:
+            raise ConfigError(f"info must be int32 (N, {INFO_COLS * self.nviews}) with a row "
+                              f"{pos}")
+        outs = self._outputs(out, pos + 1)
+        for v in range(self.nviews):
+            bases[v] = <char*><Py_ssize_t>outs[v].ctypes.data
+            strides[v] = outs[v].strides[0]
         message[0] = 0
         with nogil:
-            rc = _process_decoded(&self.per_thread[0], &self.cfg, &img[0, 0, 0], img.strides[0],
-                                  <int>img.shape[0], <int>img.shape[1], seed, epoch, index,
-                                  dst, &info[pos, 0], message)
+            rc = _process_decoded(&self.per_thread[0], self.cfgs, self.nviews, &img[0, 0, 0],
+                                  img.strides[0], <int>img.shape[0], <int>img.shape[1], seed,
+                                  epoch, index, bases, strides, pos, &info[pos, 0], message)
         info[pos, INFO_STATUS] = rc
         if rc == DP_OK:
             return None
         return message[:MSG_LEN].split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+cdef int _configure(BatchConfig* cfg, object tc, dict params, dict config,
+                    SampleCache cache, int view) except -1:
+    """Fill ``cfg`` for one view: ``tc`` its one-view TransformConfig, ``params`` its
+    augmentation parameters (dpu_pipe.augment.kernel_params), ``config`` the decoder keys."""
+    cdef double mean[3]
+    cdef double std[3]
+    cdef int c, dtype, layout
+    recipe = tc.recipe
+    oh, ow = recipe.size
+    cfg.train = bool(recipe.train)
+    cfg.oh = oh
+    cfg.ow = ow
+    cfg.resize = recipe.resize
+    cfg.flip_p = recipe.flip_p
+    cfg.filt = {"bilinear": OPS_BILINEAR, "bicubic": OPS_BICUBIC}[recipe.interpolation]
+    if crop_config_init(&cfg.crop, recipe.scale[0], recipe.scale[1],
+                        recipe.ratio[0], recipe.ratio[1]) != 0:
+        raise ConfigError("invalid scale/ratio for RandomResizedCrop")
+    cfg.crop.vstream = <uint32_t>view << RNG_VIEW_SHIFT
+    for c in range(3):
+        mean[c] = recipe.mean[c]
+        std[c] = recipe.std[c]
+    dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
+             "bfloat16": OPS_BFLOAT16}[recipe.dtype]
+    layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[recipe.layout]
+    if ops_output_init(&cfg.output, dtype, layout, mean, std) != OPS_OK:
+        raise ConfigError("invalid output settings (dtype, layout, mean, std)")
+    cfg.dopts.fast = bool(tc.decode.fast)
+    cfg.dopts.strict = bool(config.get("strict", False))
+    cfg.dopts.max_pixels = tc.decode.max_pixels
+    cfg.dopts.max_scans = config.get("max_scans", 1000)
+    cfg.dopts.intervals = 1
+    cfg.max_side = tc.decode.decode_max_side or 0
+    cfg.cache = NULL
+    if cache is not None:
+        cfg.cache = cache.base
+        cfg.stall_index = cache.stall_index
+        cfg.stall_ms = cache.stall_ms
+    colour = params["blur_p"] > 0 or params["solarize_p"] > 0
+    cfg.augmented = tc.augmented or colour
+    cfg.uint8_pass = tc.uint8_pass or colour
+    if ops_output_init(&cfg.u8hwc, OPS_UINT8, OPS_HWC, NULL, NULL) != OPS_OK:
+        raise ConfigError("uint8 output spec")
+    aug_config_from(&cfg.aug, params)
+    return 0

@@ -31,9 +31,16 @@ cdef enum:
     RNG_STREAM_MIX = 260       # batch ops: mix, switch, CutMix box, Beta draw (dpu_pipe/mix.py)
     RNG_STREAM_HOOK = 261      # batch_hook's Generator seed (dpu_pipe/mix.py)
     RNG_STREAM_STICK = 262     # stick_to_shard's permutation keys (dpu_pipe/sampler.py)
-    RNG_STREAM_USER = 263
+    RNG_STREAM_BLUR = 263      # multi-view Gaussian blur: applied?, sigma
+    RNG_STREAM_SOLARIZE = 264  # multi-view solarize: applied?
+    RNG_STREAM_USER = 265
     RNG_STREAM_ERASE_NOISE = 512  # erase_value="random": streams 512..527 (_augment: aug_erase)
     RNG_ERASE_NOISE_STREAMS = 16
+    # View v of a multi-view recipe draws from stream id ``stream + (v << RNG_VIEW_SHIFT)``
+    # (every id above is below 1 << RNG_VIEW_SHIFT): view 0 draws what the one-view recipe
+    # draws, and no two views share a stream.
+    RNG_VIEW_SHIFT = 10
+    RNG_MAX_VIEWS = 64
     RNG_CROP_ATTEMPTS = 10     # torchvision's attempt count before the central-crop fallback
     RNG_PERM_ROUNDS = 8        # Feistel rounds of the epoch permutation
     RNG_PERM_MIN_BITS = 8      # smallest Feistel domain: 2**8 (see perm_init)
@@ -47,6 +54,7 @@ ctypedef struct CropConfig:
     double ratio_hi
     double log_ratio_lo
     double log_ratio_hi
+    uint32_t vstream           # view v's stream offset, v << RNG_VIEW_SHIFT (0: one view)
 
 ctypedef struct PermDomain:
     # The Feistel domain [0, 2**(bits_l + bits_r)) that holds [0, n); filled by perm_init.
@@ -281,6 +289,7 @@ cdef inline int crop_config_init(CropConfig* cfg, double scale_lo, double scale_
     cfg.ratio_hi = ratio_hi
     cfg.log_ratio_lo = portable_log(ratio_lo)
     cfg.log_ratio_hi = portable_log(ratio_hi)
+    cfg.vstream = 0
     return 0
 
 
@@ -297,7 +306,7 @@ cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32
         return -1
     area = <double>(height * width)
     for a in range(RNG_CROP_ATTEMPTS):
-        rng_uniform2(seed, epoch, index, RNG_STREAM_CROP, <uint32_t>a, &us, &ur)
+        rng_uniform2(seed, epoch, index, RNG_STREAM_CROP + cfg.vstream, <uint32_t>a, &us, &ur)
         target = area * (cfg.scale_lo + (cfg.scale_hi - cfg.scale_lo) * us)
         aspect = portable_exp(cfg.log_ratio_lo + (cfg.log_ratio_hi - cfg.log_ratio_lo) * ur)
         wf = rint(sqrt(target * aspect))       # rint: round half to even, as Python's round
@@ -305,7 +314,8 @@ cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32
         if 0.0 < wf <= <double>width and 0.0 < hf <= <double>height:
             w = <int64_t>wf
             h = <int64_t>hf
-            rng_uniform2(seed, epoch, index, RNG_STREAM_CROP, RNG_CROP_ATTEMPTS, &ut, &ul)
+            rng_uniform2(seed, epoch, index, RNG_STREAM_CROP + cfg.vstream, RNG_CROP_ATTEMPTS,
+                         &ut, &ul)
             out.top = <int64_t>floor(ut * <double>(height - h + 1))
             out.left = <int64_t>floor(ul * <double>(width - w + 1))
             # u < 1 keeps floor(u * n) < n already; the clamp documents the bound.
@@ -341,9 +351,10 @@ cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32
 
 
 cdef inline int random_flip(uint64_t seed, uint32_t epoch, uint64_t index,
-                            double p) noexcept nogil:
+                            double p, uint32_t vstream=0) noexcept nogil:
     """1 if the sample is flipped horizontally (probability p), else 0: u < p with u the first
-    uniform of stream RNG_STREAM_FLIP, as torchvision's `torch.rand(1) < p`."""
+    uniform of stream RNG_STREAM_FLIP (+ vstream: view v's offset), as torchvision's
+    `torch.rand(1) < p`."""
     cdef double u0, u1
-    rng_uniform2(seed, epoch, index, RNG_STREAM_FLIP, 0, &u0, &u1)
+    rng_uniform2(seed, epoch, index, RNG_STREAM_FLIP + vstream, 0, &u0, &u1)
     return 1 if u0 < p else 0
