@@ -163,6 +163,30 @@ def test_each_view_is_a_function_of_seed_epoch_index_and_view(images):
         assert ds[0]["crop"] != ds[1]["crop"] or ds[0]["flip"] != ds[1]["flip"]
 
 
+def test_the_numpy_twin_gives_each_views_draws(images):
+    """dpu_pipe.rng's view streams (rng.view_stream) give the crop, the flip and the blur
+    that the kernel's view v gets, as the stream table documents."""
+    from dpu_pipe import rng
+
+    vs = [V.View(size=24, scale=(0.1, 0.9), flip_p=0.5, blur_p=0.5, blur_kernel=5,
+                 blur_sigma=(0.3, 1.7)), V.View(size=16, scale=(0.3, 1.0), flip_p=0.3)]
+    proc, _, _ = _run(images, _indices(1), views=vs * 2, dtype="uint8")
+    for index in _indices(12):
+        head = dpu_pipe.jpeg.read_header(images[int(index) % len(images)])
+        h, w = head.height, head.width
+        for v, d in enumerate(_describe(proc, images, index)):
+            view = vs[v % 2]
+            crop = rng.random_resized_crop(SEED, EPOCH, int(index), h, w, view.scale,
+                                           view.ratio, view=v)
+            assert d["crop"] == list(crop), (index, v)
+            assert d["flip"] == rng.random_flip(SEED, EPOCH, int(index), view.flip_p, view=v)
+            u0, u1 = rng.uniforms(SEED, EPOCH, int(index), rng.view_stream(rng.STREAM_BLUR, v))
+            if view.blur_p > 0 and u0 < view.blur_p:
+                assert d["blur"] == {"sigma": 0.3 + 1.4 * u1, "kernel": 5}
+            else:
+                assert d["blur"] is None
+
+
 @pytest.mark.parametrize("off", ["blur_p", "solarize_p", "jitter_p", "grayscale_p", "flip_p"])
 def test_turning_one_op_off_moves_no_other_draw(images, off):
     view = V.View(size=32, color_jitter=(0.4, 0.4, 0.2, 0.1), jitter_p=0.8, grayscale_p=0.4,
@@ -333,3 +357,29 @@ def test_payload_layout_places_one_block_per_view():
     assert not one.multi_view and one.end(5) == one.images_offset + 5 * 768
     tc = TransformConfig(views=V.simclr(16))
     assert wire.image_shapes(tc) == [(3, 16, 16)] * 2
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_views_reach_a_device_each_through_its_own_staging(photo_folder):
+    """On a device each view is staged and copied as a one-view batch is (a staging buffer
+    per view and slot, reused only after its copy completed); the values are the numpy
+    stream's."""
+    from fake_device import FakeDevice
+
+    root = photo_folder(10)
+    kw = dict(views=V.dino(32, 16, 2), seed=SEED, shuffle=False)
+    with dpu_pipe.Loader(root, 4, **kw) as ld:
+        want = [([a.copy() for a in x], y.copy()) for x, y in ld]
+    dev = FakeDevice(delay=0.002)
+    with dpu_pipe.Loader(root, 4, device="cuda", **kw) as ld:
+        ld.out.backend = dev
+        got = [(x, y) for x, y in ld]
+        stats = ld.stats()
+    dev.synchronize()
+    assert len(got) == len(want) == 3
+    for (x, y), (u, v) in zip(got, want):
+        assert len(x) == 4 and np.array_equal(y.numpy(), v)
+        for a, b in zip(x, u):
+            assert np.array_equal(a.numpy(), b)
+    assert stats["device_batches_staged"] == 3
+    assert not any(c.event.overwritten for c in dev.copies)

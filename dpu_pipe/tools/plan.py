@@ -215,9 +215,9 @@ def _sample(data, images):
 
 def _payload(batch, transform):
     """The transport's payload layout for ``batch`` samples of ``transform``, int labels."""
-    from ..offload.wire import PayloadLayout
+    from ..offload.wire import PayloadLayout, image_shapes
 
-    return PayloadLayout(batch, transform.sample_shape, transform.np_dtype)
+    return PayloadLayout(batch, image_shapes(transform), transform.np_dtype)
 
 
 def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm_factor=1.0,
