@@ -426,7 +426,8 @@ class TransformConfig:
         if self.recipe.views is None:
             return [(self, None)]
         return [(TransformConfig(decode=self.decode, batch_ops=self.batch_ops,
-                                 recipe=replace(self.recipe, views=None, **v.recipe_fields)), v)
+                                 recipe=replace(self.recipe, views=None, resize=0,
+                                                **v.recipe_fields)), v)
                 for v in self.recipe.views]
 
     @property

@@ -103,6 +103,10 @@ def test_views_round_trip_through_to_dict():
     assert len(d["views"]) == 5 and d["views"][1]["solarize_p"] == 0.2
     back = TransformConfig.from_dict(d)
     assert back == tc and back.views == tuple(V.dino(64, 32, 3))
+    # Views larger than the recipe's default size (its validation resize is not theirs).
+    assert [c.recipe.size for c, _ in
+            TransformConfig(views=[V.View(size=320), V.View(size=16)]).per_view()] == \
+        [(320, 320), (16, 16)]
     # A one-view transform's dict (saved states, producers' stream keys) is unchanged.
     assert "views" not in TransformConfig().to_dict()
 
