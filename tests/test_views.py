@@ -387,3 +387,26 @@ def test_views_reach_a_device_each_through_its_own_staging(photo_folder):
             assert np.array_equal(a.numpy(), b)
     assert stats["device_batches_staged"] == 3
     assert not any(c.event.overwritten for c in dev.copies)
+
+
+def test_a_resumed_multi_view_loader_continues_the_stream(photo_folder):
+    """state_dict carries the views (the transform's dict): a loader resumed mid-epoch
+    gives the rest of the uninterrupted stream; another view list is refused."""
+    root = photo_folder(10)
+    kw = dict(views=V.byol(24), seed=SEED, dtype="uint8")
+    with dpu_pipe.Loader(root, 3, **kw) as ld:
+        whole = [[a.copy() for a in x] for x, _ in ld]
+    with dpu_pipe.Loader(root, 3, **kw) as ld:
+        it = iter(ld)
+        next(it)
+        state = ld.state_dict()
+    with dpu_pipe.Loader(root, 3, **kw) as ld:
+        ld.load_state_dict(state)
+        rest = [[a.copy() for a in x] for x, _ in ld]
+    assert len(rest) == len(whole) - 1
+    for got, want in zip(rest, whole[1:]):
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    with dpu_pipe.Loader(root, 3, views=V.simclr(24), seed=SEED, dtype="uint8") as other:
+        with pytest.raises(ConfigError):
+            other.load_state_dict(state)
