@@ -2,12 +2,14 @@
 # One entry point for the README's commands. Each sets up what it needs on a fresh
 # Debian/Ubuntu machine (apt packages when missing, a venv in .venv) and then runs.
 #   ./run.sh demo    the main job: builds a dataset from real photographs, runs the pipeline
-#   ./run.sh test    builds and runs the test suite
+#   ./run.sh test    builds and runs the test suite, on every core (DPU_PIPE_TEST_JOBS workers,
+#                    default: one per core; 0: in this process)
 #   ./run.sh bench   the microbenchmarks (pytest-benchmark)
 #   ./run.sh wheels  DPU (aarch64) and x86-64 wheels into dist/ (scripts/build_wheels.sh)
 #   ./run.sh slurm   installs Debian's slurm-wlm and munge when missing (about 30-75 s) and
 #                    runs the Slurm launch tests on a private one-machine cluster
 #   ./run.sh slurm-deps  only installs them (CI does, so the suite runs those tests)
+#   ./run.sh system-deps only the system packages that setup installs when missing
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -119,8 +121,15 @@ case "$cmd" in
     for a in "$@"; do
       case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && where=() ;; esac
     done
+    # pytest-xdist: the whole suite runs on one worker per core, each given whole files
+    # (--dist loadfile), so a file's module fixtures (datasets, the sdist build and the wheels
+    # made from it) are made once and its tests keep their order; many tests wait on mpiexec
+    # jobs and deadlines, which the other worker fills. Named files run in this process unless
+    # DPU_PIPE_TEST_JOBS says otherwise; arguments given here come after and win (-n 0).
+    jobs=${DPU_PIPE_TEST_JOBS:-auto}
+    [ ${#where[@]} -gt 0 ] || jobs=${DPU_PIPE_TEST_JOBS:-0}
     # -rs lists every skipped test with its reason: a skip is a check that did not run.
-    "$PY" -m pytest -q -rs -p no:cacheprovider "$@" "${where[@]}"
+    "$PY" -m pytest -q -rs -p no:cacheprovider -n "$jobs" --dist loadfile "$@" "${where[@]}"
     ;;
   bench)
     setup
@@ -135,13 +144,16 @@ case "$cmd" in
   slurm-deps)
     slurm_deps
     ;;
+  system-deps)
+    system_deps
+    ;;
   slurm)
     setup
     slurm_deps
     "$PY" -m pytest -q -rs -p no:cacheprovider "$@" tests/mpi/test_slurm.py
     ;;
   *)
-    echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm|slurm-deps [args...]" >&2
+    echo "usage: ./run.sh demo|test|bench|wheels|setup|slurm|slurm-deps|system-deps [args...]" >&2
     exit 2
     ;;
 esac
