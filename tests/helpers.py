@@ -70,6 +70,16 @@ def run(argv, *, timeout, check=True, **kw):
     return proc
 
 
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now (int): for a launcher's rendezvous
+    (torchrun's default, 29500, is shared by jobs the suite's workers run at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rss_bytes():
     """Resident memory of this process in bytes (``/proc/self/statm``, Linux only)."""
     with open("/proc/self/statm") as f:

@@ -4,7 +4,6 @@ IterableDataset view behind a DataLoader; rank defaults from a gloo process grou
 processes."""
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import pytest
 
 from dpu_pipe import ConfigError, Loader
 from dpu_pipe.sources import ImageFolder
-from helpers import repo_env
+from helpers import free_port, repo_env
 
 torch = pytest.importorskip("torch")
 
@@ -149,17 +148,11 @@ _RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_rank_defaults_from_a_gloo_process_group_of_two(root, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = repo_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import repo_env
+from helpers import free_port, repo_env
 from mpi_launch import HERE, ROOT
 
 pytest.importorskip("torch")
@@ -72,7 +72,7 @@ def _run(tmp_path, mode, limit=150, grace=None):
     try:
         start = time.monotonic()
         argv = ["timeout", "-k", "5", str(limit), str(TORCHRUN), "--nproc_per_node", "2",
-                str(HERE / "serve_host.py"), str(data), str(tmp_path / "serve-{rank}.json"),
+                "--master_port", str(free_port()), str(HERE / "serve_host.py"), str(data), str(tmp_path / "serve-{rank}.json"),
                 mode]
         torchrun = subprocess.Popen(argv, **popen)
         out, err = _finish(torchrun, limit + 20)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import repo_env
+from helpers import free_port, repo_env
 from mpi_launch import HERE, ROOT
 
 pytest.importorskip("torch")
@@ -25,7 +25,7 @@ def test_offload_under_torchrun_without_producers_is_a_config_error(tmp_path):
         Image.fromarray(np.full((24, 30, 3), 20 * i, np.uint8)).save(d / f"{i}.jpg")
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run(["timeout", "-k", "5", "120", str(torchrun), "--nproc_per_node", "2",
-                           str(HERE / "torchrun_host.py"), str(tmp_path)],
+                           "--master_port", str(free_port()), str(HERE / "torchrun_host.py"), str(tmp_path)],
                           cwd=ROOT, env=repo_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
