@@ -55,7 +55,10 @@ python_env() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     log "installing Python packages into $VENV"
     "$PY" -m pip install -q --disable-pip-version-check -U pip
-    "$PY" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+    # --no-compile: pip would byte-compile all ~12,500 modules (about 90 s of CPU here, torch
+    # most of it); Python compiles the ones a process imports, once, when bytecode caches are
+    # on (./run.sh test and .ci/run turn them on).
+    "$PY" -m pip install -q --disable-pip-version-check --no-compile -r requirements-dev.txt
     echo "$want" > "$stamp"
   fi
   # The editable build recompiles every kernel (about 90 s here) even when nothing changed, so
