@@ -3,10 +3,10 @@
 # installed by the script itself), then run tests/test_aarch64.py on them — wheel tags, bundled
 # libraries and glibc symbols, NEON per kernel, the kernel, decode and Loader tests under
 # qemu-aarch64 (cortex-a72) in an arm64 chroot, x86-64 vs aarch64 bit-identity on Debian's
-# arm64 CPython 3.11, and the aarch64 pyconfig.h that the cp310 build derives. That is what
-# proves the wheel a DPU installs; the other versions' wheels (cp39, cp310), the abi3 wheel on
-# the other interpreters (3.12, 3.13, natively and emulated) and the x86-64 wheel's SSE2 copies
-# under qemu-x86_64 are the long form, --all (about 25 minutes more here); the short form's
+# arm64 CPython 3.11, the x86-64 wheel's SSE2 copies under qemu-x86_64 against its AVX2 ones,
+# and the aarch64 pyconfig.h that the cp310 build derives. That is what proves the wheel a DPU
+# installs; the other versions' wheels (cp39, cp310) and the abi3 wheel on the other
+# interpreters (3.12, 3.13, natively and emulated) are the long form, --all (about 25 minutes more here); the short form's
 # test_aarch64.py lists them as skipped with that command.
 # Prints the time of each step.
 #   scripts/cross/ci.sh [--all] [PYTHON]
