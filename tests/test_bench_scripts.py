@@ -1,6 +1,6 @@
 """The developer benchmarks under bench/ (``bench_decode.py``, ``bench_transcode.py``,
-``bench_loader.py``, ``bench_blur.py``), run as scripts the way a developer runs them, on a few small JPEGs: they
-leave the data as it was, and their JSON holds every method once with figures that add up.
+``bench_loader.py``, ``bench_blur.py``, ``bench_cache.py``, ``bench_views.py``), run as scripts
+the way a developer runs them, on a few small JPEGs: they leave the data as it was, and their JSON holds every method once with figures that add up.
 Timings themselves are never asserted."""
 
 import json
@@ -170,3 +170,18 @@ def test_bench_cache_runs_every_method_and_fills_the_cache(jpegs, tmp_path):
     # The warm loader's cache: filled in its first epoch, then two epochs of hits only.
     assert st["entries"] == N and st["misses"] == N and st["hits"] == 2 * N
     assert _snapshot(jpegs) == before
+
+
+def test_bench_views_times_every_method(jpegs, tmp_path):
+    pytest.importorskip("torchvision")
+    out = tmp_path / "views.json"
+    r = _script("bench_views.py", "--data", jpegs, "--n", N, "--repeat", 1, "--json", out,
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert result["n"] == N
+    assert sorted(result["img_per_s"]) == sorted([
+        "dino", "dino-pil", "dino-v2", "simclr", "simclr-v2", "dino-cache", "simclr-cache",
+        "classic"])
+    assert all(rate > 0 for rate in result["img_per_s"].values())
+    assert "DINO" in r.stdout and "SimCLR" in r.stdout

@@ -1,0 +1,208 @@
+"""Images per second on one core for the self-supervised multi-view recipes: dpu_pipe's views
+(one decode per sample, every view cut from it) against torchvision, per image of the dataset
+(so a DINO image is its 2 + 8 views).
+
+Methods:
+  dino      dpu_pipe.views.dino()
+  dino-pil  DINO's DataAugmentationDINO as facebookresearch/dino writes it (torchvision v1
+            transforms on PIL images, Pillow's GaussianBlur of radius U(0.1, 2), ImageOps
+            solarize), PIL decode
+  dino-v2   the same recipe with torchvision.transforms.v2 on uint8 tensors
+            (torchvision.io.decode_jpeg; GaussianBlur(9, (0.1, 2)) as DINOv2 writes it)
+  simclr    dpu_pipe.views.simclr()
+  simclr-v2 SimCLR's two views with torchvision.transforms.v2 on uint8 tensors: RRC(224), flip,
+            ColorJitter(0.8, 0.8, 0.8, 0.2) p 0.8, grayscale p 0.2, GaussianBlur(23, (0.1, 2))
+            p 0.5
+  dino-cache, simclr-cache  the presets with decode_max_side=256 and a decoded-sample cache
+            holding every sample (epochs >= 2 of a cached run: no decode)
+  classic   dpu_pipe's classic recipe (RRC 224 + flip), for a DINO sample's cost against a
+            classic sample's
+
+Every method ends in float32 normalized (CHW) batches of 32 per view, torch tensors stacked as
+a DataLoader's collate would. One core: the process is pinned to --cpu, torch and OpenCV to one
+thread, dpu_pipe to one thread. Methods run interleaved batch by batch within each round, the
+first one rotating, on the same files; the clock is this thread's CPU time, which other
+processes on the machine do not inflate. Data: dpu_pipe.tools.sample_data (ImageNet-like JPEGs
+made from real photographs).
+
+    .venv/bin/python bench/bench_views.py --n 128 --repeat 3
+"""
+
+import argparse
+import io
+import json
+import os
+import random
+import time
+
+import numpy as np
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+BATCH = 32
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _dpu_pipe_method(bufs, views, max_side=None):
+    """dpu_pipe's batch kernel; with ``max_side``, ``decode_max_side`` and a cache with room
+    for every sample, filled by the warm-up (so every timed epoch is served from it)."""
+    from dpu_pipe.cache import DecodedCache
+    from dpu_pipe.kernel import BatchProcessor
+    from dpu_pipe.transforms import TransformConfig
+
+    from bench_cache import full_cache_bytes
+
+    cache = DecodedCache(full_cache_bytes(len(bufs), max_side), len(bufs)) if max_side else None
+    proc = BatchProcessor(TransformConfig(views=views, decode_max_side=max_side),
+                          num_threads=1, cache=cache)
+    idx = np.arange(len(bufs), dtype=np.int64)
+    epoch = [0]
+
+    def run(start, stop):
+        if start == 0:
+            epoch[0] += 1
+        proc.run(bufs[start:stop], idx[start:stop], epoch=epoch[0])
+    return run
+
+
+def _torch_batches(bufs, per_image):
+    """run(start, stop) that applies ``per_image(bytes) -> [view tensors]`` and stacks each
+    view's tensors into a batch."""
+    import torch
+
+    def run(start, stop):
+        outs = [per_image(b) for b in bufs[start:stop]]
+        [torch.stack(v) for v in zip(*outs)]
+    return run
+
+
+def _dino_pil(bufs):
+    """facebookresearch/dino's DataAugmentationDINO (main_dino.py, utils.GaussianBlur and
+    utils.Solarization), global scale (0.4, 1), local scale (0.05, 0.4), 8 local crops."""
+    from PIL import Image, ImageFilter, ImageOps
+    from torchvision import transforms as T
+
+    def blur(p):
+        def f(img):
+            if random.random() <= p:
+                return img.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0)))
+            return img
+        return f
+
+    def solarize(p):
+        return lambda img: ImageOps.solarize(img) if random.random() < p else img
+
+    flip_jitter = T.Compose([
+        T.RandomHorizontalFlip(p=0.5),
+        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        T.RandomGrayscale(p=0.2)])
+    norm = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+    bic = T.InterpolationMode.BICUBIC
+    g1 = T.Compose([T.RandomResizedCrop(224, scale=(0.4, 1), interpolation=bic), flip_jitter,
+                    T.Lambda(blur(1.0)), norm])
+    g2 = T.Compose([T.RandomResizedCrop(224, scale=(0.4, 1), interpolation=bic), flip_jitter,
+                    T.Lambda(blur(0.1)), T.Lambda(solarize(0.2)), norm])
+    loc = T.Compose([T.RandomResizedCrop(96, scale=(0.05, 0.4), interpolation=bic),
+                     flip_jitter, T.Lambda(blur(0.5)), norm])
+
+    def per_image(b):
+        img = Image.open(io.BytesIO(b)).convert("RGB")
+        return [g1(img), g2(img)] + [loc(img) for _ in range(8)]
+    return _torch_batches(bufs, per_image)
+
+
+def _v2_views(specs):
+    """torchvision.transforms.v2 views on a uint8 tensor decoded by torchvision.io."""
+    import torch
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms import v2 as T
+
+    bic = T.InterpolationMode.BICUBIC
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
+    views = []
+    for s in specs:
+        ops = [T.RandomResizedCrop(s["size"], scale=s["scale"],
+                                   interpolation=bic if s.get("bicubic") else
+                                   T.InterpolationMode.BILINEAR, antialias=True),
+               T.RandomHorizontalFlip(0.5),
+               T.RandomApply([T.ColorJitter(*s["jitter"])], p=0.8),
+               T.RandomGrayscale(0.2)]
+        if s["blur_p"]:
+            ops.append(T.RandomApply([T.GaussianBlur(s["kernel"], (0.1, 2.0))], p=s["blur_p"]))
+        if s.get("solarize_p"):
+            ops.append(T.RandomSolarize(128, p=s["solarize_p"]))
+        views.append(T.Compose(ops + tail))
+
+    def per_image(b):
+        img = decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+        return [v(img) for v in views]
+    return per_image
+
+
+def _dino_v2(bufs):
+    g = dict(size=224, scale=(0.4, 1.0), bicubic=True, jitter=(0.4, 0.4, 0.2, 0.1), kernel=9)
+    loc = dict(g, size=96, scale=(0.05, 0.4), blur_p=0.5)
+    specs = [dict(g, blur_p=1.0), dict(g, blur_p=0.1, solarize_p=0.2)] + [loc] * 8
+    return _torch_batches(bufs, _v2_views(specs))
+
+
+def _simclr_v2(bufs):
+    s = dict(size=224, scale=(0.08, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0.5, kernel=23)
+    return _torch_batches(bufs, _v2_views([s, s]))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=128, help="images per round")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds")
+    ap.add_argument("--cpu", type=int, default=0, help="core to pin to")
+    ap.add_argument("--data", help="JPEG directory (default: the sample dataset)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from dpu_pipe import views
+    from dpu_pipe.tools.harness import interleaved, load_buffers, one_core, rate_stats
+    from dpu_pipe.tools.plan import cpu_name
+    from dpu_pipe.tools.sample_data import sample_dataset
+
+    torch.set_num_threads(1)
+    _, bufs = load_buffers(args.data or sample_dataset(args.n, progress=False), args.n)
+    methods = {
+        "dino": _dpu_pipe_method(bufs, views.dino()),
+        "dino-pil": _dino_pil(bufs),
+        "dino-v2": _dino_v2(bufs),
+        "simclr": _dpu_pipe_method(bufs, views.simclr()),
+        "simclr-v2": _simclr_v2(bufs),
+        "dino-cache": _dpu_pipe_method(bufs, views.dino(), 256),
+        "simclr-cache": _dpu_pipe_method(bufs, views.simclr(), 256),
+        "classic": _dpu_pipe_method(bufs, None),
+    }
+    with one_core(args.cpu):
+        for name, run in methods.items():   # warm-up: allocations, imports, cache fills
+            run(0, len(bufs) if name.endswith("-cache") else min(BATCH, len(bufs)))
+        times = interleaved(methods, len(bufs), chunk=BATCH, repeat=args.repeat,
+                            clock=time.thread_time)
+    rate = {k: rate_stats(v, len(bufs))[0] for k, v in times.items()}
+    load = os.getloadavg()
+    print(f"{len(bufs)} images x {args.repeat} rounds, median img/s on one core (CPU time), "
+          f"{cpu_name()}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    rows = [("DINO (2x224 + 8x96)", "dino", "dino-pil"), ("DINO", "dino", "dino-v2"),
+            ("SimCLR (2x224)", "simclr", "simclr-v2"),
+            ("DINO, cached", "dino-cache", "dino-v2"),
+            ("SimCLR, cached", "simclr-cache", "simclr-v2")]
+    print(f"{'recipe':22s} {'baseline':10s} {'dpu_pipe':>9s} {'baseline':>9s} {'ratio':>6s}")
+    for name, ours, theirs in rows:
+        print(f"{name:22s} {theirs:10s} {rate[ours]:9.1f} {rate[theirs]:9.1f} "
+              f"{rate[ours] / rate[theirs]:6.2f}")
+    print(f"a DINO sample costs {rate['classic'] / rate['dino']:.2f} classic samples "
+          f"(classic {rate['classic']:.0f} img/s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": len(bufs), "rounds": args.repeat, "img_per_s": rate,
+                       "cpu": cpu_name(), "load": load}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
