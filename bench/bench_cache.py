@@ -215,14 +215,20 @@ def pin(core):
         os.sched_setaffinity(0, {core})
 
 
-def main(argv=None):
-    from dpu_pipe import Loader
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser(doc):
+    """The options every cache benchmark takes: --data, --n, --rounds, --core."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--data", help="ImageFolder (default: the ImageNet-like sample dataset)")
     p.add_argument("--n", type=int, default=300, help="images (default 300)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--core", type=int, default=0, help="the core to pin to (default 0)")
+    return p
+
+
+def main(argv=None):
+    from dpu_pipe import Loader
+
+    p = argument_parser(__doc__)
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args(argv)
 

@@ -195,11 +195,7 @@ def section_rss(data, n, core):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", help="ImageFolder (default: the ImageNet-like sample dataset)")
-    p.add_argument("--n", type=int, default=300, help="images (default 300)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--core", type=int, default=0, help="the core to pin to (default 0)")
+    p = bc.argument_parser(__doc__)
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated sections of {SECTIONS} (default: all)")
     p.add_argument("--val-max-side", type=int, default=342)

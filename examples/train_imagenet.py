@@ -78,23 +78,29 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.0)
+    add_run_options(p)
+    p.add_argument("--amp", action="store_true", help="mixed precision (CUDA)")
+    p.add_argument("--log-every", type=int, default=50, metavar="N",
+                   help="interval log on rank 0 every N steps (0: never)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a batch or a validation result may take")
+    return p.parse_args(argv)
+
+
+def add_run_options(p):
+    """The options of a run that every training example takes: seed, where the batches are
+    made, device, checkpoints and the record file."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", choices=("local", "offload", "hybrid"), default="local")
     p.add_argument("--threads", type=int, default=1,
                    help="threads decoding on the host (local mode, hybrid's host threads)")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
-    p.add_argument("--amp", action="store_true", help="mixed precision (CUDA)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="write DIR/last.pt every epoch and on SIGTERM/SIGUSR1")
     p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt")
     p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
                    help="save a checkpoint after N steps of this run and exit 0")
     p.add_argument("--json", default=None, metavar="PATH", help="one record per epoch")
-    p.add_argument("--log-every", type=int, default=50, metavar="N",
-                   help="interval log on rank 0 every N steps (0: never)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds a batch or a validation result may take")
-    return p.parse_args(argv)
 
 
 def build_model(args, classes):
@@ -165,6 +171,28 @@ def save_checkpoint(path, state):
     tmp = f"{path}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def restore_loader(loader, state, rank, world):
+    """Put ``loader`` where a checkpoint left it and return this rank's partial epoch sums
+    (None at an epoch's start). ``state["loader"]`` and ``state["partial"]`` hold every rank's,
+    gathered. A job of another size (a node lost or added) shards the rest of the saved epoch
+    over this job's ranks, each sample once; its partial sums go to rank 0."""
+    if len(state["loader"]) == world:
+        loader.load_state_dict(state["loader"][rank])
+        return state["partial"][rank]
+    loader.load_state_dict(state["loader"], elastic=True)
+    parts = [p for p in state["partial"] if p is not None]
+    if not parts:
+        return None
+    return tuple(map(sum, zip(*parts))) if rank == 0 else (0.0, 0, 0.0, 0.0)
+
+
+def write_json(path, obj):
+    """Replace ``path`` with ``obj`` as JSON in one rename (a reader never sees half)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def gather(obj):
@@ -245,18 +273,7 @@ class Training:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
-        if len(state["loader"]) == self.world:
-            self.loader.load_state_dict(state["loader"][self.rank])
-            partial = state["partial"][self.rank]
-        else:
-            # A job of another size (a node lost or added): the rest of the saved epoch is
-            # sharded over this job's ranks, each sample once; its partial sums go to rank 0.
-            self.loader.load_state_dict(state["loader"], elastic=True)
-            parts = [p for p in state["partial"] if p is not None]
-            partial = None
-            if parts:
-                partial = tuple(map(sum, zip(*parts))) if self.rank == 0 \
-                    else (0.0, 0, 0.0, 0.0)
+        partial = restore_loader(self.loader, state, self.rank, self.world)
         self.records = state["records"]
         return self.loader.epoch, partial, state["pending_record"]
 
@@ -303,9 +320,7 @@ class Training:
         if self.rank == 0:
             print(json.dumps(record), flush=True)
             if self.args.json:
-                with open(self.args.json + ".tmp", "w") as f:
-                    json.dump(self.records, f, indent=1)
-                os.replace(self.args.json + ".tmp", self.args.json)
+                write_json(self.args.json, self.records)
 
     # --- training -------------------------------------------------------------------------
 

@@ -38,8 +38,8 @@ from dpu_pipe import evaluate, models, views
 from dpu_pipe.sources import as_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_imagenet import (Stopper, gather, learning_rate, pick_device,  # noqa: E402
-                            save_checkpoint)
+from train_imagenet import (Stopper, add_run_options, gather, learning_rate,  # noqa: E402
+                            pick_device, restore_loader, save_checkpoint, write_json)
 
 
 def parse_args(argv=None):
@@ -61,17 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--teacher-temp", type=float, default=0.04)
     p.add_argument("--student-temp", type=float, default=0.1)
     p.add_argument("--center-momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mode", choices=("local", "offload", "hybrid"), default="local")
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads making views on the host (local mode, hybrid's host threads)")
-    p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="write DIR/last.pt every epoch and on SIGTERM/SIGUSR1")
-    p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt")
-    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
-                   help="save a checkpoint after N steps of this run and exit 0")
-    p.add_argument("--json", default=None, metavar="PATH", help="one record per epoch")
+    add_run_options(p)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a batch may take")
     return p.parse_args(argv)
 
@@ -186,14 +176,7 @@ class SSLTraining:
         self.teacher.load_state_dict(state["teacher"])
         self.center.copy_(state["center"])
         self.opt.load_state_dict(state["optimizer"])
-        if len(state["loader"]) == self.world:
-            self.loader.load_state_dict(state["loader"][self.rank])
-            partial = state["partial"][self.rank]
-        else:
-            # Another job size: the rest of the saved epoch is sharded over this job's ranks.
-            self.loader.load_state_dict(state["loader"], elastic=True)
-            parts = [p for p in state["partial"] if p is not None]
-            partial = tuple(map(sum, zip(*parts))) if parts and self.rank == 0 else None
+        partial = restore_loader(self.loader, state, self.rank, self.world)
         self.records = state["records"]
         return self.loader.epoch, partial
 
@@ -252,9 +235,7 @@ class SSLTraining:
         if self.rank == 0:
             print(json.dumps(record), flush=True)
             if self.args.json:
-                with open(self.args.json + ".tmp", "w") as f:
-                    json.dump(self.records, f, indent=1)
-                os.replace(self.args.json + ".tmp", self.args.json)
+                write_json(self.args.json, self.records)
         self.checkpoint(epoch + 1, None)
 
     def finish(self, final):
