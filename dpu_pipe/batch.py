@@ -136,12 +136,15 @@ class BatchMaker:
         self._started = None
         self._busy_lock = threading.Lock()
 
-    def busy_s(self):
+    def busy_s(self, at=None):
         """Seconds this maker has spent reading and processing batches, the one in progress
-        included up to now; it grows by at most one second per second of wall time."""
+        included up to ``at`` (a ``time.perf_counter()`` reading; default: now); it grows by
+        at most one second per second of wall time."""
         with self._busy_lock:
             st = self.stats
-            running = time.perf_counter() - self._started if self._started is not None else 0.0
+            if at is None:
+                at = time.perf_counter()
+            running = max(0.0, at - self._started) if self._started is not None else 0.0
             return st.read_s + st.process_s + running
 
     @property

@@ -478,8 +478,8 @@ class Loader:
         #: Rows of the batch last yielded that count: its first ``valid_rows`` rows (all of
         #: them, except the padding of ``shard_tail="mask"``); 0 before the first batch.
         self.valid_rows = 0
-        self._created = time.monotonic()
-        self._mark = None         # (time, counters) of the last stats(interval=True)
+        self._created = time.perf_counter()
+        self._mark = None         # (perf_counter, counters) of the last stats(interval=True)
         self.slots = self.prefetch + 1 if slots is None else slots
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be an integer >= 1, got {slots!r}")
@@ -775,10 +775,12 @@ class Loader:
                 dict.fromkeys(CACHE_FIELDS, 0)
         if not interval:
             return d
-        busy, makers = self._busy(d, engine)
         bad = len(self.bad_samples)
         with self._state_lock:
-            now = time.monotonic()      # after busy: its interval never outgrows this one
+            # One clock reading for the interval and for the batches in progress, so the
+            # busy seconds of an interval never outgrow it (perf_counter: the makers' clock).
+            now = time.perf_counter()
+            busy, makers = self._busy(d, engine, now)
             counts = (self._yielded, self._wait_s, busy, bad)
             then, last = self._mark if self._mark is not None else (self._created,
                                                                     (0, 0.0, 0.0, 0))
@@ -790,12 +792,13 @@ class Loader:
                 "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
                 "bad_samples": counts[3] - last[3]}
 
-    def _busy(self, stats, engine):
-        """(seconds the batch makers spent reading and decoding, how many makers)."""
+    def _busy(self, stats, engine, at):
+        """(seconds the batch makers spent reading and decoding up to ``at``, a
+        ``time.perf_counter()`` reading; how many makers)."""
         busy = engine.busy(stats) if engine is not None else None
         if busy is not None:
             return busy
-        return sum(m.busy_s() for m in self._makers(engine)), self.num_threads
+        return sum(m.busy_s(at) for m in self._makers(engine)), self.num_threads
 
     def _meta(self, indices, valid_rows):
         """The ``meta`` of a batch whose rows are the samples ``indices``, the first
