@@ -134,25 +134,32 @@ class _EpochIter:
 
     def __next__(self):
         loader = self.loader
-        with loader._locked("next()"):
-            if loader._iter is not self or self.why is not None:
-                raise self._stale()
-            with loader._state_lock:
-                mark = (loader._epoch, loader._step, loader._yielded)
-            try:
-                return self._next(loader)
-            except Cancelled:
-                # The call that cancelled it ends it (and waits for the engine to stop).
-                raise self._stale() from None
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    # Interrupted anywhere (KeyboardInterrupt, SystemExit): the batch was not
-                    # handed out, and the engine and the position may disagree on which
-                    # comes next. Back to the position before this call, iteration ended.
-                    with loader._state_lock:
-                        loader._epoch, loader._step, loader._yielded = mark
-                    loader._end_iteration()
-                raise
+        try:
+            # Waiting for the loader, as well as for a batch, ends when a call from another
+            # thread ends this iteration: that call may hold the loader while the engine
+            # finishes the batch under way.
+            with loader._locked("next()", self.cancel):
+                return self._next_locked(loader)
+        except Cancelled:
+            # The call that cancelled it ends it (and waits for the engine to stop).
+            raise self._stale() from None
+
+    def _next_locked(self, loader):
+        if loader._iter is not self or self.why is not None:
+            raise self._stale()
+        with loader._state_lock:
+            mark = (loader._epoch, loader._step, loader._yielded)
+        try:
+            return self._next(loader)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Interrupted anywhere (KeyboardInterrupt, SystemExit): the batch was not
+                # handed out, and the engine and the position may disagree on which comes
+                # next. Back to the position before this call, iteration ended.
+                with loader._state_lock:
+                    loader._epoch, loader._step, loader._yielded = mark
+                loader._end_iteration()
+            raise
 
     def _next(self, loader):
         if self.next_step >= self.end:
@@ -515,13 +522,19 @@ class Loader:
         self._pid = os.getpid()
 
     @contextlib.contextmanager
-    def _locked(self, what):
+    def _locked(self, what, cancel=None):
         """Hold ``_lock`` for ``what``; the thread holding it lets go within one batch
-        (``timeout``) or, waiting for a batch, as soon as it is told (:meth:`_supersede`)."""
+        (``timeout``) or, waiting for a batch, as soon as it is told (:meth:`_supersede`).
+        With ``cancel`` (an Event), waiting for the lock raises :class:`Cancelled` once it
+        is set."""
         limit = getattr(self, "timeout", DEFAULT_TIMEOUT) + 5.0
-        if not self._lock.acquire(timeout=limit):
-            raise PipeTimeout(f"{what}: another thread kept the loader busy for "
-                              f"{limit:.0f} s")
+        deadline = time.monotonic() + limit
+        while not self._lock.acquire(timeout=limit if cancel is None else 0.05):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            if time.monotonic() >= deadline:
+                raise PipeTimeout(f"{what}: another thread kept the loader busy for "
+                                  f"{limit:.0f} s")
         try:
             if self._pid != os.getpid():
                 self._after_fork()

@@ -215,6 +215,46 @@ def test_another_thread_ends_an_iteration_that_waits_for_a_batch(folder, how):
     ld.close()
 
 
+@pytest.mark.parametrize("how", ["set_epoch", "load_state_dict"])
+def test_a_next_behind_a_move_that_waits_for_the_maker_lets_go(folder, how):
+    """The move came first: it holds the loader while the engine finishes the batch under
+    way (here stuck in a read). A next() from another thread that then waits for the loader
+    raises at once instead of waiting behind it."""
+    src = gated(folder)
+    ld = Loader(src, 4, prefetch=1, **KW)
+    it = iter(ld)
+    next(it)
+    saved = ld.state_dict()
+    src.armed = True
+    assert src.waiting.wait(DEADLINE)      # the maker is stuck in a read
+    mover = threading.Thread(target={"set_epoch": lambda: ld.set_epoch(2),
+                                     "load_state_dict": lambda: ld.load_state_dict(saved)}[how],
+                             name="mover")
+    mover.start()
+    wait_busy(ld)                           # the move holds the loader, waiting for the maker
+    outcome = []
+    consumer = threading.Thread(target=lambda: outcome.append(_raised(next, it)),
+                                name="consumer")
+    consumer.start()
+    consumer.join(DEADLINE)
+    alive = consumer.is_alive()
+    src.gate.set()
+    join_all([mover, consumer])
+    assert not alive, "next() waited behind the move"
+    exc = outcome[0]
+    assert isinstance(exc, ConfigError) and "no longer current" in str(exc) \
+        and "mover" in str(exc), repr(exc)
+    ld.close()
+
+
+def _raised(fn, *args):
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - what the caller saw
+        return exc
+    return None
+
+
 def test_readers_never_wait_for_a_batch(folder):
     # state_dict, stats, len, epoch, bad_samples, describe: answered while the consumer
     # holds the loader waiting for a batch that cannot come yet.
