@@ -236,16 +236,9 @@ cdef int _process(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* da
             span[3] = s[3] if s[3] > span[3] else span[3]
     for v in range(nv):
         info[v * INFO_COLS + INFO_SCALE] = scale
-    rc = scale_region(&w.dec.info, scale, span[0], span[1], span[2] - span[0],
-                      span[3] - span[1], &r)
+    rc = _decode_region(w, scale, span[0], span[1], span[2] - span[0], span[3] - span[1],
+                        &r, b"crop box outside the image", message)
     if rc != DP_OK:
-        strncpy(message, b"crop box outside the image", MSG_LEN - 1)
-        return rc
-    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
-        return DP_ENOMEM
-    rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
-    if rc != DP_OK:
-        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     f = scale / 8.0
     for v in range(nv):
@@ -265,6 +258,24 @@ cdef int _header(Scratch* w, const uint8_t* data, size_t size, char* message) no
         if size < 2 or data[0] != 0xFF or data[1] != 0xD8:
             strncpy(message, b"not a JPEG stream (no SOI marker)", MSG_LEN - 1)
             return ST_NOT_JPEG
+        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
+    return rc
+
+
+cdef int _decode_region(Scratch* w, int scale, int top, int left, int height,
+                        int width, Region* r, const char* bad_box,
+                        char* message) noexcept nogil:
+    """Decode the box (full-resolution pixels) of the header ``w.dec`` has read at ``scale``
+    into ``w.img`` (grown to fit), packed RGB rows; ``r`` gets the decoded region.
+    ``bad_box`` is the message when the box does not scale to a region."""
+    cdef int rc = scale_region(&w.dec.info, scale, top, left, height, width, r)
+    if rc != DP_OK:
+        strncpy(message, bad_box, MSG_LEN - 1)
+        return rc
+    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
+        return DP_ENOMEM
+    rc = dec_decode(&w.dec, scale, r, w.img, <Py_ssize_t>r.width * 3)
+    if rc != DP_OK:
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
     return rc
 
@@ -387,16 +398,9 @@ cdef int _process_whole(Scratch* w, const BatchConfig* cfgs, int nv, const uint8
     cdef int H = w.dec.info.height
     cdef int W = w.dec.info.width
     scale = whole_scale(H, W, cfg.max_side)
-    rc = scale_region(&w.dec.info, scale, 0, 0, H, W, &r)
+    # A decode error is never cached: the entry stays empty, the next lookup a miss.
+    rc = _decode_region(w, scale, 0, 0, H, W, &r, b"image has no pixels", message)
     if rc != DP_OK:
-        strncpy(message, b"image has no pixels", MSG_LEN - 1)
-        return rc
-    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
-        return DP_ENOMEM
-    rc = dec_decode(&w.dec, scale, &r, w.img, <Py_ssize_t>r.width * 3)
-    if rc != DP_OK:
-        # A decode error is never cached: the entry stays empty, the next lookup a miss.
-        strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
         return rc
     rc = _reduce(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width, H, W, scale,
                  index, &px, &h, &wd, message)
