@@ -15,6 +15,11 @@ Methods:
             p 0.5
   dino-cache, simclr-cache  the presets with decode_max_side=256 and a decoded-sample cache
             holding every sample (epochs >= 2 of a cached run: no decode)
+  simclr-pack  dpu_pipe.views.simclr() on the same files transcoded as `dpu-pipe pack` stores
+            them (a restart marker every MCU: the region decode reads fewer bytes)
+  simclr-crops  SimCLR's two crops, flipped and normalized, with no colour op and no blur: the
+            decode and resampling alone, a bound on what any SimCLR implementation that
+            decodes the same region can reach against the baseline
   classic   dpu_pipe's classic recipe (RRC 224 + flip), for a DINO sample's cost against a
             classic sample's
 
@@ -163,6 +168,7 @@ def main(argv=None):
     import torch
 
     from dpu_pipe import views
+    from dpu_pipe.jpeg import transcode
     from dpu_pipe.tools.harness import interleaved, load_buffers, one_core, rate_stats
     from dpu_pipe.tools.plan import cpu_name
     from dpu_pipe.tools.sample_data import sample_dataset
@@ -177,6 +183,8 @@ def main(argv=None):
         "simclr-v2": _simclr_v2(bufs),
         "dino-cache": _dpu_pipe_method(bufs, views.dino(), 256),
         "simclr-cache": _dpu_pipe_method(bufs, views.simclr(), 256),
+        "simclr-pack": _dpu_pipe_method([transcode(b) for b in bufs], views.simclr()),
+        "simclr-crops": _dpu_pipe_method(bufs, [views.View(size=224, scale=(0.08, 1.0))] * 2),
         "classic": _dpu_pipe_method(bufs, None),
     }
     with one_core(args.cpu):
@@ -190,6 +198,8 @@ def main(argv=None):
           f"{cpu_name()}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     rows = [("DINO (2x224 + 8x96)", "dino", "dino-pil"), ("DINO", "dino", "dino-v2"),
             ("SimCLR (2x224)", "simclr", "simclr-v2"),
+            ("SimCLR, packed", "simclr-pack", "simclr-v2"),
+            ("SimCLR crops alone", "simclr-crops", "simclr-v2"),
             ("DINO, cached", "dino-cache", "dino-v2"),
             ("SimCLR, cached", "simclr-cache", "simclr-v2")]
     print(f"{'recipe':22s} {'baseline':10s} {'dpu_pipe':>9s} {'baseline':>9s} {'ratio':>6s}")

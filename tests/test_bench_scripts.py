@@ -182,6 +182,6 @@ def test_bench_views_times_every_method(jpegs, tmp_path):
     assert result["n"] == N
     assert sorted(result["img_per_s"]) == sorted([
         "dino", "dino-pil", "dino-v2", "simclr", "simclr-v2", "dino-cache", "simclr-cache",
-        "classic"])
+        "simclr-pack", "simclr-crops", "classic"])
     assert all(rate > 0 for rate in result["img_per_s"].values())
     assert "DINO" in r.stdout and "SimCLR" in r.stdout
