@@ -12,13 +12,6 @@ CPU_FLAGS = {"NEON": ("asimd",), "SSE2": ("sse2",), "SSE4.2": ("sse4_2",), "AVX"
              "AVX2": ("avx2",), "AVX-512": ("avx512f",), "none": ()}
 
 
-def _abi(ext_path):
-    """"abi3" for a stable-ABI build (one build for CPython 3.11 and later), else "cp3X"."""
-    if os.path.basename(ext_path).endswith(".abi3.so"):
-        return "abi3"
-    return "cp%d%d" % sys.version_info[:2]
-
-
 def _distribution(package_file):
     """(wheel tags, how it was installed) of the installed distribution that holds
     ``package_file``; ``(None, "source tree")`` when dpu_pipe is imported from a checkout or an
@@ -125,23 +118,20 @@ def build_info():
 
     info = {"dpu_pipe": __version__}
     info.update(_jpeg.build_flags())
-    info["abi"] = _abi(_jpeg.__file__)
+    # A stable-ABI build serves CPython 3.11 and later; another, one CPython version.
+    abi3 = _jpeg.__file__.endswith(".abi3.so")
+    info["abi"] = "abi3" if abi3 else "cp%d%d" % sys.version_info[:2]
     tags, origin = _distribution(os.path.join(os.path.dirname(_jpeg.__file__), "__init__.py"))
     info["wheel"] = ", ".join(tags) if tags else None
     info["installed_from"] = origin
-    lib = _library_of(_jpeg.__file__, "jpeg_std_error")
-    info["libjpeg_library"] = lib
+    lib = info["libjpeg_library"] = _library_of(_jpeg.__file__, "jpeg_std_error")
     info["libjpeg_bundled"] = bool(lib) and os.path.basename(os.path.dirname(lib)) == "dpu_pipe.libs"
     try:
         import Cython
         info["cython"] = Cython.__version__
     except ImportError:  # installed from a wheel: Cython is a build-time dependency only
         info["cython"] = None
-    info["numpy"] = numpy.__version__
-    info["python"] = sys.version.split()[0]
-    info["platform"] = sysconfig.get_platform()
-    info["machine"] = platform.machine()
-    ok, line = cpu_check(info["simd"], info["march"])
-    info["cpu_ok"] = ok
-    info["cpu_check"] = line
+    info.update(numpy=numpy.__version__, python=sys.version.split()[0],
+                platform=sysconfig.get_platform(), machine=platform.machine())
+    info["cpu_ok"], info["cpu_check"] = cpu_check(info["simd"], info["march"])
     return info

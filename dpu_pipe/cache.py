@@ -2,24 +2,10 @@
 arena of ``cache_bytes`` bytes and served to every batch kernel given it.
 
 The arena is laid out and used by C code over a raw pointer and size (``src/dpu_pipe/_cache.h``,
-GCC atomics, no lock), so the same cache works over any shared memory. Here, in local mode,
-it is an anonymous shared mapping: one loader's threads share it (and so do processes forked
-from it, a DataLoader's workers). Layout:
-
-- a header (128 bytes) and one table entry per sample index of the source
-  (:data:`ENTRY_BYTES` = 24 bytes: state, height, width, DCT scale, offset), counted in
-  ``cache_bytes``: :func:`table_bytes`;
-- the pixels of the samples stored, uint8 (h, w, 3) each, at 16-byte aligned offsets (up to
-  15 bytes of padding per sample).
-
-A sample is stored by the first thread that decodes it, if it fits; once the arena is full,
-the samples that did not fit are decoded every time (``did_not_fit``): there is no eviction,
-so what was stored stays and a full cache serves a fixed subset. A sample whose decode fails
-is never stored.
-
-Memory: the mapping reserves ``cache_bytes`` of address space up front, and the table's pages
-are written at once; pixel pages become resident as samples are stored, so resident memory
-grows by at most ``cache_bytes`` (plus the page rounding of the last pixel page).
+GCC atomics, no lock), so the same cache works over any shared memory; here, in local mode, an
+anonymous shared mapping that one loader's threads share (and processes forked from it). Its
+layout (header, a table of :data:`ENTRY_BYTES` per sample, pixels at :data:`ALIGN`-aligned
+offsets), the no-eviction rule and its memory: docs/guides/caching.md.
 """
 
 import mmap

@@ -1,21 +1,10 @@
-"""Progressive resolution: an output size that changes with the epoch, as FFCV's ImageNet
-recipes train (small images first, ramping up to the final size).
-
-The rule is FFCV's (``get_resolution`` in libffcv/ffcv-imagenet's ``train_imagenet.py``):
-``min_size`` up to ``start_epoch``, ``max_size`` from ``end_epoch`` on, and in between the
-linear interpolation rounded to the nearest multiple of ``multiple``,
-``round(interp / multiple) * multiple``. ``interp`` is computed as ``np.interp`` computes it
-(``slope * (epoch - start_epoch) + min_size`` in double precision) and the rounding is
-numpy's (``np.round``: half to even, 5.5 -> 6, 4.5 -> 4). The arithmetic runs in Python
-floats, so every architecture gets the same sizes.
-
-A :class:`ProgressiveSize` is plain frozen data: it travels in the stream spec (its
-:meth:`~ProgressiveSize.to_dict` inside ``TransformConfig.to_dict()``), so a saved state or a
-producer rank knows the whole schedule, and batch ``s`` of epoch ``e`` stays a pure function of
-the spec.
+"""Progressive resolution: an output size that ramps up with the epoch, by FFCV's rule
+(``get_resolution`` in libffcv/ffcv-imagenet's ``train_imagenet.py``); the rule, its rounding
+and how the schedule travels in the stream spec: docs/guides/recipes.md ("Progressive
+resolution").
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass, fields
 
 from . import _validate as _v
 from .errors import ConfigError
@@ -28,11 +17,9 @@ KIND = "progressive"
 
 @dataclass(frozen=True)
 class ProgressiveSize:
-    """A square output size per epoch, in pixels, by FFCV's rule (see the module docstring).
-
-    Build it with :func:`progressive_size`; the fields are checked by
-    :func:`dpu_pipe._validate.progressive` either way.
-    """
+    """A square output size per epoch, in pixels, by FFCV's rule: build it with
+    :func:`progressive_size`. Plain frozen data, so batch ``s`` of epoch ``e`` stays a pure
+    function of the stream spec that carries it (:meth:`to_dict`)."""
 
     min_size: int
     max_size: int
@@ -41,11 +28,9 @@ class ProgressiveSize:
     multiple: int = 32
 
     def __post_init__(self):
-        checked = _v.progressive(self.min_size, self.max_size, self.start_epoch,
-                                 self.end_epoch, self.multiple)
-        for name, value in zip(("min_size", "max_size", "start_epoch", "end_epoch",
-                                "multiple"), checked):
-            object.__setattr__(self, name, value)
+        checked = _v.progressive(*astuple(self))
+        for f, value in zip(fields(self), checked):
+            object.__setattr__(self, f.name, value)
         low = self.size_at(self.start_epoch + 1) if self._ramps() else self.min_size
         if low < 1:
             raise ConfigError(
@@ -73,6 +58,8 @@ class ProgressiveSize:
             interpolation rounded (half to even) to a multiple of ``multiple``.
         """
         epoch = int(epoch)
+        # The start_epoch test comes first, as in FFCV; the interpolation is np.interp's
+        # formula and the rounding np.round's (half to even), in Python floats.
         if epoch <= self.start_epoch:
             return self.min_size
         if epoch >= self.end_epoch:
@@ -98,19 +85,16 @@ class ProgressiveSize:
     def to_dict(self):
         """The schedule as a JSON-serialisable dict (``"kind": "progressive"``), as it goes
         in a transform's ``to_dict()`` and a saved state."""
-        return {"kind": KIND, "min_size": self.min_size, "max_size": self.max_size,
-                "start_epoch": self.start_epoch, "end_epoch": self.end_epoch,
-                "multiple": self.multiple}
+        return {"kind": KIND, **asdict(self)}
 
     @classmethod
     def from_dict(cls, d):
         """The schedule of :meth:`to_dict`'s dict ``d``; ConfigError for another dict."""
-        keys = {"kind", "min_size", "max_size", "start_epoch", "end_epoch", "multiple"}
-        if not isinstance(d, dict) or d.get("kind") != KIND or set(d) != keys:
+        names = [f.name for f in fields(cls)]
+        if not isinstance(d, dict) or d.get("kind") != KIND or set(d) != {"kind", *names}:
             raise ConfigError(f"size must be an int, (height, width) or "
-                                 f"dpu_pipe.progressive_size(...), got {d!r}")
-        return cls(d["min_size"], d["max_size"], d["start_epoch"], d["end_epoch"],
-                   d["multiple"])
+                              f"dpu_pipe.progressive_size(...), got {d!r}")
+        return cls(**{name: d[name] for name in names})
 
 
 def progressive_size(min_size, max_size, start_epoch, end_epoch, multiple=32):
@@ -138,12 +122,5 @@ def progressive_size(min_size, max_size, start_epoch, end_epoch, multiple=32):
     ProgressiveSize
         Frozen; ``size_at(epoch)`` gives an epoch's side, ``largest`` the side buffers are
         sized for. Images are square, ``(B, 3, s, s)`` in epoch e with ``s = size_at(e)``.
-
-    Examples
-    --------
-    FFCV's ResNet-50 recipe (88 epochs: 160 px up to epoch 65, 192 px from epoch 76)::
-
-        size = dpu_pipe.progressive_size(160, 192, start_epoch=65, end_epoch=76)
-        loader = dpu_pipe.Loader("train/", 256, size=size)
     """
     return ProgressiveSize(min_size, max_size, start_epoch, end_epoch, multiple)

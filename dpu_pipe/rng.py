@@ -3,8 +3,8 @@
 Every random decision in dpu_pipe — the epoch permutation, each sample's crop and flip — is a
 pure function of ``(seed, epoch, sample index or position, stream)``: no generator state lives
 in threads or processes, so a batch comes out the same whichever thread, producer rank or
-machine makes it. The Cython kernels (``_rng.pxd``) and this module compute the same bits; the tests hold
-them to exact equality.
+machine makes it. The Cython kernels (``_rng.pxd``) and this module compute the same bits;
+the tests hold them to exact equality.
 
 Generator
     Philox-4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2,
@@ -118,6 +118,7 @@ Augmentation parameters
     an image a few pixels wide); :func:`random_flip` is ``RandomHorizontalFlip(p)``.
 """
 
+import functools
 import operator
 
 import numpy as np
@@ -198,7 +199,8 @@ def _as_uint(value, name, bits):
         try:
             ints = [operator.index(v) for v in arr.reshape(-1)]
         except TypeError:
-            raise ConfigError(f"{name} must be an integer (or integer array), got {value!r}") from None
+            raise ConfigError(f"{name} must be an integer (or integer array), "
+                              f"got {value!r}") from None
         if any(v < 0 or v >= (1 << bits) for v in ints):
             raise ConfigError(f"{name} must be in [0, 2**{bits}), got {value!r}")
         return np.array(ints, dtype=np.uint64).reshape(arr.shape)
@@ -206,6 +208,12 @@ def _as_uint(value, name, bits):
         raise ConfigError(f"{name} must be in [0, 2**{bits}), got values in "
                           f"[{int(arr.min())}, {int(arr.max())}]")
     return arr.astype(np.uint64)
+
+
+def _sample_args(seed, epoch, index):
+    """(seed, epoch, index) as checked uint64 arrays."""
+    return (_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
+            _as_uint(index, "index", 64))
 
 
 def check_seed(seed):
@@ -247,57 +255,35 @@ def philox4x32_10(counter, key):
     if counter.shape[-1:] != (4,) or key.shape[-1:] != (2,):
         raise ConfigError(f"counter needs shape (..., 4) and key (..., 2), got "
                           f"{counter.shape} and {key.shape}")
-    c = _philox(*(counter[..., i] for i in range(4)), key[..., 0], key[..., 1])
-    return np.stack(np.broadcast_arrays(*c), axis=-1).astype(np.uint32)
-
-
-def _philox(c0, c1, c2, c3, k0, k1):
-    """Philox-4x32-10 on uint64 arrays holding 32-bit values (products of two 32-bit values
-    fit in uint64, so their high and low halves come out exactly). Arguments broadcast;
-    returns four new arrays of the broadcast shape."""
-    shape = np.broadcast_shapes(*(np.shape(a) for a in (c0, c1, c2, c3, k0, k1)))
-    n = int(np.prod(shape))
-    c = [np.broadcast_to(np.asarray(a, np.uint64), shape).reshape(-1) for a in (c0, c1, c2, c3)]
-    k0 = np.broadcast_to(np.asarray(k0, np.uint64), shape).reshape(-1)
-    k1 = np.broadcast_to(np.asarray(k1, np.uint64), shape).reshape(-1)
-    out = [np.empty(n, np.uint64) for _ in range(4)]
-    # Chunks that stay in cache make the in-place loop below ~2x faster on large arrays.
-    for lo in range(0, n, _CHUNK):
-        hi = min(n, lo + _CHUNK)
-        _philox_inplace(*(a[lo:hi] for a in out), *(a[lo:hi] for a in c),
-                        k0[lo:hi], k1[lo:hi])
-    return tuple(a.reshape(shape) for a in out)
+    return np.stack(_philox(*np.moveaxis(counter, -1, 0), *np.moveaxis(key, -1, 0)),
+                    axis=-1).astype(np.uint32)
 
 
 _CHUNK = 1 << 14
 
 
-def _philox_inplace(c0, c1, c2, c3, i0, i1, i2, i3, k0, k1):
-    """Ten Philox rounds of counter (i0..i3) under key (k0, k1) into c0..c3 (same length)."""
-    c0[:] = i0
-    c1[:] = i1
-    c2[:] = i2
-    c3[:] = i3
-    p0 = np.empty_like(c0)
-    p1 = np.empty_like(c0)
-    k0 = k0.copy()
-    k1 = k1.copy()
-    for r in range(10):
-        if r:
-            k0 += _PHILOX_W0
-            k0 &= _M32
-            k1 += _PHILOX_W1
-            k1 &= _M32
-        np.multiply(c0, _PHILOX_M0, out=p0)
-        np.multiply(c2, _PHILOX_M1, out=p1)
-        np.right_shift(p1, _S32, out=c0)    # c0' = hi(M1 * c2) ^ c1 ^ k0
-        c0 ^= c1
-        c0 ^= k0
-        np.bitwise_and(p1, _M32, out=c1)    # c1' = lo(M1 * c2)
-        np.right_shift(p0, _S32, out=c2)    # c2' = hi(M0 * c0) ^ c3 ^ k1
-        c2 ^= c3
-        c2 ^= k1
-        np.bitwise_and(p0, _M32, out=c3)    # c3' = lo(M0 * c0)
+def _philox(c0, c1, c2, c3, k0, k1):
+    """Philox-4x32-10 of counter (c0..c3) under key (k0, k1), uint64 arrays holding 32-bit
+    values (a product of two of them fits, so its high and low halves come out exactly),
+    broadcast against each other. Returns four uint64 arrays of the broadcast shape."""
+    args = np.broadcast_arrays(*(np.asarray(a, np.uint64) for a in (c0, c1, c2, c3, k0, k1)))
+    shape = args[0].shape
+    args = [a.reshape(-1) for a in args]
+    out = np.empty((4, args[0].size), np.uint64)
+    # A chunk at a time: arrays that stay in cache make the rounds ~2x faster on large inputs.
+    for lo in range(0, out.shape[1], _CHUNK):
+        c0, c1, c2, c3, k0, k1 = (a[lo:lo + _CHUNK] for a in args)
+        for r in range(10):
+            if r:
+                k0 = (k0 + _PHILOX_W0) & _M32
+                k1 = (k1 + _PHILOX_W1) & _M32
+            p0 = c0 * _PHILOX_M0
+            p1 = c2 * _PHILOX_M1
+            # (hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0))
+            c0, c1, c2, c3 = ((p1 >> _S32) ^ c1 ^ k0, p1 & _M32,
+                              (p0 >> _S32) ^ c3 ^ k1, p0 & _M32)
+        out[:, lo:lo + _CHUNK] = c0, c1, c2, c3
+    return tuple(out.reshape((4,) + shape))
 
 
 def _block(seed, epoch, index, stream, block):
@@ -314,19 +300,20 @@ def _check_stream_block(stream, block):
         raise ConfigError(f"stream and block must be in [0, 65536), got {stream}, {block}")
 
 
+def _words(seed, epoch, index, stream, block):
+    """:func:`_block` after checking every argument."""
+    _check_stream_block(stream, block)
+    return _block(*_sample_args(seed, epoch, index), stream, block)
+
+
 def random_words(seed, epoch, index, stream, block=0):
     """The block's four uint32 words, shape broadcast(seed, epoch, index) + (4,)."""
-    _check_stream_block(stream, block)
-    w = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
-               _as_uint(index, "index", 64), stream, block)
-    return np.stack(w, axis=-1).astype(np.uint32)
+    return np.stack(_words(seed, epoch, index, stream, block), axis=-1).astype(np.uint32)
 
 
 def random_u64(seed, epoch, index, stream, block=0):
     """The block's two 64-bit words (w0, w1), uint64, shape broadcast(...) + (2,)."""
-    _check_stream_block(stream, block)
-    x0, x1, x2, x3 = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
-                            _as_uint(index, "index", 64), stream, block)
+    x0, x1, x2, x3 = _words(seed, epoch, index, stream, block)
     return np.stack(((x1 << _S32) | x0, (x3 << _S32) | x2), axis=-1)
 
 
@@ -336,9 +323,7 @@ def _unit(lo, hi):
 
 def uniforms(seed, epoch, index, stream, block=0):
     """The block's two uniforms (u0, u1) in [0, 1), float64, shape broadcast(...) + (2,)."""
-    _check_stream_block(stream, block)
-    x0, x1, x2, x3 = _block(_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
-                            _as_uint(index, "index", 64), stream, block)
+    x0, x1, x2, x3 = _words(seed, epoch, index, stream, block)
     return np.stack((_unit(x0, x1), _unit(x2, x3)), axis=-1)
 
 
@@ -428,11 +413,6 @@ def portable_log(x):
 
 # --- augmentation parameters -----------------------------------------------------------------
 
-def _sample_args(seed, epoch, index):
-    return (_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32),
-            _as_uint(index, "index", 64))
-
-
 def view_stream(stream, view):
     """Stream id of ``stream`` for view ``view`` (0 <= view < MAX_VIEWS) of a multi-view
     recipe: ``stream + (view << VIEW_SHIFT)``."""
@@ -462,12 +442,11 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     seed, epoch, index = _sample_args(seed, epoch, index)
     height = np.asarray(height)
     width = np.asarray(width)
-    if height.dtype.kind not in "iu" or width.dtype.kind not in "iu":
-        raise ConfigError(f"height and width must be integers, got {height.dtype} and {width.dtype}")
-    if height.size and (height.min() < 1 or height.max() >= 1 << 31):
-        raise ConfigError("height must be in [1, 2**31)")
-    if width.size and (width.min() < 1 or width.max() >= 1 << 31):
-        raise ConfigError("width must be in [1, 2**31)")
+    for name, side in (("height", height), ("width", width)):
+        if side.dtype.kind not in "iu":
+            raise ConfigError(f"{name} must be an integer, got {side.dtype}")
+        if side.size and (side.min() < 1 or side.max() >= 1 << 31):
+            raise ConfigError(f"{name} must be in [1, 2**31)")
     scalar = all(np.ndim(a) == 0 for a in (seed, epoch, index, height, width))
     arrays = np.broadcast_arrays(seed, epoch, index, height, width)
     shape = arrays[0].shape
@@ -479,14 +458,10 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     area = (H * W).astype(np.float64)
     Hf = H.astype(np.float64)
     Wf = W.astype(np.float64)
-    n = H.size
-    top = np.zeros(n, np.int64)
-    left = np.zeros(n, np.int64)
-    h = np.zeros(n, np.int64)
-    w = np.zeros(n, np.int64)
-    attempt = np.full(n, -1, np.int32)
+    top, left, h, w = np.zeros((4, H.size), np.int64)
+    attempt = np.full(H.size, -1, np.int32)
 
-    todo = np.arange(n)
+    todo = np.arange(H.size)
     for a in range(CROP_ATTEMPTS):
         if not todo.size:
             break
@@ -564,17 +539,16 @@ def beta_variate(seed, epoch, index, stream, alpha, beta, first_block=0):
     """
     _check_stream_block(stream, first_block)
     key = _sample_args(seed, epoch, index)
-    pending = []
-    block = [first_block]
 
-    def draw():
-        if not pending:
-            _check_stream_block(stream, block[0])
-            x0, x1, x2, x3 = _block(*key, stream, block[0])
-            block[0] += 1
-            pending.extend((float(_unit(x2, x3)), float(_unit(x0, x1))))
-        return pending.pop()
+    def draws(block):
+        while True:
+            _check_stream_block(stream, block)
+            x0, x1, x2, x3 = _block(*key, stream, block)
+            yield float(_unit(x0, x1))
+            yield float(_unit(x2, x3))
+            block += 1
 
+    draw = functools.partial(next, draws(first_block))
     lg_a = _log_gamma_variate(draw, float(alpha))
     lg_b = _log_gamma_variate(draw, float(beta))
     return 1.0 / (1.0 + _pexp(lg_b - lg_a))

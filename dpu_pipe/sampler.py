@@ -2,25 +2,18 @@
 
 One global order per epoch: position ``p`` of epoch ``e`` holds sample
 ``permutation_at(p, n, seed, e)``, a keyed bijection of ``[0, n)`` evaluated one position
-at a time (:func:`dpu_pipe.rng.permutation_at`, C kernel ``perm_index`` in ``_rng.pxd``).
-No rank ever holds the permutation: a batch costs memory and time for its own indices only,
-whatever the size of the dataset (up to 2**40 samples), and every rank, thread or producer
-computes the same order without talking to the others. Each rank takes every
-``world_size``-th position starting at ``rank``, as PyTorch's ``DistributedSampler`` does.
-
-An elastic resume (``resume=(epoch, start)``) shards only positions ``start .. n - 1`` of that
-one epoch — the part the ranks of a job of another size had not read — over this job's ranks:
-rank ``r`` reads positions ``start + r, start + r + world_size, ...``; other epochs are whole.
+at a time (:func:`dpu_pipe.rng.permutation_at`, C kernel ``perm_index`` in ``_rng.pxd``), so
+no rank holds the permutation and every rank, thread or producer computes the same order
+without talking to the others. Each rank takes every ``world_size``-th position starting at
+``rank``, as PyTorch's ``DistributedSampler`` does. Sharding, ``shard_tail`` (with a worked
+table) and the elastic resume: docs/design/determinism.md.
 
 ``stick_to_shard=True`` keeps each rank on the same samples every epoch (what a per-rank
-decoded cache wants): the epoch's order at position ``p = r + k * world_size`` (rank ``r``'s
-``k``-th position) is ``F(r + world_size * P_{r,e}(k))``, where ``F`` is a permutation of
-``[0, n)`` keyed by the seed alone and ``P_{r,e}`` a permutation of rank ``r``'s ``k`` keyed
-by (seed, rank, world size) and the epoch (of the ``k`` the rank reads: with
-``shard_tail="drop"`` the first ``n // world_size``, the rest staying in place). So rank ``r`` holds the samples ``F(r), F(r + W),
-...`` in every epoch, in another order each epoch; the subsets are disjoint and cover the
-dataset, and ``shard_tail`` pads, drops or masks as without it (the same samples every
-epoch). Still O(1) memory: both permutations are evaluated one position at a time.
+decoded cache wants; docs/guides/caching.md): the epoch's order at position ``p = r + k *
+world_size`` (rank ``r``'s ``k``-th position) is ``F(r + world_size * P_{r,e}(k))``, where
+``F`` is a permutation of ``[0, n)`` keyed by the seed alone and ``P_{r,e}`` a permutation of
+the ``k`` rank ``r`` reads (with ``shard_tail="drop"`` the first ``n // world_size``, the rest
+staying in place) keyed by (seed, rank, world size) and the epoch.
 """
 
 import numpy as np
@@ -54,63 +47,27 @@ class EpochSampler:
     rank, world_size : int
         This rank and the number of ranks sharing the dataset, 0 <= rank < world_size.
     shard_tail : "pad", "drop", "uneven" or "mask"
-        What happens to the ``num_samples % world_size`` samples left over when the ranks
-        stride through the epoch's order:
-
-        * ``"pad"`` (``DistributedSampler(drop_last=False)``, its default): the order wraps
-          around to its start until every rank has ``ceil(n / world_size)`` indices; every
-          sample is read, a few twice.
-        * ``"drop"`` (``DistributedSampler(drop_last=True)``): the tail is cut; every rank
-          has ``n // world_size`` indices, a few samples (different ones each epoch when
-          shuffling) are not read.
-        * ``"uneven"``: nothing padded, nothing dropped — rank ``r`` reads positions ``r,
-          r + world_size, ...`` below ``n``, so the first ``n % world_size`` ranks have one
-          index more than the others and **every sample is read exactly once across
-          ranks**: exact distributed evaluation. A rank may have no index at all when
-          ``n < world_size``.
-        * ``"mask"``: the shards of ``"pad"`` — every rank the same count, so the same number
-          of batches — with the padding marked: :meth:`valid` is False for the positions
-          past the end of the order (at most one per rank, always the rank's last). Counting
-          only the valid rows reads **every sample exactly once across ranks** while every
-          rank runs the same number of steps: exact evaluation under DDP, whose per-batch
-          collectives would hang on ``"uneven"``'s unequal batch counts.
+        The ``num_samples % world_size`` samples left over when the ranks stride through the
+        epoch's order: ``"pad"`` wraps around to the order's start until every rank has
+        ``ceil(n / world_size)`` indices (``DistributedSampler(drop_last=False)``);
+        ``"drop"`` cuts the tail, ``n // world_size`` each (``drop_last=True``);
+        ``"uneven"`` gives the first ``n % world_size`` ranks one index more, so every sample
+        is read exactly once across ranks (a rank may get none); ``"mask"`` shards as
+        ``"pad"`` and :meth:`valid` is False for the padding (at most one position, the
+        rank's last): exact evaluation under DDP with the same number of steps on every rank.
     resume : (epoch, start) or (epoch, start, order_world_size), optional
-        Epoch ``epoch`` covers only positions ``start .. num_samples - 1`` of its order (0 <=
-        start < num_samples), sharded as above over ``num_samples - start`` positions
-        (padding wraps around to the start of the whole order): the rest of an epoch that
-        ranks of another job size had read up to ``start``. Other epochs are whole. With
-        ``stick_to_shard`` the order of an epoch depends on the world size: the third item
-        is the world size whose order that epoch follows (the saved job's; default: this
-        one's); without it the third item is ignored.
+        Epoch ``epoch`` covers only positions ``start .. num_samples - 1`` of its order,
+        sharded as above (padding wraps around to the start of the whole order): the rest of
+        an epoch that ranks of another job size had read up to ``start``. Other epochs are
+        whole. The third item, only with ``stick_to_shard`` (whose order depends on the
+        world size): the world size whose order that epoch follows (default: this one).
     stick_to_shard : bool
         Every rank reads the same subset of the samples every epoch, reshuffled within it
-        each epoch (see the module docstring). An elastic resume onto another world size
-        finishes the resumed epoch in the saved job's order; the epochs after it are split
-        among the new ranks, so each rank's subset changes once.
+        (see the module docstring); an elastic resume onto another world size finishes the
+        resumed epoch in the saved job's order, then each rank's subset changes once.
 
     The last partial *batch* is a separate choice, ``drop_last`` of :meth:`batches` (as
-    ``DataLoader``'s ``drop_last``, default False: kept, shorter).
-
-    Worked example: 64 samples, ``world_size=3``, batch size 5, ``shuffle=False`` (with
-    shuffling the same positions hold the permuted samples). ``DistributedSampler`` +
-    ``DataLoader`` give the ``"pad"`` and ``"drop"`` rows:
-
-    ============  ==================================  =====  ===========================  ==========
-    shard_tail    rank 0 / rank 1 / rank 2 indices    count  batches, ``drop_last=False``  ``True``
-    ============  ==================================  =====  ===========================  ==========
-    ``"pad"``     0 3 .. 63 / 1 4 .. 61 **0** /       22     5 (5 5 5 5 2)                4
-                  2 5 .. 62 **1**
-    ``"drop"``    0 3 .. 60 / 1 4 .. 61 / 2 5 .. 62   21     5 (5 5 5 5 1)                4
-                  (63 not read)
-    ``"uneven"``  0 3 .. 63 / 1 4 .. 61 / 2 5 .. 62   22 /   5 (.. 2) / 5 (.. 1) /        4 / 4 / 4
-                                                      21 /   5 (.. 1)
-                                                      21
-    ``"mask"``    as ``"pad"``, the **0** and **1**   22     5 (5 5 5 5 2)                4
-                  marked not valid (:meth:`valid`)
-    ============  ==================================  =====  ===========================  ==========
-
-    And with 7 samples over 2 ranks, batch size 3: ``"uneven"`` gives rank 0 ``[0 2 4]
-    [6]`` and rank 1 ``[1 3 5]`` — each sample once; ``"pad"`` gives rank 1 ``[1 3 5] [0]``.
+    ``DataLoader``'s, default False: kept, shorter).
 
     .. warning::
        Call :meth:`set_epoch` before each epoch (or pass the epoch to :meth:`indices` /
@@ -142,14 +99,14 @@ class EpochSampler:
                 f"or 'mask', or fewer ranks")
         self.epoch = 0
 
-    def _count(self, length):
-        """This rank's share of ``length`` positions."""
-        ws = self.world_size
-        if self.shard_tail in ("pad", "mask"):
-            return -(-length // ws)
-        if self.shard_tail == "drop":
-            return length // ws
-        return -(-(length - self.rank) // ws) if length > self.rank else 0
+    def _count(self, length, shard_tail=None):
+        """This rank's share of ``length`` positions under ``shard_tail`` (default: its own)."""
+        shard_tail = shard_tail or self.shard_tail
+        if shard_tail in ("pad", "mask"):
+            return -(-length // self.world_size)
+        if shard_tail == "drop":
+            return length // self.world_size
+        return max(0, -(-(length - self.rank) // self.world_size))
 
     def _span(self, epoch):
         """(first position, positions) of ``epoch``'s order that the shards cover."""
@@ -160,9 +117,7 @@ class EpochSampler:
     def count(self, epoch=None):
         """Number of indices this rank reads in ``epoch`` (default: the current one):
         ``len(self)``, or fewer in the epoch of ``resume``."""
-        epoch = self._epoch(epoch)
-        start, length = self._span(epoch)
-        return self._per_rank if start == 0 else self._count(length)
+        return self._count(self._span(self._epoch(epoch))[1])
 
     def set_epoch(self, epoch):
         """Make ``epoch`` (0 <= epoch < 2**32) the one :meth:`indices`, :meth:`batches` and
@@ -227,16 +182,21 @@ class EpochSampler:
             out[lo:hi] = self._at(np.arange(lo, hi, dtype=np.int64), epoch)
         return out
 
+    def _range(self, epoch, start, stop):
+        """(epoch, start, stop) checked: shard positions ``start .. stop - 1`` of ``epoch``
+        (default: the current one), ``stop`` by default the end of the shard."""
+        epoch = self._epoch(epoch)
+        per_rank = self.count(epoch)
+        start = _v.integer(start, "start", 0)
+        stop = _v.integer(per_rank if stop is None else stop, "stop", start, per_rank)
+        return epoch, start, stop
+
     def indices(self, epoch=None, start=0, stop=None):
         """This rank's sample indices for ``epoch`` (default: the one set by
         :meth:`set_epoch`), in reading order, from shard position ``start`` to ``stop``
         (default: the whole shard): int64, shape (stop - start,)."""
-        epoch = self._epoch(epoch)
-        per_rank = self.count(epoch)
+        epoch, start, stop = self._range(epoch, start, stop)
         first, _ = self._span(epoch)
-        stop = per_rank if stop is None else stop
-        start = _v.integer(start, "start", 0)
-        stop = _v.integer(stop, "stop", start, per_rank)
         out = np.empty(stop - start, np.int64)
         for lo in range(start, stop, _CHUNK):
             hi = min(stop, lo + _CHUNK)
@@ -251,26 +211,17 @@ class EpochSampler:
         valid: all of them, except with ``shard_tail="mask"`` the padding (positions past
         the end of the order). The valid positions of a rank come first, so batch rows
         ``0 .. num_valid - 1`` are the valid ones. O(1)."""
-        epoch = self._epoch(epoch)
-        per_rank = self.count(epoch)
-        stop = per_rank if stop is None else stop
-        start = _v.integer(start, "start", 0)
-        stop = _v.integer(stop, "stop", start, per_rank)
+        epoch, start, stop = self._range(epoch, start, stop)
         if self.shard_tail != "mask":
             return stop - start
-        _, length = self._span(epoch)
-        real = -(-(length - self.rank) // self.world_size) if length > self.rank else 0
+        real = self._count(self._span(epoch)[1], "uneven")
         return max(0, min(stop, real) - start)
 
     def valid(self, epoch=None, start=0, stop=None):
         """Which of this rank's shard positions ``start .. stop - 1`` of ``epoch`` are valid
         (see :meth:`num_valid`): bool, shape (stop - start,)."""
-        epoch = self._epoch(epoch)
-        stop = self.count(epoch) if stop is None else stop
-        k = self.num_valid(epoch, start, stop)      # checks start and stop
-        out = np.zeros(stop - start, bool)
-        out[:k] = True
-        return out
+        epoch, start, stop = self._range(epoch, start, stop)
+        return np.arange(stop - start) < self.num_valid(epoch, start, stop)
 
     def num_batches(self, batch_size, drop_last=False, epoch=None):
         """Number of batches :meth:`batches` yields in ``epoch`` (default: a whole epoch,

@@ -92,13 +92,11 @@ class StreamSpec:
         d = {k: getattr(self, k) for k in _STATE_FIELDS if k not in STATE_DEFAULTS}
         d.update(source=self.source.spec(), transform=self.transform.to_dict(),
                  on_error=self.on_error)
-        for k, default in STATE_DEFAULTS.items():
-            # Only when set, as ``resume``: the specs of the streams without it stay the same.
-            if getattr(self, k) != default:
-                d[k] = getattr(self, k)
+        # Later fields only when set: the specs (and the producers' stream keys) of the
+        # streams without them stay what they were.
+        d.update((k, getattr(self, k)) for k, default in STATE_DEFAULTS.items()
+                 if getattr(self, k) != default)
         if self.resume is not None:
-            # Only when set: the specs (and the producers' stream keys) of every stream
-            # without a resume point stay what they were.
             d["resume"] = list(self.resume)
         return d
 
@@ -106,9 +104,8 @@ class StreamSpec:
     def from_wire(cls, d):
         """The spec of :meth:`to_wire`'s dict ``d`` (extra keys ignored), its source opened
         by :func:`dpu_pipe.sources.open_source`."""
-        return cls(source=open_source(d["source"]), batch_size=d["batch_size"],
-                   transform=TransformConfig.from_dict(d["transform"]), seed=d["seed"],
-                   shuffle=d["shuffle"], rank=d["rank"], world_size=d["world_size"],
-                   shard_tail=d["shard_tail"], drop_last=d["drop_last"],
-                   on_error=d.get("on_error", "raise"), resume=d.get("resume"),
-                   stick_to_shard=d.get("stick_to_shard", False))
+        optional = {"on_error": "raise", "resume": None, **STATE_DEFAULTS}
+        return cls(source=open_source(d["source"]),
+                   transform=TransformConfig.from_dict(d["transform"]),
+                   **{k: d[k] for k in _STATE_FIELDS if k not in optional},
+                   **{k: d.get(k, default) for k, default in optional.items()})

@@ -1,31 +1,11 @@
 """Multi-view recipes: several augmented views of every sample, decoded once.
 
-Self-supervised pretraining (DINO, SimCLR, BYOL) trains on several random views of each image.
 ``Loader(source, batch_size, views=[View(...), ...])`` yields ``(images, labels)`` where
 ``images`` is a list with one batch per view, ``(B, 3, H_v, W_v)`` (or ``(B, H_v, W_v, 3)``)
-in view order; dtype, layout, normalization, device and pinning apply to every view as they
-do to a one-view batch.
-
-Each sample's JPEG is decoded once: the region that covers every view's crop, at the DCT
-scale the most demanding view allows; each view is cut and resampled from it. A view then
-goes through, in torchvision's order: RandomResizedCrop(size, scale, ratio, interpolation)
-→ horizontal flip (``flip_p``) → ``RandomApply([ColorJitter(*color_jitter)], p=jitter_p)``
-(its four adjustments in a random order) → ``RandomGrayscale(grayscale_p)`` →
-``RandomApply([GaussianBlur(blur_kernel, blur_sigma)], p=blur_p)`` →
-``RandomSolarize(solarize_threshold, p=solarize_p)`` → the output conversion.
-
-Randomness: view ``v`` of sample ``i`` in epoch ``e`` is a pure function of
-``(seed, e, i, v)``: each op draws from its own stream of the counter-based RNG, offset by
-the view (see :mod:`dpu_pipe.rng`), so turning one op off (p = 0) never moves another's draw,
-and view 0 draws what a one-view recipe with the same parameters draws.
-``Loader.describe(epoch, index)`` gives, per view, the crop, flip, jitter factors, grayscale,
-blur ``{"sigma", "kernel"}`` and solarize threshold a sample got.
-
-The presets follow the published recipes: :func:`dino` (Caron et al., "Emerging Properties in
-Self-Supervised Vision Transformers", ICCV 2021; facebookresearch/dino,
-``DataAugmentationDINO``), :func:`simclr` (Chen et al., "A Simple Framework for Contrastive
-Learning of Visual Representations", ICML 2020, appendix A) and :func:`byol` (Grill et al.,
-"Bootstrap Your Own Latent", NeurIPS 2020, table 6).
+in view order. View ``v`` of sample ``i`` in epoch ``e`` is a pure function of
+``(seed, e, i, v)`` (each op draws from its own stream, offset by the view:
+:func:`dpu_pipe.rng.view_stream`). The ops, their order, the presets and their sources:
+docs/guides/recipes.md ("Views").
 """
 
 from dataclasses import dataclass, fields
@@ -118,14 +98,9 @@ _DEFAULTS = {f.name: f.default for f in fields(View)}
 
 def dino(global_size=224, local_size=96, local_crops=8, global_scale=(0.4, 1.0),
          local_scale=(0.05, 0.4)):
-    """DINO's multi-crop: two global views and ``local_crops`` local ones.
-
-    As facebookresearch/dino's ``DataAugmentationDINO`` (main_dino.py): every view is
-    RandomResizedCrop (bicubic) → flip 0.5 → ColorJitter(0.4, 0.4, 0.2, 0.1) with p 0.8 →
-    grayscale 0.2 → Gaussian blur, p 1.0 on global view 1, 0.1 on global view 2 (which is
-    then solarized with p 0.2, threshold 128), 0.5 on the locals. The blur is DINOv2's
-    torchvision ``GaussianBlur(kernel_size=9, sigma=(0.1, 2.0))`` (DINO v1 blurs with
-    Pillow's ``GaussianBlur(radius)``, same sigma range).
+    """DINO's multi-crop: two global views and ``local_crops`` local ones, as
+    facebookresearch/dino's ``DataAugmentationDINO`` (Caron et al., ICCV 2021), with DINOv2's
+    blur kernel (9 taps).
 
     Parameters
     ----------
@@ -152,11 +127,7 @@ def dino(global_size=224, local_size=96, local_crops=8, global_scale=(0.4, 1.0),
 
 
 def simclr(size=224):
-    """SimCLR's two views (Chen et al. 2020, appendix A; google-research/simclr).
-
-    Each: RandomResizedCrop(size, scale (0.08, 1)) → flip 0.5 → ColorJitter(0.8, 0.8, 0.8,
-    0.2) with p 0.8 (colour distortion strength 1) → grayscale 0.2 → Gaussian blur with p 0.5,
-    sigma in (0.1, 2.0), a kernel of 10 % of the size (made odd: 23 for 224).
+    """SimCLR's two views (Chen et al., ICML 2020, appendix A), colour distortion strength 1.
 
     Parameters
     ----------
@@ -174,12 +145,8 @@ def simclr(size=224):
 
 
 def byol(size=224):
-    """BYOL's two views (Grill et al. 2020, table 6).
-
-    Each: RandomResizedCrop(size, scale (0.08, 1), bicubic) → flip 0.5 → ColorJitter(0.4,
-    0.4, 0.2, 0.1) with p 0.8 → grayscale 0.2 → Gaussian blur (sigma in (0.1, 2.0), kernel
-    23 pixels at 224: 10 % of the size, odd) with p 1.0 on view 1 and 0.1 on view 2 →
-    solarize (threshold 128) with p 0 on view 1 and 0.2 on view 2.
+    """BYOL's two views (Grill et al., NeurIPS 2020, table 6): blur p 1.0 and 0.1,
+    solarize p 0 and 0.2.
 
     Parameters
     ----------

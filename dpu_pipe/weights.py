@@ -89,10 +89,9 @@ def pack_state(state_dict, out=None):
         if t.dim() > MAX_NDIM:
             raise ConfigError(f"tensor {name!r} has {t.dim()} dimensions; at most {MAX_NDIM}")
         items.append((str(name).encode("utf-8"), t.detach().to("cpu").contiguous()))
-    names_bytes = sum(len(n) for n, _ in items)
+    names = b"".join(n for n, _ in items)
     entries = np.zeros(len(items), TENSOR_ENTRY)
-    at = _align(WEIGHTS_HEADER.itemsize + entries.nbytes + names_bytes)
-    data_offset = at
+    data_offset = at = _align(WEIGHTS_HEADER.itemsize + entries.nbytes + len(names))
     name_at = 0
     for e, (name, t) in zip(entries, items):
         e["name_offset"], e["name_bytes"] = name_at, len(name)
@@ -103,22 +102,15 @@ def pack_state(state_dict, out=None):
         e["data_offset"] = at
         e["nbytes"] = t.numel() * t.element_size()
         at = _align(at + int(e["nbytes"]))
-    total = at
-    if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous \
-            and out.size >= total:
-        buf = out[:total]
+    if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous and out.size >= at:
+        buf = out[:at]
     else:
-        buf = np.empty(total, np.uint8)
-    header = np.zeros(1, WEIGHTS_HEADER)
-    header["magic"], header["version"], header["count"] = MAGIC, FORMAT_VERSION, len(items)
-    header["names_bytes"], header["data_offset"], header["total_bytes"] = \
-        names_bytes, data_offset, total
-    buf[:WEIGHTS_HEADER.itemsize] = header.view(np.uint8)
-    at = WEIGHTS_HEADER.itemsize
-    buf[at:at + entries.nbytes] = entries.view(np.uint8)
-    at += entries.nbytes
-    buf[at:at + names_bytes] = np.frombuffer(b"".join(n for n, _ in items), np.uint8)
-    buf[at + names_bytes:data_offset] = 0
+        buf = np.empty(at, np.uint8)
+    header = np.array((MAGIC, FORMAT_VERSION, len(items), len(names), data_offset, at, 0),
+                      WEIGHTS_HEADER)
+    table = b"".join((header.tobytes(), entries.tobytes(), names))
+    buf[:len(table)] = np.frombuffer(table, np.uint8)
+    buf[len(table):data_offset] = 0
     dst = torch.from_numpy(buf)
     for e, (_, t) in zip(entries, items):
         start, n = int(e["data_offset"]), int(e["nbytes"])
@@ -127,9 +119,10 @@ def pack_state(state_dict, out=None):
     return buf
 
 
-def read_header(buf):
-    """The header of weights buffer ``buf`` (``uint8`` array): a WEIGHTS_HEADER record.
-    Raises :class:`ConfigError` when it is not one this version reads."""
+def read_entries(buf):
+    """[(name, dtype name, shape tuple, data_offset, nbytes)] of weights buffer ``buf``
+    (``uint8`` array), bounds-checked against it; :class:`ConfigError` when it is not a
+    weights buffer this version reads."""
     buf = np.asarray(buf)
     if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size < WEIGHTS_HEADER.itemsize:
         raise ConfigError("not a weights buffer: need a 1-D uint8 array of at least "
@@ -143,13 +136,6 @@ def read_header(buf):
     if int(header["total_bytes"]) > buf.size:
         raise ConfigError(f"weights buffer truncated: {buf.size} bytes of "
                           f"{int(header['total_bytes'])}")
-    return header
-
-
-def read_entries(buf):
-    """[(name, dtype name, shape tuple, data_offset, nbytes)] of weights buffer ``buf``,
-    bounds-checked against the buffer."""
-    header = read_header(buf)
     count, names_bytes = int(header["count"]), int(header["names_bytes"])
     at = WEIGHTS_HEADER.itemsize
     end = at + count * TENSOR_ENTRY.itemsize
@@ -183,14 +169,12 @@ def load_state(model, buf):
     torch = _torch()
     entries = read_entries(buf)
     own = model.state_dict()
-    problems = []
     got = {name for name, *_ in entries}
-    missing = [n for n in own if n not in got]
-    extra = [n for n in got if n not in own]
-    if missing:
-        problems.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    if extra:
-        problems.append(f"unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    problems = []
+    for what, names in (("missing", [n for n in own if n not in got]),
+                        ("unexpected", [n for n in got if n not in own])):
+        if names:
+            problems.append(f"{what} {names[:5]}{' ...' if len(names) > 5 else ''}")
     for name, dtype, shape, start, n in entries:
         t = own.get(name)
         if t is None:
