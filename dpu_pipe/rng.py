@@ -110,12 +110,6 @@ The epoch permutation
     8-bit minimum keeps tiny datasets' permutations uniform: on halves of one or two bits,
     eight rounds are measurably biased. Integer operations only, so every machine computes
     the same permutation.
-
-Augmentation parameters
-    :func:`random_resized_crop` follows torchvision's ``RandomResizedCrop.get_params``
-    (10 attempts, then a central crop with the aspect ratio clamped into ``ratio``) except
-    that it never returns an empty crop where torchvision would (ratio bounds far from 1 on
-    an image a few pixels wide); :func:`random_flip` is ``RandomHorizontalFlip(p)``.
 """
 
 import functools
@@ -426,7 +420,9 @@ def view_stream(stream, view):
 
 def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
                         ratio=(3.0 / 4.0, 4.0 / 3.0), *, return_attempt=False, view=0):
-    """torchvision's ``RandomResizedCrop.get_params`` for sample ``index`` of ``epoch``.
+    """torchvision's ``RandomResizedCrop.get_params`` for sample ``index`` of ``epoch``: 10
+    attempts, then a central crop with the aspect ratio clamped into ``ratio`` — but never an
+    empty crop where torchvision would give one (ratio bounds far from 1 on a tiny image).
 
     ``height``, ``width``: the full-resolution image size in pixels (1 .. 2**31 - 1);
     ``scale``: range of the crop's area as a fraction of the image area; ``ratio``: range of
@@ -496,8 +492,7 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
         with np.errstate(over="ignore"):
             hb = np.where(narrow, np.rint(Wb / r_lo), Hb)
             wb = np.where(wide, np.rint(Hb * r_hi), Wb)
-        # Never an empty crop (torchvision can return one for extreme ratio bounds); the
-        # clamp happens in float64 so an infinite quotient never reaches the int conversion.
+        # Clamped in float64 so that an infinite quotient never reaches the int conversion.
         hb = np.minimum(np.maximum(hb, 1.0), Hb).astype(np.int64)
         wb = np.minimum(np.maximum(wb, 1.0), Wb).astype(np.int64)
         h[fb], w[fb] = hb, wb

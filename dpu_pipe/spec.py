@@ -42,10 +42,8 @@ class StreamSpec:
     on_error : "raise" or "skip"
         See :class:`~dpu_pipe.batch.BatchMaker`.
     resume : (epoch, start) or (epoch, start, order_world_size), optional
-        The resume point of an elastic resume: epoch ``epoch`` holds only positions
-        ``start ..`` of its order, sharded over this job's ranks (see
-        :class:`~dpu_pipe.sampler.EpochSampler`; the third item: with ``stick_to_shard``,
-        the world size whose order the epoch follows). None: every epoch whole.
+        The resume point of an elastic resume, as :class:`~dpu_pipe.sampler.EpochSampler`'s
+        ``resume``; None: every epoch whole.
 
     Every field is checked and normalized here (``seed`` to its int, booleans to bool), so
     two specs of one stream compare equal.
