@@ -133,9 +133,9 @@ def read_entries(buf):
     if int(header["version"]) != FORMAT_VERSION:
         raise ConfigError(f"weights buffer format version {int(header['version'])} is not "
                           f"{FORMAT_VERSION}: host and producers run different dpu_pipe versions")
-    if int(header["total_bytes"]) > buf.size:
-        raise ConfigError(f"weights buffer truncated: {buf.size} bytes of "
-                          f"{int(header['total_bytes'])}")
+    total = int(header["total_bytes"])
+    if total > buf.size:
+        raise ConfigError(f"weights buffer truncated: {buf.size} bytes of {total}")
     count, names_bytes = int(header["count"]), int(header["names_bytes"])
     at = WEIGHTS_HEADER.itemsize
     end = at + count * TENSOR_ENTRY.itemsize
@@ -143,7 +143,6 @@ def read_entries(buf):
         raise ConfigError("weights buffer truncated inside its table of tensors")
     entries = buf[at:end].view(TENSOR_ENTRY)
     names = bytes(buf[end:end + names_bytes])
-    total = int(header["total_bytes"])
     out = []
     for e in entries:
         no, nb = int(e["name_offset"]), int(e["name_bytes"])
