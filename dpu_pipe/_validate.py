@@ -15,7 +15,10 @@ from .errors import ConfigError
 
 __all__ = ["boolean", "integer", "positive_int", "number", "pair", "triple", "choice",
            "seconds", "names", "dtype", "bad_budget", "hook_path", "color_jitter",
-           "erase_value", "progressive", "image_size", "view", "OUTPUT_DTYPES"]
+           "erase_value", "progressive", "image_size", "crop_range", "view", "OUTPUT_DTYPES"]
+
+#: Largest side of an image, in pixels: JPEG's own limit.
+MAX_SIDE = 65500
 
 
 def boolean(value, name):
@@ -136,8 +139,6 @@ def color_jitter(value, name="color_jitter"):
     return cj if any(cj) else None
 
 
-#: Largest side (pixels) of a progressive size: JPEG's own limit on a side.
-MAX_PROGRESSIVE_SIDE = 65500
 #: Epochs are 32-bit (the RNG keys them so).
 _EPOCH_LIMIT = 2**32 - 1
 
@@ -146,8 +147,8 @@ def progressive(min_size, max_size, start_epoch, end_epoch, multiple):
     """The fields of a progressive size (:func:`dpu_pipe.progressive_size`) as ints:
     ``1 <= min_size <= max_size`` (pixels, at most 65500), ``0 <= start_epoch <= end_epoch
     < 2**32`` and ``multiple >= 1``."""
-    min_size = integer(min_size, "min_size", 1, MAX_PROGRESSIVE_SIDE)
-    max_size = integer(max_size, "max_size", 1, MAX_PROGRESSIVE_SIDE)
+    min_size = integer(min_size, "min_size", 1, MAX_SIDE)
+    max_size = integer(max_size, "max_size", 1, MAX_SIDE)
     if min_size > max_size:
         raise ConfigError(f"progressive_size needs min_size <= max_size, got {min_size} "
                           f"and {max_size}")
@@ -156,8 +157,10 @@ def progressive(min_size, max_size, start_epoch, end_epoch, multiple):
     if start_epoch > end_epoch:
         raise ConfigError(f"progressive_size needs start_epoch <= end_epoch, got "
                           f"{start_epoch} and {end_epoch}")
-    multiple = integer(multiple, "multiple", 1, MAX_PROGRESSIVE_SIDE)
+    multiple = integer(multiple, "multiple", 1, MAX_SIDE)
     return min_size, max_size, start_epoch, end_epoch, multiple
+
+
 def image_size(value, name="size"):
     """An image size in pixels as ``(height, width)`` positive ints (one int: square)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -169,6 +172,19 @@ def image_size(value, name="size"):
     if len(items) != 2:
         raise ConfigError(f"{name} must be an int or (height, width), got {value!r}")
     return tuple(positive_int(v, name) for v in items)
+
+
+def crop_range(scale, ratio, prefix=""):
+    """RandomResizedCrop's ``scale`` (fraction of the area, ``0 < min <= max <= 1``) and
+    ``ratio`` (width / height, ``0 < min <= max``) as pairs of floats; ``prefix`` starts the
+    names in messages."""
+    checked = pair(scale, prefix + "scale")
+    if not 0 < checked[0] <= checked[1] <= 1.0:
+        raise ConfigError(f"{prefix}scale must satisfy 0 < min <= max <= 1, got {scale!r}")
+    ratio_checked = pair(ratio, prefix + "ratio")
+    if not 0 < ratio_checked[0]:
+        raise ConfigError(f"{prefix}ratio must satisfy 0 < min <= max, got {ratio!r}")
+    return checked, ratio_checked
 
 
 def view(value, fields):
@@ -184,12 +200,7 @@ def view(value, fields):
         raise ConfigError(f"unknown view settings: {unknown}")
     d = dict(fields, **value)
     size = image_size(d["size"], "view size")
-    scale = pair(d["scale"], "view scale")
-    if not 0 < scale[0] <= scale[1] <= 1.0:
-        raise ConfigError(f"view scale must satisfy 0 < min <= max <= 1, got {d['scale']!r}")
-    ratio = pair(d["ratio"], "view ratio")
-    if not 0 < ratio[0]:
-        raise ConfigError(f"view ratio must satisfy 0 < min <= max, got {d['ratio']!r}")
+    scale, ratio = crop_range(d["scale"], d["ratio"], "view ")
     out = {"size": size, "scale": scale, "ratio": ratio,
            "interpolation": choice(d["interpolation"], "view interpolation", INTERPOLATIONS),
            "color_jitter": color_jitter(d["color_jitter"], "view color_jitter")}
@@ -275,27 +286,22 @@ def dtype(value, name="dtype"):
     return text
 
 
-#: torch.utils.data.DataLoader arguments that users pass out of habit, and what dpu_pipe has
-#: instead (None: nothing, with why).
+_NO_EQUIVALENT = "there is no equivalent: "
+#: torch.utils.data.DataLoader arguments that users pass out of habit, and what to do instead.
 TORCH_LOADER_ARGS = {
-    "num_workers": "num_threads (threads decoding each batch; DPULoader: producer ranks)",
-    "persistent_workers": None,
-    "prefetch_factor": "prefetch (batches made ahead)",
-    "pin_memory_device": "device (batches are copied to it through pinned buffers)",
-    "worker_init_fn": None,
-    "collate_fn": "batch_hook='module:function' (a function applied to every batch)",
-    "sampler": "shuffle, seed, rank and world_size (the sampler is built in)",
-    "batch_sampler": None,
-    "generator": "seed",
-    "multiprocessing_context": None,
-}
-
-_NO_EQUIVALENT = {
-    "persistent_workers": "the loader's threads or producer ranks live as long as the loader",
-    "worker_init_fn": "there are no worker processes to initialize; producers rebuild the "
-                      "pipeline from the loader's spec",
-    "batch_sampler": "batches are fixed by batch_size, drop_last and the built-in sampler",
-    "multiprocessing_context": "there are no worker processes",
+    "num_workers": "use num_threads (threads decoding each batch; DPULoader: producer ranks)",
+    "persistent_workers": _NO_EQUIVALENT + "the loader's threads or producer ranks live as "
+                                           "long as the loader",
+    "prefetch_factor": "use prefetch (batches made ahead)",
+    "pin_memory_device": "use device (batches are copied to it through pinned buffers)",
+    "worker_init_fn": _NO_EQUIVALENT + "there are no worker processes to initialize; "
+                                       "producers rebuild the pipeline from the loader's spec",
+    "collate_fn": "use batch_hook='module:function' (a function applied to every batch)",
+    "sampler": "use shuffle, seed, rank and world_size (the sampler is built in)",
+    "batch_sampler": _NO_EQUIVALENT + "batches are fixed by batch_size, drop_last and the "
+                                      "built-in sampler",
+    "generator": "use seed",
+    "multiprocessing_context": _NO_EQUIVALENT + "there are no worker processes",
 }
 
 
@@ -304,10 +310,8 @@ def torch_loader_args(options, where):
     argument, naming dpu_pipe's equivalent or saying there is none."""
     for key in options:
         if key in TORCH_LOADER_ARGS:
-            instead = TORCH_LOADER_ARGS[key]
-            how = (f"use {instead}" if instead else f"there is no equivalent: "
-                   f"{_NO_EQUIVALENT[key]}")
-            raise ConfigError(f"{where}: {key}= is a torch DataLoader argument; {how}")
+            raise ConfigError(f"{where}: {key}= is a torch DataLoader argument; "
+                              f"{TORCH_LOADER_ARGS[key]}")
 
 
 def deadline(value, name, default):

@@ -73,24 +73,16 @@ def _posterize_bits(num_bins, div):
     return np.rint(np.float32(8) - q).astype(np.int64).astype(np.float64)
 
 
-def magnitude_bins(entry, num_bins, height, width):
-    """(kind, start, end, bins) of one space entry for an image of height x width."""
+def _bins(entry, num_bins, height, width):
+    """(start, end, magnitude bins) of one space entry for an image of height x width."""
     name, _, kind, start, end = entry
     if kind == 2:
-        return kind, 0.0, 0.0, np.zeros(0)
+        return 0.0, 0.0, []
     if kind == 1:
-        return kind, 8.0, end, _posterize_bits(num_bins, end)
+        return 8.0, end, _posterize_bits(num_bins, end)
     if end is None:
         end = 150.0 / 331.0 * (width if name == "TranslateX" else height)
-    return kind, float(start), float(end), linspace32(start, end, num_bins).astype(np.float64)
-
-
-def _space(entries, num_bins, height, width):
-    out = []
-    for entry in entries:
-        kind, start, end, bins = magnitude_bins(entry, num_bins, height, width)
-        out.append((entry[0], bool(entry[1]), kind, start, end, [float(v) for v in bins]))
-    return out
+    return float(start), float(end), linspace32(start, end, num_bins)
 
 
 def _jitter_ranges(color_jitter):
@@ -120,19 +112,18 @@ def kernel_params(config, view=None, index=0):
     mode = config.auto_augment if config.train else None
     num_bins = config.ra_num_bins if mode == "ra" else (10 if mode == "imagenet" else 31)
     space, policies = [], []
-    if mode == "ta_wide":
-        space = _space(TA_WIDE_SPACE, num_bins, oh, ow)
-    elif mode == "ra":
-        space = _space(RA_SPACE, num_bins, oh, ow)
+    if mode in ("ta_wide", "ra"):
+        for entry in TA_WIDE_SPACE if mode == "ta_wide" else RA_SPACE:
+            start, end, bins = _bins(entry, num_bins, oh, ow)
+            space.append((entry[0], bool(entry[1]), entry[2], start, end,
+                          [float(v) for v in bins]))
     elif mode == "imagenet":
         table = {e[0]: e for e in _AA_SPACE}
         for pol in IMAGENET_POLICY:
-            steps = []
-            for name, p, level in pol:
-                kind, _, _, bins = magnitude_bins(table[name], 10, oh, ow)
-                steps.append((name, p, 0.0 if level is None else float(bins[level]),
-                              bool(table[name][1]) and level is not None))
-            policies.append(steps)
+            policies.append([(name, p, 0.0 if level is None else
+                              float(_bins(table[name], 10, oh, ow)[2][level]),
+                              bool(table[name][1]) and level is not None)
+                             for name, p, level in pol])
     train = config.train
     return {
         "mode": _MODES[mode], "size": [oh, ow], "space": space, "num_bins": num_bins,

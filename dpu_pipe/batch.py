@@ -44,13 +44,6 @@ class MakerStats:
         return asdict(self)
 
 
-def take_rows(images, start, stop):
-    """Rows ``start:stop`` of a batch's images: of the array, or of each view's."""
-    if isinstance(images, list):
-        return [v[start:stop] for v in images]
-    return images[start:stop]
-
-
 class BatchMaker:
     """Makes the batches of one rank's shard, as its :class:`~dpu_pipe.spec.StreamSpec` says.
 
@@ -199,15 +192,12 @@ class BatchMaker:
             raise ConfigError(f"a batch of shape {shape} does not fit a C-contiguous "
                               f"buffer of shape {images.shape}")
         return images.reshape(-1)[:count].reshape(shape)
-    @property
-    def view_shapes(self):
-        """Shape of a full batch of each view, in view order (one without views)."""
-        return [(self.batch_size,) + s for s in self.transform.view_shapes]
 
     def empty_images(self):
         """Uninitialised images of a full batch: an array, or with views a list of arrays,
         one per view (what :meth:`make` fills)."""
-        out = [np.empty(s, self.transform.np_dtype) for s in self.view_shapes]
+        out = [np.empty((self.batch_size,) + s, self.transform.np_dtype)
+               for s in self.transform.view_shapes]
         return out if self.transform.views is not None else out[0]
 
     def batches_in(self, epoch):
@@ -269,33 +259,27 @@ class BatchMaker:
         it; a stored sample stays stored)."""
         if self._gather is not None:
             return self._gather(indices)
-        cached = self.cache.ready(indices).tolist() if self.cache is not None else None
-        datas, errors = [], {}
+        cached = (self.cache.ready(indices).tolist() if self.cache is not None
+                  else [False] * len(indices))
+        datas, errors = [b""] * len(indices), {}
         for j, i in enumerate(indices.tolist()):
-            if cached is not None and cached[j]:
-                datas.append(b"")
-                continue
-            try:
-                datas.append(self.source.read(i))
-            except DecodeError as exc:
-                errors[j] = exc
-                datas.append(b"")
+            if not cached[j]:
+                try:
+                    datas[j] = self.source.read(i)
+                except DecodeError as exc:
+                    errors[j] = exc
         return _jpeg.BufferList.from_buffers(datas), errors
 
     def make(self, epoch, step, images, labels, out_indices=None):
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``, and
-        ``out_indices[:n]`` (when given) with the dataset index of each row.
+        ``out_indices[:n]`` (when given) with the dataset index of each row; return n.
 
-        ``images`` is a C-contiguous array of the transform's dtype holding at least ``n``
-        samples of ``epoch``'s shape (shape (>= n, *sample_shape); with a progressive size
-        the batch fills its first bytes, :meth:`rows` gives the view; with views, a
-        list of such arrays, one per view), ``labels`` of
-        :attr:`label_dtype` and (>= n, *:attr:`label_shape`),
-        ``out_indices`` int64 (>= n,). Row j is sample ``step_indices(epoch, step)[j]``,
-        except where ``on_error="skip"`` replaced an undecodable sample: ``out_indices[j]``
-        then names the replacement, the sample whose image and label the row holds. The
-        batch ops (:mod:`dpu_pipe.mix`) run last, on the whole batch. Returns n, the batch's
-        sample count.
+        ``images``: a C-contiguous array of the transform's dtype holding at least ``n``
+        samples of ``epoch``'s shape (a progressive size's batch fills its first bytes:
+        :meth:`rows`), or with views a list of them; ``labels``: :attr:`label_dtype`, shape
+        (>= n, *:attr:`label_shape`); ``out_indices``: int64 (>= n,). Row j is sample
+        ``step_indices(epoch, step)[j]``, or the replacement ``on_error="skip"`` chose (named
+        by ``out_indices[j]``). The batch ops (:mod:`dpu_pipe.mix`) run last.
         """
         indices = self.step_indices(epoch, step)
         t0 = self._started = time.perf_counter()
@@ -360,7 +344,9 @@ class BatchMaker:
                 cand = int(self.sampler.indices(epoch, at, at + 1)[0])
                 if cand in self.bad_samples:
                     continue
-                err = self._single(epoch, cand, take_rows(images, j, j + 1))
+                row = ([v[j:j + 1] for v in images] if isinstance(images, list)
+                       else images[j:j + 1])
+                err = self._single(epoch, cand, row)
                 if err is None:
                     labels[j] = self.labels[cand]
                     indices[j] = cand

@@ -17,27 +17,23 @@ time at a small error; see the README for its measured speed and error on photog
 Corrupt data
 ------------
 Decoding into missing data of a truncated stream is always an error (libjpeg would pad it
-with grey); a region that ends before the cut decodes correctly. Other corrupt-data warnings (e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
+with grey); a region that ends before the cut decodes correctly. Other corrupt-data warnings
+(e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
 ``strict=True``, as Pillow does. A corrupted entropy-coded segment that libjpeg cannot detect
 decodes to wrong pixels: JPEG carries no checksum.
 
 Restart intervals
 -----------------
-A region of a baseline Huffman JPEG with restart markers (a DRI segment) — any such file, and
-in particular the output of :func:`transcode` — is decoded from the restart intervals that cover
-it: the markers are found by a scan of the entropy-coded data (memchr, stopping after the last
-interval needed), the covering intervals plus two pixels all round (whole MCU rows when the
-interval does not divide a row) are copied into a per-decoder scratch stream (at most the
-file's size, plus 16 bytes per interval in the covered span for their offsets) with a SOF of
-the sub-image's size and renumbered markers, and that stream is decoded as above. The pixels
-are those of the plain region decode, bit for bit; only the intervals above and beside the
-region are no longer Huffman-decoded. A stream whose markers are missing, misnumbered,
-misplaced or cut short takes the plain region decode (which reports bad data as usual). Two
-outcomes differ from the plain region decode, both on damaged files and never in pixels: in
-``strict`` mode a corrupt-data warning in an interval outside the region goes unnoticed (as it
-does below the region), and a stream cut short after the intervals a region needs decodes that
-region, where the plain decode, which reads one iMCU row further for chroma upsampling context,
-reports the truncation.
+A region of a baseline Huffman JPEG with restart markers (a DRI segment; the output of
+:func:`transcode`) is decoded from the restart intervals that cover it (plus two pixels all
+round), copied with renumbered markers and a SOF of the sub-image's size into a per-decoder
+scratch stream (at most the file's size, plus 16 bytes per covered interval). The pixels are
+those of the plain region decode, bit for bit; the intervals above and beside the region are
+not Huffman-decoded. Missing, misnumbered, misplaced or cut-short markers fall back to the plain
+region decode. Only on damaged files do two outcomes differ from it: in ``strict`` mode a
+corrupt-data warning in an interval outside the region goes unnoticed, and a stream cut short
+after the intervals a region needs decodes that region, where the plain decode (one iMCU row
+further for chroma context) reports the truncation.
 
 Budgets
 -------
@@ -85,17 +81,13 @@ def _as_view(data):
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
-_INT31 = 2**31
-
-
-def _int(value, name, low, high):
-    """An int in [low, high) (the C int and int64 ranges the decoder takes)."""
-    return _v.integer(value, name, low, high - 1)
+#: Largest C int: the decoder takes coordinates and scan counts as C ints.
+_INT_MAX = 2**31 - 1
 
 
 def _check_budget(max_pixels, max_scans):
-    _int(max_pixels, "max_pixels", 1, 2**63)
-    _int(max_scans, "max_scans", 1, _INT31)
+    _v.integer(max_pixels, "max_pixels", 1, 2**63 - 1)
+    _v.integer(max_scans, "max_scans", 1, _INT_MAX)
 
 
 def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
@@ -125,7 +117,8 @@ def _min_size(min_size):
         h, w = min_size
     except (TypeError, ValueError):
         raise ConfigError(f"min_size must be (height, width), got {min_size!r}") from None
-    return _int(h, "min_size height", 0, _INT31), _int(w, "min_size width", 0, _INT31)
+    return (_v.integer(h, "min_size height", 0, _INT_MAX),
+            _v.integer(w, "min_size width", 0, _INT_MAX))
 
 
 def _region(region):
@@ -135,8 +128,10 @@ def _region(region):
         top, left, height, width = region
     except (TypeError, ValueError):
         raise ConfigError(f"region must be (top, left, height, width), got {region!r}") from None
-    return (_int(top, "region top", 0, _INT31), _int(left, "region left", 0, _INT31),
-            _int(height, "region height", 1, _INT31), _int(width, "region width", 1, _INT31))
+    return (_v.integer(top, "region top", 0, _INT_MAX),
+            _v.integer(left, "region left", 0, _INT_MAX),
+            _v.integer(height, "region height", 1, _INT_MAX),
+            _v.integer(width, "region width", 1, _INT_MAX))
 
 
 def decode(data, *, region=None, min_size=None, fast=False, strict=False,
@@ -178,8 +173,8 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     view, reg = _as_view(data), _region(region)
-    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"), max_pixels,
-                          max_scans)
+    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"),
+                          _v.boolean(strict, "strict"), max_pixels, max_scans)
     return out
 
 
@@ -222,7 +217,7 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
         if regs.shape != (n, 4) or (regs.size and regs.dtype.kind not in "iu"):
             raise ConfigError(f"regions must be integers of shape ({n}, 4), got "
                               f"{regs.dtype} {regs.shape}")
-        if regs.size and (regs.min() < 0 or regs.max() >= _INT31):
+        if regs.size and (regs.min() < 0 or regs.max() > _INT_MAX):
             raise ConfigError(f"regions must lie in [0, 2**31), got values in "
                               f"[{regs.min()}, {regs.max()}]")
         regs = np.ascontiguousarray(regs, dtype=np.int64)
@@ -235,8 +230,9 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
                           f"({n}, H, W, 3)")
     shapes = np.zeros((n, 3), dtype=np.int32)
     status = np.zeros(n, dtype=np.int32)
-    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, _v.boolean(fast, "fast"), _v.boolean(strict, "strict"),
-                                  max_pixels, max_scans, shapes, status)
+    messages = _jpeg.decode_batch(bufs, out, regs, min_h, min_w, _v.boolean(fast, "fast"),
+                                  _v.boolean(strict, "strict"), max_pixels, max_scans, shapes,
+                                  status)
     errors = {i: DecodeError(msg, index=i) for i, msg in messages.items()}
     if on_error == "return":
         return out, shapes, errors
@@ -316,6 +312,6 @@ def transcode(data, *, restart_interval=1, optimize=True, copy_markers=True,
     if restart_interval == "row":
         interval, rows = 0, 1
     else:
-        interval, rows = _int(restart_interval, "restart_interval", 1, 65536), 0
+        interval, rows = _v.integer(restart_interval, "restart_interval", 1, 65535), 0
     return _jpeg.transcode(_as_view(data), interval, rows, bool(optimize), bool(copy_markers),
                            max_pixels, max_scans)

@@ -9,6 +9,7 @@ With a multi-view recipe (``views``, see :mod:`dpu_pipe.views`) each sample give
 per view, decoded once: ``out`` is then a list of batches, one per view.
 """
 
+import functools
 import threading
 import warnings
 
@@ -109,20 +110,17 @@ class BatchProcessor:
 
         Returns
         -------
-        (out, info, errors): ``info`` is int32 (N, 7 * views) with the columns of
-        :data:`SampleInfo` for each view in turn (the status, column 0, is the sample's)
-        (crop box in full-resolution pixels — with ``decode_max_side``, in pixels of the
-        reduced image —, flip, DCT scale in eighths: of the whole decode with
-        ``decode_max_side``); ``errors`` maps the
-        batch position of each failed sample to a :class:`DecodeError` (``index`` = its sample
-        index). A failed sample's slot in ``out`` holds no meaningful data.
+        (out, info, errors)
+            ``info``: int32 (N, 7 * views), the columns of :data:`SampleInfo` for each view in
+            turn (column 0, the status, is the sample's): the crop box in full-resolution
+            pixels (with ``decode_max_side``: of the reduced image), flip, the DCT scale in
+            eighths (with ``decode_max_side``: of the whole decode). ``errors``: {batch
+            position: :class:`DecodeError`} (``index``: the sample index); a failed sample's
+            slot in ``out`` holds no meaningful data.
 
-        Samples that are not JPEG streams (PNG, GIF, WebP, BMP, TIFF... whatever their file
-        name says) are decoded by OpenCV (``cv2.imdecode``, RGB, full resolution) and go
-        through the same fused crop/resample/flip/normalize pass (reduced first with
-        ``decode_max_side``, as a JPEG is); their status in ``info`` is
-        :data:`ST_OTHER_FORMAT` (1). With a cache, a sample found there is cut from its cached
-        image and its buffer is not read (it may be empty).
+        Samples that are not JPEG streams are decoded by OpenCV (status
+        :data:`ST_OTHER_FORMAT`) and go through the same pass. With a cache, a sample found
+        there is cut from its cached image and its buffer (possibly empty) is not read.
         """
         bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
             _jpeg.BufferList.from_buffers(buffers)
@@ -161,14 +159,13 @@ class BatchProcessor:
 
     def describe(self, data, index, *, epoch=0, seed=0):
         """The parameters sample ``index`` of ``epoch`` gets from these bytes, in the order they
-        apply: ``"crop"`` [top, left, height, width] in source pixels (validation: the centre
-        box, floored; with ``decode_max_side``, in pixels of the reduced image), ``"flip"``, ``"ops"`` [[name, magnitude], ...] with torchvision's op
-        names and the signed magnitude its ``_apply_op`` receives, ``"jitter"`` {name: factor}
-        in the order applied, ``"grayscale"``, ``"erase"`` [i, j, h, w] in output pixels or
-        None, ``"blur"`` {"sigma", "kernel"} or None, ``"solarize"`` (the threshold) or None.
-        With views, a list of such dicts, one per view, each with ``"scale"`` (the DCT scale
-        of the sample's one decode, eighths). Raises the sample's DecodeError when the bytes
-        do not decode."""
+        apply (docs/guides/recipes.md, "What a sample gets"): ``"crop"`` [top, left, height,
+        width] in source pixels (validation: the centre box, floored; with
+        ``decode_max_side``, of the reduced image), ``"flip"``, ``"ops"``, ``"jitter"``,
+        ``"grayscale"``, ``"erase"``, ``"blur"`` ({"sigma", "kernel"} or None),
+        ``"solarize"`` (the threshold or None); with views, a list of such dicts, one per
+        view, each with ``"scale"`` (the DCT scale of the sample's one decode, eighths).
+        Raises the sample's DecodeError when the bytes do not decode."""
         _, info, errors = self.run([data], [index], epoch=epoch, seed=seed)
         if errors:
             raise errors[0]
@@ -205,23 +202,19 @@ class BatchProcessor:
         return msg
 
 
-_cv2_module = []
-
-
+@functools.cache
 def _cv2():
     """OpenCV, imported on the first non-JPEG sample (None when it is not installed).
 
     A local Loader pays for OpenCV (about 16 MiB and one thread) only when a dataset holds
     other formats; a long-lived producer calls :func:`load_other_formats` at start-up instead,
     so that its memory and threads stay flat whatever sample comes first."""
-    if not _cv2_module:
-        try:
-            import cv2
-            cv2.setNumThreads(1)   # the caller's threads are the parallelism
-        except ImportError:
-            cv2 = None
-        _cv2_module.append(cv2)
-    return _cv2_module[0]
+    try:
+        import cv2
+    except ImportError:
+        return None
+    cv2.setNumThreads(1)   # the caller's threads are the parallelism
+    return cv2
 
 
 def load_other_formats():

@@ -1,34 +1,12 @@
 """Batch ops: what happens to a finished batch, on whichever side made it (a local loader
 thread, a hybrid host thread, a producer rank) — MixUp / CutMix with soft, smoothed labels,
-and the user's ``batch_hook``.
+and the user's ``batch_hook``. Semantics (torchvision v2's ``MixUp`` / ``CutMix``, timm's
+switch, probability and ``mixup_target``) and the hook's contract: docs/guides/recipes.md.
 
-Semantics
-    torchvision.transforms.v2's ``MixUp`` and ``CutMix``: row ``j`` is paired with row
-    ``j - 1`` (row 0 with the last row: the batch rolled by one), λ ~ Beta(α, α); MixUp
-    blends the images ``x_j λ + x_{j-1} (1 - λ)``; CutMix pastes the partner's box, the box
-    computed from λ as ``v2.CutMix.make_params`` does (centre uniform over the pixels, half
-    sides ``int(0.5 sqrt(1 - λ) W)`` and ``… H``, clipped to the image), and λ is then corrected
-    to ``1 - box area / image area``. timm's ``Mixup`` for the rest: with both α set, each
-    batch is CutMix with probability ``mix_switch_p`` and MixUp otherwise; a batch is mixed
-    at all with probability ``mix_p`` (λ = 1 otherwise); labels are timm's ``mixup_target``:
-    the one-hot of the row's class smoothed to ``on = 1 - s + s / K``, ``off = s / K``
-    (``s = label_smoothing``, ``K = num_classes``), times λ, plus the partner's times 1 - λ —
-    float32 (B, num_classes).
-
-Randomness
-    Keyed by the batch: stream ``STREAM_MIX`` of :mod:`dpu_pipe.rng` with the index words
-    ``step | rank << 32`` (each rank its own λ, as each DDP rank of a timm run draws its
-    own), so the pairing and λ of batch ``s`` of epoch ``e`` are the same whoever makes the
-    batch, whatever the threads and producers. Validation loaders never mix.
-
-Hook
-    ``batch_hook="module:function"``: ``function(images, labels, rng)`` with the batch's
-    arrays (``images`` (n, *sample_shape) of the output dtype — bfloat16 as its uint16 bits;
-    ``labels`` (n,) or (n, K), after mixing) and a ``numpy.random.Generator`` seeded from
-    (seed, epoch, rank, step). It modifies the arrays in place and returns None, or returns
-    ``(images, labels)`` arrays of the same shapes and dtypes, copied into the batch. It runs
-    where the batch is made — on the DPU for offloaded batches — after mixing, once per
-    batch; to keep the stream deterministic it must depend only on its arguments.
+Randomness is keyed by the batch: stream ``STREAM_MIX`` of :mod:`dpu_pipe.rng` with the index
+words ``step | rank << 32`` (each rank its own λ, as each DDP rank of a timm run draws its
+own), so the pairing and λ of batch ``s`` of epoch ``e`` are the same whoever makes the batch.
+Validation loaders never mix.
 """
 
 import importlib
@@ -41,18 +19,20 @@ from . import _validate as _v
 from . import rng
 from .errors import ConfigError, DpuPipeError
 
-__all__ = ["MixParams", "mix_params", "cutmix_box", "BatchOps", "load_hook", "hook_rng"]
-
-
-class MixParams(dict):
-    """One batch's mix: ``mode`` ("mixup", "cutmix" or None), ``lam`` (each row's own label
-    weight, after the CutMix correction), ``box`` (CutMix: ``(x1, y1, x2, y2)`` in output
-    pixels, torchvision's order, end exclusive; else None)."""
+__all__ = ["mix_params", "cutmix_box", "BatchOps", "load_hook", "hook_rng"]
 
 
 def mix_params(config, seed, epoch, step, rank=0):
-    """The :class:`MixParams` of batch ``step`` of ``epoch`` for ``config`` (a train
-    TransformConfig; the output size gives the CutMix box)."""
+    """The mix of batch ``step`` of ``epoch`` for ``config`` (a train TransformConfig; the
+    output size gives the CutMix box).
+
+    Returns
+    -------
+    dict
+        ``mode`` ("mixup", "cutmix" or None), ``lam`` (each row's own label weight, after the
+        CutMix correction), ``box`` (CutMix: ``(x1, y1, x2, y2)`` in output pixels,
+        torchvision's order, end exclusive; else None).
+    """
     h, w = config.recipe.size
     ops = config.batch_ops
     index = int(step) | int(rank) << 32
@@ -61,15 +41,15 @@ def mix_params(config, seed, epoch, step, rank=0):
     u_mix, u_switch = _mix.uniforms(seed, epoch, index, rng.STREAM_MIX, 0)
     a_mix, a_cut = ops.mixup_alpha, ops.cutmix_alpha
     if not (a_mix > 0 or a_cut > 0) or not u_mix < ops.mix_p:
-        return MixParams(mode=None, lam=1.0, box=None)
+        return dict(mode=None, lam=1.0, box=None)
     cut = a_cut > 0 and (a_mix == 0 or u_switch < ops.mix_switch_p)
     alpha = a_cut if cut else a_mix
     lam = _mix.beta_variate(seed, epoch, index, rng.STREAM_MIX, alpha, alpha, first_block=2)
     if not cut:
-        return MixParams(mode="mixup", lam=lam, box=None)
+        return dict(mode="mixup", lam=lam, box=None)
     ux, uy = _mix.uniforms(seed, epoch, index, rng.STREAM_MIX, 1)
     box, lam = cutmix_box(lam, int(math.floor(ux * w)), int(math.floor(uy * h)), h, w)
-    return MixParams(mode="cutmix", lam=lam, box=box)
+    return dict(mode="cutmix", lam=lam, box=box)
 
 
 def cutmix_box(lam, r_x, r_y, height, width):

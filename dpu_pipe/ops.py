@@ -15,7 +15,6 @@ Whole-image ops of the self-supervised recipes (DINO, SimCLR, BYOL) on uint8 RGB
 bit-identical across runs, threads and x86-64/aarch64) and :func:`solarize`.
 """
 
-import numbers
 import threading
 
 import numpy as np
@@ -34,23 +33,20 @@ _local = threading.local()
 
 
 def _workspace():
+    """This thread's resampling scratch, or a private one while a re-entrant caller on this
+    thread holds it."""
     ws = getattr(_local, "ws", None)
     if ws is None:
         ws = _local.ws = _ops.Workspace()
-    return ws
+    return _ops.Workspace() if ws.busy else ws
 
 
-def _size_pair(size, name="size"):
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        size = (size, size)
-    try:
-        oh, ow = size
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an int or a pair (height, width), got {size!r}") from None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 < v < 1 << 20
-               for v in (oh, ow)):
-        raise ConfigError(f"{name} must hold positive ints below 2**20, got {size!r}")
-    return int(oh), int(ow)
+def _size_pair(size):
+    """``size`` as (height, width) in pixels, each below 2**20."""
+    oh, ow = _v.image_size(size)
+    if max(oh, ow) >= 1 << 20:
+        raise ConfigError(f"size must hold positive ints below 2**20, got {size!r}")
+    return oh, ow
 
 
 def _dtype_name(dtype):
@@ -61,10 +57,6 @@ def _dtype_name(dtype):
     if name not in _DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return name
-
-
-def _triple(values, name):
-    return _v.triple(values, name)
 
 
 def output_shape(size, layout="CHW"):
@@ -115,14 +107,9 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     ndarray
         ``out`` (or the new array): shape ``output_shape(size, layout)``, dtype ``dtype``.
     """
-    if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
-        got = (f"{type(img).__name__}" if not isinstance(img, np.ndarray)
-               else f"{img.dtype} array of shape {img.shape}")
-        raise ConfigError(f"img must be a uint8 array of shape (H, W, 3), got {got}")
+    img = _rgb_image(img)
     if img.shape[0] < 1 or img.shape[1] < 1:
         raise ConfigError(f"img is empty: shape {img.shape}")
-    if img.strides[2] != 1 or img.strides[1] != 3:
-        img = np.ascontiguousarray(img)
     try:
         y0, x0, h, w = (float(v) for v in box)
     except (TypeError, ValueError):
@@ -136,21 +123,19 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     oh, ow = _size_pair(size)
     name = _dtype_name(dtype)
     shape = output_shape((oh, ow), layout)
-    mean = _triple(mean, "mean")
-    std = _triple(std, "std")
+    mean = _v.triple(mean, "mean")
+    std = _v.triple(std, "std")
     if not all(s > 0 for s in std):
         raise ConfigError(f"std must be positive, got {std!r}")
+    flip = _v.boolean(flip, "flip")
+    interpolation = _v.choice(interpolation, "interpolation", tuple(_ops.FILTER_CODES))
     out = _out_array(out, shape, name)
     ws = _workspace()
-    if ws.busy:  # shared by a re-entrant caller on this thread: use a private one
-        ws = _ops.Workspace()
     ws.busy = True
     try:
-        _ops.resize_crop_into(img, y0, x0, h, w, out.reshape(-1).view(np.uint8), oh, ow,
-                              _v.boolean(flip, "flip"), _ops.DTYPE_CODES[name], _ops.LAYOUT_CODES[layout],
-                              mean, std, ws,
-                              _ops.FILTER_CODES[_v.choice(interpolation, "interpolation",
-                                                          tuple(_ops.FILTER_CODES))])
+        _ops.resize_crop_into(img, y0, x0, h, w, out.reshape(-1).view(np.uint8), oh, ow, flip,
+                              _ops.DTYPE_CODES[name], _ops.LAYOUT_CODES[layout], mean, std, ws,
+                              _ops.FILTER_CODES[interpolation])
     finally:
         ws.busy = False
     return out
@@ -170,23 +155,27 @@ def center_crop_box(height, width, size=224, resize=256):
     (y0, x0, h, w) : tuple of float
         Box in source pixels.
     """
-    for v, name in ((height, "height"), (width, "width"), (resize, "resize")):
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 < v < 1 << 30:
-            raise ConfigError(f"{name} must be a positive int, got {v!r}")
+    height, width, resize = (_v.integer(v, name, 1, (1 << 30) - 1) for v, name in
+                             ((height, "height"), (width, "width"), (resize, "resize")))
     sh, sw = _size_pair(size)
     if resize < min(sh, sw):
         raise ConfigError(f"resize ({resize}) must be at least the crop's shorter side "
                           f"({min(sh, sw)})")
-    return _ops.center_crop_box(int(height), int(width), sh, sw, int(resize))
+    return _ops.center_crop_box(height, width, sh, sw, resize)
+
+
+def _what(value):
+    """How an error message names a value that should have been an array."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__
 
 
 def _rgb_image(img):
     """img checked as uint8 (H, W, 3), copied when its pixels are not 3 contiguous bytes."""
     if (not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3
             or img.shape[2] != 3):
-        got = (f"{type(img).__name__}" if not isinstance(img, np.ndarray)
-               else f"{img.dtype} array of shape {img.shape}")
-        raise ConfigError(f"img must be a uint8 array of shape (H, W, 3), got {got}")
+        raise ConfigError(f"img must be a uint8 array of shape (H, W, 3), got {_what(img)}")
     if img.strides[2] != 1 or img.strides[1] != 3:
         img = np.ascontiguousarray(img)
     return img
@@ -199,9 +188,7 @@ def _out_array(out, shape, name):
         return np.empty(shape, dtype=_DTYPES[name])
     if not isinstance(out, np.ndarray) or out.shape != shape \
             or out.dtype != np.dtype(_DTYPES[name]):
-        got = (type(out).__name__ if not isinstance(out, np.ndarray)
-               else f"{out.dtype} array of shape {out.shape}")
-        raise ConfigError(f"out must be a {name} array of shape {shape}, got {got}")
+        raise ConfigError(f"out must be a {name} array of shape {shape}, got {_what(out)}")
     if not out.flags.c_contiguous:
         raise ConfigError(f"out must be C-contiguous ({name}, shape {shape})")
     if not out.flags.writeable:
@@ -227,8 +214,7 @@ def gaussian_blur(img, kernel_size, sigma=None, out=None):
     ``_get_gaussian_kernel1d``). The image is reflect-padded by ``ksize // 2`` pixels (the edge
     pixel not repeated, torch's ``"reflect"``), summed vertically then horizontally in float32
     and rounded half to even. The result is within one level of torchvision's (which sums the
-    2-D kernel's float32 products in another order) and bit-identical across runs, threads
-    and x86-64/aarch64.
+    2-D kernel's float32 products in another order).
 
     Parameters
     ----------

@@ -6,21 +6,12 @@ A :class:`TransformConfig` has three parts, along the seams of the pipeline:
 
 - :class:`DecodeOptions`: how a JPEG is decoded (IDCT and upsampling, the pixel budget, and
   ``decode_max_side``: decode whole and reduce, crops cut from the reduced image);
-- :class:`SampleRecipe`: what one sample goes through.
-  Train: RandomResizedCrop(size, scale, ratio, interpolation) → horizontal flip with
-  probability ``flip_p`` → auto-augment (``auto_augment``: TrivialAugmentWide, RandAugment or
-  AutoAugment's ImageNet policy) → colour jitter (random order of its four, as torchvision
-  draws it) → grayscale → output conversion → random erasing (``random_erase``), in
-  torchvision's order.
-  Val: resize the shorter side to ``resize`` (``interpolation``) → center crop ``size``.
-  Both end in the output conversion: float32/float16/bfloat16 normalized by ``mean``/``std``
-  (given in [0, 1] units, like torchvision), or uint8 (not normalized), in CHW or HWC layout.
-  bfloat16 is the float32 value rounded to nearest even, as torch rounds it; numpy has no
-  bfloat16, so numpy arrays hold its uint16 bits.
-  Multi-view (``views``, a list of :class:`~dpu_pipe.views.View`): every sample gives one
-  output per view, each view with its own crop, flip, colour ops, blur and solarize (see
-  :mod:`dpu_pipe.views`); the recipe's own crop and colour options then stay at their
-  defaults.
+- :class:`SampleRecipe`: what one sample goes through, train (RandomResizedCrop, flip,
+  auto-augment, colour jitter, grayscale, random erasing) or val (resize, center crop), in
+  torchvision's order (docs/guides/recipes.md), and the output conversion: float32, float16,
+  bfloat16 (its uint16 bits in numpy arrays) or uint8, CHW or HWC. Multi-view (``views``, see
+  :mod:`dpu_pipe.views`): one output per view, each with its own crop and colour ops (the
+  recipe's own stay at their defaults);
 - :class:`BatchOptions`: what happens to a finished train batch — MixUp / CutMix, label
   smoothing and ``batch_hook`` (:mod:`dpu_pipe.mix`).
 
@@ -50,8 +41,9 @@ def _set(obj, name, value):
     object.__setattr__(obj, name, value)
 
 
-#: Largest decode_max_side (pixels): JPEG's own limit on a side.
-MAX_SIDE_LIMIT = 65500
+def _check(obj, name, check, *args):
+    """Replace field ``name`` of a frozen dataclass by ``check(value, name, *args)``."""
+    _set(obj, name, check(getattr(obj, name), name, *args))
 
 
 @dataclass(frozen=True)
@@ -72,11 +64,10 @@ class DecodeOptions:
     decode_max_side: object = None      # None, or decode whole and reduce to this longest side
 
     def __post_init__(self):
-        _set(self, "fast", _v.boolean(self.fast, "fast"))
-        _set(self, "max_pixels", _v.positive_int(self.max_pixels, "max_pixels"))
+        _check(self, "fast", _v.boolean)
+        _check(self, "max_pixels", _v.positive_int)
         if self.decode_max_side is not None:
-            _set(self, "decode_max_side", _v.integer(self.decode_max_side, "decode_max_side",
-                                                     1, MAX_SIDE_LIMIT))
+            _check(self, "decode_max_side", _v.integer, 1, _v.MAX_SIDE)
 
 
 @dataclass(frozen=True)
@@ -117,9 +108,7 @@ class SampleRecipe:
 
     def __post_init__(self):
         self._check_geometry()
-        self._check_output()
-        self._check_augment()
-        self._check_erasing()
+        self._check_ops()
         self._check_views()
 
     def _check_views(self):
@@ -153,39 +142,24 @@ class SampleRecipe:
         if isinstance(size, ProgressiveSize):
             self._check_progressive(size)
             return
-        if isinstance(size, (int, np.integer)) and not isinstance(size, (bool, np.bool_)):
-            size = (size, size)
-        try:
-            size = tuple(size)
-        except TypeError:
-            raise ConfigError(f"size must be an int or (height, width), got {self.size!r}") \
-                from None
-        if len(size) != 2:
-            raise ConfigError(f"size must be an int or (height, width), got {self.size!r}")
-        size = tuple(_v.positive_int(v, "size") for v in size)
+        size = _v.image_size(size)
         _set(self, "size", size)
-        scale = _v.pair(self.scale, "scale")
-        ratio = _v.pair(self.ratio, "ratio")
-        if not 0 < scale[0] <= scale[1] <= 1.0:
-            raise ConfigError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
-        if not 0 < ratio[0]:
-            raise ConfigError(f"ratio must satisfy 0 < min <= max, got {self.ratio!r}")
+        scale, ratio = _v.crop_range(self.scale, self.ratio)
         _set(self, "scale", scale)
         _set(self, "ratio", ratio)
-        _set(self, "flip_p", _v.number(self.flip_p, "flip_p", 0.0, 1.0))
+        _check(self, "flip_p", _v.number, 0.0, 1.0)
         resize = _v.integer(self.resize, "resize", low=0) or int(round(min(size) / 0.875))
         if resize < min(size):
             raise ConfigError(f"resize ({resize}) must be at least the crop size {size}")
         _set(self, "resize", resize)
-        _set(self, "train", _v.boolean(self.train, "train"))
-        _set(self, "interpolation",
-             _v.choice(self.interpolation, "interpolation", INTERPOLATIONS))
+        _check(self, "train", _v.boolean)
+        _check(self, "interpolation", _v.choice, INTERPOLATIONS)
 
     def _check_progressive(self, size):
         """The geometry checks with a progressive ``size``: a train recipe; ``resize`` (a
         validation setting) is kept as given."""
         _set(self, "size", size)
-        _set(self, "train", _v.boolean(self.train, "train"))
+        _check(self, "train", _v.boolean)
         if not self.train:
             raise ConfigError("a progressive size is a train recipe: give the evaluation "
                               "loader a fixed size (FFCV's validation resolution, "
@@ -211,33 +185,29 @@ class SampleRecipe:
             return (self.size.largest,) * 2
         return self.size
 
-    def _check_output(self):
-        _set(self, "mean", _v.triple(self.mean, "mean"))
+    def _check_ops(self):
+        """The output conversion, auto-augment, colour and erasing options."""
+        _check(self, "mean", _v.triple)
         std = _v.triple(self.std, "std")
         if min(std) <= 0:
             raise ConfigError(f"std must be positive, got {self.std!r}")
         _set(self, "std", std)
-        _set(self, "dtype", _v.dtype(self.dtype))
-        _set(self, "layout", _v.choice(self.layout, "layout", LAYOUTS))
-
-    def _check_augment(self):
+        _check(self, "dtype", _v.dtype)
+        _check(self, "layout", _v.choice, LAYOUTS)
         if self.auto_augment is not None:
             _v.choice(self.auto_augment, "auto_augment", AUTO_AUGMENT)
-        _set(self, "ra_num_ops", _v.integer(self.ra_num_ops, "ra_num_ops", 0, 16))
-        _set(self, "ra_num_bins", _v.integer(self.ra_num_bins, "ra_num_bins", 2, 64))
-        _set(self, "ra_magnitude", _v.integer(self.ra_magnitude, "ra_magnitude", 0,
-                                              self.ra_num_bins - 1))
-        _set(self, "ra_mstd", _v.number(self.ra_mstd, "ra_mstd", 0.0, 100.0))
+        _check(self, "ra_num_ops", _v.integer, 0, 16)
+        _check(self, "ra_num_bins", _v.integer, 2, 64)
+        _check(self, "ra_magnitude", _v.integer, 0, self.ra_num_bins - 1)
+        _check(self, "ra_mstd", _v.number, 0.0, 100.0)
         fill = _v.triple(self.fill if not isinstance(self.fill, (int, float)) else
                          (self.fill,) * 3, "fill")
         if not all(0 <= v <= 255 and v == int(v) for v in fill):
             raise ConfigError(f"fill must be integers 0..255, got {self.fill!r}")
         _set(self, "fill", tuple(int(v) for v in fill))
-        _set(self, "color_jitter", _v.color_jitter(self.color_jitter))
-        _set(self, "grayscale_p", _v.number(self.grayscale_p, "grayscale_p", 0.0, 1.0))
-
-    def _check_erasing(self):
-        _set(self, "random_erase", _v.number(self.random_erase, "random_erase", 0.0, 1.0))
+        _check(self, "color_jitter", _v.color_jitter)
+        _check(self, "grayscale_p", _v.number, 0.0, 1.0)
+        _check(self, "random_erase", _v.number, 0.0, 1.0)
         es = _v.pair(self.erase_scale, "erase_scale")
         er = _v.pair(self.erase_ratio, "erase_ratio")
         if not (0 < es[0] and es[1] <= 1.0 and 0 < er[0]):
@@ -297,13 +267,12 @@ class BatchOptions:
 
     def __post_init__(self):
         for name in ("mixup_alpha", "cutmix_alpha"):
-            _set(self, name, _v.number(getattr(self, name), name, 0.0, 1e6))
-        _set(self, "mix_switch_p", _v.number(self.mix_switch_p, "mix_switch_p", 0.0, 1.0))
-        _set(self, "mix_p", _v.number(self.mix_p, "mix_p", 0.0, 1.0))
-        _set(self, "label_smoothing",
-             _v.number(self.label_smoothing, "label_smoothing", 0.0, 1.0))
+            _check(self, name, _v.number, 0.0, 1e6)
+        _check(self, "mix_switch_p", _v.number, 0.0, 1.0)
+        _check(self, "mix_p", _v.number, 0.0, 1.0)
+        _check(self, "label_smoothing", _v.number, 0.0, 1.0)
         if self.num_classes is not None:
-            _set(self, "num_classes", _v.integer(self.num_classes, "num_classes", 1, 1 << 24))
+            _check(self, "num_classes", _v.integer, 1, 1 << 24)
         if self.num_classes is None and self.soft:
             raise ConfigError("mixup_alpha, cutmix_alpha and label_smoothing need "
                               "num_classes (labels become float32 (B, num_classes))")
@@ -328,6 +297,12 @@ _PARTS = (("decode", DecodeOptions), ("recipe", SampleRecipe), ("batch_ops", Bat
 _OWNER = {f.name: attr for attr, cls in _PARTS for f in fields(cls)}
 #: Options left out of ``to_dict`` while None (their default).
 _ONLY_WHEN_SET = ("decode_max_side", "views")
+
+
+def _recipe_property(name):
+    """A read-only property of TransformConfig that reads its recipe's ``name``."""
+    return property(lambda self: getattr(self.recipe, name),
+                    doc=f"The recipe's ``{name}`` (:attr:`SampleRecipe.{name}`).")
 
 
 @dataclass(frozen=True, init=False)
@@ -368,20 +343,15 @@ class TransformConfig:
                               "images, not on the views of a multi-view recipe: leave them "
                               "unset with views=")
 
-    @property
-    def train(self):
-        return self.recipe.train
-
-    @property
-    def sample_shape(self):
-        """Shape of one output sample: (3, H, W) for CHW, (H, W, 3) for HWC (with a
-        progressive size, the largest epoch's: what buffers are sized for)."""
-        return self.recipe.sample_shape
-
-    @property
-    def progressive(self):
-        """Whether the output size changes with the epoch (``size=progressive_size(...)``)."""
-        return self.recipe.progressive
+    # Read from the recipe: see SampleRecipe.
+    train = _recipe_property("train")
+    sample_shape = _recipe_property("sample_shape")
+    progressive = _recipe_property("progressive")
+    np_dtype = _recipe_property("np_dtype")
+    views = _recipe_property("views")
+    view_shapes = _recipe_property("view_shapes")
+    augmented = _recipe_property("augmented")
+    uint8_pass = _recipe_property("uint8_pass")
 
     def at_epoch(self, epoch):
         """The transform of epoch ``epoch``: a fixed-size one (itself when the size is fixed;
@@ -393,31 +363,12 @@ class TransformConfig:
 
     def sample_shape_at(self, epoch):
         """Shape of one output sample of epoch ``epoch``."""
-        recipe = self.recipe
-        if not recipe.progressive:
-            return recipe.sample_shape
-        side = recipe.size.size_at(epoch)
-        return (3, side, side) if recipe.layout == "CHW" else (side, side, 3)
-
-    @property
-    def np_dtype(self):
-        """numpy dtype of the output; bfloat16 samples are held as their uint16 bits."""
-        return self.recipe.np_dtype
+        return self.at_epoch(epoch).sample_shape
 
     @property
     def sample_bytes(self):
         """Bytes of one output sample, every view's together."""
         return sum(int(np.prod(s)) for s in self.view_shapes) * self.np_dtype.itemsize
-
-    @property
-    def views(self):
-        """The multi-view recipe (a tuple of :class:`~dpu_pipe.views.View`), or None."""
-        return self.recipe.views
-
-    @property
-    def view_shapes(self):
-        """Shape of one sample of each view (one shape without views)."""
-        return self.recipe.view_shapes
 
     def per_view(self):
         """``[(config, view)]``, one per view: the one-view TransformConfig that makes it
@@ -429,17 +380,6 @@ class TransformConfig:
                                  recipe=replace(self.recipe, views=None, resize=0,
                                                 **v.recipe_fields)), v)
                 for v in self.recipe.views]
-
-    @property
-    def augmented(self):
-        """Whether anything beyond the fused crop, flip and conversion runs."""
-        return self.recipe.augmented
-
-    @property
-    def uint8_pass(self):
-        """Whether samples are augmented in uint8 before the conversion (see
-        :attr:`SampleRecipe.uint8_pass`)."""
-        return self.recipe.uint8_pass
 
     @property
     def soft_labels(self):
