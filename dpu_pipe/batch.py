@@ -59,12 +59,10 @@ class BatchMaker:
         The decoded-sample cache of ``decode_max_side`` (likewise not in the spec: the batches
         are the same with or without it). Samples found in it are not read from the source.
 
-    ``spec.on_error``:
-        ``"raise"``: the first undecodable sample of a batch raises :class:`DecodeError` naming
-        its index and file. ``"skip"``: it is replaced by the next sample of the shard's
-        reading order that decodes (wrapping around; the replacement keeps its own index,
-        crop and label), so the batch keeps its size and the choice is the same on every run;
-        the bad sample is recorded in :attr:`bad_samples` and logged once.
+    ``spec.on_error`` (docs/guides/loading.md): ``"raise"`` raises :class:`DecodeError` for
+    the first undecodable sample of a batch; ``"skip"`` replaces it by the next sample of the
+    shard's order that decodes (wrapping around; the replacement keeps its own index, crop and
+    label) and records it in :attr:`bad_samples`.
     """
 
     def __init__(self, spec, num_threads=1, cache=None):

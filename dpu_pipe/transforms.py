@@ -289,7 +289,6 @@ class BatchOptions:
 _PER_VIEW = ("size", "scale", "ratio", "flip_p", "interpolation", "auto_augment",
              "color_jitter", "grayscale_p", "random_erase")
 _RECIPE_DEFAULTS = {f.name: f.default for f in fields(SampleRecipe)}
-_RECIPE_DEFAULTS["size"] = (224, 224)
 
 #: The parts of a TransformConfig, in order: (attribute, class).
 _PARTS = (("decode", DecodeOptions), ("recipe", SampleRecipe), ("batch_ops", BatchOptions))
