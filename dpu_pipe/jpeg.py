@@ -204,8 +204,7 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
     of each image — or (out, shapes, errors) with ``on_error="return"``, errors being a dict
     {index: DecodeError}; failed images have shape (0, 0, 0).
     """
-    if on_error not in ("raise", "return"):
-        raise ConfigError(f"on_error must be 'raise' or 'return', got {on_error!r}")
+    _v.choice(on_error, "on_error", ("raise", "return"))
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
     bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
