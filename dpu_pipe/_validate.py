@@ -178,13 +178,13 @@ def crop_range(scale, ratio, prefix=""):
     """RandomResizedCrop's ``scale`` (fraction of the area, ``0 < min <= max <= 1``) and
     ``ratio`` (width / height, ``0 < min <= max``) as pairs of floats; ``prefix`` starts the
     names in messages."""
-    checked = pair(scale, prefix + "scale")
-    if not 0 < checked[0] <= checked[1] <= 1.0:
+    scale_pair = pair(scale, prefix + "scale")
+    if not 0 < scale_pair[0] <= scale_pair[1] <= 1.0:
         raise ConfigError(f"{prefix}scale must satisfy 0 < min <= max <= 1, got {scale!r}")
-    ratio_checked = pair(ratio, prefix + "ratio")
-    if not 0 < ratio_checked[0]:
+    ratio_pair = pair(ratio, prefix + "ratio")
+    if not 0 < ratio_pair[0]:
         raise ConfigError(f"{prefix}ratio must satisfy 0 < min <= max, got {ratio!r}")
-    return checked, ratio_checked
+    return scale_pair, ratio_pair
 
 
 def view(value, fields):
