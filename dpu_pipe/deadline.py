@@ -1,9 +1,7 @@
 """One way to wait for something that completes elsewhere (an MPI request, a device copy, a
 reply, a batch): test it, sleep a little longer each time, and raise :class:`PipeTimeout` at a
-deadline. Deadlines are ``time.monotonic()`` seconds everywhere.
-
-Blocking waits are avoided on purpose: MPI libraries spin a core in them, and a device
-synchronize has no deadline.
+deadline (``time.monotonic()`` seconds). Blocking waits are avoided on purpose: MPI libraries
+spin a core in them, and a device synchronize has no deadline.
 """
 import time
 
@@ -18,10 +16,9 @@ def deadline_in(seconds):
 
 
 class Backoff:
-    """Poll pacing: tight at first (what is waited for is about to land), then sleeps
-    doubling from 20 µs up to ``longest`` seconds — and, with ``stretch``, in a long wait up
-    to 5 % of the time waited so far (at most 5 ms): a host that waits for slow producers
-    spends little CPU polling, and what it waits for is seen at most that much later."""
+    """Poll pacing: tight at first, then sleeps doubling from 20 µs up to ``longest`` seconds
+    — and, with ``stretch``, in a long wait up to 5 % of the time waited so far (at most
+    5 ms), so a host waiting for slow producers spends little CPU polling."""
 
     def __init__(self, longest, stretch=True):
         self.longest = longest

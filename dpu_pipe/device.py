@@ -1,36 +1,14 @@
 """What a loader hands out: the batch its producer wrote, as numpy arrays or as torch tensors
 — converted (bfloat16), laid out (channels_last), pinned, or already on an accelerator.
 
-The producer writes each batch into one buffer of a fixed ring (``prefetch + 1`` buffers).
-Labels are always copied (a few bytes). Images are where the memory goes:
-
-=============================  ==================================================================
-output                         what the yielded images are
-=============================  ==================================================================
-numpy / torch on the CPU       **a view of a ring buffer**: valid until the next batch is asked
-                               for (``copy=True`` yields a private copy); bfloat16 too (the
-                               kernel writes it)
-``pin_memory=True``            a new pinned CPU tensor (torch's caching host allocator)
-``device="cuda"``              a new device tensor; the host side goes through a ring of two
-                               pinned staging buffers, copied with ``non_blocking=True`` on a
-                               side stream that the consumer's stream waits on
-DPULoader, ``device="cuda"``   offload and hybrid modes: a new device tensor copied with
-                               ``non_blocking=True`` straight from the batch's slot of the RMA
-                               window, which is registered as pinned memory
-                               (``cudaHostRegister`` through ``torch.cuda.cudart()``): no
-                               host-side copy. The slot goes back to the producers only once
-                               the copy's event has completed. Where registration is
-                               unavailable or refused (an older torch, memory the driver will
-                               not pin), the staging path above, with one logged reason.
-                               Batches made by hybrid host threads are staged.
-=============================  ==================================================================
-
-So batches kept across iterations (``held = [(x, y) for x, y in loader]``) are safe on a
-device, pinned, and with ``copy=True``; not otherwise.
-
-``stats()`` of a loader with a device reports the path: ``device_path`` (``"window"`` while
-the window is registered, else ``"staging"``), ``device_path_reason`` (why an offloading loader
-stages: None when it does not), and ``device_batches_from_window`` / ``device_batches_staged``.
+Labels are always copied. Images on the CPU are **a view of a ring buffer**, valid until the
+next batch is asked for (``copy=True`` yields a private copy); ``pin_memory=True`` yields a new
+pinned tensor. With ``device="cuda"`` each batch goes through a ring of two pinned staging
+buffers, copied ``non_blocking`` on a side stream that the consumer's stream waits on; in the
+offloaded modes a producer's batch is copied straight from its slot of the RMA window,
+registered as pinned memory (``cudaHostRegister``), and the slot goes back to the producers
+once the copy's event has completed. ``stats()`` reports the path (``device_path``: see
+docs/guides/offload.md).
 """
 
 import ctypes
@@ -40,12 +18,11 @@ import time
 import warnings
 
 from . import _validate as _v
-from ._torch import require_torch as torch_module
+from ._torch import require_torch
 from .deadline import poll_until
 from .errors import ConfigError
 
-__all__ = ["BatchOutput", "torch_module", "CudaBackend", "DeviceStage", "PinnedRegion",
-           "wait_event"]
+__all__ = ["BatchOutput", "CudaBackend", "DeviceStage", "PinnedRegion", "wait_event"]
 
 log = logging.getLogger("dpu_pipe")
 
@@ -67,24 +44,9 @@ def _memory_format(value, torch):
 
 
 class BatchOutput:
-    """The output options of a loader, checked once.
-
-    Parameters
-    ----------
-    dtype : str, numpy dtype or torch dtype
-        ``float32``, ``float16``, ``bfloat16`` (torch output only: numpy has no bfloat16) or
-        ``uint8``.
-    layout : "CHW" or "HWC"
-    output : "numpy", "torch" or None
-        None: torch when a torch-only option (device, pin_memory, a torch dtype, bfloat16,
-        memory_format) is given, else numpy.
-    device : str or torch.device, optional
-    pin_memory : bool
-    memory_format : torch.channels_last, torch.contiguous_format, their names, or None
-        ``channels_last`` makes the kernel write NHWC and yields (B, 3, H, W) tensors whose
-        memory is channels-last (``x.is_contiguous(memory_format=torch.channels_last)``).
-    copy : bool
-    """
+    """The output options of a loader, checked once: ``dtype``, ``layout``, ``output``,
+    ``device``, ``pin_memory``, ``memory_format`` (also by name) and ``copy``, as
+    :class:`~dpu_pipe.Loader` takes them."""
 
     def __init__(self, *, dtype="float32", layout="CHW", output=None, device=None,
                  pin_memory=False, memory_format=None, copy=False):
@@ -99,7 +61,7 @@ class BatchOutput:
         self.output = _v.choice(output, "output", ("numpy", "torch"))
         torch = None
         if self.output == "torch":
-            torch = torch_module("output='torch'")
+            torch = require_torch("output='torch'")
         elif wants_torch:
             raise ConfigError("device, pin_memory, memory_format and bfloat16 give torch "
                               "tensors: use output='torch' (or leave output unset)")
@@ -110,8 +72,6 @@ class BatchOutput:
                               "layout='CHW' (the tensors are (B, 3, H, W), NHWC in memory)")
         #: Layout the kernel writes.
         self.kernel_layout = "HWC" if self.channels_last else layout
-        #: dtype the kernel writes.
-        self.kernel_dtype = self.dtype
         self.device = None
         if device is not None:
             try:
@@ -184,8 +144,7 @@ class BatchOutput:
             stage.fence()
 
     def stats(self):
-        """Which way batches reach the device (empty without a device): see the module's
-        docstring."""
+        """Which way batches reach the device (empty without a device)."""
         if self.device is None:
             return {}
         stage, window = self._stages.get(0), self.window    # view 0's: one per batch
@@ -203,9 +162,9 @@ def _accelerator(torch):
 
 
 def wait_event(event, deadline, what):
-    """Poll the device event ``event`` until it has completed, sleeping between polls (up to
-    1 ms), or raise :class:`PipeTimeout` saying ``what`` when ``deadline``
-    (``time.monotonic()`` seconds) passes. A device copy of a batch takes well under that."""
+    """Poll the device event ``event`` (up to 1 ms between polls) until it has completed, or
+    raise :class:`PipeTimeout` saying ``what`` once ``deadline`` (``time.monotonic()``)
+    passes."""
     poll_until(event.query, deadline,
                f"{what}: the device copy did not complete before the deadline", 1e-3)
 
@@ -260,27 +219,25 @@ class CudaBackend:
     def event(self):
         return self.torch.cuda.Event()
 
+    def _runtime(self, call, what, *args):
+        """``torch.cuda.cudart().<call>(*args)``; RuntimeError saying that ``what`` failed
+        when the runtime refuses or cannot be reached."""
+        cudart = _cudart(self.torch)
+        err = getattr(cudart, call)(*args)
+        if int(err) != 0:
+            _clear_cuda_error(self.torch)
+            raise RuntimeError(f"{what} failed: {cudart.cudaGetErrorString(err)} "
+                               f"(cudaError {int(err)})")
+
     def register(self, ptr, nbytes):
         """Page-lock ``nbytes`` bytes of host memory at address ``ptr`` in place
-        (``cudaHostRegister``), so that copies from it are asynchronous DMA. Raises
-        RuntimeError saying why when the runtime refuses or cannot be reached."""
-        torch = self.torch
-        cudart = _cudart(torch)
-        err = cudart.cudaHostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE)
-        if int(err) != 0:
-            _clear_cuda_error(torch)
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: "
-                               f"{cudart.cudaGetErrorString(err)} (cudaError {int(err)})")
+        (``cudaHostRegister``), so that copies from it are asynchronous DMA."""
+        self._runtime("cudaHostRegister", f"cudaHostRegister of {nbytes} bytes", ptr, nbytes,
+                      HOST_REGISTER_PORTABLE)
 
     def unregister(self, ptr):
         """Undo :meth:`register` of the memory at ``ptr``."""
-        torch = self.torch
-        cudart = _cudart(torch)
-        err = cudart.cudaHostUnregister(ptr)
-        if int(err) != 0:
-            _clear_cuda_error(torch)
-            raise RuntimeError(f"cudaHostUnregister failed: {cudart.cudaGetErrorString(err)} "
-                               f"(cudaError {int(err)})")
+        self._runtime("cudaHostUnregister", "cudaHostUnregister", ptr)
 
     def copy_to_device(self, pinned):
         """Start copying ``pinned`` (pinned memory: a staging buffer or registered memory)
@@ -301,13 +258,9 @@ class CudaBackend:
 
 class PinnedRegion:
     """Host memory registered in place with the device runtime (DPULoader's RMA window), so
-    that batches lying in it are copied to the device from where they are.
-
-    :meth:`attach` registers memory (once per window: again after the window is made
-    anew); :meth:`detach` waits (deadline ``timeout``) for the copies still reading it, then
-    unregisters it — before the memory is freed (a refused unregistration is logged: the
-    memory goes all the same). When registration is refused, the region stays empty,
-    :attr:`reason` says why (logged once per refusal) and batches are staged.
+    that batches lying in it are copied to the device from where they are. When registration
+    is refused, the region stays empty, :attr:`reason` says why (logged) and batches are
+    staged.
     """
 
     def __init__(self, backend, timeout=300.0):
@@ -360,6 +313,12 @@ class PinnedRegion:
         self._reading.append(event)
 
 
+def _fits(buffer, tensor, dtype):
+    """True when ``buffer`` can stage ``tensor`` as ``dtype`` (rows ``[:len(tensor)]``)."""
+    return (buffer.shape[1:] == tensor.shape[1:] and buffer.shape[0] >= tensor.shape[0]
+            and buffer.dtype == dtype)
+
+
 class DeviceStage:
     """Host → device copies, asynchronous, overlapped with the consumer's work on the
     previous batch and with the making of the next one.
@@ -389,34 +348,34 @@ class DeviceStage:
     def send(self, images, labels, dtype):
         """Device tensors ``(images as dtype, labels)``, copies of the CPU tensors given."""
         w = self.window
-        if w is not None and dtype == images.dtype and w.holds(images) and w.holds(labels):
-            out_x, _ = self.backend.copy_to_device(images)
-            out_y, done = self.backend.copy_to_device(labels)
-            w.reading(done)                     # recorded after the image copy, same stream
+        direct = (w is not None and dtype == images.dtype and w.holds(images)
+                  and w.holds(labels))
+        if direct:
+            x, y = images, labels
+        else:
+            k = self._next
+            self._next = (k + 1) % self.SLOTS
+            if self._done[k] is not None:
+                wait_event(self._done[k], time.monotonic() + self.timeout,
+                           "reusing a pinned staging buffer")
+            staged = self._pinned[k]
+            if staged is None or not (_fits(staged[0], images, dtype)
+                                      and _fits(staged[1], labels, labels.dtype)):
+                staged = self._pinned[k] = (self.backend.empty_pinned(images, dtype),
+                                            self.backend.empty_pinned(labels, labels.dtype))
+            n = images.shape[0]
+            x, y = staged[0][:n], staged[1][:n]
+            x.copy_(images)
+            y.copy_(labels)
+        out_x, _ = self.backend.copy_to_device(x)
+        out_y, done = self.backend.copy_to_device(y)   # after the image copy, same stream
+        if direct:
+            w.reading(done)
             self._direct.append(done)
             self.direct += 1
-            return out_x, out_y
-        k = self._next
-        self._next = (k + 1) % self.SLOTS
-        if self._done[k] is not None:
-            wait_event(self._done[k], time.monotonic() + self.timeout,
-                       "reusing a pinned staging buffer")
-        staged = self._pinned[k]
-        if staged is None or staged[0].shape[1:] != images.shape[1:] \
-                or staged[0].shape[0] < images.shape[0] or staged[0].dtype != dtype \
-                or staged[1].shape[1:] != labels.shape[1:] \
-                or staged[1].shape[0] < labels.shape[0] or staged[1].dtype != labels.dtype:
-            staged = (self.backend.empty_pinned(images, dtype),
-                      self.backend.empty_pinned(labels, labels.dtype))
-            self._pinned[k] = staged
-        n = images.shape[0]
-        x, y = staged[0][:n], staged[1][:n]
-        x.copy_(images)
-        y.copy_(labels)
-        out_x, done_x = self.backend.copy_to_device(x)
-        out_y, done_y = self.backend.copy_to_device(y)
-        self._done[k] = done_y                  # recorded after the image copy, same stream
-        self.staged += 1
+        else:
+            self._done[k] = done
+            self.staged += 1
         return out_x, out_y
 
     def fence(self):

@@ -1,16 +1,7 @@
-"""``torch.distributed`` inside an MPMD job: the host ranks form the process group.
-
-An offloaded job is one MPI job of hosts (training) and producers (DPU cores)::
-
-    mpiexec -n 2 python -m mpi4py train.py : -n 4 python -m mpi4py -m dpu_pipe.worker
-
-``torch.distributed`` must count only the hosts: :func:`init_process_group` gives each host
-its index among the hosts as ``RANK`` and their number as ``WORLD_SIZE``, agrees on
-``MASTER_ADDR`` (the first host's hostname) and a free ``MASTER_PORT`` through MPI, and
-initializes the process group. Under ``torchrun`` (torch's variables already set) it only
-calls ``torch.distributed.init_process_group``. Loaders built afterwards take their shard
-from the process group (see :func:`dpu_pipe.loader.default_shard`), which is the same as
-:class:`~dpu_pipe.DPULoader`'s default (its host index and the host count).
+"""``torch.distributed`` inside an MPMD job (``mpiexec -n 2 python -m mpi4py train.py : -n 4
+python -m mpi4py -m dpu_pipe.worker``): the host ranks alone form the process group, each
+with its index among the hosts as ``RANK``; loaders built afterwards take their shard from
+it (:func:`dpu_pipe.loader.default_shard`).
 """
 import os
 import socket
@@ -19,8 +10,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from ._torch import require_torch
 from .errors import ConfigError
-from .evaluate import require_torch
 from .mpi import load_mpi, wait_request
 
 __all__ = ["init_process_group", "ProcessGroupInfo", "TORCH_ENV"]
@@ -33,9 +24,6 @@ ProcessGroupInfo.__doc__ = """Where this process stands in the process group: ``
 ``world_size`` (hosts only), ``local_rank`` (among the hosts on this hostname: the GPU to
 use) and the ``backend`` name."""
 
-
-def _default_backend(torch):
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _free_port():
@@ -62,22 +50,21 @@ def init_process_group(backend=None, *, comm=None, setup_timeout=120.0, **kwargs
     **kwargs
         Passed to ``torch.distributed.init_process_group`` (``timeout``, ``device_id``, ...).
 
-    When ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` are all set (torchrun,
-    or a launcher script), or ``init_method`` is given, nothing is agreed through MPI and
-    MPI is not started. Already initialized: nothing is done. ``MASTER_ADDR`` set alone
-    overrides the first host's hostname (a name the other hosts resolve to the right
-    network). The port is found free on the first host and bound by torch a moment later:
-    another process could take it in between (then torch's store fails to bind, and the job
-    should be started again).
+    The hosts agree through MPI on ``MASTER_ADDR`` (the first host's hostname, unless set)
+    and a ``MASTER_PORT`` found free on the first host (another process could take it before
+    torch binds it: then start the job again). When ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK`` and ``WORLD_SIZE`` are all set (torchrun), or ``init_method`` is given, MPI is
+    not used; already initialized, nothing is done.
     """
-    torch = require_torch()
+    torch = require_torch("torch.distributed")
     dist = torch.distributed
     if not dist.is_available():
         raise ConfigError("this torch build has no torch.distributed")
     if dist.is_initialized():
         return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(),
                                 int(os.environ.get("LOCAL_RANK", 0)), dist.get_backend())
-    backend = _default_backend(torch) if backend is None else backend
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "init_method" in kwargs or all(v in os.environ for v in TORCH_ENV):
         dist.init_process_group(backend=backend, **kwargs)
         return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(),

@@ -1,16 +1,11 @@
 """Evaluating a model on validation batches: exact, mergeable metrics.
 
-A :class:`Metrics` holds sums, never averages: the sample count, the cross-entropy loss summed
-over samples (in float64), and for each k of ``topk`` how many samples had their label among
-the k highest logits (``torch.topk``'s choice among ties). Partial results from several
-producers or hosts add up exactly (:meth:`Metrics.merge`), and :meth:`Metrics.result` turns
-the total into ``{"count", "loss", "top1", "top5", ...}``.
-
+A :class:`Metrics` holds sums, never averages (count, float64 cross-entropy sum, top-k hits),
+so partial results from several producers or hosts add up exactly (:meth:`Metrics.merge`).
 :func:`evaluate_steps` runs one shard's validation batches — made by the same
-:class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` — through a model; it is what
-a producer rank does for :class:`~dpu_pipe.RemoteValidation`, and what the host does to check
-it. torch is optional for dpu_pipe as a whole: everything here that needs it raises
-:class:`ConfigError` naming the extra to install.
+:class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` — through a model: what a
+producer rank does for :class:`~dpu_pipe.RemoteValidation`. What needs torch raises
+:class:`ConfigError` naming the extra to install when it is missing.
 """
 
 import importlib
@@ -65,10 +60,8 @@ class Metrics:
         self.topk = check_topk(topk)
         self.count = int(count)
         self.loss_sum = float(loss_sum)
-        self.correct = {k: 0 for k in self.topk}
-        if correct:
-            for k, v in correct.items():
-                self.correct[int(k)] = int(v)
+        self.correct = {k: 0 for k in self.topk} | {int(k): int(v)
+                                                      for k, v in (correct or {}).items()}
 
     def merge(self, other):
         """Add ``other``'s sums to these (same ``topk``); returns self."""
@@ -114,10 +107,8 @@ class Metrics:
 def load_factory(spec):
     """The callable named by ``"package.module:function"`` (attributes may be dotted:
     ``"pkg.mod:Class.build"``)."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(f"model must be 'module:factory', got {spec!r}")
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
+    module_name, _, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not module_name or not attr or ":" in attr:
         raise ConfigError(f"model must be 'module:factory', got {spec!r}")
     try:
         obj = importlib.import_module(module_name)
@@ -151,10 +142,9 @@ def evaluate_batch(model, images, labels, metrics, valid=None):
     whatever the model takes, ``labels`` int64 (B,). The forward runs under
     ``torch.no_grad``; the model must already be in eval mode.
 
-    ``valid`` says which rows count (the padding of ``shard_tail="mask"`` does not): None
-    (all), an int k (the first k rows: a loader's ``valid_rows``) or a bool array or tensor
-    (B,) (``meta["valid"]``). The model still sees the whole batch, so every rank's forward
-    has the same shape."""
+    ``valid`` says which rows count: None (all), an int k (the first k rows: a loader's
+    ``valid_rows``) or a bool array or tensor (B,) (``meta["valid"]``). The model still
+    sees the whole batch, so every rank's forward has the same shape."""
     torch = require_torch()
     images = torch.as_tensor(images)
     labels = torch.as_tensor(labels, dtype=torch.int64)
@@ -200,15 +190,10 @@ def _rows(valid, n, device):
 
 
 def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
-    """:class:`Metrics` of ``model`` over what is left of ``loader``'s current epoch on
-    this rank, counting each batch's valid rows only (``loader.valid_rows``: the padding
-    of ``shard_tail="mask"``, the default of ``Loader(train=False)``, does not count).
-
-    Every rank of a distributed evaluation runs the same number of batches; the sums of
-    all ranks (``count``, ``loss_sum``, ``correct``; an all-reduce, or :meth:`Metrics.merge`)
-    count every sample of the dataset once. ``device``: where images and labels go
-    before the forward (default: where the loader yields them). The model must be in eval
-    mode."""
+    """:class:`Metrics` of ``model`` (in eval mode) over what is left of ``loader``'s current
+    epoch on this rank, counting each batch's valid rows only (``loader.valid_rows``), so the
+    sums of every rank count each sample once. ``device``: where images and labels go before
+    the forward (default: where the loader yields them)."""
     metrics = Metrics(topk)
     for batch in loader:
         images, labels = batch[0], batch[1]
@@ -218,16 +203,14 @@ def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
     return metrics
 
 
-def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None,
-                   progress=None):
+def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None):
     """Evaluate batches ``steps`` (iterable of step numbers) of ``maker`` (a
     :class:`~dpu_pipe.batch.BatchMaker` built with the validation transform) with
     ``model``, counting the valid rows of each (:meth:`~dpu_pipe.batch.BatchMaker.valid_rows`);
     returns (:class:`Metrics`, seconds spent making batches, seconds in the model).
 
     ``images``/``labels``: optional batch buffers (``maker.batch_shape`` of the
-    transform's dtype, int64 (batch_size,)) reused across calls. ``progress(n)`` is called
-    after each batch with its sample count.
+    transform's dtype, int64 (batch_size,)) reused across calls.
     """
     torch = require_torch()
     if images is None:
@@ -244,24 +227,19 @@ def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, la
                        metrics, valid=maker.valid_rows(epoch, step))
         model_s += time.perf_counter() - t1
         make_s += t1 - t0
-        if progress is not None:
-            progress(n)
     return metrics, make_s, model_s
 
 
 class ShardEvaluator:
     """What a producer keeps between validation requests: the model built once per factory
-    and arguments, and one :class:`~dpu_pipe.batch.BatchMaker` per validation spec (sources
-    are not reopened per request).
+    and arguments, and one :class:`~dpu_pipe.batch.BatchMaker` per validation spec.
 
     A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
-    :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``, the
-    validation transform), ``batch_size``, ``rank``/``world_size`` (the host's shard),
-    ``shard_tail`` (``"mask"`` when absent, as ``Loader(train=False)``, or ``"uneven"``),
-    ``model`` (``"module:factory"``), ``model_kwargs``, ``topk``, ``num_threads`` and
-    ``cache_bytes`` (0 or absent: no cache; else, with the transform's ``decode_max_side``,
-    the reduced images are kept and every run after the first evaluates from them, with the
-    same metrics).
+    :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``),
+    ``batch_size``, ``rank``/``world_size`` (the host's shard), ``shard_tail`` (``"mask"``
+    when absent, or ``"uneven"``), ``model`` (``"module:factory"``), ``model_kwargs``,
+    ``topk``, ``num_threads`` and ``cache_bytes`` (0 or absent: no cache of the reduced
+    images of ``decode_max_side``).
 
     Parameters
     ----------
@@ -296,9 +274,7 @@ class ShardEvaluator:
         maker = self._makers.get(key)
         if maker is None:
             transform = TransformConfig.from_dict(spec["transform"])
-            # Loader(train=False)'s sharding: in order, nothing dropped; "mask" pads the
-            # shards to equal lengths and evaluate_steps counts the valid rows only, so every
-            # sample counts once over the hosts.
+            # Loader(train=False)'s sharding: every sample counts once over the hosts.
             stream = StreamSpec(open_source(spec["source"]), spec["batch_size"], transform,
                                 shuffle=False, shard_tail=tail, drop_last=False,
                                 rank=spec["rank"], world_size=spec["world_size"])
@@ -330,13 +306,10 @@ class ShardEvaluator:
         Returns (:class:`Metrics`, make seconds, model seconds). Calls from several threads
         run one after the other."""
         with self._lock:
-            return self._run(spec, weights, part, parts)
-
-    def _run(self, spec, weights, part, parts):
-        model = self.model(spec["model"], spec.get("model_kwargs"))
-        load_state(model, weights)
-        model.eval()
-        maker = self.maker(spec)
-        images, labels = maker.buffers
-        return evaluate_steps(model, maker, range(part, maker.num_batches, parts),
-                              topk=spec["topk"], images=images, labels=labels)
+            model = self.model(spec["model"], spec.get("model_kwargs"))
+            load_state(model, weights)
+            model.eval()
+            maker = self.maker(spec)
+            images, labels = maker.buffers
+            return evaluate_steps(model, maker, range(part, maker.num_batches, parts),
+                                  topk=spec["topk"], images=images, labels=labels)

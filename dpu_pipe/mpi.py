@@ -1,8 +1,5 @@
-"""Small MPI helpers: import mpi4py on demand, launch lines.
-
-Nothing here imports mpi4py at module import time, so ``import dpu_pipe`` works on machines
-without MPI; the first function that needs MPI imports it and says how to install it if missing.
-"""
+"""Small MPI helpers: import mpi4py on demand (``import dpu_pipe`` works without MPI), launch
+lines."""
 import os
 import shutil
 import sys
@@ -14,11 +11,8 @@ __all__ = ["load_mpi", "wait_request", "mpiexec_path", "mpiexec_argv"]
 
 
 def load_mpi():
-    """``mpi4py.MPI``, imported (and so MPI initialized) on first use.
-
-    Raises :class:`ConfigError` naming the packages to install when mpi4py or an MPI library
-    is missing.
-    """
+    """``mpi4py.MPI``, imported (and so MPI initialized) on first use; :class:`ConfigError`
+    naming the packages to install when mpi4py or an MPI library is missing."""
     try:
         from mpi4py import MPI
     except ImportError as exc:
@@ -49,11 +43,8 @@ def mpiexec_path():
 
 
 def mpiexec_argv(nprocs, script, *args, launcher_args=()):
-    """Command line running ``script`` on ``nprocs`` ranks under ``python -m mpi4py``.
-
-    ``python -m mpi4py`` turns an uncaught exception in any rank into ``MPI_Abort``, so the
-    job ends instead of leaving the other ranks waiting. ``launcher_args`` go to mpiexec
-    before ``-n`` (e.g. ``("-disable-auto-cleanup",)``).
-    """
+    """Command line running ``script`` on ``nprocs`` ranks under ``python -m mpi4py`` (an
+    uncaught exception in any rank then aborts the job instead of leaving the other ranks
+    waiting). ``launcher_args`` go to mpiexec before ``-n``."""
     return [mpiexec_path(), *launcher_args, "-n", str(int(nprocs)),
             sys.executable, "-m", "mpi4py", os.fspath(script), *map(str, args)]

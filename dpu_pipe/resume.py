@@ -1,12 +1,12 @@
 """Loader states and resuming: what :meth:`Loader.state_dict <dpu_pipe.Loader.state_dict>`
 writes, and where :meth:`Loader.load_state_dict <dpu_pipe.Loader.load_state_dict>` continues —
 the same position, or, elastically, the rest of the saved epoch over another number of
-ranks. Functions over a loader's :class:`~dpu_pipe.spec.StreamSpec` and the saved states;
-nothing here holds state of its own.
+ranks. Pure functions of a loader's :class:`~dpu_pipe.spec.StreamSpec` and the saved states.
 """
 
 import numpy as np
 
+from . import _validate as _v
 from .errors import ConfigError
 from .rng import check_epoch
 from .sampler import EpochSampler
@@ -14,15 +14,10 @@ from .spec import STATE_DEFAULTS
 
 __all__ = ["STATE_VERSION", "state_of", "source_identity", "resume_position"]
 
-# 2: the epoch order became a keyed Feistel permutation and shard_tail joined drop_last;
-# a state of version 1 would resume into a different stream.
-# 3: a state carries the resume point of an elastic resume (which an older dpu_pipe would
-# ignore, resuming into another stream), and train=False streams default to
-# shard_tail="mask" (equal batch counts on every rank, padding masked) instead of "uneven".
-# A version-2 state has no resume point and means what it meant: it is still read.
-# 4: a state records stick_to_shard (another stream, which an older dpu_pipe would ignore),
-# and with it a resume point may carry the world size whose order its epoch follows. A
-# state of version 2 or 3 has stick_to_shard off: still read.
+# Each version adds what an older dpu_pipe would ignore and so resume into another stream
+# (3: the elastic resume point; 4: stick_to_shard). Versions 2 and 3 lack them and mean
+# what they meant (no resume point, stick_to_shard off): still read. Version 1 had another
+# epoch order.
 STATE_VERSION = 4
 _READABLE_STATES = (2, 3, STATE_VERSION)
 
@@ -34,12 +29,10 @@ def state_of(spec, epoch, step):
     """The state of the stream ``spec`` at ``(epoch, step)`` (JSON-serialisable):
     ``"resume"`` is the spec's resume point when ``epoch`` is the epoch it applies to (else
     None), ``"source"`` names the dataset (:func:`source_identity`)."""
-    state = {"version": STATE_VERSION, "epoch": epoch, "step": step}
-    state.update(spec.state())
     resume = spec.resume
-    state["resume"] = list(resume) if resume is not None and resume[0] == epoch else None
-    state["source"] = source_identity(spec.source)
-    return state
+    return {"version": STATE_VERSION, "epoch": epoch, "step": step, **spec.state(),
+            "resume": list(resume) if resume is not None and resume[0] == epoch else None,
+            "source": source_identity(spec.source)}
 
 
 def source_identity(source):
@@ -120,10 +113,7 @@ def _check_state(spec, state, elastic):
                 f"arguments to resume{hint}")
     if elastic:
         for key, low in (("world_size", 1), ("batch_size", 1), ("rank", 0)):
-            value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < low:
-                raise ConfigError(f"state {key} {value!r} is not an integer >= {low}")
+            _v.integer(state.get(key), f"state {key}", low)
         if state["rank"] >= state["world_size"]:
             raise ConfigError(f"state rank {state['rank']} outside its world_size "
                               f"{state['world_size']}")

@@ -1,33 +1,21 @@
 """A ``torch.utils.data.IterableDataset`` view of a loader, for frameworks that expect a
-dataset behind a ``DataLoader`` (Lightning, Accelerate).
+dataset behind a ``DataLoader`` (Lightning, Accelerate)::
 
-    ds = loader.iterable_dataset()
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+    dl = torch.utils.data.DataLoader(loader.iterable_dataset(), batch_size=None)
 
-Each element is one whole batch made by the loader, ``(images, labels)`` or, with
-``return_meta=True``, ``(images, labels, meta)`` (``batch_size=None`` turns off the
-DataLoader's own batching; its default conversion leaves the meta dict's lists and tensors as
-they are); determinism, ``len``, ``set_epoch`` and ``state_dict`` are the loader's. The loader has its own threads (or DPU producers): DataLoader workers would each
-copy it and read the dataset once per worker, so the view refuses to run in one (a
-:class:`~dpu_pipe.ConfigError` naming ``num_workers``, which the DataLoader raises in the
-main process).
-
-A wrapper that fetches one batch ahead of the training step (Accelerate's ``DataLoaderShard``)
-needs the loader built with ``lookahead=1``: the batches it holds stay valid and
-``state_dict()`` is the position of the step, not of the batch fetched ahead.
+Each element is one whole batch made by the loader; determinism, ``len``, ``set_epoch`` and
+``state_dict`` are the loader's. DataLoader workers are refused (each would copy the loader
+and read the whole stream again). A wrapper that fetches ahead (Accelerate) needs the loader
+built with ``lookahead=1``: see "Lightning and Accelerate" in docs/guides/loading.md.
 """
 
 from .errors import ConfigError
-from .device import torch_module
+from ._torch import require_torch
 
 __all__ = ["LoaderDataset"]
 
 
-def _base():
-    return torch_module("an IterableDataset view").utils.data.IterableDataset
-
-
-class LoaderDataset(_base()):
+class LoaderDataset(require_torch("an IterableDataset view").utils.data.IterableDataset):
     """Iterable dataset over the batches of ``loader`` (a :class:`~dpu_pipe.Loader` or
     :class:`~dpu_pipe.DPULoader`). Iterating it is iterating the loader: an epoch continues
     where the loader stands, as ``for batch in loader`` does."""

@@ -1,30 +1,24 @@
-"""The contract between :class:`~dpu_pipe.Loader` and the engines that make its batches
-(torch's ``_BaseDataLoaderIter`` and its ``_next_data`` have the same split): the loader owns
-the position in the stream, the batch the caller holds, the output conversion, the state and
-the stats, and asks its engine for one thing, the next batch."""
+"""The contract between :class:`~dpu_pipe.Loader` and the engines that make its batches (the
+split of torch's ``_BaseDataLoaderIter`` and its ``_next_data``)."""
 
 __all__ = ["Engine", "Cancelled"]
 
 
 class Engine:
-    """What makes a loader's batches. The contract (see
-    :class:`~dpu_pipe.engines.local.LocalEngine` and
-    :class:`~dpu_pipe.engines.offload.OffloadEngine`):
+    """What makes a loader's batches. The contract:
 
     - :meth:`start` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
       ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
     - :meth:`_next_data` ``(epoch, step)``: that batch as ``(images, labels, indices)``
       arrays (``indices``: the dataset index of each row), waiting at most the loader's
-      ``timeout``; raises on failure. The arrays stay valid until :meth:`release_held`;
-    - :meth:`release_held`: give back the buffer of the batch the caller holds — the one
-      path by which a held buffer returns, called when the next batch is requested, by
-      :meth:`close` and when the engine's memory is remade;
+      ``timeout``. The arrays stay valid until :meth:`release_held`;
+    - :meth:`release_held`: give back the buffer of the batch the caller holds (the one
+      path by which a held buffer returns);
     - :meth:`pause`: the iteration ended or was superseded (work ahead may be kept);
     - :meth:`close`: stop all work and give back every buffer;
     - :attr:`makers`: the :class:`~dpu_pipe.batch.BatchMaker` s making batches on this
-      host (the loader adds up their stats and bad samples);
-    - :meth:`stats`, :meth:`busy` and :attr:`remote_bad`: what the engine knows beyond its
-      makers.
+      host (the loader adds up their stats and bad samples); :meth:`stats`, :meth:`busy`
+      and :attr:`remote_bad`: what the engine knows beyond them.
     """
 
     makers = ()
@@ -54,10 +48,8 @@ class Engine:
         return made.as_dict()
 
     def busy(self, stats):
-        """``(seconds, makers)``: the seconds the batch makers spent reading and decoding and
-        how many makers share them, given the loader's ``stats`` (what
-        ``stats(interval=True)`` divides); None when the makers are the loader's own
-        :attr:`makers`."""
+        """``(seconds, makers)`` the batch makers spent reading and decoding, given the
+        loader's ``stats``; None when the makers are :attr:`makers`."""
         return None
 
 

@@ -2,6 +2,7 @@
 buffers in order. It is also the fallback of the offloaded modes, and the reference stream
 they reproduce."""
 
+import contextlib
 import queue
 import sys
 import threading
@@ -19,30 +20,24 @@ __all__ = ["LocalEngine"]
 def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, stop):
     """Maker thread body. It holds no reference to the Loader or its engine, so a loader
     dropped without close() is collected, and its __del__ stops this thread."""
-    step = start
     try:
         for step in range(start, end):
-            while True:
+            slot = None
+            while slot is None:
                 if stop.is_set():
                     return
-                try:
+                with contextlib.suppress(queue.Empty):
                     slot = free.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    continue
             n = maker.make(epoch, step, images[slot], labels[slot], indices[slot])
-            ready.put((step, slot, n, None))
+            ready.put((slot, n, None))
     except BaseException as exc:  # noqa: B902 - carried to the consumer, never lost
-        ready.put((step, None, 0, exc))
+        ready.put((None, 0, exc))
 
 
 class LocalEngine(Engine):
-    """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order.
-
-    Memory: ``(prefetch + 1) × batch bytes``, one buffer per batch in flight plus the one
-    the caller holds (kept from the thread until :meth:`release_held`); with a progressive
-    size, batch bytes of the largest size.
-    """
+    """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order
+    (one per batch in flight plus the one the caller holds), each of the largest batch
+    size."""
 
     def __init__(self, maker, prefetch, timeout):
         self.maker = maker
@@ -86,7 +81,7 @@ class LocalEngine(Engine):
         deadline = deadline_in(self.timeout)
         while True:
             try:
-                _, slot, n, exc = self.ready.get(timeout=0.2)
+                slot, n, exc = self.ready.get(timeout=0.2)
                 break
             except queue.Empty:
                 if self.cancel is not None and self.cancel.is_set():

@@ -2,40 +2,19 @@
 producer ranks (DPU cores) — and, in hybrid mode, by this host's threads too — delivered into
 this host's memory over MPI one-sided RMA.
 
-Launch (one machine)::
+Launch (one machine; on a cluster add ``-hosts node1,...`` and ``-hosts node1-dpu,...``)::
 
     mpiexec -n 1 python -m mpi4py train.py : -n 2 python -m mpi4py -m dpu_pipe.worker
 
-and on a cluster, hosts and DPUs as separate machines (MPMD)::
-
-    mpiexec -hosts node1,node2 -n 2 python -m mpi4py train.py \\
-          : -hosts node1-dpu,node2-dpu -n 16 python -m mpi4py -m dpu_pipe.worker
-
 The first offloaded loader of a host process starts its *host group* (collective over the
-hosts and producers of the job: roles, one window, once; see
-:func:`~dpu_pipe.offload.group.host_group`):
-:mod:`dpu_pipe.offload.roles` says who serves whom and :mod:`dpu_pipe.offload.transport` the
-protocol. Every loader of the process is a *stream* of that host group: its stream request
-(:func:`stream_request`) goes to the producers once, then its epochs, ``set_epoch`` jumps,
-``load_state_dict`` resumes are just the tickets it submits. One stream is active at a time;
-iterating another loader cancels the work the previous one had in flight (re-made when it
-continues). The producers serve the host until its process exits (or
-:func:`dpu_pipe.offload.group.shutdown`); an exception that ends the host ends the job
-(``python -m mpi4py``).
-
-Request channel for other work (validation, say): :func:`dpu_pipe.offload.group.host_group`
-gives the host's :class:`~dpu_pipe.offload.group.HostGroup`;
-``host_group().transport.request(kind, payload, to=None)`` sends a request to one or every
-producer and returns :class:`~dpu_pipe.offload.transport.Reply` objects, which producers
-answer from handlers registered with :func:`dpu_pipe.worker.handler`.
-
-The stream is the local engine's, bit for bit: producers and host threads run the same
-:class:`~dpu_pipe.batch.BatchMaker` built from the loader's
-:class:`~dpu_pipe.spec.StreamSpec`, and batches are yielded strictly in order.
-
-:class:`OffloadEngine` keeps the :class:`~dpu_pipe.engines.base.Engine` contract: the host
-group knows engines, not loaders — it activates one, suspends the previous one and asks the
-active one to give back its held batch before it remakes the window.
+job: roles, one window; :func:`~dpu_pipe.offload.group.host_group`). Every loader of the
+process is a *stream* of that group: its stream request (:func:`stream_request`) goes to the
+producers once, then its epochs, ``set_epoch`` jumps and resumes are only the tickets it
+submits. One stream is active at a time: iterating another loader cancels the work the
+previous one had in flight (made again when it continues). The producers run the same
+:class:`~dpu_pipe.batch.BatchMaker` as the local engine, and batches are yielded strictly in
+order, so the stream is the local one, bit for bit. See docs/guides/offload.md and
+docs/design/transport.md.
 """
 
 import atexit
@@ -68,26 +47,23 @@ _TRANSPORT_LOCK = threading.RLock()
 #: Set at interpreter exit, before the host group releases its producers: from then on no
 #: thread starts driving the transport (a daemon thread still iterating gets ConfigError).
 _EXITING = threading.Event()
-#: Seconds the exit handler waits for a thread to let go of the transport.
-_EXIT_WAIT = 30.0
 _exit_hooked = set()         # ids of the host groups and transports the handler runs before
 
 
 def _hook_exit(obj):
-    """Run :func:`_take_transport_at_exit` before the exit handler ``obj`` (a host group or
-    its transport) registered when it was made: atexit runs the later registered first."""
+    """Run :func:`_take_transport_at_exit` before the exit handler of ``obj`` (a host group
+    or its transport): atexit runs the later registered first."""
     if obj is not None and id(obj) not in _exit_hooked:
         _exit_hooked.add(id(obj))
         atexit.register(_take_transport_at_exit)
 
 
 def _take_transport_at_exit():
-    """Runs at interpreter exit, before the host group and its transport shut down: threads
-    still iterating offloaded loaders (daemon threads) let go of the transport within one poll,
-    and the exiting thread keeps it, so the shutdown (which frees the window) never runs
-    while another thread reads the window. Idempotent."""
+    """At interpreter exit, before the host group shuts down: daemon threads still iterating
+    let go of the transport within one poll and the exiting thread keeps it, so the shutdown
+    (which frees the window) never runs while another thread reads the window."""
     _EXITING.set()
-    if not _TRANSPORT_LOCK.acquire(timeout=_EXIT_WAIT):
+    if not _TRANSPORT_LOCK.acquire(timeout=30.0):
         log.warning("dpu_pipe: a thread kept the host window busy at exit")
 
 
@@ -98,9 +74,8 @@ def _check_not_exiting():
 
 
 def payload_layout(maker):
-    """The byte layout of ``maker``'s batches in the window and in hybrid host threads
-    (:class:`~dpu_pipe.offload.wire.PayloadLayout`); labels as the batch ops leave them
-    (float32 (num_classes,) rows when mixing)."""
+    """The :class:`~dpu_pipe.offload.wire.PayloadLayout` of ``maker``'s batches in the window
+    and in hybrid host threads (labels as the batch ops leave them)."""
     return wire.PayloadLayout(maker.batch_size, wire.image_shapes(maker.transform),
                               maker.transform.np_dtype, maker.label_dtype, maker.label_shape)
 
@@ -108,28 +83,23 @@ def payload_layout(maker):
 def stream_request(stream_spec, layout, producer_threads, cache_bytes=0):
     """What producers need to make a loader's stream (JSON-serialisable): the
     :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout``, the
-    threads of each producer's kernel and, when not 0, the bytes of the node cache
-    (``cache_bytes``: where the stream runs, not what it is, so not in the spec) with the
-    source's sample count (``cache_samples``: the cache's table size, known before a
-    producer opens the source)."""
-    d = {"version": wire.STREAM_REQUEST_VERSION}
-    d.update(stream_spec.to_wire())
-    d.update(labels=layout.labels(), num_threads=producer_threads)
+    threads of each producer's kernel and, when not 0, the bytes of the node cache (not in
+    the spec: where the stream runs, not what it is) with the source's sample count."""
+    d = {"version": wire.STREAM_REQUEST_VERSION, **stream_spec.to_wire(),
+         "labels": layout.labels(), "num_threads": producer_threads}
     if cache_bytes:
         d.update(cache_bytes=int(cache_bytes), cache_samples=len(stream_spec.source))
     return d
 
 
 def prepare(loader, mode):
-    """Set up ``loader`` (its host group in ``loader._group``) for the engines of ``mode``
-    (``"offload"`` or ``"hybrid"``); returns the mode it runs in. The window is reserved for
-    its slots and batch bytes; its source is checked to rebuild on the producers;
-    ``"offload"`` without any producer rank in the job raises :class:`ConfigError`, and a
-    host no producer serves produces locally (``"local"``, with a warning)."""
+    """Set up ``loader`` (its host group in ``loader._group``) for ``mode`` (``"offload"``
+    or ``"hybrid"``): reserve the window for its slots and batch bytes, and check that its
+    source rebuilds on the producers. Returns the mode it runs in: ``"local"`` (with a
+    warning) when no producer serves this host; :class:`ConfigError` for ``"offload"`` in a
+    job without producer ranks."""
     group = loader._group
     _hook_exit(group)
-    # Producers rebuild the source from its spec: one that would not rebuild is refused
-    # here, on the host, before any producer tries.
     check_rebuild(loader.source)
     group.reserve(loader.slots, payload_layout(loader.maker).nbytes)
     if mode == "offload" and not group.roles.producers:
@@ -173,15 +143,15 @@ class RemoteStats:
 
 
 class _HostThread(threading.Thread):
-    """A host thread of hybrid mode: makes tickets with its own BatchMaker into its own
+    """A host thread of hybrid mode: makes tickets with its own BatchMaker into
     payload-shaped buffers."""
 
-    def __init__(self, maker, layout, free, done):
+    def __init__(self, maker, layout, done):
         super().__init__(name="dpu_pipe-hybrid", daemon=True)
         self.maker = maker
         self.layout = layout
         self.todo = queue.Queue()
-        self.free, self.done = free, done
+        self.done = done
         self.busy = False
 
     def run(self):
@@ -208,15 +178,13 @@ class _HostThread(threading.Thread):
 
 class OffloadEngine(Engine):
     """The engine of the offloaded modes: a loader's stream in its host group — its stream
-    id, the tickets it has in flight (in order), the batch the caller holds, what it
-    received, and in hybrid mode the host threads.
+    id, the tickets in flight (in order), the batch the caller holds, what it received, and
+    in hybrid mode the host threads.
 
-    Tickets run ahead of the caller, across epoch ends: :meth:`pause` keeps them, and
-    :meth:`start` keeps them when the iteration continues where they stand (else cancels
-    them). Memory: the window's slots (shared by the process's loaders) and, in hybrid
-    mode, ``host_threads + 2`` payload buffers; both hold a batch of the stream's largest
-    size (:class:`~dpu_pipe.offload.wire.PayloadLayout`), so a progressive size needs no
-    other window.
+    Tickets run ahead of the caller, across epoch ends: :meth:`start` keeps them when the
+    iteration continues where they stand. Memory: the window's slots (shared by the
+    process's loaders) and, in hybrid mode, ``host_threads + 2`` payload buffers, each a
+    batch of the stream's largest size.
     """
 
     def __init__(self, loader):
@@ -246,7 +214,7 @@ class OffloadEngine(Engine):
         self.open_replies = []
         self.pending = deque()      # (ticket, epoch, step) submitted, in order
         self.feed = None            # (epoch, step) to submit next
-        self.held = None            # ticket (or local buffer) the caller holds
+        self.held = None            # ticket the caller holds
         self.failed = None          # why the current iteration ended, if it failed
         self.threads = []
         self.stopping = []          # host threads told to stop by close(), maybe still making
@@ -277,7 +245,7 @@ class OffloadEngine(Engine):
                     m.bad_samples = self.first_maker.bad_samples
                 self.makers = tuple(makers)
             for m in self.makers:
-                th = _HostThread(m, self.layout, self.local_free, self.local_done)
+                th = _HostThread(m, self.layout, self.local_done)
                 th.start()
                 self.threads.append(th)
             self.local_free.extend(np.zeros(self.payload_bytes, np.uint8)
@@ -289,24 +257,19 @@ class OffloadEngine(Engine):
                 r.result(0)  # raises the producer's error opening the stream
 
     # -- flow -------------------------------------------------------------------------------
-    def start(self, epoch, step, end):
-        """Position the stream at ``(epoch, step)``: keep the tickets in flight when they
-        continue from there, else cancel them."""
+    def start(self, epoch, step, end=None):
         with _TRANSPORT_LOCK:
-            self._start(epoch, step)
-
-    def _start(self, epoch, step):
-        _check_not_exiting()
-        self.failed = None
-        self._ensure()
-        self.hostgroup.activate(self)
-        if self.pending and self.pending[0][1:] == (epoch, step):
-            return
-        self.suspend(release=False)
-        # suspend() leaves no stream active; this one is, or another loader starting later
-        # would not cancel the tickets submitted from here on.
-        self.hostgroup.activate(self)
-        self.feed = (epoch, step)
+            _check_not_exiting()
+            self.failed = None
+            self._ensure()
+            self.hostgroup.activate(self)
+            if self.pending and self.pending[0][1:] == (epoch, step):
+                return
+            self.suspend(release=False)
+            # suspend() leaves no stream active; this one is, or another loader starting
+            # later would not cancel the tickets submitted from here on.
+            self.hostgroup.activate(self)
+            self.feed = (epoch, step)
 
     def pause(self):
         pass    # the tickets ahead stay in flight: the next epoch usually continues there
@@ -375,7 +338,7 @@ class OffloadEngine(Engine):
         t = self.transport
         if self.hostgroup.active is not self:
             # Another loader ran meanwhile and cancelled this one's work: continue from here.
-            self._start(epoch, step)
+            self.start(epoch, step)
         self._top_up()
         ticket, e, s = self.pending[0]
         if (e, s) != (epoch, step):
@@ -438,18 +401,16 @@ class OffloadEngine(Engine):
         return images, labels, indices
 
     def cache_stats(self):
-        """The producers' node caches, summed over nodes: ``{"hits", "misses", "bytes",
-        "entries", "did_not_fit"}`` as of the last batch received from each node."""
+        """The producers' node caches, summed over nodes (``wire.CACHE_FIELDS``), as of the
+        last batch received from each node."""
         with self.stats_lock:
             nodes = list(self.cache_nodes.values())
         return {k: sum(c[i] for c in nodes) for i, k in enumerate(wire.CACHE_FIELDS)}
 
     def release_held(self):
         with _TRANSPORT_LOCK:
-            self._release_held()
-
-    def _release_held(self):
-        if self.held is not None:
+            if self.held is None:
+                return
             # A device copy may still read the batch from its window slot: the producers
             # get the slot back only once it is done.
             self.out.fence()
@@ -464,29 +425,27 @@ class OffloadEngine(Engine):
         """Cancel the tickets in flight (and, with ``release``, give back the held batch):
         the stream continues later from its loader's position."""
         with _TRANSPORT_LOCK:
-            self._suspend(release)
-
-    def _suspend(self, release):
-        t = self.transport
-        if t is None or t.closed:
+            t = self.transport
+            if t is None or t.closed:
+                self.pending.clear()
+                return
+            if release:
+                self.release_held()
+            tickets = [tk for tk, _, _ in self.pending]
+            t.cancel(tickets)
+            # Buffers of host threads still making a cancelled ticket come back when they
+            # finish.
+            for tk in tickets:
+                buf = self.local.pop(tk, None)
+                if tk in self.local_made:
+                    self.local_made.discard(tk)
+                    self.local_free.append(buf)
             self.pending.clear()
-            return
-        if release:
-            self._release_held()
-        tickets = [tk for tk, _, _ in self.pending]
-        t.cancel(tickets)
-        # Buffers of host threads still making a cancelled ticket come back when they finish.
-        for tk in tickets:
-            buf = self.local.pop(tk, None)
-            if tk in self.local_made:
-                self.local_made.discard(tk)
-                self.local_free.append(buf)
-        self.pending.clear()
-        self.hostgroup.deactivate(self)
+            self.hostgroup.deactivate(self)
 
     def close(self):
         with _TRANSPORT_LOCK:
-            self._suspend(True)
+            self.suspend()
             threads, self.threads = self.threads, []
             for th in threads:
                 th.todo.put(None)
@@ -505,10 +464,10 @@ class OffloadEngine(Engine):
                 max(1, self.hostgroup.producers))
 
     def stats(self, made):
-        """The makers' counters plus what arrived from the producers: bytes received, the
-        producers' read/decode+augment/publish seconds, batches per producer rank (0: host
-        threads), samples made by each side (``producer_samples``, ``host_samples``) and the
-        window polls made while waiting for batches (``host_polls``)."""
+        """The makers' counters plus what arrived from the producers (:class:`RemoteStats`):
+        bytes, the producers' read/decode+augment/publish seconds, batches per producer rank
+        (0: host threads), samples made by each side and the window polls made while waiting
+        (``host_polls``; each costs the host ~30-60 us of CPU)."""
         d = made.as_dict()
         with self.stats_lock:
             d["samples"] += self.received.producer_samples
