@@ -95,9 +95,8 @@ class BatchOutput:
         self.timeout = 300.0
 
     def emit(self, images, labels):
-        """``(images, labels)`` to yield, from the ring buffer's ``images`` and ``labels``;
-        ``images`` a list (one batch per view) gives a list, each view emitted as one batch
-        is (its own staging buffers on the way to a device)."""
+        """``(images, labels)`` to yield, from the ring buffer's ``images`` (or a list of
+        them, one per view) and ``labels``."""
         if isinstance(images, list):
             out = [self._emit(x, labels, v) for v, x in enumerate(images)]
             return [x for x, _ in out], out[0][1]
@@ -139,7 +138,7 @@ class BatchOutput:
 
     def fence(self):
         """Wait (deadline :attr:`timeout`) until no device copy still reads the memory of
-        the batches emitted so far: call before that memory is given back for reuse."""
+        the batches emitted so far."""
         for stage in self._stages.values():
             stage.fence()
 
@@ -155,9 +154,8 @@ class BatchOutput:
 
 
 def _accelerator(torch):
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and hasattr(acc, "is_available"):
-        return bool(acc.is_available())
+    if hasattr(getattr(torch, "accelerator", None), "is_available"):
+        return bool(torch.accelerator.is_available())
     return bool(torch.cuda.is_available())
 
 
@@ -324,11 +322,9 @@ class DeviceStage:
     previous batch and with the making of the next one.
 
     A batch lying in :attr:`window` (a registered :class:`PinnedRegion`) is copied from
-    there, with no host-side copy; its memory must then stay untouched until :meth:`fence`
-    returns. Any other batch goes through a ring of two pinned staging buffers: ``send``
-    copies it (converting its dtype) into the staging buffer whose previous copy has
-    completed and starts the ``non_blocking`` copy from it. Every wait for a copy has the
-    deadline ``timeout`` (seconds).
+    there; its memory must then stay untouched until :meth:`fence` returns. Any other batch
+    is copied (converting its dtype) into one of two pinned staging buffers, once that
+    buffer's previous copy has completed (deadline ``timeout`` seconds).
     """
 
     SLOTS = 2

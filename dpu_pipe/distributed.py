@@ -25,7 +25,6 @@ ProcessGroupInfo.__doc__ = """Where this process stands in the process group: ``
 use) and the ``backend`` name."""
 
 
-
 def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))

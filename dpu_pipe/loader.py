@@ -659,8 +659,7 @@ class Loader:
             busy, makers = busy or (sum(m.busy_s(now) for m in self._makers(engine)),
                                     self.num_threads)
             counts = (self._yielded, self._wait_s, busy, bad)
-            then, last = self._mark if self._mark is not None else (self._created,
-                                                                    (0, 0.0, 0.0, 0))
+            then, last = self._mark or (self._created, (0, 0.0, 0.0, 0))
             self._mark = (now, counts)
         dt = max(now - then, 1e-9)
         return {"seconds": dt, "samples": counts[0] - last[0],

@@ -5,17 +5,17 @@ __all__ = ["Engine", "Cancelled"]
 
 
 class Engine:
-    """What makes a loader's batches. The contract:
+    """What makes a loader's batches. The contract, which subclasses implement:
 
-    - :meth:`start` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
+    - ``start`` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
       ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
-    - :meth:`_next_data` ``(epoch, step)``: that batch as ``(images, labels, indices)``
+    - ``_next_data`` ``(epoch, step)``: that batch as ``(images, labels, indices)``
       arrays (``indices``: the dataset index of each row), waiting at most the loader's
-      ``timeout``. The arrays stay valid until :meth:`release_held`;
-    - :meth:`release_held`: give back the buffer of the batch the caller holds (the one
+      ``timeout``. The arrays stay valid until ``release_held``;
+    - ``release_held``: give back the buffer of the batch the caller holds (the one
       path by which a held buffer returns);
-    - :meth:`pause`: the iteration ended or was superseded (work ahead may be kept);
-    - :meth:`close`: stop all work and give back every buffer;
+    - ``pause``: the iteration ended or was superseded (work ahead may be kept);
+    - ``close``: stop all work and give back every buffer;
     - :attr:`makers`: the :class:`~dpu_pipe.batch.BatchMaker` s making batches on this
       host (the loader adds up their stats and bad samples); :meth:`stats`, :meth:`busy`
       and :attr:`remote_bad`: what the engine knows beyond them.
@@ -24,23 +24,8 @@ class Engine:
     makers = ()
     remote_bad = {}
     #: Set (a ``threading.Event``) by the loader when another thread ends the iteration
-    #: :meth:`_next_data` is waiting for: the wait then raises :class:`Cancelled`.
+    #: ``_next_data`` is waiting for: the wait then raises :class:`Cancelled`.
     cancel = None
-
-    def start(self, epoch, step, end):
-        raise NotImplementedError
-
-    def _next_data(self, epoch, step):
-        raise NotImplementedError
-
-    def release_held(self):
-        raise NotImplementedError
-
-    def pause(self):
-        raise NotImplementedError
-
-    def close(self):
-        raise NotImplementedError
 
     def stats(self, made):
         """The loader's counters given ``made``, the :class:`~dpu_pipe.batch.MakerStats`
