@@ -121,9 +121,8 @@ class _EpochIter:
     def __next__(self):
         loader = self.loader
         try:
-            # Waiting for the loader, as well as for a batch, ends when a call from another
-            # thread ends this iteration: that call may hold the loader while the engine
-            # finishes the batch under way.
+            # Waiting for the loader, not only for a batch, ends when another thread ends
+            # this iteration: it may hold the loader while the engine finishes a batch.
             with loader._locked("next()", self.cancel):
                 return self._next_locked(loader)
         except Cancelled:

@@ -119,27 +119,23 @@ def prepare(loader, mode):
 
 @dataclass
 class RemoteStats:
-    """What an :class:`OffloadEngine` received: payload bytes and batches, the producers'
-    reported seconds, batches per producer rank (0: host threads), samples by side, and the
-    window polls made while waiting."""
+    """What an :class:`OffloadEngine` received, named as ``Loader.stats()`` reports it:
+    payload bytes and batches, the producers' reported seconds, batches per producer rank
+    (0: host threads), samples by side, and the window polls made while waiting."""
 
-    bytes: int = 0
+    bytes_received: int = 0
     batches: int = 0
-    read_s: float = 0.0
-    process_s: float = 0.0
-    publish_s: float = 0.0
-    per_producer: dict = field(default_factory=dict)
-    host_samples: int = 0
+    producer_read_s: float = 0.0
+    producer_process_s: float = 0.0
+    producer_publish_s: float = 0.0
+    steps_per_producer: dict = field(default_factory=dict)
     producer_samples: int = 0
-    polls: int = 0
+    host_samples: int = 0
+    host_polls: int = 0
 
     def as_dict(self):
-        return {"bytes_received": self.bytes, "batches": self.batches,
-                "producer_read_s": self.read_s, "producer_process_s": self.process_s,
-                "producer_publish_s": self.publish_s,
-                "steps_per_producer": {str(k): v for k, v in self.per_producer.items()},
-                "producer_samples": self.producer_samples, "host_samples": self.host_samples,
-                "host_polls": self.polls}
+        return vars(self) | {"steps_per_producer": {str(k): v for k, v in
+                                                    self.steps_per_producer.items()}}
 
 
 class _HostThread(threading.Thread):
@@ -356,7 +352,7 @@ class OffloadEngine(Engine):
         # Hybrid: the host's threads get their turn on every poll, so no naps.
         polls = t.polls
         d = t.wait(ticket, timeout=self.timeout, between=between, nap=not self.threads)
-        self.received.polls += t.polls - polls
+        self.received.host_polls += t.polls - polls
         self.pending.popleft()
         self.held = ticket
         # Grant the buffer just given back before the caller's training step, so producers
@@ -381,13 +377,13 @@ class OffloadEngine(Engine):
                 log.warning("producer %d skipped undecodable sample: %s", d.producer, message)
         r = self.received
         with self.stats_lock:       # stats() may read them from another thread
-            r.bytes += payload.nbytes
+            r.bytes_received += payload.nbytes
             r.batches += 1
-            r.per_producer[d.producer] = r.per_producer.get(d.producer, 0) + 1
+            r.steps_per_producer[d.producer] = r.steps_per_producer.get(d.producer, 0) + 1
             if d.producer:
-                r.read_s += head["read_ns"] * 1e-9
-                r.process_s += head["process_ns"] * 1e-9
-                r.publish_s += head["publish_ns"] * 1e-9
+                r.producer_read_s += head["read_ns"] * 1e-9
+                r.producer_process_s += head["process_ns"] * 1e-9
+                r.producer_publish_s += head["publish_ns"] * 1e-9
                 r.producer_samples += n
             else:
                 r.host_samples += n
