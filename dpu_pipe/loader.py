@@ -195,25 +195,21 @@ class Loader:
     one-sided RMA (launch: :mod:`dpu_pipe.engines.offload`). The stream is the same in every
     mode, bit for bit. Guides: docs/guides/loading.md, offload.md, caching.md, threads.md.
 
-    Labels are the source's: int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s float32
-    targets (B,) or several labels per sample (B, K), int64 or float32.
-
-    **Without** ``copy``, a device or ``pin_memory``, the images of a yielded batch are a view
-    of a reused ring buffer (with torch output, ``torch.from_numpy`` of it): valid only until
-    the next batch is requested. Labels are always a fresh array (or tensor) per batch.
+    Labels are the source's (int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s (B,) or
+    (B, K) labels), a fresh array per batch. **Without** ``copy``, a device or
+    ``pin_memory``, the images are a view of a reused ring buffer: valid only until the next
+    batch is requested.
 
     Parameters
     ----------
     source : ImageFolder, FileList, PackedSource, or a dataset path
-        A path is opened by :func:`dpu_pipe.sources.as_source` (a directory, a packed file,
-        a ``.txt``/``.csv`` list).
+        A path is opened by :func:`dpu_pipe.sources.as_source`.
     batch_size : int
     train : bool
         RandomResizedCrop + flip (True) or resize + center crop (False).
     size : int, (height, width) or dpu_pipe.progressive_size(...)
-        Output size in pixels. A :func:`~dpu_pipe.progressive_size` (train only) changes it
-        with the epoch by FFCV's rule: epoch ``e`` yields ``(B, 3, s, s)``, ``s =
-        size.size_at(e)``; buffers (and window slots) are sized for ``size.largest``.
+        Output size in pixels; a :func:`~dpu_pipe.progressive_size` (train only) changes it
+        with the epoch (buffers are sized for ``size.largest``).
     seed : int
         Keys the epoch permutation and every sample's augmentation.
     shuffle : bool, optional
@@ -233,8 +229,8 @@ class Loader:
         fewer than ``slots // 2 + 1`` batches are ready, and take over the work of a silent
         producer). The arguments down to ``serve_file`` apply to the offloaded modes.
     comm : mpi4py communicator, optional
-        The job's communicator holding hosts and producers (default ``COMM_WORLD``). The
-        first offloaded loader of a process starts the host group: collective over ``comm``.
+        The job's communicator (default ``COMM_WORLD``): the first offloaded loader of a
+        process starts the host group, collectively over it.
     host_threads : int
         Threads making batches on the host in hybrid mode (default 1); host memory grows by
         ``(host_threads + 2) × batch bytes``.
@@ -247,8 +243,7 @@ class Loader:
         Seconds without a producer's heartbeat after which it counts as silent: offload mode
         raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
     hostmap : str, optional
-        ``"host:producer,..."`` hostname pairs, overriding ``DPU_PIPE_HOSTMAP`` and matching
-        by name (see :mod:`dpu_pipe.offload.roles`).
+        ``"host:producer,..."`` hostname pairs (:mod:`dpu_pipe.offload.roles`).
     serve_file : str or path, optional
         Join the producers of a job of their own (``dpu_pipe.worker --serve FILE``), for
         hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``;
