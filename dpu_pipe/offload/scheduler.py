@@ -2,25 +2,10 @@
 
 :class:`~dpu_pipe.offload.transport.HostTransport` reads records from its window, hands them
 to a :class:`Scheduler`, and writes the ``ASSIGN`` entries the scheduler puts in its
-:attr:`Scheduler.outbox`. Everything that decides — which producer makes which ticket, which
-buffer a ticket is granted, when a buffer is free again, when a producer is silent or slow
-and what then becomes of its work — lives here, and is tested without MPI
-(``tests/test_scheduler.py``).
-
-A ticket's states (``owner``, ``buffer``, ``ready``)::
-
-    submit ─→ POOL (owner None) ─ assign ─→ ASSIGNED (owner = producer rank, seq)
-               │  ↑                           │ grant (a free buffer, a new grant id)
-               │  └── retire / reclaim ───────┤
-               │      (local_only: host only) ↓
-               └─ take ─→ LOCAL (owner 0)    GRANTED ─ header with its grant ─→ READY
-                           │ deliver                                           │
-                           └──────────────────────→ READY ─ release / cancel ─→ gone
-
-A buffer is *free*, *granted* (to one ticket) or *quarantined* (granted to a producer that
-was retired: it may still write there, so nobody reads it again). A granted buffer becomes
-free when its ticket is released, or — when its ticket was cancelled before delivery — once
-the producer reports ``done`` past the entry (it will not write any more).
+:attr:`Scheduler.outbox`. Everything that decides (which producer makes which ticket, which
+buffer a ticket is granted, when a buffer is free again, what becomes of a silent or slow
+producer's work) lives here, tested without MPI (``tests/test_scheduler.py``). The ticket's
+states and the buffers' (free, granted, quarantined) are drawn in docs/design/transport.md.
 """
 import logging
 
@@ -92,9 +77,6 @@ class Scheduler:
         (True), or record a failure naming them (False).
     describe : callable, optional
         ``describe(rank)``: the producer's name in messages.
-
-    Writes into producers' memory are not made here: each one is appended to
-    :attr:`outbox` as ``(rank, entry)``, ``entry`` the fields of an ``ASSIGN`` record.
     """
 
     def __init__(self, buffers, ranks, now, *, liveness_timeout=60.0, takeover=False,
@@ -286,11 +268,9 @@ class Scheduler:
             if t.buffer >= 0:
                 self.quarantined.add(t.buffer)
             if t.ticket in self.tickets and t.ready is None:
-                t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
-                t.local_only = True
+                self._to_host(t)
                 back.append(t.ticket)
         peer.entries.clear()
-        self.pool = sorted(self.pool + back)
         log.warning("%s is silent (%s): the host takes over its %d batch(es)%s",
                     self.describe(rank), why, len(back),
                     f"; {len(self.quarantined)} window buffer(s) quarantined"
@@ -308,11 +288,15 @@ class Scheduler:
         peer = self.peers[t.owner]
         self._write_entry(peer, t, CANCELLED)
         peer.entries.pop(t.seq, None)
+        self._to_host(t)
+        log.info("%s: no window buffer left for epoch %d step %d; the host makes it",
+                 self.describe(peer.rank), t.epoch, t.step)
+
+    def _to_host(self, t):
+        """Back to the pool, for the host's threads only."""
         t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
         t.local_only = True
         self.pool = sorted(self.pool + [t.ticket])
-        log.info("%s: no window buffer left for epoch %d step %d; the host makes it",
-                 self.describe(peer.rank), t.epoch, t.step)
 
     def _free_buffer(self, b):
         if b not in self.quarantined and b not in self.free:
@@ -324,8 +308,6 @@ class Scheduler:
                                             grant=t.grant)))
 
     def assign(self):
-        if not self.pool:
-            return
         live = [p for p in self.peers.values() if not p.retired and not p.stopped]
         while self.pool and live:
             # The producer with the most room gets the lowest ticket: work spreads evenly.

@@ -32,21 +32,8 @@ __all__ = [
     "align", "check_version",
 ]
 
-#: Version of every layout in this module (and of a stream request's meaning).
-#: 3: payloads carry each row's sample index, and labels of the source's dtype and shape.
-#: 4: the stream spec carries an elastic resume point and the batch ops (MixUp/CutMix, label
-#: smoothing, ``batch_hook``), whose labels are float32 (B, num_classes); a producer of
-#: version 3 would drop the resume point and make another stream.
-#: 5: the stream spec may carry ``stick_to_shard`` (and its resume point the world size of
-#: the epoch's order) and the transform ``decode_max_side``; a producer of version 4 would
-#: drop ``stick_to_shard`` and make another stream.
-#: 6: a payload header carries its batch's sample shape (a progressive size changes it with
-#: the epoch; slots are sized for the largest), and the transform's size may be a
-#: progressive schedule, which a producer of version 5 would refuse.
-#: 7: the stream request may carry ``cache_bytes`` (the producers' node cache), and the
-#: payload header (128 bytes) the node cache's counters.
-#: 8: the transform may carry ``views`` (a multi-view recipe), whose payloads hold one block
-#: of images per view; a producer of version 7 would refuse or misplace them.
+#: Version of every layout in this module (and of a stream request's meaning); CHANGELOG.md
+#: says what each version changed.
 WIRE_VERSION = 8
 ALIGN = 64
 #: Assignment entries per producer: work it may hold (producing, produced, queued).
@@ -145,21 +132,12 @@ class PayloadLayout:
         images_offset     images, n rows of the header's ``sample_shape`` (64-byte aligned)
         end(n, shape)     ``bad_bytes`` of UTF-8 JSON {index: message}: samples newly skipped
 
-    A batch of ``n < batch_size`` rows leaves the tail of the indices and labels unused and
-    ends its images at ``end(n)``. A batch's images may be smaller than ``sample_shape``
-    (a progressive size: an epoch before the largest); the header names their shape and they
-    fill the start of the images area. :attr:`nbytes` is the largest payload (a full batch
-    of ``sample_shape`` and a full report): the size of a host window slot, so a slot holds
-    ``128 + 8 B + B x label bytes + B x sample bytes + 16384`` bytes (B the batch size, sample
-    bytes of the largest size).
-
-    Multi-view recipes (``sample_shape`` a list of shapes, one per view): the images are one
-    block per view, in view order, view v at ``images_offset + view_offsets[v]``, each block
-    ``batch_size`` rows of that view's sample bytes (64-byte aligned); a short batch fills
-    the first ``n`` rows of every block and ends at the last view's row ``n``. A slot then
-    holds, per sample, every view's images: with the DINO preset (2 x 224 + 8 x 96, float32)
-    2,088,960 bytes (2 x 602,112 + 8 x 110,592), about 127.5 MiB for a batch of 64 (uint8:
-    a quarter of that, 31.9 MiB), plus the indices, labels and the 16 KiB report.
+    A short batch (``n < batch_size``) leaves the tail of the indices and labels unused; its
+    images, possibly smaller than ``sample_shape`` (a progressive size), fill the start of
+    the images area. :attr:`nbytes`, the largest payload, is a host window slot's size.
+    With views (``sample_shape`` a list), the images are one block of ``batch_size`` rows per
+    view, view v at ``images_offset + view_offsets[v]`` (64-byte aligned); a short batch
+    fills the first ``n`` rows of every block.
 
     Parameters
     ----------
@@ -246,16 +224,14 @@ class PayloadLayout:
         labels = payload[self.labels_offset:self.labels_offset
                          + b * int(np.prod(self.label_shape)) * self.label_dtype.itemsize]
         labels = labels.view(self.label_dtype).reshape((b,) + self.label_shape)[:n]
+        shapes = self.view_shapes
         if sample_shape is not None and not self.multi_view:
-            shape = tuple(sample_shape)
-            images = payload[self.images_offset:self.end(n, shape)].view(
-                self.image_dtype).reshape((n,) + shape)
-            return images, labels, indices
+            shapes = [tuple(sample_shape)]
         images = []
-        for off, nb, shape in zip(self.view_offsets, self.view_bytes, self.view_shapes):
+        for off, shape in zip(self.view_offsets, shapes):
             at = self.images_offset + off
-            images.append(payload[at:at + int(n) * nb].view(self.image_dtype).reshape(
-                (n,) + shape))
+            nbytes = int(n) * int(np.prod(shape)) * self.image_dtype.itemsize
+            images.append(payload[at:at + nbytes].view(self.image_dtype).reshape((n,) + shape))
         return (images if self.multi_view else images[0]), labels, indices
 
     def write_header(self, payload, **fields):
@@ -372,16 +348,15 @@ class HostLayout:
     ``buffers x slot_bytes``."""
 
     def __init__(self, buffers, slot_bytes, producers):
-        self.buffers, self.slot_bytes, self.producers = int(buffers), int(slot_bytes), \
-            int(producers)
-        self.status_offset = 0
-        self.buffers_offset = align(self.status_offset + self.producers * STATUS.itemsize)
+        self.buffers, self.slot_bytes = int(buffers), int(slot_bytes)
+        self.producers = int(producers)
+        self.buffers_offset = align(self.producers * STATUS.itemsize)
         self.stride = BUFFER_HEADER.itemsize + align(self.slot_bytes)
         self.total_bytes = self.buffers_offset + self.buffers * self.stride
 
     def status(self, producer):
         """Offset of the status record of group rank ``producer`` (>= 1)."""
-        return self.status_offset + (producer - 1) * STATUS.itemsize
+        return (producer - 1) * STATUS.itemsize
 
     def header(self, buffer):
         return self.buffers_offset + buffer * self.stride
