@@ -5,7 +5,7 @@ when the group is set up. :mod:`dpu_pipe.offload.validation` speaks over it."""
 from ..deadline import deadline_in
 from ..mpi import load_mpi, wait_request
 
-__all__ = ["Channel", "open_channel", "REQUEST_TAG", "RESULT_TAG", "MERGE_TAG"]
+__all__ = ["Channel", "REQUEST_TAG", "RESULT_TAG", "MERGE_TAG"]
 
 REQUEST_TAG = 0x5601     # host -> producer: a job (dict) or None (stop)
 RESULT_TAG = 0x5602      # producer -> host: a result record
@@ -14,7 +14,9 @@ MERGE_TAG = 0x5603       # host -> host (world communicator): one host's sums fo
 
 class Channel:
     """The validation communicator and dynamic window of one host group (see the module
-    docstring). ``role`` is "host" or "producer"."""
+    docstring). Collective over the group (``role`` "host" or "producer"): made once when
+    the group is set up, by the host and by every producer, in the same order as the group's
+    other collectives."""
 
     def __init__(self, group, role):
         MPI = self.MPI = load_mpi()
@@ -55,9 +57,3 @@ class Channel:
         self._jobs += 1
         return self._jobs
 
-
-def open_channel(group, role):
-    """Collective over the host group ``group``: the validation channel. Called once when
-    the group is set up, by the host and by every producer, in the same order as the group's
-    other collectives."""
-    return Channel(group, role)

@@ -13,7 +13,7 @@ from ..device import PinnedRegion
 from ..errors import ConfigError
 from ..mpi import load_mpi
 from . import rendezvous
-from .channel import open_channel
+from .channel import Channel
 from .roles import discover_roles, host_comm
 from .transport import HostTransport
 
@@ -78,7 +78,7 @@ class HostGroup:
             self.group = host_comm(comm, roles)
         self.roles = roles
         #: RemoteValidation's channel, set up with the group as the producers do.
-        self.validation = open_channel(self.group, "host")
+        self.validation = Channel(self.group, "host")
         self.host_index = roles.hosts.index(roles.rank)
         self.num_hosts = len(roles.hosts)
         self.producers = self.group.Get_size() - 1
@@ -123,9 +123,7 @@ class HostGroup:
         if self.active is not None and self.active is not engine:
             self.active.suspend()
         self.active = engine
-        t = self.transport
-        t.takeover = engine.takeover
-        t.liveness_timeout = engine.liveness_timeout
+        self.transport.configure(engine.takeover, engine.liveness_timeout)
 
     def deactivate(self, engine):
         """``engine`` has nothing in flight any more."""
@@ -175,7 +173,7 @@ class HostGroup:
                 return
             if self._transport is not None:
                 self._transport.close()
-                if self._transport._abort_at_exit:
+                if self._transport.sched.abort_at_exit:
                     return          # a producer never signed off: the job ends with an abort
             self.validation.close(self.setup_timeout)
             if self.serve_file is not None:

@@ -1,32 +1,16 @@
 """The producers' decoded-sample cache: one per node, shared by every producer rank of a host
-on that node, in MPI's own shared memory.
+on that node, in MPI's own shared memory (the user's side: docs/guides/caching.md).
 
-At start-up (:func:`dpu_pipe.worker.serve`) the producers of a host group make a communicator
-of their own (``Comm.Create_group``, collective over the producers only: the host takes no
-part) and split it by node (``Split_type(COMM_TYPE_SHARED)``): :class:`NodeCaches`. A stream
-(or a validation job) that asks for ``cache_bytes`` then gets its cache from
-:meth:`NodeCaches.open`, collectively over the node's producers:
-
-1. a non-blocking barrier, waited on with a deadline (``setup_timeout``): every producer of
-   the node has reached the same request, so the blocking calls below return at once;
-2. ``Win.Allocate_shared``: node rank 0 allocates ``cache_bytes``, the others 0 bytes, and
-   every rank maps rank 0's segment (``Shared_query(0)``);
-3. node rank 0 lays out the arena (``SampleCache(init=True)``), a second barrier with a
-   deadline, then the others attach to it (``SampleCache(init=False)``, which checks the
-   layout).
-
-From then on the arena is used as in local mode (``src/dpu_pipe/_cache.h``): any producer
-fills an entry, any producer reads it, no lock and no MPI call per sample. A producer killed
-in the middle of a fill leaves its entry FILLING, which every reader takes for a miss.
-
-One cache per (source, transform, ``cache_bytes``): a stream opened again (a resume, a jump,
-another loader with the same data and transform) finds the cache it filled before. The
-windows live until the producers stop. Setups are done one at a time per communicator in the
-order requests arrive — the same order on every producer — so the collectives match.
-
-Scope: the producers of one *host* on one node share a cache. With an MPMD launch of one host
-per node and the node's DPU cores as its producers, that is one cache per node; several hosts
-on one node (one per GPU) each get their own.
+At start-up the producers of a host group make a communicator without the host
+(``Comm.Create_group``) and split it by node: :class:`NodeCaches`. A stream or validation job
+with ``cache_bytes`` gets its cache from :meth:`NodeCaches.open`, collectively over the node's
+producers: a non-blocking barrier with a deadline (so the blocking calls after it return at
+once), ``Win.Allocate_shared`` (node rank 0 holds the bytes, the others map its segment), node
+rank 0 lays out the arena, a second barrier, then the others attach (checking the layout).
+From then on the arena works as in local mode (``src/dpu_pipe/_cache.h``): no lock and no MPI
+call per sample. One cache per (source, transform, ``cache_bytes``), kept until the producers
+stop; set-ups run one at a time per communicator in the order requests arrive, the same on
+every producer, so the collectives match.
 """
 
 import itertools

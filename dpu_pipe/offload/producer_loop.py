@@ -5,14 +5,13 @@ The loop, one thread, never blocks for long:
 
 1. take the host's requests (point-to-point, pickled ``(id, kind, payload)``) and start their
    handlers;
-2. run one *piece* of every handler that is a generator (see below);
+2. run one *piece* of every handler that is a generator;
 3. publish made batches whose buffers the host granted (``Put``, ``Flush``, header);
 4. make the next assigned batch into this rank's own memory when it holds fewer than
    ``DEPTH`` made batches (produce ahead, so it is busy whatever the host's buffer count);
 5. heartbeat; sleep a little (backing off to ``poll_interval``) when nothing happened.
 
-Request handlers (the extension point for work other than the training stream, e.g.
-evaluating a model on a validation shard between batches)::
+Request handlers are the extension point for work other than the training stream::
 
     from dpu_pipe.worker import handler
 
@@ -28,34 +27,14 @@ evaluating a model on a validation shard between batches)::
             yield
         return total                          # replied when it finishes
 
-A handler gets the :class:`Context` (``ctx.comm`` the host group, ``ctx.rank``, ``ctx.streams``
-the open pipelines, ``ctx.transport``) and the payload the host sent. Its return value (any
-picklable object; keep it small) goes back to the host's :class:`~transport.Reply`; an
-exception goes back as type, message and traceback (the host raises
-:class:`~transport.RemoteError`). Handlers are registered at import: a module that defines
-some is imported by :func:`serve` when listed in :data:`HANDLER_MODULES`.
-
-Bulk data (a weights snapshot): a payload of a few MB may travel in the request itself (it is
-received whole before the handler starts). For more, post a non-blocking receive in the
-handler and yield until it completes, so batches keep flowing meanwhile; the host's side of
-the transfer progresses in its MPI calls (every ``next()``, ``poll()``, ``Reply.done()``)::
-
-    # host
-    replies = transport.request("load-weights", {"nbytes": blob.nbytes, "tag": 77})
-    sends = [transport.comm.Isend(blob, dest=r.to, tag=77) for r in replies]
-    # producer
-    @handler("load-weights")
-    def load(ctx, payload):
-        buf = np.empty(payload["nbytes"], np.uint8)
-        req = ctx.comm.Irecv(buf, source=0, tag=payload["tag"])
-        while not req.Test():
-            yield
-        ctx.weights = buf
-        return buf.nbytes
-
-Built-in kinds: ``"stream"`` (open a stream: ``(stream id, stream request)``, see
-:func:`dpu_pipe.engines.offload.stream_request`) and ``"ping"``
-(echo, used by tests and liveness checks).
+A handler gets the :class:`Context` and the payload the host sent
+(``host_group().transport.request(kind, payload)``). Its return value (picklable, small) goes
+back to the host's :class:`~transport.Reply`; an exception goes back with its traceback (the
+host raises :class:`~transport.RemoteError`). Modules listed in :data:`HANDLER_MODULES` are
+imported by :func:`serve` for their handlers. Bulk data (a weights snapshot) travels best
+outside the request: the handler posts ``ctx.comm.Irecv`` and yields until it completes, so
+batches keep flowing. Built-in kinds: ``"stream"`` (open a stream: ``(stream id, stream
+request)``, see :func:`dpu_pipe.engines.offload.stream_request`) and ``"ping"`` (echo).
 """
 
 import argparse
@@ -74,7 +53,7 @@ from ..mpi import load_mpi
 from ..spec import StreamSpec
 from ..batch import BatchMaker
 from . import rendezvous, wire
-from .channel import open_channel
+from .channel import Channel
 from .node_cache import NodeCaches, cache_key
 from .roles import discover_roles, host_comm
 from .transport import CANCELLED, ProducerTransport
@@ -140,10 +119,9 @@ class OpenStream:
                 continue
             item = len(json.dumps({str(index): message}))
             if size + item > wire.BAD_REPORT_BYTES:
-                if not entries:  # one message longer than the area: shortened
-                    entries[str(index)] = message[:wire.BAD_REPORT_BYTES // 2]
-                    reported.add(index)
-                break
+                if entries:
+                    break
+                message = message[:wire.BAD_REPORT_BYTES // 2]  # longer than the area alone
             entries[str(index)] = message
             reported.add(index)
             size += item
@@ -248,9 +226,6 @@ class ProducerLoop:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="dpu_pipe-maker")
         self.pool.submit(int).result()   # started now: threads stay flat after start-up
 
-    def _finish(self, rid, ok, value):
-        self.t.reply(rid, ok, value)
-
     def _start(self, rid, kind, payload):
         if kind == "resize":  # the window itself: every made batch of the old one is void
             self._collect(wait=True)
@@ -268,12 +243,12 @@ class ProducerLoop:
                                   f"(known: {sorted(HANDLERS)})")
             out = fn(self.ctx, payload)
         except Exception as exc:  # noqa: BLE001 - goes back to the host with its traceback
-            self._finish(rid, False, error_record(exc))
+            self.t.reply(rid, False, error_record(exc))
             return
         if hasattr(out, "__next__") and hasattr(out, "send"):
             self.running.append((rid, out))
         else:
-            self._finish(rid, True, out)
+            self.t.reply(rid, True, out)
 
     def _step_handlers(self):
         busy = False
@@ -283,10 +258,10 @@ class ProducerLoop:
                 next(gen)
             except StopIteration as stop:
                 self.running.remove((rid, gen))
-                self._finish(rid, True, stop.value)
+                self.t.reply(rid, True, stop.value)
             except Exception as exc:  # noqa: BLE001
                 self.running.remove((rid, gen))
-                self._finish(rid, False, error_record(exc))
+                self.t.reply(rid, False, error_record(exc))
         return busy
 
     def _done_seq(self):
@@ -407,7 +382,7 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
     else:
         roles = discover_roles(comm, "producer", hostmap=hostmap)
         group = host_comm(comm, roles)
-    channel = open_channel(group, "producer")
+    channel = Channel(group, "producer")
     # The node's decoded-sample caches (made when a stream or validation job asks for one).
     caches = NodeCaches(group)
     # Validation snapshots are served by a low-priority thread of their own, in the gaps

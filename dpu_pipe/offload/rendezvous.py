@@ -1,50 +1,23 @@
 """Producers as an MPI job of their own, hosts joining it: ``python -m dpu_pipe.worker
 --serve FILE`` on the producer side, ``DPULoader(..., serve_file=FILE)`` (or
-``DPU_PIPE_SERVE=FILE``) on hosts that are no MPI job with them — processes started by
-``torchrun``, each a singleton MPI process.
+``DPU_PIPE_SERVE=FILE``) on hosts that are no MPI job with them (``torchrun``'s singleton
+processes). The user's side, the deadlines and the faults: docs/guides/cluster.md.
 
-Start-up, once per process:
-
-1. The producer job's rank 0 opens a port (``MPI_Open_port``) and writes it into ``FILE``
-   (JSON, written to a temporary name then renamed), then rewrites the file's time stamp
-   every :data:`REFRESH` seconds while it accepts hosts: a host reading a file whose time
-   stamp stands still knows its producer job is gone (a port of a dead job crashes
-   ``MPI_Comm_connect``), and the comparison needs no clock agreement between machines.
-2. Each host connects (``MPI_Comm_connect`` with the MPICH ``timeout`` info key: the
-   deadline of the attempt) and sends its hello: torch's ``RANK`` and ``WORLD_SIZE``
-   (``0``/``1`` without them), hostname, host map, wire version, its own deadline. The
-   producers accept ``--hosts`` hosts (default 1) one at a time (collective over the
-   producer job), then close the port and remove the file. One host per producer job is
-   what the mpich wheel supports for hosts that are singleton MPI processes: every
-   singleton has the same process-manager name, and a producer job that accepted one
-   sends the second one's messages to the first (measured: the second intercommunicator
-   never delivers). So a node's hosts join a job each, through ``serve-{rank}.json``
-   (``{rank}``/``{local_rank}`` in the host's path are torch's); ``--hosts N`` is for hosts
-   that are ranks of one MPI job.
-3. The producers match producers to hosts as in an MPMD job (:func:`~.roles.assign_producers`
-   over the joined hosts ordered by their ``RANK``, then the producers in job rank order;
-   the host group's shard is torch's ``RANK`` of ``WORLD_SIZE``), and for
-   each host in turn send it the outcome, merge its intercommunicator
-   (``MPI_Intercomm_merge``) and split the merged communicator into that host's group (the
-   host as rank 0, its producers after it). The merged and intercommunicators are then
-   disconnected: afterwards a host is connected to its own producers only, so hosts and
-   producer groups end independently.
-
-From there the host group's protocol is the MPMD job's, unchanged (one window, the same
-stream as :class:`~dpu_pipe.Loader`). At the end :func:`leave` disconnects the group behind
-a non-blocking barrier with a deadline.
-
-Deadlines: the host waits for a refreshed ``FILE``, for the connection, for the producers'
-answer — each within its ``timeout``; the producer job waits ``accept_timeout`` for its
-first host and the first host's ``timeout`` for the others, and then ends with
-``MPI_Abort`` and a message naming ``FILE`` (a thread watches the blocking accept).
-
-Faults: the jobs are separate, so a producer that dies is not ended with its host's job.
-With the mpich wheel (UCX) the host's next RMA write into the dead process aborts the host
-inside MPI (``process_vm_writev(pid=...): No such process`` on one node), before its
-liveness deadline can retire the producer: a host ends with its producer job instead of
-taking over (see tests/mpi/test_serve.py). The MPMD launch keeps hybrid mode's takeover
-for a stopped producer.
+1. The producer job's rank 0 opens a port and writes it into ``FILE`` (JSON, renamed into
+   place), then touches the file every :data:`REFRESH` seconds while it accepts hosts: a
+   file whose time stamp stands still belongs to a job that is gone (connecting to a dead
+   job's port crashes ``MPI_Comm_connect``), and no clock agreement is needed.
+2. Each host connects (MPICH's ``timeout`` info key bounds the attempt) and sends its hello
+   (torch's ``RANK``/``WORLD_SIZE``, hostname, host map, wire version, deadline). The
+   producers accept ``--hosts`` hosts one at a time, then close the port and remove the file.
+   With the mpich wheel every singleton has the same process-manager name, so one producer
+   job serves one singleton host (``serve-{rank}.json``).
+3. The producers match themselves to the hosts as in an MPMD job
+   (:func:`~.roles.assign_producers`, hosts by ``RANK``), send each host the outcome, merge
+   its intercommunicator and split the result into that host's group (the host as rank 0),
+   then disconnect the merged and intercommunicators, so hosts and producer groups end
+   independently. From there the host group runs as in an MPMD job; :func:`leave`
+   disconnects it at the end.
 """
 
 import json
@@ -231,10 +204,7 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
     for (hello, inter), m in zip(joined, merged):
         _disconnect(m, inter, deadline_in(hello["timeout"]), f"producers of {path}")
     v = _roles_of(joined[0][0]["world"], ranks, local, names, warnings, nprod)
-    roles = Roles(hosts=tuple(range(v["world"])), producers=tuple(v["host_of"]),
-                  host_of=v["host_of"], hostnames=tuple(v["hostnames"]),
-                  rank=v["world"] + me, role="producer", warnings=tuple(v["warnings"]))
-    return roles, group
+    return _roles(v, v["world"] + me, "producer"), group
 
 
 def _roles_of(world, ranks, local, names, warnings, nprod):
@@ -249,6 +219,13 @@ def _roles_of(world, ranks, local, names, warnings, nprod):
         hostnames[r] = names[i]
     return {"world": world, "host_of": host_of, "hostnames": hostnames,
             "warnings": [(ranks[h], text) for h, text in warnings]}
+
+
+def _roles(verdict, rank, role):
+    """The :class:`~.roles.Roles` of ``rank`` in the joined job a verdict describes."""
+    return Roles(hosts=tuple(range(verdict["world"])), producers=tuple(verdict["host_of"]),
+                 host_of=verdict["host_of"], hostnames=tuple(verdict["hostnames"]),
+                 rank=rank, role=role, warnings=tuple(verdict["warnings"]))
 
 
 # -- host side ----------------------------------------------------------------------------------
@@ -310,10 +287,7 @@ def join(path, *, hostmap=None, timeout=600.0):
     for h, text in verdict["warnings"]:
         if h == rank:
             log.warning("%s", text)
-    roles = Roles(hosts=tuple(range(verdict["world"])), producers=tuple(verdict["host_of"]),
-                  host_of=verdict["host_of"], hostnames=tuple(verdict["hostnames"]),
-                  rank=rank, role="host", warnings=tuple(verdict["warnings"]))
-    return roles, group
+    return _roles(verdict, rank, "host"), group
 
 
 def _disconnect(merged, inter, deadline, who):

@@ -1,15 +1,7 @@
 """Who is who in an MPI job: which ranks are hosts, which producers, and which host each
-producer serves.
-
-Producers are matched to hosts by an explicit map when one is given — the environment
-variable ``DPU_PIPE_HOSTMAP="nodeA:bf-nodeA,nodeB:bf-nodeB"`` (``host:producer`` hostname
-pairs; a producer hostname may appear once) or ``DPULoader(hostmap=...)`` on the hosts — and
-otherwise by hostname: the same hostname, then a hostname that contains the host's as a
-``-``/``_``-separated part (``node1-dpu``, ``bf-node1``, ``node1_bf2`` all belong to
-``node1``), then anywhere. The automatic rule warns (logger ``dpu_pipe``) when a producer is
-paired with a host off its own node, or a host is left without producers while others have
-some; the explicit map is an error when it names a hostname no rank has, or leaves a producer
-out.
+producer serves: by an explicit host map (``DPU_PIPE_HOSTMAP`` or ``hostmap=``), else by
+hostname, else anywhere with a warning (the rule: :func:`assign_producers`; the user's side:
+docs/guides/cluster.md).
 """
 import logging
 import os
@@ -41,15 +33,6 @@ class Roles:
     rank: int
     role: str
     warnings: tuple = ()
-
-    def producers_of(self, host):
-        """Producer ranks served by host rank ``host``, ascending."""
-        return tuple(p for p in self.producers if self.host_of[p] == host)
-
-    @property
-    def my_host(self):
-        """The host rank of the calling rank (itself when it is a host)."""
-        return self.rank if self.role == "host" else self.host_of[self.rank]
 
 
 def _short(name):
@@ -96,8 +79,10 @@ def assign_producers(roles, hostnames, hostmap=None):
 
     ``roles[r]`` is "host" or "producer", ``hostnames[r]`` rank r's hostname, ``hostmap`` an
     explicit ``{producer hostname: host hostname}`` (see :func:`parse_hostmap`) that wins over
-    matching by name. Among the candidate hosts of a producer the one with the fewest
-    producers so far wins (then the lowest rank), so producers spread evenly.
+    matching by name. By name: the same hostname, then a hostname that contains the host's
+    as a ``-``/``_``-separated part (``node1-dpu``, ``bf-node1``, ``node1_bf2``), the most
+    specific first, then anywhere (with a warning). Among the candidate hosts of a producer
+    the one with the fewest producers so far wins (then the lowest rank).
     """
     hosts = [r for r, role in enumerate(roles) if role == "host"]
     if not hosts:
@@ -185,5 +170,5 @@ def host_comm(comm, roles):
     """Collective (start-up only): split ``comm`` into one communicator per host, the host as
     rank 0 and its producers after it in rank order."""
     me = comm.Get_rank()
-    host = roles.my_host
+    host = me if roles.role == "host" else roles.host_of[me]
     return comm.Split(color=roles.hosts.index(host), key=0 if me == host else me + 1)

@@ -1,37 +1,21 @@
-"""Offloaded validation: producer ranks evaluate a snapshot of the model while the host trains.
+"""Offloaded validation: producer ranks evaluate a snapshot of the model while the host trains
+(the user's side: docs/guides/validation.md).
 
-Channel (one per host group, set up with the group, alive for the job):
+The channel (:class:`~dpu_pipe.offload.channel.Channel`, made with the host group) is a
+duplicate of the group's communicator and a dynamic RMA window on it.
+:meth:`RemoteValidation.submit` packs the ``state_dict`` into one flat buffer
+(:mod:`dpu_pipe.weights`), attaches it to the window and sends each producer a small request
+``{"job", "spec", "address", "nbytes", "part", "parts"}``, and returns. Each producer's
+:class:`ValidationService` thread (nice 19, so batch making takes the core whenever it has
+work) reads the weights with an ``Rget`` (deadline ``rma_timeout``), evaluates steps ``part,
+part + parts, ...`` of the host's validation shard (:class:`~dpu_pipe.evaluate.ShardEvaluator`)
+and sends back the sums of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its
+traceback. With several hosts, each evaluates its own shard and sends its sums to the others
+point to point, so every host's future gives the metrics of the whole validation set.
 
-* a duplicate of the host group's communicator, so validation messages never match the
-  batch stream's, and a dynamic RMA window on it (``Win.Create_dynamic``). Both are created
-  collectively while the group is set up (:func:`~dpu_pipe.offload.channel.open_channel`,
-  called by the host group and by :func:`dpu_pipe.worker.serve`); no collective runs after
-  that.
-* :meth:`RemoteValidation.submit` packs the ``state_dict`` into one flat buffer
-  (:mod:`dpu_pipe.weights`), attaches it to the window and sends each producer a small
-  request ``{"job", "spec", "address", "nbytes", "part", "parts"}``. That is all the host
-  does: the call returns at once.
-* each producer's validation thread receives requests in order, reads the weights with a
-  one-sided ``Rget`` (deadline: ``rma_timeout``), loads them into the model it built from the
-  ``"module:factory"`` spec (built once, names/shapes/dtypes checked), evaluates its part of
-  the host's validation shard (steps ``part, part + parts, ...``) with the same
-  :class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` (``shard_tail="mask"``:
-  the padding rows of the host's shard are made but not counted), and sends back the sums
-  of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback.
-* with several hosts, each host evaluates its own shard (``rank`` = host index,
-  ``world_size`` = hosts) and sends its sums to the other hosts point to point, so every
-  host's future gives the metrics of the whole validation set.
-
-Sharing the producer cores: the validation thread lowers its own scheduling priority to nice
-19, so the producer's batch-making thread (normal priority) takes the core whenever it has
-training work; validation runs in the gaps. When the producers are saturated by training,
-validation waits for the end of training (it is then on the host's critical path); the
-training stream itself loses at most what the kernel's scheduler gives a nice-19 thread
-(about 1.5 % of a busy core) plus the GIL hand-overs.
-
-Memory: each submitted snapshot holds one weights buffer on the host until every producer
-has answered (a buffer a silent producer may still read is never freed); each producer holds
-one weights buffer, its model and one validation batch.
+Memory: each snapshot holds one weights buffer on the host until every producer has answered
+(a buffer a silent producer may still read is never freed); each producer holds one weights
+buffer, its model and one validation batch.
 """
 
 import json
@@ -80,7 +64,6 @@ class ValidationService(threading.Thread):
         self._halt = threading.Event()
         self.caches = caches
         self.evaluator = ShardEvaluator(cache_for=self._node_cache if caches else None)
-        self.jobs = 0
 
     def stop(self, timeout=10.0):
         self._halt.set()
@@ -127,7 +110,6 @@ class ValidationService(threading.Thread):
         # CPU seconds of this thread: the wall seconds above include the gaps in which the
         # producer's batch making (at a higher priority) had the core.
         record["cpu_s"] = time.thread_time() - c0
-        self.jobs += 1
         ch.comm.send(record, dest=0, tag=RESULT_TAG)
 
     def _node_cache(self, spec, num_samples):
@@ -152,16 +134,15 @@ class ValidationService(threading.Thread):
 class ValidationFuture:
     """The result of one :meth:`RemoteValidation.submit`. ``result(timeout)`` waits for it."""
 
-    def __init__(self, owner, job, tag, producers, hosts, submitted):
+    def __init__(self, owner, job, tag, producers, hosts):
         self._owner, self.job, self.tag = owner, job, tag
         self._waiting = set(producers)          # producer ranks of this host still to answer
         self._hosts = set(hosts)                # other hosts whose sums are still to come
         self._parts = []                        # per-producer records of this host
         self._remote = {}                       # host index -> its sums and parts
         self._error = None
-        self._submitted = submitted
-        self._finished_at = None
         self._value = None
+        self._sent = False                      # this host's sums went to the others
 
     def done(self):
         """True once the result (or an error) is in; polls without blocking."""
@@ -337,7 +318,7 @@ class RemoteValidation:
                            "nbytes": int(buf.size), "part": k, "parts": len(producers)},
                           dest=p, tag=REQUEST_TAG))
         others = [h for h in range(self.num_hosts) if h != self.host_index]
-        fut = ValidationFuture(self, job, tag, producers, others, time.monotonic())
+        fut = ValidationFuture(self, job, tag, producers, others)
         ch.futures[job] = fut
         for h, rec in ch.early.pop(job, {}).items():
             fut._remote[h] = rec
@@ -373,7 +354,7 @@ class RemoteValidation:
 
     def _send_sums(self, fut, sums):
         """Send this host's part of job ``fut`` to every other host (once)."""
-        if getattr(fut, "_sent", False) or self.num_hosts == 1:
+        if fut._sent or self.num_hosts == 1:
             return
         fut._sent = True
         data = None if sums is None else {"sums": sums.to_dict(), "parts": fut._parts}

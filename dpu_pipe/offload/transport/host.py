@@ -1,7 +1,7 @@
 """The host end of the transport (group rank 0): the window I/O around the pure
 :class:`~dpu_pipe.offload.scheduler.Scheduler` — reading producers' statuses and sealed
 headers, writing their assignments and control records — plus the request channel and the
-shutdown handshake. See :mod:`dpu_pipe.offload.transport` for the protocol."""
+shutdown handshake. The protocol: docs/design/transport.md."""
 import atexit
 import logging
 import sys
@@ -29,10 +29,6 @@ class Delivery:
     def __init__(self, ticket, stream, epoch, step, producer, payload, buffer):
         self.ticket, self.stream, self.epoch, self.step = ticket, stream, epoch, step
         self.producer, self.payload, self.buffer = producer, payload, buffer
-
-    def __repr__(self):
-        return (f"Delivery(ticket={self.ticket}, stream={self.stream}, epoch={self.epoch}, "
-                f"step={self.step}, producer={self.producer}, bytes={self.payload.nbytes})")
 
 
 class RemoteError(ProducerError):
@@ -106,15 +102,13 @@ class HostTransport(Endpoint):
                               f"{slot_bytes}")
         if min(liveness_timeout, timeout, setup_timeout, poll_interval) <= 0:
             raise ConfigError("timeouts and intervals must be positive seconds")
-        self._liveness_timeout = float(liveness_timeout)
-        self._takeover = bool(takeover)
         self.timeout = float(timeout)
         self.setup_timeout = float(setup_timeout)
         self.poll_interval = float(poll_interval)
         self.window_users = []
         self.sched = None
         self._setup(comm, self.setup_timeout)
-        self._window(buffers, slot_bytes)
+        self._window(buffers, slot_bytes, float(liveness_timeout), bool(takeover))
         self.closed = False
         self._replies = {}
         self._sends = []
@@ -124,53 +118,27 @@ class HostTransport(Endpoint):
         self.polls = 0              # polls made (each costs the host ~30-60 us of CPU)
         atexit.register(self._exit)
 
-    # The scheduler's state, as the transport's (one scheduler per window).
     tickets = property(lambda self: self.sched.tickets)
     peers = property(lambda self: self.sched.peers)
-    free = property(lambda self: self.sched.free)
-    quarantined = property(lambda self: self.sched.quarantined)
-    failure = property(lambda self: self.sched.failure)
 
-    @property
-    def _abort_at_exit(self):
-        """End the job with MPI_Abort at exit (a producer may never sign off): the
-        scheduler's verdict, which close() overrides with what it saw."""
-        return self.sched is not None and self.sched.abort_at_exit
+    def configure(self, takeover, liveness_timeout):
+        """Set the stream in flight's ``takeover`` and ``liveness_timeout`` (see above)."""
+        self.sched.takeover = bool(takeover)
+        self.sched.liveness_timeout = float(liveness_timeout)
 
-    @_abort_at_exit.setter
-    def _abort_at_exit(self, value):
-        self.sched.abort_at_exit = bool(value)
-
-    @property
-    def takeover(self):
-        return self._takeover
-
-    @takeover.setter
-    def takeover(self, value):
-        self._takeover = self.sched.takeover = bool(value)
-
-    @property
-    def liveness_timeout(self):
-        return self._liveness_timeout
-
-    @liveness_timeout.setter
-    def liveness_timeout(self, value):
-        self._liveness_timeout = self.sched.liveness_timeout = float(value)
-
-    def _window(self, buffers, slot_bytes):
+    def _window(self, buffers, slot_bytes, liveness_timeout, takeover):
         """Make the window (collective with every producer's ``_window``)."""
         self.layout = HostLayout(buffers, slot_bytes, self.size - 1)
         self._allocate(self.layout.total_bytes)
         for user in self.window_users:
             user.attach(self.mem)
         self.comm.bcast({"slot_bytes": self.layout.slot_bytes, "buffers": self.layout.buffers,
-                         "host_timeout": max(3600.0, 10 * self.liveness_timeout)}, root=0)
+                         "host_timeout": max(3600.0, 10 * liveness_timeout)}, root=0)
         self._ready(self.setup_timeout)
-        now = time.monotonic()
         old = self.sched
-        self.sched = Scheduler(self.layout.buffers, range(1, self.size), now,
-                               liveness_timeout=self._liveness_timeout,
-                               takeover=self._takeover, describe=self.describe)
+        self.sched = Scheduler(self.layout.buffers, range(1, self.size), time.monotonic(),
+                               liveness_timeout=liveness_timeout, takeover=takeover,
+                               describe=self.describe)
         if old is not None:     # numbering goes on across windows: grants stay unique
             self.sched.next_ticket, self.sched.next_grant = old.next_ticket, old.next_grant
             self.sched.abort_at_exit, self.sched.failure = old.abort_at_exit, old.failure
@@ -192,7 +160,7 @@ class HostTransport(Endpoint):
         self.request("resize")
         deadline = deadline_in(self.setup_timeout)
         self._free_window(deadline, "making the window again")
-        self._window(buffers, slot_bytes)
+        self._window(buffers, slot_bytes, self.sched.liveness_timeout, self.sched.takeover)
         self._replies.clear()
 
     def add_window_user(self, user):
@@ -413,7 +381,7 @@ class HostTransport(Endpoint):
             backoff()
         self.closed = True
         # Every producer signed off (a silent one may have woken up): the job can end cleanly.
-        self._abort_at_exit = bool(missing)
+        self.sched.abort_at_exit = bool(missing)
         if missing:
             log.warning("closing with %s not signed off; the job ends at exit",
                         ", ".join(self.describe(p.rank) for p in missing))
@@ -425,8 +393,8 @@ class HostTransport(Endpoint):
             try:
                 self.close(timeout=min(self.setup_timeout, 10.0))
             except Exception:  # noqa: BLE001 - at exit, end the job rather than hang it
-                self._abort_at_exit = True
-        if self._abort_at_exit and not self._MPI.Is_finalized():
+                self.sched.abort_at_exit = True
+        if self.sched.abort_at_exit and not self._MPI.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
             self._MPI.COMM_WORLD.Abort(1)

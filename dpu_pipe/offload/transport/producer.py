@@ -1,6 +1,6 @@
 """The producer end of the transport (group rank >= 1): its assignments as they appear in its
 own window, the grants, publishing a made batch (payload, Flush, sealed header, Flush), the
-heartbeat and the request channel's replies. See :mod:`dpu_pipe.offload.transport`."""
+heartbeat and the request channel's replies. The protocol: docs/design/transport.md."""
 import os
 import time
 
@@ -28,10 +28,6 @@ class Work:
         self.error = None       # pickled error record instead
         self.buffers = None     # the producer's own memory holding the parts
 
-    def __repr__(self):
-        return (f"Work(ticket={self.ticket}, stream={self.stream}, epoch={self.epoch}, "
-                f"step={self.step})")
-
 
 class ProducerTransport(Endpoint):
     """Producer end (group rank >= 1): collective at construction with the host's
@@ -55,6 +51,7 @@ class ProducerTransport(Endpoint):
         self._host_beat = -1
         self._host_seen = time.monotonic()
         self.stopped = False
+        self._pending_replies = []
         self.beat(force=True)
 
     def _window(self):
@@ -134,9 +131,7 @@ class ProducerTransport(Endpoint):
         yet, CANCELLED when the host dropped it."""
         self.win.Sync()
         e = self._entry(work.seq)
-        if e is None:  # the entry was reused: it was cancelled and passed
-            return CANCELLED
-        if e["buffer"] == CANCELLED:
+        if e is None or e["buffer"] == CANCELLED:   # None: cancelled, passed and reused
             return CANCELLED
         if e["buffer"] < 0:
             return None
@@ -191,7 +186,7 @@ class ProducerTransport(Endpoint):
         """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an error
         record (see :func:`~dpu_pipe.errors.error_record`). Small replies complete without the host."""
         req = self.comm.isend((rid, ok, value), dest=0, tag=TAG_REPLY)
-        self._pending_replies = [r for r in getattr(self, "_pending_replies", []) if not r.Test()]
+        self._pending_replies = [r for r in self._pending_replies if not r.Test()]
         if not req.Test():
             self._pending_replies.append(req)
 
@@ -202,6 +197,6 @@ class ProducerTransport(Endpoint):
         self.stopped = True
         self.beat(force=True)
         deadline = deadline_in(self.setup_timeout)
-        for r in getattr(self, "_pending_replies", []):
+        for r in self._pending_replies:
             wait_request(r, deadline, "a reply to the host")
         self._free_window(deadline, f"{self.describe(self.rank)} freeing the window")
