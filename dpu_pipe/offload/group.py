@@ -1,9 +1,7 @@
 """A host process's place in the MPI job: its host group (this host and the producer ranks
-serving it), made on first use and kept for the process lifetime, with the transport (one
-window) and the validation channel. Offloaded :class:`~dpu_pipe.Loader` streams and
-:class:`~dpu_pipe.offload.validation.RemoteValidation` both live on it. The group comes from
-the MPI job the host runs in or, with a serve file, from the producer job it joins
-(:mod:`dpu_pipe.offload.rendezvous`).
+serving it, from the host's MPI job or, with a serve file, the producer job it joins), made
+on first use and kept for the process lifetime, with the transport (one window) and the
+validation channel that offloaded loaders and RemoteValidation share.
 """
 
 import atexit
@@ -58,18 +56,14 @@ def shutdown():
 
 
 class HostGroup:
-    """This host's place in the job: its group (rank 0 = this host, then its producers),
-    its index among the hosts, and the transport (one window for the process lifetime).
-
-    ``transport`` is a :class:`~dpu_pipe.offload.transport.HostTransport`; use its
-    ``request()`` for work other than batches. ``producers`` is the number of producer
+    """This host's place in the job: its group (rank 0 = this host, then its producers), its
+    index among the hosts, and the :attr:`transport`. ``producers`` is the number of producer
     ranks serving this host (0: no transport, loaders produce locally).
     """
 
     _groups = {}
 
     def __init__(self, comm, *, hostmap=None, setup_timeout=60.0, serve_file=None):
-        # Hosts reach their first DPULoader at about the same point of their program.
         self.serve_file = serve_file
         if serve_file is not None:
             roles, self.group = rendezvous.join(serve_file, hostmap=hostmap, timeout=600.0)
@@ -77,7 +71,6 @@ class HostGroup:
             roles = discover_roles(comm, "host", hostmap=hostmap, timeout=600.0)
             self.group = host_comm(comm, roles)
         self.roles = roles
-        #: RemoteValidation's channel, set up with the group as the producers do.
         self.validation = Channel(self.group, "host")
         self.host_index = roles.hosts.index(roles.rank)
         self.num_hosts = len(roles.hosts)
@@ -126,16 +119,14 @@ class HostGroup:
         self.transport.configure(engine.takeover, engine.liveness_timeout)
 
     def deactivate(self, engine):
-        """``engine`` has nothing in flight any more."""
         if self.active is engine:
             self.active = None
 
     def grow(self, buffers, slot_bytes):
         """Make the window again for a loader larger than the window (collective with the
         producers, after the stream in flight is cancelled and its held batch released)."""
-        active = self.active        # suspending it leaves no engine active
-        if active is not None:
-            active.suspend()
+        if self.active is not None:
+            self.active.suspend()
         self.reserve(buffers, slot_bytes)
         log.info("dpu_pipe: making the host window again for %d x %d bytes", *self._want)
         self._transport.resize(*self._want)

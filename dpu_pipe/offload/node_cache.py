@@ -18,9 +18,8 @@ import json
 import logging
 import time
 
-import numpy as np
-
 from .. import _pipeline
+from ..cache import DecodedCache
 from ..deadline import deadline_in
 from ..errors import ConfigError, PipeTimeout
 from ..mpi import load_mpi
@@ -48,46 +47,18 @@ def run_to_end(gen, nap=0.001):
         return stop.value
 
 
-class SharedCache:
-    """A decoded-sample cache in a node's MPI shared-memory window, with the interface of
-    :class:`dpu_pipe.cache.DecodedCache` (``kernel``, ``num_samples``, ``stats()``,
-    ``ready()``, ``sample()``) that :class:`~dpu_pipe.batch.BatchMaker` takes.
-
-    Parameters
-    ----------
-    win : mpi4py.MPI.Win
-        The window (kept alive with this object).
-    buffer : buffer
-        Node rank 0's segment of ``win``, ``cache_bytes`` bytes, mapped in this process.
-    num_samples : int
-        Samples of the source.
-    init : bool
-        Lay out the arena (node rank 0) or attach to it (the others).
-    node : int
-        The host-group rank of the node's first producer: names the node in the counters
-        the producers report.
-    """
+class SharedCache(DecodedCache):
+    """A :class:`~dpu_pipe.cache.DecodedCache` in a node's MPI shared-memory window ``win``
+    (kept alive with it): ``buffer`` is node rank 0's segment, mapped here; ``init`` lays out
+    the arena (node rank 0) or attaches to it (the others). ``node``, the host-group rank of
+    the node's first producer, names the node in the counters the producers report."""
 
     def __init__(self, win, buffer, num_samples, init, node):
         self.win = win
         self.num_samples = int(num_samples)
         self.node = int(node)
-        #: The kernel-side cache (:class:`dpu_pipe._pipeline.SampleCache`).
         self.kernel = _pipeline.SampleCache(buffer, self.num_samples, init)
         self.cache_bytes = int(self.kernel.nbytes)
-
-    def stats(self):
-        """The node's counters ``{"hits", "misses", "bytes", "entries", "did_not_fit"}``,
-        every producer of the node counted."""
-        return self.kernel.stats()
-
-    def ready(self, indices):
-        """Whether each sample of ``indices`` (int array (N,)) is stored: bool (N,)."""
-        return self.kernel.ready(np.ascontiguousarray(indices, dtype=np.int64))
-
-    def sample(self, index):
-        """(pixels, scale) of a stored sample (a copy), or None; see DecodedCache.sample."""
-        return self.kernel.sample(int(index))
 
 
 class NodeCaches:
@@ -119,12 +90,9 @@ class NodeCaches:
         pcomm.Free()
         #: The host-group rank of this node's first producer (names the node).
         self.node = node.bcast(group.Get_rank(), root=0)
-        self.node_size = node.Get_size()
-        self.node_rank = node.Get_rank()
         # One communicator per thread that sets caches up: collectives of two threads on
         # one communicator could interleave differently on two ranks.
-        self.comms = {"stream": node}
-        self.comms["validation"] = node.Dup()
+        self.comms = {"stream": node, "validation": node.Dup()}
         self.caches = {}            # (user, cache_key) -> SharedCache
         self.made = {u: [] for u in self.USERS}      # keys each communicator made, in order
         self._queue = {u: [] for u in self.USERS}    # set-ups waiting, in arrival order
