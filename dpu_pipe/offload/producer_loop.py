@@ -230,9 +230,7 @@ class ProducerLoop:
         if kind == "resize":  # the window itself: every made batch of the old one is void
             self._collect(wait=True)
             for work in self.made:
-                maker = self.ctx.streams.get(work.stream)
-                if maker is not None:
-                    maker.give_back(work, delivered=False)
+                self._give_back(work, False)
             self.made = []
             self.t.resize()
             return
@@ -251,17 +249,17 @@ class ProducerLoop:
             self.t.reply(rid, True, out)
 
     def _step_handlers(self):
-        busy = False
+        busy = bool(self.running)
         for rid, gen in list(self.running):
-            busy = True
             try:
                 next(gen)
+                continue
             except StopIteration as stop:
-                self.running.remove((rid, gen))
-                self.t.reply(rid, True, stop.value)
-            except Exception as exc:  # noqa: BLE001
-                self.running.remove((rid, gen))
-                self.t.reply(rid, False, error_record(exc))
+                ok, value = True, stop.value
+            except Exception as exc:  # noqa: BLE001 - goes back to the host
+                ok, value = False, error_record(exc)
+            self.running.remove((rid, gen))
+            self.t.reply(rid, ok, value)
         return busy
 
     def _done_seq(self):
@@ -280,10 +278,13 @@ class ProducerLoop:
             if g != CANCELLED:
                 # Reported with the next batch: this one's header is already out.
                 self.publish_ns = self.t.publish(work, *g)
-            maker = self.ctx.streams.get(work.stream)
-            if maker is not None:
-                maker.give_back(work, delivered=g != CANCELLED)
+            self._give_back(work, g != CANCELLED)
         return busy
+
+    def _give_back(self, work, delivered):
+        maker = self.ctx.streams.get(work.stream)
+        if maker is not None:
+            maker.give_back(work, delivered)
 
     def _collect(self, wait=False):
         """Move the batch the maker thread finished to ``made``; True when one was."""
@@ -409,7 +410,8 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dpu_pipe.worker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dpu_pipe.worker",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--hostmap", default=None,
                    help="host:producer hostname pairs, as DPU_PIPE_HOSTMAP")
     p.add_argument("--serve", metavar="FILE", default=None,

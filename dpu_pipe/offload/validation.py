@@ -201,11 +201,9 @@ class ValidationFuture:
                 return
             total.merge(Metrics.from_dict(rec["sums"]))
             by_rank += [dict(p, host=h) for p in rec["parts"]]
-        out = {"tag": self.tag}
-        out.update(total.result())
-        out["seconds"] = max((p["seconds"] for p in by_rank), default=0.0)
-        out["by_rank"] = by_rank
-        self._value = out
+        self._value = {"tag": self.tag, **total.result(),
+                       "seconds": max((p["seconds"] for p in by_rank), default=0.0),
+                       "by_rank": by_rank}
         owner.channel.futures.pop(self.job, None)
 
     def _own_sums(self):
@@ -277,19 +275,19 @@ class RemoteValidation:
             check_cache_bytes(cache_bytes, len(val_source))
         MPI = load_mpi()
         self._world = MPI.COMM_WORLD if comm is None else comm
-        self._session = host_group(self._world)
-        if self._session.producers == 0:
+        group = host_group(self._world)
+        if group.producers == 0:
             raise ConfigError("RemoteValidation: no producer rank serves this host")
-        self.channel = self._session.validation
-        self.host_index = self._session.host_index
-        self.num_hosts = self._session.num_hosts
+        self.channel = group.validation
+        self.host_index = group.host_index
+        self.num_hosts = group.num_hosts
         self.timeout = float(timeout)
         self.spec = {"source": val_source.spec(), "transform": transform.to_dict(),
                      "batch_size": int(batch_size), "rank": self.host_index,
                      "world_size": self.num_hosts, "shard_tail": "mask", "model": model,
                      "model_kwargs": model_kwargs or {}, "topk": list(self.topk),
                      "num_threads": int(producer_threads), "cache_bytes": cache_bytes}
-        self._hosts_world = list(self._session.roles.hosts)
+        self._hosts_world = list(group.roles.hosts)
         self._attached = {}         # job -> weights buffer attached to the window
         self._closed = False
 
