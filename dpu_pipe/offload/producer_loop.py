@@ -371,8 +371,8 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
     """Serve this rank's host until it stops (collective start-up with the hosts of
     ``comm``, default ``COMM_WORLD``). With ``serve_file`` the hosts are no ranks of
     ``comm`` (the producer job): ``hosts`` of them join through the port published in that
-    file, within ``accept_timeout`` seconds (see :mod:`dpu_pipe.offload.rendezvous`). Returns the number
-    of batches this rank delivered."""
+    file, within ``accept_timeout`` seconds (:mod:`dpu_pipe.offload.rendezvous`). Returns
+    the number of batches this rank delivered."""
     MPI = load_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     for name in HANDLER_MODULES:

@@ -20,6 +20,7 @@ processes). The user's side, the deadlines and the faults: docs/guides/cluster.m
    disconnects it at the end.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -75,18 +76,16 @@ class _Publisher(threading.Thread):
     """Producer rank 0 while it accepts hosts: keeps the serve file fresh and ends the job at
     the deadline (the accept it watches cannot be interrupted otherwise)."""
 
-    def __init__(self, path, deadline, comm):
+    def __init__(self, path, deadline, comm, expected):
         super().__init__(name="dpu_pipe-serve", daemon=True)
         self.path, self.deadline, self.comm = path, deadline, comm
-        self.joined, self.expected = 0, 1
+        self.joined, self.expected = 0, expected
         self.finished = threading.Event()
 
     def run(self):
         while not self.finished.wait(REFRESH):
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(self.path)
-            except OSError:
-                pass
             if time.monotonic() > self.deadline:
                 print(f"dpu_pipe.worker --serve {self.path}: waited for {self.expected} "
                       f"host(s) ({self.joined} joined) past the deadline; ending the producer "
@@ -99,10 +98,8 @@ class _Publisher(threading.Thread):
 
 
 def _remove(path):
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def _write(path, record):
@@ -142,8 +139,7 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
         _write(path, {"port": port, "producers": nprod, "hosts": hosts,
                       "hostname": socket.gethostname(), "pid": os.getpid(),
                       "wire": wire.WIRE_VERSION})
-        publisher = _Publisher(path, deadline_in(accept_timeout), comm)
-        publisher.expected = hosts
+        publisher = _Publisher(path, deadline_in(accept_timeout), comm, hosts)
         publisher.start()
     joined = []         # (hello, intercommunicator), in arrival order
     error = None

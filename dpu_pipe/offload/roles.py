@@ -24,7 +24,8 @@ HOSTMAP_ENV = "DPU_PIPE_HOSTMAP"
 class Roles:
     """``hosts`` and ``producers`` are rank tuples (ascending), ``host_of`` maps each producer
     rank to its host rank, ``hostnames`` lists every rank's hostname, ``warnings`` what the
-    automatic matching found suspicious, as ``(host rank, text)``. ``rank``/``role`` describe the calling rank."""
+    automatic matching found suspicious, as ``(host rank, text)``; ``rank`` and ``role`` are
+    the calling rank's."""
 
     hosts: tuple
     producers: tuple
@@ -121,9 +122,10 @@ def assign_producers(roles, hostnames, hostmap=None):
             unmatched.append(p)
     for p in unmatched:
         place(p, hosts)
-        warnings.append((host_of[p], f"producer rank {p} on {hostnames[p]!r} matches no host's node; "
-                        f"paired with host rank {host_of[p]} on {hostnames[host_of[p]]!r} "
-                        f"(its traffic crosses the network; set {HOSTMAP_ENV} to choose)"))
+        h = host_of[p]
+        warnings.append((h, f"producer rank {p} on {hostnames[p]!r} matches no host's node; "
+                         f"paired with host rank {h} on {hostnames[h]!r} (its traffic "
+                         f"crosses the network; set {HOSTMAP_ENV} to choose)"))
     if producers:
         for h in hosts:
             if load[h] == 0:

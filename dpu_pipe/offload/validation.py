@@ -18,6 +18,7 @@ Memory: each snapshot holds one weights buffer on the host until every producer 
 buffer, its model and one validation batch.
 """
 
+import contextlib
 import json
 import os
 import threading
@@ -70,19 +71,15 @@ class ValidationService(threading.Thread):
         self.join(timeout)
 
     def run(self):
-        try:
+        with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        ch = self.channel
         while not self._halt.is_set():
-            req = ch.comm.irecv(source=0, tag=REQUEST_TAG)
-            job = None
+            req = self.channel.comm.irecv(source=0, tag=REQUEST_TAG)
             while not self._halt.is_set():
                 done, job = req.test()
                 if done:
                     break
-                time.sleep(_POLL)
+                self._halt.wait(_POLL)
             else:
                 req.Cancel()
                 return
@@ -241,15 +238,11 @@ class RemoteValidation:
     producer_threads : int
         Threads of each producer's batch kernel.
     cache_bytes : int
-        With ``decode_max_side``: keep the validation set's reduced images in the producers'
-        node cache (one per node, this many bytes, shared by the node's producers; see
-        :mod:`dpu_pipe.offload.node_cache`), so that every snapshot after the first is
-        evaluated from it without decoding. The metrics are the same either way. Each
-        producer's ``by_rank`` record then has the node's ``"cache"`` counters.
+        With ``decode_max_side``: bytes of the producers' node cache of the validation set's
+        reduced images (one per node), so that every snapshot after the first is evaluated
+        without decoding, with the same metrics.
 
-    :meth:`submit` returns at once. A second ``submit`` before the first finished is
-    **queued**: producers take snapshots in submission order, and each queued snapshot holds
-    its own copy of the weights on the host until it has been evaluated.
+    :meth:`submit` returns at once; a second ``submit`` before the first finished is queued.
     """
 
     def __init__(self, val_source, batch_size, *, model, model_kwargs=None, size=224,

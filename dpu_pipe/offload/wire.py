@@ -24,12 +24,10 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
-    "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL",
-    "ASSIGN", "PAYLOAD_HEADER", "CACHE_FIELDS", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
-    "image_shapes",
-    "STREAM_REQUEST_VERSION", "WAITING", "CANCELLED",
-    "OK", "FAILED", "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact",
-    "align", "check_version",
+    "WIRE_VERSION", "ALIGN", "QUEUE", "STATUS", "BUFFER_HEADER", "CONTROL", "ASSIGN",
+    "PAYLOAD_HEADER", "CACHE_FIELDS", "BAD_REPORT_BYTES", "LABEL_DTYPES", "PayloadLayout",
+    "image_shapes", "STREAM_REQUEST_VERSION", "WAITING", "CANCELLED", "OK", "FAILED",
+    "HostLayout", "ProducerLayout", "pack", "unpack", "seal", "intact", "align", "check_version",
 ]
 
 #: Version of every layout in this module (and of a stream request's meaning); CHANGELOG.md
@@ -248,6 +246,7 @@ class PayloadLayout:
             return {}
         at = self.end(n, sample_shape)
         return {int(k): v for k, v in json.loads(bytes(payload[at:at + bad_bytes])).items()}
+
 
 def image_shapes(transform):
     """The ``sample_shape`` argument of :class:`PayloadLayout` for a

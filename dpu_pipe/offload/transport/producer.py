@@ -74,14 +74,11 @@ class ProducerTransport(Endpoint):
         self.beat(force=True)
 
     # -- control --------------------------------------------------------------------------
-    def _control(self):
-        self.win.Sync()
-        return wire.intact(self.mem, CONTROL)
-
     def stop_requested(self):
         """True once the host wrote stop. Raises PipeTimeout when the host's heartbeat has
         been still for ``host_timeout`` seconds (it polls on every call it makes)."""
-        ctl = self._control()
+        self.win.Sync()
+        ctl = wire.intact(self.mem, CONTROL)
         now = time.monotonic()
         if ctl is not None:
             if ctl["stop"]:
@@ -184,7 +181,8 @@ class ProducerTransport(Endpoint):
 
     def reply(self, rid, ok, value):
         """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an error
-        record (see :func:`~dpu_pipe.errors.error_record`). Small replies complete without the host."""
+        record (see :func:`~dpu_pipe.errors.error_record`). Small replies complete without
+        the host."""
         req = self.comm.isend((rid, ok, value), dest=0, tag=TAG_REPLY)
         self._pending_replies = [r for r in self._pending_replies if not r.Test()]
         if not req.Test():
