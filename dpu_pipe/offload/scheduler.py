@@ -115,11 +115,10 @@ class Scheduler:
                 continue
             if t.owner is None:
                 self.pool.remove(tk)
-            elif t.owner != LOCAL:
+            elif t.owner != LOCAL and not self.peers[t.owner].retired:
                 peer = self.peers[t.owner]
-                if not peer.retired:
-                    self._write_entry(peer, t, CANCELLED)
-                if t.ready is not None and t.buffer >= 0 and not peer.retired:
+                self._write_entry(peer, t, CANCELLED)
+                if t.ready is not None and t.buffer >= 0:
                     # Made and delivered: the producer is done with the buffer.
                     self._free_buffer(t.buffer)
                     peer.entries.pop(t.seq, None)
@@ -153,9 +152,7 @@ class Scheduler:
     def release(self, ticket):
         """Give ``ticket``'s buffer back."""
         t = self.tickets.pop(ticket, None)
-        if t is None:
-            return
-        if t.owner not in (None, LOCAL):
+        if t is not None and t.owner not in (None, LOCAL):
             peer = self.peers[t.owner]
             peer.entries.pop(t.seq, None)
             if t.buffer >= 0 and not peer.retired:

@@ -340,11 +340,7 @@ class HostTransport(Endpoint):
         return reply
 
     def _poll_channel(self):
-        MPI = self._MPI
-        while True:
-            msg = self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REPLY)
-            if msg is None:
-                break
+        while (msg := self.comm.improbe(source=self._MPI.ANY_SOURCE, tag=TAG_REPLY)) is not None:
             rid, ok, value = msg.recv()
             reply = self._replies.pop(rid, None)
             if reply is not None:

@@ -173,11 +173,9 @@ class ProducerTransport(Endpoint):
     def requests(self):
         """Requests the host sent, as ``[(id, kind, payload)]`` (never blocks)."""
         out = []
-        while True:
-            msg = self.comm.improbe(source=0, tag=TAG_REQUEST)
-            if msg is None:
-                return out
+        while (msg := self.comm.improbe(source=0, tag=TAG_REQUEST)) is not None:
             out.append(msg.recv())
+        return out
 
     def reply(self, rid, ok, value):
         """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an error
