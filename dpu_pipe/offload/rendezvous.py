@@ -221,7 +221,7 @@ def _roles(verdict, rank, role):
     """The :class:`~.roles.Roles` of ``rank`` in the joined job a verdict describes."""
     return Roles(hosts=tuple(range(verdict["world"])), producers=tuple(verdict["host_of"]),
                  host_of=verdict["host_of"], hostnames=tuple(verdict["hostnames"]),
-                 rank=rank, role=role, warnings=tuple(verdict["warnings"]))
+                 rank=rank, role=role)
 
 
 # -- host side ----------------------------------------------------------------------------------

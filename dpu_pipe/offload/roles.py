@@ -23,9 +23,8 @@ HOSTMAP_ENV = "DPU_PIPE_HOSTMAP"
 @dataclass(frozen=True)
 class Roles:
     """``hosts`` and ``producers`` are rank tuples (ascending), ``host_of`` maps each producer
-    rank to its host rank, ``hostnames`` lists every rank's hostname, ``warnings`` what the
-    automatic matching found suspicious, as ``(host rank, text)``; ``rank`` and ``role`` are
-    the calling rank's."""
+    rank to its host rank, ``hostnames`` lists every rank's hostname; ``rank`` and ``role``
+    are the calling rank's."""
 
     hosts: tuple
     producers: tuple
@@ -33,7 +32,6 @@ class Roles:
     hostnames: tuple
     rank: int
     role: str
-    warnings: tuple = ()
 
 
 def _short(name):
@@ -164,8 +162,7 @@ def discover_roles(comm, role, *, hostname=None, hostmap=None, timeout=86400.0):
             log.warning("%s", text)
     return Roles(hosts=tuple(r for r, x in enumerate(roles) if x == "host"),
                  producers=tuple(r for r, x in enumerate(roles) if x == "producer"),
-                 host_of=host_of, hostnames=hostnames, rank=me, role=role,
-                 warnings=warnings)
+                 host_of=host_of, hostnames=hostnames, rank=me, role=role)
 
 
 def host_comm(comm, roles):

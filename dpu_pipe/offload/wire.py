@@ -7,14 +7,11 @@ be reading them end in a ``check`` word (:func:`seal` / :func:`intact`): a reade
 record half written (MPI gives no atomicity to a ``Put``) finds the check wrong and reads
 again later. That replaces remote atomics, which off-node need the target to make MPI progress.
 
-Windows (one per host group for the whole run, displacement unit 1 byte):
-
-* host (group rank 0): ``[STATUS x producers][BUFFER_HEADER + payload] x buffers``;
-  a producer writes its own ``STATUS`` record and the buffers the host granted it.
-* producer (group rank r >= 1): ``[CONTROL][ASSIGN x QUEUE]``, written only by the host.
-
-Everything is 64-byte aligned. :data:`WIRE_VERSION` changes with any layout here; ranks that
-disagree refuse to start with both versions named.
+Windows (one per host group, displacement unit 1 byte, everything 64-byte aligned): the
+host's is ``[STATUS x producers][BUFFER_HEADER + payload] x buffers`` (:class:`HostLayout`;
+each producer writes its own ``STATUS`` and the buffers granted to it), a producer's is
+``[CONTROL][ASSIGN x QUEUE]`` (:class:`ProducerLayout`, written only by the host). Ranks whose
+:data:`WIRE_VERSION` differ refuse to start with both versions named.
 """
 import json
 import struct

@@ -179,14 +179,13 @@ class HostTransport(Endpoint):
         return self.sched.submit(stream, epoch, step)
 
     def cancel(self, tickets):
-        """Drop submitted tickets that are not released yet (made or not). Their producers
-        drop the work; a granted buffer returns once its producer has passed the entry."""
+        """Cancel ``tickets`` (:meth:`Scheduler.cancel`); their entries are written at once."""
         self.sched.cancel(tickets)
         self._write_outbox()
 
     def take(self, limit):
-        """Up to ``limit`` tickets from the pool for the host's own threads (lowest first),
-        as ``[(ticket, stream, epoch, step)]``; they are delivered with :meth:`deliver`."""
+        """Tickets for the host's own threads (:meth:`Scheduler.take`), delivered with
+        :meth:`deliver`."""
         return self.sched.take(limit)
 
     def pool_size(self, local_only=False):
