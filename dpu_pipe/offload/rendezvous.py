@@ -177,12 +177,11 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
                                                parse_hostmap(maps[0] if maps else None))
         except ConfigError as exc:
             error = str(exc)
+    # The hosts agree on WORLD_SIZE (checked above): one verdict for all.
+    verdict = {"error": error} if error is not None else \
+        _roles_of(joined[0][0]["world"], ranks, local, names, warnings, nprod)
     group, merged = None, []
     for h, (hello, inter) in enumerate(joined):
-        if error is None:
-            verdict = _roles_of(hello["world"], ranks, local, names, warnings, nprod)
-        else:
-            verdict = {"error": error}
         if me == 0:
             wait_request(inter.isend(verdict, dest=0, tag=_VERDICT_TAG),
                          deadline_in(hello["timeout"]), f"answering the host joining {path}")
@@ -199,8 +198,7 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
     # busy with the others' start-up until here).
     for (hello, inter), m in zip(joined, merged):
         _disconnect(m, inter, deadline_in(hello["timeout"]), f"producers of {path}")
-    v = _roles_of(joined[0][0]["world"], ranks, local, names, warnings, nprod)
-    return _roles(v, v["world"] + me, "producer"), group
+    return _roles(verdict, verdict["world"] + me, "producer"), group
 
 
 def _roles_of(world, ranks, local, names, warnings, nprod):

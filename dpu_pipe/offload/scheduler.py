@@ -51,7 +51,6 @@ class Peer:
         self.seen = now
         self.retired = False
         self.stopped = False
-        self.made = 0
         self.entries = {}       # seq -> Ticket, not yet passed by the producer
         self.working = -1       # ticket it reports making, since when, and its usual
         self.working_since = now    # batch time (moving average, seconds)
@@ -173,7 +172,6 @@ class Scheduler:
         peer = self.peers[rank]
         if st["beat"] != peer.beat:
             peer.beat, peer.seen = st["beat"], now
-        peer.made = st["made"]
         peer.stopped = bool(st["stopped"])
         if st["working"] != peer.working:
             if peer.working >= 0:
