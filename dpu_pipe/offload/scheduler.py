@@ -212,9 +212,11 @@ class Scheduler:
         self.assign()
         self.grant()
 
+    def _live(self):
+        return [p for p in self.peers.values() if not p.retired and not p.stopped]
+
     def check_silence(self, now):
-        silent = [p for p in self.peers.values()
-                  if not p.retired and not p.stopped and now - p.seen > self.liveness_timeout]
+        silent = [p for p in self._live() if now - p.seen > self.liveness_timeout]
         if not silent:
             if self.takeover:
                 self._check_slow(now)
@@ -236,7 +238,7 @@ class Scheduler:
         """Takeover: a producer whose current batch has taken ``SLOW_FACTOR`` times the
         producers' usual batch time (and at least ``SLOW_FLOOR`` s) — hung in a read, say,
         while its heartbeat goes on — is retired like a silent one."""
-        live = [p for p in self.peers.values() if not p.retired and not p.stopped]
+        live = self._live()
         usual = sorted(p.batch_s for p in live if p.batch_s is not None)
         if len(usual) < 2:
             return
@@ -303,7 +305,7 @@ class Scheduler:
                                             grant=t.grant)))
 
     def assign(self):
-        live = [p for p in self.peers.values() if not p.retired and not p.stopped]
+        live = self._live()
         while self.pool and live:
             # The producer with the most room gets the lowest ticket: work spreads evenly.
             peer = min(live, key=lambda p: (p.next_seq - p.done, p.rank))
@@ -324,9 +326,7 @@ class Scheduler:
             return
         waiting = sorted(tk for tk, t in self.tickets.items()
                          if t.owner not in (None, LOCAL) and t.buffer < 0 and t.ready is None)
-        for tk in waiting:
-            if not self.free:
-                return
+        for tk in waiting[:len(self.free)]:
             t = self.tickets[tk]
             t.buffer, t.grant = self.free.pop(0), self.next_grant
             self.next_grant += 1
@@ -343,8 +343,8 @@ class Scheduler:
         if t.owner in (None, LOCAL) or t.buffer < 0 or self.peers[t.owner].working != t.ticket:
             return 0.0
         nap = min(NAP_MAX, self.liveness_timeout / 4)
-        for p in self.peers.values():
-            if p.retired or p.stopped or p.working < 0:
+        for p in self._live():
+            if p.working < 0:
                 continue
             if p.batch_s is None:
                 return 0.0
