@@ -11,30 +11,11 @@ The loop, one thread, never blocks for long:
    ``DEPTH`` made batches (produce ahead, so it is busy whatever the host's buffer count);
 5. heartbeat; sleep a little (backing off to ``poll_interval``) when nothing happened.
 
-Request handlers are the extension point for work other than the training stream::
-
-    from dpu_pipe.worker import handler
-
-    @handler("ping")
-    def ping(ctx, payload):
-        return payload                        # a value: replied at once
-
-    @handler("count")
-    def count(ctx, payload):
-        total = 0
-        for chunk in range(payload):          # a generator: one piece per loop turn,
-            total += chunk                    # interleaved with batch production
-            yield
-        return total                          # replied when it finishes
-
-A handler gets the :class:`Context` and the payload the host sent
-(``host_group().transport.request(kind, payload)``). Its return value (picklable, small) goes
-back to the host's :class:`~transport.Reply`; an exception goes back with its traceback (the
-host raises :class:`~transport.RemoteError`). Modules listed in :data:`HANDLER_MODULES` are
-imported by :func:`serve` for their handlers. Bulk data (a weights snapshot) travels best
-outside the request: the handler posts ``ctx.comm.Irecv`` and yields until it completes, so
-batches keep flowing. Built-in kinds: ``"stream"`` (open a stream: ``(stream id, stream
-request)``, see :func:`dpu_pipe.engines.offload.stream_request`) and ``"ping"`` (echo).
+Request handlers (:func:`handler`) are the extension point for work other than the training
+stream (docs/guides/offload.md): a handler gets the :class:`Context` and the host's payload and
+returns a value, or is a generator run one piece per loop turn between batches. Built-in
+kinds: ``"stream"`` (open a stream, see :func:`dpu_pipe.engines.offload.stream_request`) and
+``"ping"`` (echo).
 """
 
 import argparse
