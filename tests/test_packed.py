@@ -571,7 +571,7 @@ ds = src.dataset
 ks = ds.shard_of(picks)
 touched = len(set(zip(ks.tolist(), ((picks - ds.shards["first"][ks].astype(np.int64))
                                    // 256).tolist())))
-checked = sum(int(s._checked.sum()) for s in ds._open.values())
+checked = sum(int(s.checked.sum()) for s in ds._open.values())
 print(json.dumps({"open_anon": r1["RssAnon"] - r0["RssAnon"],
                   "open_file": r1["RssFile"] - r0["RssFile"],
                   "read_anon": r2["RssAnon"] - r0["RssAnon"],

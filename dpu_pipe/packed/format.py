@@ -41,34 +41,25 @@ records reads its manifest header and shard table only.
 Records are the sample's encoded bytes: a JPEG (transcoded losslessly to baseline with restart
 markers when ``flags & TRANSCODED``, its original size in ``orig_length``) or whatever the
 source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` marks a record
-whose header its decoder could not read when it was packed; its bytes are kept, so a loader
-reports it as it would the original file. ``flags & RESIZED`` (versions 3 and 4) marks a JPEG
-that ``max_side`` downscaled and re-encoded when it was packed (lossy; ``orig_length`` is
-still the source's size).
+whose header its decoder could not read when it was packed (its bytes are kept);
+``flags & RESIZED`` (versions 3 and 4) a JPEG that ``max_side`` downscaled and re-encoded
+(lossy; ``orig_length`` is still the source's size).
 
-The manifest's JSON object (``classes``, ``data_bytes``, ``orig_bytes``, ``formats``,
-``unreadable``, ``label_range`` and ``num_labels`` are required, checked when the manifest
-is opened): ``classes`` (list of str or null), ``created_by``, ``source`` (the
-spec of the packed source), ``shard_size`` (the target in bytes), ``transcode`` (null, or
-``{"restart_interval", "optimize"}``), ``formats`` ({name: record count}), ``unreadable``
-(record count) and ``unreadable_examples`` (up to 20 of their paths), ``data_bytes`` and
-``orig_bytes`` (sums of the record sizes as stored and as read from the source),
-``label_range`` ([min, max]) and ``num_labels`` (distinct labels).
+The manifest's JSON object: ``classes`` (list of str or null), ``formats`` ({name: record
+count}), ``unreadable`` (record count), ``data_bytes`` and ``orig_bytes`` (sums of the record
+sizes as stored and as read from the source), ``label_range`` ([min, max]) and ``num_labels``
+(distinct labels), all required; ``created_by``, ``source`` (the spec of the packed source),
+``shard_size`` (the target in bytes), ``transcode`` (null, or ``{"restart_interval",
+"optimize"}``), ``unreadable_examples`` (up to 20 paths) and ``max_side`` (null, or
+``{"max_side", "resized", "quality", "resampler"}``).
 
-``max_side`` (null, or ``{"max_side", "resized", "quality", "resampler"}``: ``dpu-pipe pack
---max-side``, which re-encoded every JPEG whose longer side exceeded it) is optional.
-
-Versions: 1 was a single file of records plus one index (dpu_pipe 0.1, magic ``DPUPACK\\0``,
-the manifest's magic); 2 is version 4 without ``RESIZED`` records. Version 3 shards end with a
-restart-interval index after the paths (at ``intervals_offset``, 8-aligned,
-``intervals_size`` bytes: a ``<u8`` end of each record's entry × count, then the entries:
-each record's restart-interval offsets as LEB128 varints), which only dpu_pipe's own entropy
-decoder read (retired: docs/design/entropy.md); their block CRCs cover, after the paths, the
-block's interval ends and its entries' bytes, and their manifests carry an ``interval_bytes``
-count. In versions 2 and 4 ``intervals_offset`` and ``intervals_size``
-are zero and the paths end the file. This module reads versions 2, 3 and 4 (of version 3 the
-index is bounds- and CRC-checked like the rest of its block, and otherwise ignored), writes
-4, and names any other version it meets.
+Versions (history: docs/design/packed-format.md): this module writes 4 and reads 2, 3 and 4.
+Version 2 is version 4 without ``RESIZED`` records. Version 3 shards end with a restart-interval
+index after the paths (at ``intervals_offset``, 8-aligned, ``intervals_size`` bytes: a ``<u8``
+end of each record's entry × count, then each record's restart-interval offsets as LEB128
+varints); their block CRCs cover, after the paths, the block's interval ends and its entries'
+bytes. The index is bounds- and CRC-checked and otherwise ignored. In versions 2 and 4
+``intervals_offset`` and ``intervals_size`` are zero and the paths end the file.
 
 The functions here are pure (bytes or arrays in, values or :class:`ConfigError` out) so that a
 fuzz harness can drive them directly: :func:`parse_manifest` and :func:`parse_shard` take a
@@ -83,15 +74,14 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
-    "VERSION", "READ_VERSIONS", "MAGIC", "SHARD_MAGIC", "HEADER_SIZE", "MANIFEST_NAME", "DEFAULT_ALIGNMENT",
+    "VERSION", "MAGIC", "SHARD_MAGIC", "HEADER_SIZE", "MANIFEST_NAME", "DEFAULT_ALIGNMENT",
     "DEFAULT_BLOCK_RECORDS", "MANIFEST_HEADER", "SHARD_HEADER", "SHARD_ENTRY", "RECORD",
-    "TRANSCODED", "UNREADABLE", "RESIZED", "FORMATS", "shard_name", "detect_format", "encode_header",
-    "parse_prefix", "parse_manifest_header", "parse_shard_header", "check_shard_table",
-    "check_records", "check_interval_ends", "block_crc", "parse_manifest", "parse_shard",
+    "TRANSCODED", "UNREADABLE", "RESIZED", "FORMATS", "shard_name", "detect_format",
+    "encode_header", "parse_manifest_header", "parse_shard_header", "check_shard_table",
+    "shard_parts", "check_block", "block_crc", "parse_meta", "parse_manifest", "parse_shard",
 ]
 
 VERSION = 4
-#: Versions this module reads: 3 carries a restart-interval index it checks and ignores.
 READ_VERSIONS = (2, 3, 4)
 #: The version whose shards end with a restart-interval index.
 _INTERVALS_VERSION = 3
@@ -220,43 +210,32 @@ def encode_header(dtype, **fields):
     return bytes(raw)
 
 
-def parse_prefix(raw, where):
-    """``(magic, version)`` of a manifest or shard from its first bytes; ConfigError when
-    neither magic is there."""
-    raw = bytes(raw[:16])
+def _check_version(version, where):
+    if version in READ_VERSIONS:
+        return
+    versions = f"{', '.join(map(str, READ_VERSIONS[:-1]))} and {READ_VERSIONS[-1]}"
+    if version == 1:
+        raise ConfigError(f"{where}: packed format version 1 (a single-file packed dataset of "
+                          f"dpu_pipe 0.1) is not supported; this dpu_pipe reads versions "
+                          f"{versions}: pack the original images again with `dpu-pipe pack`")
+    newer = " (written by a newer dpu_pipe; upgrade to read it)" if version > VERSION else ""
+    raise ConfigError(f"{where}: packed format version {version} is not supported, this "
+                      f"dpu_pipe reads versions {versions}{newer}")
+
+
+def _parse_header(raw, dtype, magic, file_size, where):
+    raw = bytes(raw[:HEADER_SIZE])
     if raw[:8] not in (MAGIC, SHARD_MAGIC):
         raise ConfigError(f"{where} is not a dpu_pipe packed dataset (it does not start with "
                           f"{MAGIC!r} or {SHARD_MAGIC!r}); make one with `dpu-pipe pack SRC OUT`")
     if len(raw) < 16:
         raise ConfigError(f"{where} is truncated: {len(raw)} bytes")
-    return raw[:8], int.from_bytes(raw[8:12], "little")
-
-
-def _check_version(version, where):
-    if version in READ_VERSIONS:
-        return
-    if version == 1:
-        raise ConfigError(f"{where}: packed format version 1 (a single-file packed dataset of "
-                          f"dpu_pipe 0.1) is not supported; this dpu_pipe reads versions "
-                          f"{_versions()}: pack the original images again with `dpu-pipe pack`")
-    newer = " (written by a newer dpu_pipe; upgrade to read it)" if version > VERSION else ""
-    raise ConfigError(f"{where}: packed format version {version} is not supported, this "
-                      f"dpu_pipe reads versions {_versions()}{newer}")
-
-
-def _versions():
-    return ", ".join(map(str, READ_VERSIONS[:-1])) + f" and {READ_VERSIONS[-1]}"
-
-
-def _parse_header(raw, dtype, magic, file_size, where):
-    got_magic, version = parse_prefix(raw, where)
-    if got_magic != magic:
-        what = "a shard" if got_magic == SHARD_MAGIC else "a manifest"
-        hint = "; open the dataset's directory" if got_magic == SHARD_MAGIC else ""
-        raise ConfigError(f"{where} is {what} of a packed dataset, not "
-                          f"{'a shard' if magic == SHARD_MAGIC else 'a manifest'}{hint}")
-    _check_version(version, where)
-    raw = bytes(raw[:HEADER_SIZE])
+    if raw[:8] != magic:
+        if raw[:8] == SHARD_MAGIC:
+            raise ConfigError(f"{where} is a shard of a packed dataset, not a manifest; open "
+                              f"the dataset's directory")
+        raise ConfigError(f"{where} is a manifest of a packed dataset, not a shard")
+    _check_version(int.from_bytes(raw[8:12], "little"), where)
     if len(raw) < HEADER_SIZE:
         raise ConfigError(f"{where} is truncated: {len(raw)} bytes, shorter than its "
                           f"{HEADER_SIZE}-byte header")
@@ -341,20 +320,6 @@ def parse_shard_header(raw, file_size, where):
     return h
 
 
-def check_interval_ends(ends, *, lo, entries_size, first, where):
-    """The interval index ends of one index block of a version-3 shard (``<u8`` array; record
-    ``first`` of its shard first) grow from ``lo`` to at most ``entries_size`` bytes.
-    ConfigError names the first record that fails."""
-    ends = np.asarray(ends).astype(np.uint64)
-    prev = np.concatenate(([np.uint64(lo)], ends[:-1]))
-    bad = (ends < prev) | (ends > np.uint64(entries_size))
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        raise ConfigError(f"{where}: interval index entry of record {first + j} is invalid "
-                          f"(end {int(ends[j])}, previous end {int(prev[j])}, "
-                          f"{entries_size} entry bytes)")
-
-
 def block_crc(entries_bytes, paths_bytes, intervals=()):
     """CRC of an index block: its RECORD entries' bytes, then its paths' bytes, then (version
     3 only) ``intervals``: the bytes of the block's interval index ends and of their
@@ -365,48 +330,73 @@ def block_crc(entries_bytes, paths_bytes, intervals=()):
     return crc
 
 
-def check_records(records, *, data_lo, data_hi, path_lo, paths_size, first, where):
-    """Every RECORD of ``records`` (one index block, whose first entry is record ``first``
-    of its shard) lies inside ``[data_lo, data_hi)``, has known flags and format, and path
-    ends that grow from ``path_lo`` to at most ``paths_size``. ConfigError names the first
+def shard_parts(buf, h, where):
+    """``(records RECORD[count], block CRCs <u4[nblocks], paths, intervals)`` of a shard held
+    in ``buf`` (its whole file, or a mapping of it) given its parsed header, after checking
+    the block CRC table's own CRC. ``intervals`` is ``(ends <u8[count], entries)`` of a
+    version-3 shard's interval index, else None."""
+    blocks = np.frombuffer(buf, "<u4", count=h["nblocks"], offset=h["blocks_offset"])
+    if zlib.crc32(blocks) != h["blocks_crc32"]:
+        raise ConfigError(f"{where}: block CRC table corrupted (CRC mismatch)")
+    records = np.frombuffer(buf, RECORD, count=h["count"], offset=h["index_offset"])
+    paths = memoryview(buf)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
+    intervals = None
+    if h["version"] == _INTERVALS_VERSION:
+        n, io = h["count"], h["intervals_offset"]
+        intervals = (np.frombuffer(buf, "<u8", count=n, offset=io),
+                     memoryview(buf)[io + 8 * n:io + h["intervals_size"]])
+    return records, blocks, paths, intervals
+
+
+def _first_bad(bad, where, what):
+    """ConfigError naming the first record of ``bad`` (bool per record), if any."""
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise ConfigError(f"{where}: {what(j)}")
+
+
+def check_block(h, parts, k, where):
+    """Check index block ``k`` of a shard (header ``h``, :func:`shard_parts` ``parts``): every
+    record lies inside the record area, has known flags and format and path ends that grow
+    within the path blob, a version-3 interval index's ends grow within its entries, and the
+    block's CRC matches. Returns the block's RECORD entries; ConfigError names the first
     record that fails."""
-    off = records["offset"].astype(np.uint64)
-    ln = records["length"].astype(np.uint64)
-    pe = records["path_end"].astype(np.uint64)
+    records, blocks, paths, intervals = parts
+    b = h["block_records"]
+    first = k * b
+    block = records[first:first + b]
+    path_lo = int(records["path_end"][first - 1]) if k else 0
+    data_lo, data_hi = h["data_offset"], h["data_offset"] + h["data_size"]
+    off = block["offset"].astype(np.uint64)
+    ln = block["length"].astype(np.uint64)
+    pe = block["path_end"].astype(np.uint64)
     prev = np.concatenate(([np.uint64(path_lo)], pe[:-1]))
     lo, span = np.uint64(data_lo), np.uint64(max(data_hi - data_lo, 0))
     # offset + length <= hi written without a sum that could wrap: where a term below
     # wraps, an earlier term of the same row is already true.
     bad = ((off < lo) | (ln > span) | (off - lo > span - ln)
-           | (pe < prev) | (pe > np.uint64(paths_size))
-           | ((records["flags"] & ~np.uint8(_KNOWN_FLAGS)) != 0)
-           | (records["format"] >= len(FORMATS)))
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        r = records[j]
-        raise ConfigError(
-            f"{where}: index entry of record {first + j} is invalid (offset {int(r['offset'])}, "
-            f"length {int(r['length'])}, path end {int(r['path_end'])}, flags {int(r['flags'])}, "
-            f"format {int(r['format'])}; record area {data_lo}..{data_hi}, "
-            f"{paths_size} path bytes)")
-
-
-def parse_manifest(buf, where="manifest"):
-    """Parse and validate a whole manifest held in ``buf`` (bytes-like).
-
-    Returns ``(header dict, shard table SHARD_ENTRY[num_shards], labels <i8[count], meta
-    dict)``; arrays are views of ``buf``. Raises :class:`ConfigError` naming what is wrong.
-    """
-    buf = memoryview(buf).cast("B")
-    h = parse_manifest_header(buf[:HEADER_SIZE], len(buf), where)
-    table = np.frombuffer(buf, SHARD_ENTRY, count=h["num_shards"], offset=h["shards_offset"])
-    if zlib.crc32(table) != h["shards_crc32"]:
-        raise ConfigError(f"{where}: shard table corrupted (CRC mismatch)")
-    check_shard_table(table, h["count"], where)
-    labels = np.frombuffer(buf, "<i8", count=h["count"], offset=h["labels_offset"])
-    meta = parse_meta(buf[h["meta_offset"]:h["meta_offset"] + h["meta_size"]],
-                      h["meta_crc32"], where)
-    return h, table, labels, meta
+           | (pe < prev) | (pe > np.uint64(h["paths_size"]))
+           | ((block["flags"] & ~np.uint8(_KNOWN_FLAGS)) != 0)
+           | (block["format"] >= len(FORMATS)))
+    _first_bad(bad, where, lambda j: (
+        f"index entry of record {first + j} is invalid (offset {int(off[j])}, length "
+        f"{int(ln[j])}, path end {int(pe[j])}, flags {int(block['flags'][j])}, format "
+        f"{int(block['format'][j])}; record area {data_lo}..{data_hi}, {h['paths_size']} "
+        f"path bytes)"))
+    crc_parts = ()
+    if intervals is not None:
+        ends, entries = intervals
+        ilo = int(ends[first - 1]) if first else 0
+        iends = ends[first:first + len(block)].astype(np.uint64)
+        iprev = np.concatenate(([np.uint64(ilo)], iends[:-1]))
+        _first_bad((iends < iprev) | (iends > np.uint64(len(entries))), where, lambda j: (
+            f"interval index entry of record {first + j} is invalid (end {int(iends[j])}, "
+            f"previous end {int(iprev[j])}, {len(entries)} entry bytes)"))
+        crc_parts = (iends.tobytes(), entries[ilo:int(iends[-1])])
+    if block_crc(block, paths[path_lo:int(pe[-1])], crc_parts) != int(blocks[k]):
+        raise ConfigError(f"{where}: index block {k} (records {first}.."
+                          f"{first + len(block) - 1}) corrupted (CRC mismatch)")
+    return block
 
 
 def parse_meta(raw, crc, where):
@@ -443,24 +433,22 @@ _META_REQUIRED = {
 }
 
 
-def interval_parts(buf, h):
-    """``(ends <u8[count], entries bytes-like)`` of a version-3 shard's interval index in
-    ``buf`` (its whole file, or a mapping of it) given its parsed header, which its block
-    CRCs cover; ``(None, None)`` for versions 2 and 4."""
-    if h["version"] != _INTERVALS_VERSION:
-        return None, None
-    n, io = h["count"], h["intervals_offset"]
-    ends = np.frombuffer(buf, "<u8", count=n, offset=io)
-    return ends, memoryview(buf)[io + 8 * n:io + h["intervals_size"]]
+def parse_manifest(buf, where="manifest"):
+    """Parse and validate a whole manifest held in ``buf`` (bytes-like).
 
-
-def block_interval_parts(ends, entries, first, count, where):
-    """The two byte strings the CRC of the index block of records ``first`` ..
-    ``first + count - 1`` covers in a version-3 shard, after checking their bounds."""
-    lo = int(ends[first - 1]) if first else 0
-    block = ends[first:first + count]
-    check_interval_ends(block, lo=lo, entries_size=len(entries), first=first, where=where)
-    return block.tobytes(), entries[lo:int(block[-1])]
+    Returns ``(header dict, shard table SHARD_ENTRY[num_shards], labels <i8[count], meta
+    dict)``; arrays are views of ``buf``. Raises :class:`ConfigError` naming what is wrong.
+    """
+    buf = memoryview(buf).cast("B")
+    h = parse_manifest_header(buf[:HEADER_SIZE], len(buf), where)
+    table = np.frombuffer(buf, SHARD_ENTRY, count=h["num_shards"], offset=h["shards_offset"])
+    if zlib.crc32(table) != h["shards_crc32"]:
+        raise ConfigError(f"{where}: shard table corrupted (CRC mismatch)")
+    check_shard_table(table, h["count"], where)
+    labels = np.frombuffer(buf, "<i8", count=h["count"], offset=h["labels_offset"])
+    meta = parse_meta(buf[h["meta_offset"]:h["meta_offset"] + h["meta_size"]],
+                      h["meta_crc32"], where)
+    return h, table, labels, meta
 
 
 def parse_shard(buf, where="shard"):
@@ -472,28 +460,12 @@ def parse_shard(buf, where="shard"):
     """
     buf = memoryview(buf).cast("B")
     h = parse_shard_header(buf[:HEADER_SIZE], len(buf), where)
-    blocks = np.frombuffer(buf, "<u4", count=h["nblocks"], offset=h["blocks_offset"])
-    if zlib.crc32(blocks) != h["blocks_crc32"]:
-        raise ConfigError(f"{where}: block CRC table corrupted (CRC mismatch)")
-    records = np.frombuffer(buf, RECORD, count=h["count"], offset=h["index_offset"])
-    paths = buf[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
-    ends, entries = interval_parts(buf, h)
-    data_lo, data_hi = h["data_offset"], h["data_offset"] + h["data_size"]
-    path_lo = 0
-    b = h["block_records"]
+    parts = shard_parts(buf, h, where)
     for k in range(h["nblocks"]):
-        block = records[k * b:(k + 1) * b]
-        check_records(block, data_lo=data_lo, data_hi=data_hi, path_lo=path_lo,
-                      paths_size=h["paths_size"], first=k * b, where=where)
-        path_hi = int(block["path_end"][-1])
-        parts = ()
-        if ends is not None:
-            parts = block_interval_parts(ends, entries, k * b, len(block), where)
-        if block_crc(block, paths[path_lo:path_hi], parts) != int(blocks[k]):
-            raise ConfigError(f"{where}: index block {k} (records {k * b}.."
-                              f"{k * b + len(block) - 1}) corrupted (CRC mismatch)")
-        path_lo = path_hi
-    if path_lo != h["paths_size"]:
+        check_block(h, parts, k, where)
+    records, _, paths, _ = parts
+    used = int(records["path_end"][-1])
+    if used != h["paths_size"]:
         raise ConfigError(f"{where}: the path blob has {h['paths_size']} bytes, the index "
-                          f"uses {path_lo}")
+                          f"uses {used}")
     return h, records, bytes(paths)

@@ -17,11 +17,11 @@ import zlib
 import numpy as np
 
 from .. import _jpeg
+from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
-__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path",
-           "default_max_open_shards"]
+__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path"]
 
 
 class ClosedError(ConfigError):
@@ -51,9 +51,8 @@ def is_packed(path):
     return manifest_path(path) is not None
 
 
-def default_max_open_shards():
-    """Shards a reader keeps open by default: a quarter of the soft file-descriptor limit,
-    between 16 and 1024."""
+def _default_max_open_shards():
+    """A quarter of the soft file-descriptor limit, between 16 and 1024."""
     try:
         import resource
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -77,12 +76,21 @@ def _read_head(path, where):
 class PackedShard:
     """One shard file, memory-mapped read-only.
 
-    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest; the shard must match it
-    (``checked``, the :attr:`checked` array of an earlier opening of it, is only trusted then).
-    Without it the shard is opened on its own (its own CRCs still cover every part).
-    ``labels`` (``<i8`` array of the shard's records, e.g. the manifest's slice) is compared
-    with each index block as it is checked. Errors are :class:`ConfigError` naming the shard
-    and, for an index entry, the record.
+    Parameters
+    ----------
+    path : str
+        The shard file.
+    expect : (int, SHARD_ENTRY), optional
+        The shard's number and entry in a manifest, which the shard must match; without it
+        the shard is opened on its own (its own CRCs still cover every part).
+    labels : ndarray of <i8, optional
+        The labels of the shard's records (the manifest's slice), compared with each index
+        block as it is checked.
+    checked : ndarray of bool, optional
+        :attr:`checked` of an earlier opening of the same shard (trusted only with
+        ``expect``, whose header CRC covers the index).
+
+    Errors are :class:`ConfigError` naming the shard and, for an index entry, the record.
     """
 
     def __init__(self, path, *, expect=None, labels=None, checked=None):
@@ -93,7 +101,7 @@ class PackedShard:
         h = fmt.parse_shard_header(raw, size, self.where)
         if expect is not None:
             k, entry = expect
-            got = (h["shard"], h["first"], h["count"], h["file_size"], int.from_bytes(raw[-4:], "little"))
+            got = (h["shard"], h["first"], h["count"], h["file_size"], h["header_crc32"])
             want = (k, int(entry["first"]), int(entry["count"]), int(entry["file_size"]),
                     int(entry["header_crc32"]))
             if got != want:
@@ -103,100 +111,58 @@ class PackedShard:
                                   f"records {want[1]}..{want[1] + want[2] - 1} of shard {k} "
                                   f"({want[3]} bytes) with header CRC {want[4]:08x}")
         self.header = h
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
-        if len(self._mm) != h["file_size"]:  # changed between the header read and the map
+        #: The whole shard file as a read-only ``uint8`` array (a memory map).
+        self.buffer = np.memmap(self.path, dtype=np.uint8, mode="r")
+        if len(self.buffer) != h["file_size"]:  # changed between the header read and the map
             raise ConfigError(f"{self.where} changed size while it was opened")
-        self._blocks = np.frombuffer(self._mm, "<u4", count=h["nblocks"],
-                                     offset=h["blocks_offset"])
-        if zlib.crc32(self._blocks) != h["blocks_crc32"]:
-            raise ConfigError(f"{self.where}: block CRC table corrupted (CRC mismatch)")
-        self.records = np.frombuffer(self._mm, fmt.RECORD, count=h["count"],
-                                     offset=h["index_offset"])
-        self._paths = memoryview(self._mm)[h["paths_offset"]:h["paths_offset"] + h["paths_size"]]
-        # A version-3 shard's restart-interval index: read only for its blocks' CRCs.
-        self._interval_ends, self._interval_entries = fmt.interval_parts(self._mm, h)
+        #: The same bytes as a read-only ``memoryview``.
+        self.view = memoryview(self.buffer)
+        self._parts = fmt.shard_parts(self.buffer, h, self.where)
+        self.records = self._parts[0]
         self._labels = labels
-        # Which index blocks passed check_block; a reader that reopens the same shard (same
-        # header CRC, so the same CRC-covered index) passes the array back in.
-        self._checked = (checked if checked is not None and len(checked) == h["nblocks"]
-                         else np.zeros(h["nblocks"], dtype=bool))
+        #: ``bool`` per index block: checked already.
+        self.checked = (checked if checked is not None and len(checked) == h["nblocks"]
+                        else np.zeros(h["nblocks"], dtype=bool))
         self.first, self.block_records = h["first"], h["block_records"]
-        self._view = None
 
     def __len__(self):
         return self.header["count"]
 
-    @property
-    def checked(self):
-        """``bool`` array, one per index block: checked already."""
-        return self._checked
-
-    @property
-    def buffer(self):
-        """The whole shard file as a read-only ``uint8`` array (a memory map)."""
-        return self._mm
-
-    @property
-    def view(self):
-        """The whole shard file as a read-only ``memoryview`` (of :attr:`buffer`)."""
-        if self._view is None:
-            self._view = memoryview(self._mm)
-        return self._view
-
-    def _path_lo(self, k):
-        if k == 0:
-            return 0
-        return int(self.records["path_end"][k * self.header["block_records"] - 1])
-
     def check_block(self, k):
-        """Check index block ``k`` (CRC, record bounds, path table, labels); ConfigError
-        naming the record otherwise. Each block is checked once."""
-        if self._checked[k]:
+        """Check index block ``k`` (CRC, record bounds, path table, labels) once;
+        ConfigError naming the record otherwise."""
+        if self.checked[k]:
             return
-        h, b = self.header, self.header["block_records"]
-        block = self.records[k * b:(k + 1) * b]
-        path_lo = self._path_lo(k)
-        where = self.where
-        fmt.check_records(block, data_lo=h["data_offset"],
-                          data_hi=h["data_offset"] + h["data_size"], path_lo=path_lo,
-                          paths_size=h["paths_size"], first=k * b, where=where)
-        path_hi = int(block["path_end"][-1])
-        parts = ()
-        if self._interval_ends is not None:
-            parts = fmt.block_interval_parts(self._interval_ends, self._interval_entries,
-                                             k * b, len(block), where)
-        if path_lo > path_hi or fmt.block_crc(block, self._paths[path_lo:path_hi], parts) \
-                != int(self._blocks[k]):
-            raise ConfigError(f"{where}: index block {k} (records {k * b}.."
-                              f"{k * b + len(block) - 1}) corrupted (CRC mismatch)")
+        block = fmt.check_block(self.header, self._parts, k, self.where)
         if self._labels is not None:
-            want = self._labels[k * b:(k + 1) * b]
-            diff = np.flatnonzero(block["label"] != want)
+            b = self.block_records
+            diff = np.flatnonzero(block["label"] != self._labels[k * b:(k + 1) * b])
             if len(diff):
-                j = k * b + int(diff[0])
-                raise ConfigError(f"{where}: record {j} has label {int(block['label'][diff[0]])} "
-                                  f"in the shard and {int(want[diff[0]])} in the manifest")
-        self._checked[k] = True
+                j = int(diff[0])
+                raise ConfigError(f"{self.where}: record {k * b + j} has label "
+                                  f"{int(block['label'][j])} in the shard and "
+                                  f"{int(self._labels[k * b + j])} in the manifest")
+        self.checked[k] = True
 
     def record(self, j):
         """Record ``j``'s bytes as a read-only memoryview of the mapping (index checked)."""
-        self.check_block(j // self.header["block_records"])
-        r = self.records[j]
-        start = int(r["offset"])
-        return memoryview(self._mm)[start:start + int(r["length"])]
+        self.check_block(j // self.block_records)
+        start = int(self.records["offset"][j])
+        return self.view[start:start + int(self.records["length"][j])]
 
     def relpath(self, j):
-        self.check_block(j // self.header["block_records"])
-        lo = int(self.records["path_end"][j - 1]) if j else 0
-        return bytes(self._paths[lo:int(self.records["path_end"][j])]).decode(
-            "utf-8", "surrogateescape")
+        """Record ``j``'s relative path (index checked)."""
+        self.check_block(j // self.block_records)
+        ends = self.records["path_end"]
+        lo = int(ends[j - 1]) if j else 0
+        return bytes(self._parts[2][lo:int(ends[j])]).decode("utf-8", "surrogateescape")
 
     def find_corrupt(self, progress=None):
         """Shard-local numbers (``int64`` array) of the records whose bytes do not match
         their CRC, after checking every index block. ``progress(nbytes)`` is called per
         block with the bytes checked."""
         bad = []
-        b = self.header["block_records"]
+        b = self.block_records
         # Read with pread, not through the mapping: checking a 1 GiB shard then leaves the
         # process's resident memory alone (one record at a time), the page cache aside.
         fd = os.open(self.path, os.O_RDONLY)
@@ -204,15 +170,13 @@ class PackedShard:
             for k in range(self.header["nblocks"]):
                 self.check_block(k)
                 block = self.records[k * b:(k + 1) * b]
-                nbytes = 0
                 for j, (off, n, crc) in enumerate(zip(block["offset"].tolist(),
                                                       block["length"].tolist(),
                                                       block["crc32"].tolist())):
                     if zlib.crc32(os.pread(fd, n, off)) != crc:
                         bad.append(k * b + j)
-                    nbytes += n
                 if progress is not None:
-                    progress(nbytes)
+                    progress(int(block["length"].sum()))
         finally:
             os.close(fd)
         return np.asarray(bad, dtype=np.int64)
@@ -226,70 +190,56 @@ class PackedShard:
                               f"check (corrupted data); first bad: record {int(bad[0])}")
 
     def close(self):
-        self._mm = self.records = self._blocks = self._paths = self._view = None
-        self._interval_ends = self._interval_entries = None
+        """Let go of the mapping."""
+        self.buffer = self.view = self.records = self._parts = None
 
 
 class PackedDataset:
     """A packed dataset (directory or manifest ``path``), read lazily.
 
+    Parameters
+    ----------
+    path : str
+        The dataset's directory or its manifest.
+    verify_reads : bool
+        Check every record read against its CRC.
+    max_open_shards : int, optional
+        Shards mapped at once, least recently used first out (a batch still holding records
+        of an evicted shard keeps its mapping alive). Each holds one file descriptor and one
+        mapping; by default a quarter of the process's file-descriptor limit, capped at 1024.
+
     ``labels`` is the manifest's label array, memory-mapped (``int64``, read-only, shape
-    ``(count,)``). ``max_open_shards`` bounds the shards mapped at once (least recently used
-    first out; a batch still holding records of an evicted shard keeps its mapping alive).
-    With ``verify_reads`` every record read is checked against its CRC.
-
-    Each open shard holds one file descriptor and one memory mapping; by default at most a
-    quarter of the process's file-descriptor limit, capped at 1024. Index blocks checked stay
-    checked across a shard's closing and reopening (1 byte per 256 records).
-
-    A shard that is missing, corrupt or foreign raises, when one of its records is read,
-    :class:`DecodeError` naming the record and the shard (so a loader's ``on_error`` policy
-    applies); this object does not retry it (open the dataset again to). The manifest's own
-    damage raises :class:`ConfigError` at opening.
+    ``(count,)``). Index blocks checked stay checked across a shard's closing and reopening
+    (1 byte per 256 records). A shard that is missing, corrupt or foreign raises, when one of
+    its records is read, :class:`DecodeError` naming the record and the shard (so a loader's
+    ``on_error`` policy applies), and is not retried (open the dataset again to). The
+    manifest's own damage raises :class:`ConfigError` at opening.
     """
 
     def __init__(self, path, *, verify_reads=False, max_open_shards=None):
         path = os.path.abspath(os.fspath(path))
+        manifest = path
         if os.path.isdir(path):
             manifest = os.path.join(path, fmt.MANIFEST_NAME)
             if not os.path.isfile(manifest):
                 raise ConfigError(f"{path} is not a packed dataset: it has no "
                                   f"{fmt.MANIFEST_NAME}; make one with `dpu-pipe pack SRC OUT`")
-        else:
-            manifest = path
-        raw, size = _read_head(manifest, f"packed dataset manifest {manifest}")
         where = f"packed dataset manifest {manifest}"
-        h = fmt.parse_manifest_header(raw, size, where)
+        # The header alone first: a foreign or empty file is named before it is mapped.
+        fmt.parse_manifest_header(*_read_head(manifest, where), where)
+        if max_open_shards is None:
+            max_open_shards = _default_max_open_shards()
+        self.max_open_shards = _v.positive_int(max_open_shards, "max_open_shards")
+        self._mm = np.memmap(manifest, dtype=np.uint8, mode="r")
+        self.header, self.shards, self.labels, self.meta = fmt.parse_manifest(self._mm, where)
         self.path = os.path.dirname(manifest)
         self.manifest = manifest
-        self.header = h
         self.verify_reads = bool(verify_reads)
-        if max_open_shards is None:
-            max_open_shards = default_max_open_shards()
-        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards,
-                                                                (int, np.integer)) \
-                or max_open_shards < 1:
-            raise ConfigError(f"max_open_shards must be a positive integer, got "
-                              f"{max_open_shards!r}")
-        self.max_open_shards = int(max_open_shards)
-        self._mm = np.memmap(manifest, dtype=np.uint8, mode="r")
-        if len(self._mm) != h["file_size"]:
-            raise ConfigError(f"{where} changed size while it was opened")
-        self.shards = np.frombuffer(self._mm, fmt.SHARD_ENTRY, count=h["num_shards"],
-                                    offset=h["shards_offset"])
-        if zlib.crc32(self.shards) != h["shards_crc32"]:
-            raise ConfigError(f"{where}: shard table corrupted (CRC mismatch)")
-        fmt.check_shard_table(self.shards, h["count"], where)
         self._firsts = self.shards["first"].astype(np.int64)
-        self.labels = np.frombuffer(self._mm, "<i8", count=h["count"], offset=h["labels_offset"])
-        m0 = h["meta_offset"]
-        self.meta = fmt.parse_meta(memoryview(self._mm)[m0:m0 + h["meta_size"]],
-                                   h["meta_crc32"], where)
         self._open = collections.OrderedDict()   # shard number -> PackedShard, LRU order
         self._checked = {}                       # shard number -> its PackedShard.checked
         self._failed = {}                        # shard number -> its ConfigError
         self._lock = threading.Lock()
-        self._fingerprint = f"crc32:{int.from_bytes(self._mm[124:128].tobytes(), 'little'):08x}"
         self._closed = False
 
     def __len__(self):
@@ -307,7 +257,7 @@ class PackedDataset:
     def fingerprint(self):
         """The manifest header's CRC as hex. It covers the shard table, which holds each
         shard's header CRC, which covers that shard's index CRCs (paths and labels)."""
-        return self._fingerprint
+        return f"crc32:{self.header['header_crc32']:08x}"
 
     def shard_path(self, k):
         return os.path.join(self.path, fmt.shard_name(k))
@@ -315,6 +265,12 @@ class PackedDataset:
     def shard_of(self, indices):
         """Shard number of each dataset index (``int64`` array, same shape)."""
         return np.searchsorted(self._firsts, indices, side="right") - 1
+
+    def _open_shard(self, k, shards, labels, checked=None):
+        e = shards[k]
+        first = int(e["first"])
+        return PackedShard(self.shard_path(k), expect=(k, e), checked=checked,
+                           labels=labels[first:first + int(e["count"])])
 
     def shard(self, k):
         """Shard ``k``, opened (and checked against the manifest) on first use; raises the
@@ -327,12 +283,10 @@ class PackedDataset:
                 return sh
             if k in self._failed:
                 raise self._failed[k]
-            e = self.shards[k]
-            first, n = int(e["first"]), int(e["count"])
-            labels = self.labels[first:first + n]
-        try:
-            sh = PackedShard(self.shard_path(k), expect=(k, e), labels=labels,
-                             checked=self._checked.get(k))
+            # Taken under the lock: close() may drop them at any moment.
+            shards, labels, checked = self.shards, self.labels, self._checked.get(k)
+        try:  # outside the lock: other threads read open shards meanwhile
+            sh = self._open_shard(k, shards, labels, checked)
         except ConfigError as exc:
             with self._lock:
                 self._failed[k] = exc
@@ -365,7 +319,7 @@ class PackedDataset:
         try:
             sh = self.shard(k)
             j = i - int(self._firsts[k])
-            sh.check_block(j // sh.header["block_records"])
+            sh.check_block(j // sh.block_records)
         except ClosedError:
             raise
         except ConfigError as exc:
@@ -404,49 +358,20 @@ class PackedDataset:
         (int64 array). Records of a missing or corrupt shard or index block, and with
         ``verify_reads`` records failing their CRC, get an empty buffer and an error."""
         indices = np.asarray(indices, dtype=np.int64)
-        n = len(indices)
-        if n and (indices.min() < 0 or indices.max() >= len(self)):
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         ks = self.shard_of(indices)
-        if n and ks[0] == ks[-1] and (ks == ks[0]).all():
+        if len(indices) and (ks == ks[0]).all():
             got = self._one_shard(int(ks[0]), indices)
             if got is not None:
                 return got
-        # A shuffled batch touches about as many shards as it has records: one pass over the
-        # records, each costing a few dictionary and array look-ups.
-        errors, views, opened = {}, [], {}
-        empty = b""
-        for p, (k, i) in enumerate(zip(ks.tolist(), indices.tolist())):
-            sh = opened.get(k)
-            if sh is None:
-                try:
-                    sh = self.shard(k)
-                except ClosedError:
-                    raise
-                except ConfigError as exc:
-                    sh = exc
-                opened[k] = sh
-            if isinstance(sh, ConfigError):
-                errors[p] = DecodeError(str(sh), index=i, path=self.shard_path(k))
-                views.append(empty)
-                continue
-            j = i - sh.first
-            b = j // sh.block_records
-            if not sh._checked[b]:
-                try:
-                    sh.check_block(b)
-                except ConfigError as exc:
-                    errors[p] = DecodeError(str(exc), index=i, path=self.shard_path(k))
-                    views.append(empty)
-                    continue
-            r = sh.records[j]
-            o, ln = int(r["offset"]), int(r["length"])
-            view = sh.view[o:o + ln]
-            if self.verify_reads and zlib.crc32(view) != int(r["crc32"]):
-                errors[p] = DecodeError("packed record fails its CRC check (corrupted shard)",
-                                        index=i, path=self.describe(i))
-                view = empty
-            views.append(view)
+        errors, views = {}, []
+        for p, i in enumerate(indices.tolist()):
+            try:
+                views.append(self.record(i))
+            except DecodeError as exc:
+                errors[p] = exc
+                views.append(b"")
         return _jpeg.BufferList.from_buffers(views), errors
 
     def _one_shard(self, k, indices):
@@ -466,9 +391,8 @@ class PackedDataset:
         offsets = rec["offset"].astype(np.int64)
         lengths = rec["length"].astype(np.int64)
         if self.verify_reads:
-            mv = sh.view
             for o, ln, crc in zip(offsets.tolist(), lengths.tolist(), rec["crc32"].tolist()):
-                if zlib.crc32(mv[o:o + ln]) != crc:
+                if zlib.crc32(sh.view[o:o + ln]) != crc:
                     return None
         return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
 
@@ -480,11 +404,8 @@ class PackedDataset:
         failures = {}
         for k in (range(self.num_shards) if shards is None else shards):
             k = int(k)
-            e = self.shards[k]
-            first, n = int(e["first"]), int(e["count"])
             try:
-                sh = PackedShard(self.shard_path(k), expect=(k, e),
-                                 labels=self.labels[first:first + n])
+                sh = self._open_shard(k, self.shards, self.labels)
                 try:
                     sh.verify()
                 finally:
@@ -492,7 +413,7 @@ class PackedDataset:
             except ConfigError as exc:
                 failures[k] = str(exc)
             if progress is not None:
-                progress(int(e["file_size"]))
+                progress(int(self.shards[k]["file_size"]))
         return failures
 
     def close(self):

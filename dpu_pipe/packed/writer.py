@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import uuid
@@ -39,32 +40,33 @@ def parse_size(text):
     unit = s[len(num):].strip().upper()
     try:
         value = float(num)
-    except ValueError:
-        value = None
-    if value is None or unit not in _UNITS or not value > 0 or value != value:
-        raise ConfigError(f"not a size: {text!r} (expected e.g. 1GiB, 500MB, 4096)")
-    return int(value * _UNITS[unit])
+        if value > 0 and math.isfinite(value):
+            return int(value * _UNITS[unit])
+    except (ValueError, KeyError):
+        pass
+    raise ConfigError(f"not a size: {text!r} (expected e.g. 1GiB, 500MB, 4096)")
+
+
+def _positive_int(value, name, what="integer"):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive {what}, got {value!r}")
+    return int(value)
 
 
 def _transcoder(restart_interval):
     """The per-record JPEG transform of ``pack(transcode=True)``: bytes -> bytes, or None
     when the file stays as it is; DecodeError when libjpeg cannot read it."""
-    transcode = getattr(jpeg, "transcode", None)
-    if transcode is None:
-        raise ConfigError("this dpu_pipe has no JPEG transcoder (dpu_pipe.jpeg.transcode); "
-                          "pack with transcode=False (--no-transcode)")
     if restart_interval != "row":
         if isinstance(restart_interval, bool) or not isinstance(
                 restart_interval, (int, np.integer)) or not 1 <= restart_interval <= 65535:
             raise ConfigError(f"restart_interval must be a number of MCUs (1 to 65535) or "
                               f"'row', got {restart_interval!r}")
         restart_interval = int(restart_interval)
-    unsupported = jpeg.TranscodeUnsupported
 
     def apply(data):
         try:
-            return transcode(data, restart_interval=restart_interval, optimize=True)
-        except unsupported:  # readable, but rewriting it would change what decoders see
+            return jpeg.transcode(data, restart_interval=restart_interval, optimize=True)
+        except jpeg.TranscodeUnsupported:  # readable, but rewriting would change the pixels
             return None
     return apply
 
@@ -75,12 +77,9 @@ RESIZE_QUALITY = 90
 
 def _downscaler(max_side):
     """The per-record transform of ``pack(max_side=N)``: (JPEG bytes, width, height) -> JPEG
-    bytes whose longer side is N, or None when the image already fits. Pillow does it: an
-    antialiased Lanczos resize (its filter support widens with the reduction, as the
-    project's own resize kernel's does) and a JPEG encoder, which the decoding kernels do not
-    have and do not need; packing is not a hot path."""
-    if max_side is None:
-        return None
+    bytes whose longer side is N, or None when the image already fits. Pillow does it (an
+    antialiased Lanczos resize and a JPEG encoder, which the decoding kernels do not have);
+    packing is not a hot path."""
     max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
     try:
         from PIL import Image, JpegImagePlugin
@@ -102,7 +101,6 @@ def _downscaler(max_side):
         small.save(out, "JPEG", quality=RESIZE_QUALITY,
                    subsampling=sampling if sampling >= 0 else 2, icc_profile=icc)
         return out.getvalue()
-    apply.max_side = max_side
     return apply
 
 
@@ -209,10 +207,6 @@ class _ShardWriter:
         entry["header_crc32"] = int.from_bytes(header[-4:], "little")
         return entry, recs
 
-    def abort(self):
-        if not self.f.closed:
-            self.f.close()
-
 
 def _write_manifest(path, labels, table, meta):
     shards_offset = fmt.HEADER_SIZE
@@ -246,6 +240,8 @@ def _fsync_dir(path):
 
 
 class _NoBar(contextlib.nullcontext):
+    """A silent progress bar: a tqdm bar's calls, doing nothing."""
+
     def __enter__(self):
         return self
 
@@ -273,58 +269,69 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
          block_records=fmt.DEFAULT_BLOCK_RECORDS, max_side=None):
     """Write every record of ``source`` into the packed dataset directory ``out``.
 
-    ``source`` is any source (built in or following the protocol of
-    :mod:`dpu_pipe.sources.base`: ``len``, ``read``, integer ``labels``; ``relpath``,
-    ``classes`` and ``spec`` when it has them) or a path that
-    :func:`dpu_pipe.sources.open_path` accepts (ImageFolder, file list, tar shards, Parquet or
-    Arrow files). Records keep the source's order, labels, relative paths (the index for a
-    source without them) and class names. Shards hold
-    consecutive records and grow to about ``shard_size`` bytes (an int, or a string such as
-    ``"1GiB"``; a record larger than that gets a shard of its own).
+    Records keep the source's order, labels, relative paths (the index for a source without
+    them) and class names; shards hold consecutive records. Each record's header is read: a
+    JPEG whose header libjpeg cannot read, or bytes of no known image format, are stored as
+    they are and flagged unreadable (a loader reports them as it would the original file);
+    other formats (PNG, GIF, WebP, BMP, TIFF) are stored as they are. See
+    docs/guides/packing.md.
 
-    Each record's header is read: a JPEG whose header libjpeg cannot read, or bytes of no known
-    image format, are stored as they are and flagged unreadable (a loader reports them as it
-    would the original file); other formats (PNG, GIF, WebP, BMP, TIFF) are stored as they are
-    with their format recorded. With ``transcode`` each readable JPEG is rewritten losslessly by
-    :func:`dpu_pipe.jpeg.transcode` (``restart_interval`` MCUs, optimized Huffman tables) —
-    same decoded pixels, restart markers a region decode can enter at; a file it does not take
-    stays as it is.
+    Parameters
+    ----------
+    source : source or path
+        Any source (built in or following :mod:`dpu_pipe.sources.base`'s protocol with
+        integer labels) or a path that :func:`dpu_pipe.sources.open_path` accepts.
+    out : str
+        The dataset directory, written into a temporary directory next to it and renamed
+        when complete; an existing packed dataset there is replaced, anything else refused.
+    shard_size : int or str
+        Bytes a shard grows to (``"1GiB"`` allowed); a larger record gets a shard of its own.
+    transcode : bool
+        Rewrite each readable JPEG losslessly (:func:`dpu_pipe.jpeg.transcode`, optimized
+        Huffman tables) with restart markers every ``restart_interval`` MCUs (or ``"row"``);
+        a file it does not take stays as it is.
+    threads : int, optional
+        Threads that read and transcode (default: the CPUs this process may run on); the
+        output does not depend on their number.
+    progress : bool or None
+        A tqdm bar; None: only on a terminal.
+    verify : bool
+        Re-read each written shard and check its CRCs.
+    alignment : int
+        Bytes (a power of two up to 4096) each record starts at a multiple of.
+    block_records : int
+        Records per CRC-checked index block.
+    max_side : int, optional
+        Pixels: downscale every readable JPEG whose longer side exceeds it (before
+        transcoding) with Pillow's Lanczos, re-encoded at quality :data:`RESIZE_QUALITY` with
+        the source's chroma subsampling; such records are flagged ``RESIZED`` (lossy).
 
-    ``max_side`` (pixels, default None: off) downscales, before transcoding, every readable
-    JPEG whose longer side exceeds it so that its longer side is ``max_side`` (aspect ratio
-    kept to within rounding): a lossy pack-time resize, as FFCV's ``max_resolution``, with
-    Pillow (antialiased Lanczos, re-encoded at quality :data:`RESIZE_QUALITY` with the
-    source's chroma subsampling; needs Pillow). Such records are flagged ``RESIZED`` and the
-    manifest records the setting; other formats, and JPEGs that fit, are not touched.
-    ``threads`` (default: the CPUs this process may run on) read and
-    transcode records in parallel; the output does not depend on their number.
-
-    The dataset is written into a temporary directory next to ``out`` (files and directory
-    created with the process's umask), each shard re-read and its CRCs checked when
-    ``verify``, and the directory renamed to ``out`` when complete; an existing packed dataset
-    at ``out`` is replaced, anything else there is refused. An unreadable source file raises
-    the source's :class:`DecodeError` naming it and leaves ``out`` untouched. ``progress``:
-    True, False, or None for a tqdm bar only on a terminal. ``alignment`` (bytes, a power of
-    two up to 4096) is where each record starts.
-
-    Memory: one shard's index (48 bytes per record plus paths),
-    ``threads × 64`` records in
-    flight, and the source's label array. Returns the dataset as a
-    :class:`~dpu_pipe.sources.PackedSource`.
+    Returns
+    -------
+    PackedSource
+        The dataset written. An unreadable source file raises the source's
+        :class:`DecodeError` and leaves ``out`` untouched. Memory: one shard's index (48
+        bytes per record plus paths), ``threads × 64`` records in flight, and the labels.
     """
     source, labels = _packable(source)
-    shard_size = _shard_size(shard_size)
+    shard_size = _positive_int(parse_size(shard_size) if isinstance(shard_size, str)
+                               else shard_size, "shard_size", "number of bytes")
     alignment = int(alignment)
     if alignment < 1 or alignment > 4096 or alignment & (alignment - 1):
         raise ConfigError(f"alignment must be a power of two between 1 and 4096 bytes, "
                           f"got {alignment}")
     if not 1 <= int(block_records) <= 2**20:
         raise ConfigError(f"block_records must be in [1, 2**20], got {block_records!r}")
-    threads = _threads(threads)
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    threads = _positive_int(threads, "threads")
     if not isinstance(transcode, bool):
         raise ConfigError(f"transcode must be True or False, got {transcode!r}")
-    prep = _Preparer(source, _transcoder(restart_interval) if transcode else None,
-                     _downscaler(max_side))
+    transform = _transcoder(restart_interval) if transcode else None
+    if max_side is not None:
+        max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
+    downscale = _downscaler(max_side) if max_side is not None else None
     out = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
@@ -335,14 +342,21 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp)  # mode 0o777 minus the umask, as any directory the user creates
     shards = _Shards(tmp, labels, shard_size, alignment, int(block_records), verify)
+    relpath = getattr(source, "relpath", str)   # a source without names: its index
     try:
         with _progress_bar(progress, len(source), f"packing {os.path.basename(out)}") as bar:
-            for i, (orig_length, data, flags, code) in prep.results(int(threads)):
-                shards.add(i, source, orig_length, data, flags, code)
+            for i, *record in _records(source, transform, downscale, threads):
+                shards.add(i, relpath(i), *record)
                 bar.update(1)
         shards.close()
-        meta = _pack_meta(source, labels, shards, shard_size, prep,
-                          restart_interval if transcode else None)
+        settings = {"shard_size": shard_size, "transcode": None, "max_side": None}
+        if transcode:
+            settings["transcode"] = {"restart_interval": restart_interval if restart_interval
+                                     == "row" else int(restart_interval), "optimize": True}
+        if max_side is not None:
+            settings["max_side"] = {"max_side": max_side, "resized": shards.resized,
+                                    "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
+        meta = _pack_meta(source, labels, shards, settings)
         _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, shards.table(),
                         json.dumps(meta, sort_keys=True).encode("utf-8"))
         _fsync_dir(tmp)
@@ -370,54 +384,28 @@ def _packable(source):
     return source, np.ascontiguousarray(labels, dtype="<i8")
 
 
-def _shard_size(shard_size):
-    shard_size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
-    if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)) \
-            or shard_size < 1:
-        raise ConfigError(f"shard_size must be a positive number of bytes, got {shard_size!r}")
-    return int(shard_size)
+def _records(source, transform, downscale, threads):
+    """``(i, orig_length, data, flags, code)`` of every record of ``source``, in order, read
+    and prepared on ``threads`` threads with ``threads × 64`` records in flight at most."""
+    def one(i):
+        data = source.read(i)
+        return (i, len(data)) + _prepare(data, transform, downscale)
 
-
-def _threads(threads):
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
-    return int(threads)
-
-
-class _Preparer:
-    """Reads, transcodes and downscales a source's records, in order, on a thread pool; counts
-    what it did (records resized)."""
-
-    def __init__(self, source, transform, downscale):
-        self.source, self.transform, self.downscale = source, transform, downscale
-        self.resized = 0
-
-    def _one(self, i):
-        data = self.source.read(i)
-        return (len(data),) + _prepare(data, self.transform, self.downscale)
-
-    def results(self, threads):
-        """``(i, (orig_length, data, flags, code))`` for every record; ``threads × 64``
-        records in flight at most."""
-        pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
-        try:
-            step = 64 * threads
-            for lo in range(0, len(self.source), step):
-                idx = range(lo, min(lo + step, len(self.source)))
-                for i, r in zip(idx, pool.map(self._one, idx) if pool else map(self._one, idx)):
-                    self.resized += bool(r[2] & fmt.RESIZED)
-                    yield i, r
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
+    pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        step = 64 * threads
+        for lo in range(0, len(source), step):
+            idx = range(lo, min(lo + step, len(source)))
+            yield from (pool.map(one, idx) if pool else map(one, idx))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 class _Shards:
     """The shards of a pack being written into ``tmp``: a new one when the current one would
-    outgrow ``shard_size``, each verified when closed (with ``verify``)."""
+    outgrow ``shard_size``, each verified when closed (with ``verify``); counts what they
+    hold."""
 
     def __init__(self, tmp, labels, shard_size, alignment, block_records, verify):
         self.tmp, self.labels, self.shard_size = tmp, labels, shard_size
@@ -425,10 +413,10 @@ class _Shards:
         self.entries, self.writer = [], None
         self.formats = np.zeros(len(fmt.FORMATS), dtype=np.int64)
         self.unreadable = []
+        self.resized = 0
 
-    def add(self, i, source, orig_length, data, flags, code):
-        relpath = getattr(source, "relpath", str)   # a source without names: its index
-        rel = relpath(i).encode("utf-8", "surrogateescape")
+    def add(self, i, relpath, orig_length, data, flags, code):
+        rel = relpath.encode("utf-8", "surrogateescape")
         w = self.writer
         if w is not None and w.count and w.size_with(len(data), len(rel)) > self.shard_size:
             self.close()
@@ -437,8 +425,9 @@ class _Shards:
                                        len(self.entries), i, self.alignment, self.block_records)
         self.writer.add(data, self.labels[i], orig_length, flags, code, rel)
         self.formats[code] += 1
+        self.resized += bool(flags & fmt.RESIZED)
         if flags & fmt.UNREADABLE:
-            self.unreadable.append(relpath(i))
+            self.unreadable.append(relpath)
 
     def close(self):
         w, self.writer = self.writer, None
@@ -452,30 +441,26 @@ class _Shards:
 
     def abort(self):
         if self.writer is not None:
-            self.writer.abort()
+            self.writer.f.close()
             self.writer = None
 
     def table(self):
         return np.array(self.entries, dtype=fmt.SHARD_ENTRY)
 
 
-def _pack_meta(source, labels, shards, shard_size, prep, restart_interval):
-    """The manifest's metadata: provenance, settings and what was packed."""
+def _pack_meta(source, labels, shards, settings):
+    """The manifest's metadata: provenance, ``settings`` and what was packed."""
     from .._version import __version__
 
     table = shards.table()
     spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
     if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
         del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
-    downscale = prep.downscale
     return {
         "classes": getattr(source, "classes", None),
         "created_by": f"dpu_pipe {__version__}",
         "source": spec,
-        "shard_size": int(shard_size),
-        "transcode": ({"restart_interval": restart_interval if restart_interval == "row"
-                       else int(restart_interval), "optimize": True}
-                      if restart_interval is not None else None),
+        **settings,
         "formats": {name: int(n) for name, n in zip(fmt.FORMATS, shards.formats) if n},
         "unreadable": len(shards.unreadable),
         "unreadable_examples": shards.unreadable[:20],
@@ -483,9 +468,6 @@ def _pack_meta(source, labels, shards, shard_size, prep, restart_interval):
         "num_labels": int(len(np.unique(labels))),
         "data_bytes": int(table["data_bytes"].sum()),
         "orig_bytes": int(table["orig_bytes"].sum()),
-        "max_side": ({"max_side": downscale.max_side, "resized": prep.resized,
-                      "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
-                     if downscale is not None else None),
     }
 
 

@@ -28,7 +28,7 @@ def _parse_label(text, where):
         value = int(text, 10)
     except ValueError:
         pass
-    else:
+    else:  # outside the try: ConfigError is a ValueError
         return _check_label_range(value, where)
     try:
         value = float(text)
@@ -42,10 +42,9 @@ def _parse_label(text, where):
 def _as_label(value, where):
     """A label from an int, a float, a numpy number, a decimal string, or a sequence of those
     (several labels per sample); returned as a tuple of numbers."""
-    if isinstance(value, (str, int, float, np.integer, np.floating)) \
-            and not isinstance(value, (bool, np.bool_)):
-        items = [value]
-    else:
+    items = [value]
+    if not isinstance(value, (str, int, float, np.integer, np.floating)) \
+            or isinstance(value, (bool, np.bool_)):
         try:
             items = list(value)
         except TypeError:
@@ -72,33 +71,34 @@ def _label_array(rows, wheres):
         if len(lab) != len(rows[0]):
             raise ConfigError(f"{where}: {len(lab)} labels where the first sample has "
                               f"{len(rows[0])}; every sample needs the same number")
-    if all(isinstance(v, int) for lab in rows for v in lab):
-        arr = np.array(rows, dtype=np.int64)
-    else:
-        arr = np.array(rows, dtype=np.float32)
+    ints = all(isinstance(v, int) for lab in rows for v in lab)
+    arr = np.array(rows, dtype=np.int64 if ints else np.float32)
     if arr.shape[1] == 1:
         arr = arr[:, 0]
     arr.flags.writeable = False
     return arr
 
 
-def _parse_line(line, where):
-    """``path,label[,label...]`` (CSV quoting allowed) or ``path label`` (the path may
-    contain spaces: the label is the last field)."""
-    if "," in line:
-        fields = next(csv.reader([line]))
+def _parse_line(text, where, columns=None):
+    """One line of a list: ``(path, labels, where, meta texts)``. With a header's
+    ``columns`` (:func:`_header_columns`) it is CSV; without, ``path,label[,label...]`` (CSV
+    quoting allowed) or ``path label`` (the label is the last field: paths may hold
+    spaces)."""
+    csv_line = columns is not None or "," in text
+    fields = next(csv.reader([text])) if csv_line else text.rsplit(None, 1)
+    if columns is None:
         if len(fields) < 2:
-            raise ConfigError(f"{where}: expected 'path,label', got {line!r}")
-        path, labels = fields[0], fields[1:]
+            raise ConfigError(f"{where}: expected 'path label' or 'path,label', got {text!r}")
+        labels, meta = range(1, len(fields)), ()
     else:
-        fields = line.rsplit(None, 1)
-        if len(fields) != 2:
-            raise ConfigError(f"{where}: expected 'path label' or 'path,label', got {line!r}")
-        path, labels = fields[0], fields[1:]
-    path = path.strip()
+        count, labels, meta = columns
+        if len(fields) != count:
+            raise ConfigError(f"{where}: {len(fields)} fields where the header has {count}")
+    path = fields[0].strip()
     if not path:
         raise ConfigError(f"{where}: empty path")
-    return path, tuple(_parse_label(v, where) for v in labels)
+    return (path, tuple(_parse_label(fields[k], where) for k in labels), where,
+            tuple(fields[k].strip() for k in meta))
 
 
 class FileList(FileSource):
@@ -192,15 +192,10 @@ class FileList(FileSource):
             if not text or text.startswith("#"):
                 continue
             where = f"{list_path}, line {lineno}"
-            if meta_columns:
-                if columns is None:
-                    columns = _header_columns(text, meta_columns, where)
-                    continue
-                rows.append(_parse_row(text, columns, where))
-                continue
-            if not rows and _is_header(text):
-                continue
-            rows.append(_parse_line(text, where) + (where, ()))
+            if meta_columns and columns is None:
+                columns = _header_columns(text, meta_columns, where)
+            elif meta_columns or rows or not _is_header(text):
+                rows.append(_parse_line(text, where, columns))
         return rows
 
     @property
@@ -229,19 +224,6 @@ def _header_columns(text, meta_columns, where):
     if not labels:
         raise ConfigError(f"{where}: no label column left in the header {names}")
     return len(names), labels, meta
-
-
-def _parse_row(text, columns, where):
-    """One CSV line of a list with a header: ``(path, labels, where, meta texts)``."""
-    count, labels, meta = columns
-    fields = next(csv.reader([text]))
-    if len(fields) != count:
-        raise ConfigError(f"{where}: {len(fields)} fields where the header has {count}")
-    path = fields[0].strip()
-    if not path:
-        raise ConfigError(f"{where}: empty path")
-    return (path, tuple(_parse_label(fields[k], where) for k in labels), where,
-            tuple(fields[k].strip() for k in meta))
 
 
 def _is_header(text):

@@ -154,20 +154,14 @@ class ParquetSource(Source):
         Class names; by default those of a Hugging Face ``ClassLabel`` feature recorded in the
         files' schema metadata.
     max_cached_groups : int
-        Parquet row groups kept decompressed at once (least recently used go first): memory
-        is at most this many row groups of the image column. Arrow IPC files are
-        memory-mapped instead, so their batches cost only page cache.
+        Parquet row groups kept decompressed at once (least recently used go first). Arrow
+        IPC files are memory-mapped instead.
 
-    Opening reads every file's footer and the label column; an image column's group is
-    loaded when one of its rows is first read, and a batch from one group reaches the
-    decoder as Arrow's own data and offsets buffers (no copy, no Python object per image).
-    Raises :class:`ConfigError` for a missing file, a file that is neither Parquet nor Arrow,
-    a missing column or one of the wrong type; a damaged row group raises
-    :class:`DecodeError` naming the file and row group when one of its rows is read.
-
-    Random access into compressed Parquet decompresses a whole row group per row group
-    touched: a shuffled epoch over large row groups reads the data many times over. For
-    training, pack the files (``dpu-pipe pack x.parquet out``) or use Arrow IPC files.
+    Opening reads every file's footer and the label column; a group of the image column is
+    loaded when one of its rows is first read (docs/guides/datasets.md, "Parquet, Arrow,
+    Hugging Face datasets"). Raises :class:`ConfigError` for a missing file, a file that is
+    neither Parquet nor Arrow, a missing column or one of the wrong type; a damaged row group
+    raises :class:`DecodeError` naming the file and row group when one of its rows is read.
     """
 
     kind = "parquet"
@@ -259,24 +253,23 @@ class ParquetSource(Source):
                     self._cache.popitem(last=False)
         return got
 
-    def describe(self, i):
-        f, row = self._file_row(i)
-        g, _ = self._locate(i)
-        return f"{self._paths[f]}, row {row} (row group {self._groups[g][1]})"
-
     def _file_row(self, i):
+        """(file, row in the file, row group in the file) of row ``i``."""
         g, _ = self._locate(i)
-        f = self._groups[g][0]
-        first = int(self._starts[g - self._groups[g][1]])
-        return f, i - first
+        f, rg = self._groups[g]
+        return f, i - int(self._starts[g - rg]), rg
+
+    def describe(self, i):
+        f, row, rg = self._file_row(i)
+        return f"{self._paths[f]}, row {row} (row group {rg})"
 
     def relpath(self, i):
-        f, row = self._file_row(i)
+        f, row, _ = self._file_row(i)
         return f"{os.path.basename(self._paths[f])}/{row}"
 
     def metadata(self, i):
         """``{"file": data file path, "row": row in that file}``."""
-        f, row = self._file_row(i)
+        f, row, _ = self._file_row(i)
         return {"file": self._paths[f], "row": row}
 
     def _view(self, i):
@@ -297,7 +290,7 @@ class ParquetSource(Source):
         if not path:
             raise DecodeError("cannot read: the image is null (no bytes, no path)", index=i,
                               path=self.describe(i))
-        f, _ = self._file_row(i)
+        f = self._groups[self._locate(i)[0]][0]
         full = os.path.join(os.path.dirname(self._paths[f]), path)
         try:
             with open(full, "rb") as fh:
@@ -312,11 +305,10 @@ class ParquetSource(Source):
         """``(BufferList, {batch position: DecodeError})`` of rows ``indices`` (int64 (n,));
         rows of one group are passed as that group's buffers and offsets."""
         indices = np.asarray(indices, dtype=np.int64)
-        n = len(indices)
-        if n and (indices.min() < 0 or indices.max() >= len(self)):
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         gs = np.searchsorted(self._starts, indices, side="right") - 1
-        if n and (gs == gs[0]).all():
+        if len(indices) and (gs == gs[0]).all():
             g = int(gs[0])
             grp = self._group(g)
             if not isinstance(grp, DecodeError):

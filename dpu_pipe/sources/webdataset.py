@@ -1,20 +1,13 @@
 """WebDataset tar shards with random access: :class:`WebDataset`.
 
-A shard is an uncompressed POSIX tar file whose members are grouped into samples by key: the
-member path up to the first ``.`` of its file name (``train/n01440764_10026.jpg`` and
-``train/n01440764_10026.cls`` are one sample, key ``train/n01440764_10026``); consecutive
-members with the same key form a sample, as the webdataset library groups them.
-
-Random access comes from a per-shard member index built by one sequential scan of the tar
-headers on first open (never a read of the image data) and cached as a small ``.npz`` file:
-beside the shard when its directory is writable, else under
-``$XDG_CACHE_HOME/dpu_pipe/wds-index`` (``~/.cache/...``). The cache records the shard's size
-and modification time and the index options, and is rebuilt when any of them differs. Records
-are then read from a read-only memory map of the shard.
+Consecutive members of an uncompressed tar file with the same key (the member path up to the
+first ``.`` of its file name) form a sample, as the webdataset library groups them. A
+per-shard member index, built by one scan of the tar headers and cached as a small ``.npz``
+file (docs/guides/datasets.md: "The member index and its cache"), gives random access into a
+read-only memory map of the shard.
 """
 
 import hashlib
-import io
 import json
 import mmap
 import os
@@ -399,14 +392,11 @@ class WebDataset(Source):
         ``"cls"``: the member ``<key>.cls`` holds the label as decimal text; ``"json:label"``:
         the integer field ``label`` of the member ``<key>.json``; None: every label is 0.
 
-    Opening builds or loads the index of every shard (see the module documentation); memory
-    is 40 bytes per sample plus its key. ``metadata(i)`` is ``{"__key__": key, "shard":
-    path}``. A shard that is missing, compressed or whose tar headers are damaged raises
-    :class:`ConfigError` naming it (and the byte offset of the bad header). A sample whose
-    image member is truncated, that has no image member, or whose label member is missing or
-    not an integer stays in the index (its label is -1) and raises :class:`DecodeError`
-    naming the shard and the member when it is read, so a loader's ``on_error="skip"``
-    replaces it like an undecodable image.
+    ``metadata(i)`` is ``{"__key__": key, "shard": path}``. A shard that is missing,
+    compressed or whose tar headers are damaged raises :class:`ConfigError` naming it (and
+    the byte offset of the bad header). A sample whose image member is truncated or missing,
+    or whose label is missing or not an integer, keeps its place (label -1) and raises
+    :class:`DecodeError` naming the shard and member when it is read.
     """
 
     kind = "webdataset"
@@ -460,45 +450,30 @@ class WebDataset(Source):
         return k, i - int(self._starts[k])
 
     def _map(self, k):
-        """The shard's bytes as a read-only uint8 array over a memory map."""
+        """Shard ``k``'s bytes as a read-only uint8 array over a memory map, mapped once."""
         arr = self._maps.get(k)
-        if arr is None:
-            with self._lock:
-                arr = self._maps.get(k)
-                if arr is None:
-                    arr = self._open_map(k)
-                    self._maps[k] = arr
-        return arr
-
-    def _open_map(self, k):
-        path = self._paths[k]
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except (OSError, ValueError) as e:
-            raise DecodeError(f"cannot map WebDataset shard: {e}", path=path) from None
-        ix = self._index[k]
-        ends = ix.samples["offset"] + ix.samples["size"]
-        ok = ix.samples["flags"] & (TRUNCATED | NO_IMAGE) == 0
-        if ok.any() and int(ends[ok].max()) > size:
-            raise DecodeError(f"WebDataset shard shrank to {size} bytes since it was indexed",
-                              path=path)
-        return np.frombuffer(mm, dtype=np.uint8)
-
-    def _problem(self, k, j):
-        r = self._index[k].samples[j]
-        flags = int(r["flags"])
-        for bit in (NO_IMAGE, TRUNCATED):
-            if flags & bit:
-                return _FLAG_TEXT[bit]
-        if flags & NO_LABEL:
-            return self._index[k].problems.get(j, "no label")
-        return None
+        if arr is not None:
+            return arr
+        with self._lock:
+            if k in self._maps:
+                return self._maps[k]
+            path = self._paths[k]
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            except (OSError, ValueError) as e:
+                raise DecodeError(f"cannot map WebDataset shard: {e}", path=path) from None
+            s = self._index[k].samples
+            ends = (s["offset"] + s["size"])[s["flags"] & (TRUNCATED | NO_IMAGE) == 0]
+            if len(ends) and int(ends.max()) > size:
+                raise DecodeError(f"WebDataset shard shrank to {size} bytes since it was "
+                                  f"indexed", path=path)
+            self._maps[k] = np.frombuffer(mm, dtype=np.uint8)
+            return self._maps[k]
 
     def _member(self, k, j):
-        r = self._index[k].samples[j]
-        ext = int(r["ext"])
+        ext = int(self._index[k].samples[j]["ext"])
         key = self._index[k].key(j)
         return f"{key}.{self._image_keys[ext]}" if ext >= 0 else key
 
@@ -515,16 +490,15 @@ class WebDataset(Source):
         k, j = self._locate(i)
         return {"__key__": self._index[k].key(j), "shard": self._paths[k]}
 
-    def _error(self, i, k, j, msg):
-        return DecodeError(f"cannot read: {msg}", index=i, path=self.describe(i))
-
     def view(self, i):
         """Sample ``i``'s image member as a read-only uint8 array into the shard's map."""
         k, j = self._locate(i)
-        msg = self._problem(k, j)
-        if msg is not None:
-            raise self._error(i, k, j, msg)
         r = self._index[k].samples[j]
+        flags = int(r["flags"])
+        if flags & (NO_IMAGE | TRUNCATED | NO_LABEL):
+            msg = next((_FLAG_TEXT[bit] for bit in (NO_IMAGE, TRUNCATED) if flags & bit),
+                       None) or self._index[k].problems.get(j, "no label")
+            raise DecodeError(f"cannot read: {msg}", index=i, path=self.describe(i))
         o = int(r["offset"])
         try:
             return self._map(k)[o:o + int(r["size"])]
@@ -539,48 +513,26 @@ class WebDataset(Source):
         (n,)). A batch within one shard is one map plus offset arrays (no Python object per
         record); a batch across shards takes one view per record."""
         indices = np.asarray(indices, dtype=np.int64)
-        n = len(indices)
-        if n and (indices.min() < 0 or indices.max() >= len(self)):
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
         ks = np.searchsorted(self._starts, indices, side="right") - 1
-        if n and (ks == ks[0]).all():
+        if len(indices) and (ks == ks[0]).all():
             k = int(ks[0])
             rec = self._index[k].samples[indices - self._starts[k]]
             if not rec["flags"].any():
                 try:
-                    data = self._map(k)
+                    return _jpeg.BufferList.from_packed(
+                        self._map(k), np.ascontiguousarray(rec["offset"]),
+                        np.ascontiguousarray(rec["size"])), {}
                 except DecodeError:
                     pass    # the general path names each sample
-                else:
-                    return _jpeg.BufferList.from_packed(
-                        data, np.ascontiguousarray(rec["offset"]),
-                        np.ascontiguousarray(rec["size"])), {}
-        # Across shards: each record's place from the index arrays at once, then one slice
-        # of its shard's map per record (a view, no copy).
-        offs = np.zeros(n, np.int64)
-        ends = np.zeros(n, np.int64)
-        flags = np.zeros(n, np.uint16)
-        maps = {}
-        for k in np.unique(ks).tolist():
-            at = ks == k
-            rec = self._index[k].samples[indices[at] - self._starts[k]]
-            offs[at], ends[at] = rec["offset"], rec["offset"] + rec["size"]
-            flags[at] = rec["flags"]
-            try:
-                maps[k] = self._map(k)
-            except DecodeError:
-                flags[at] |= TRUNCATED    # the general path below names each sample
         views, errors = [], {}
-        for p, (k, o, e, f) in enumerate(zip(ks.tolist(), offs.tolist(), ends.tolist(),
-                                               flags.tolist())):
-            if f:
-                try:
-                    views.append(self.view(int(indices[p])))
-                except DecodeError as exc:
-                    errors[p] = exc
-                    views.append(b"")
-            else:
-                views.append(maps[k][o:e])
+        for p, i in enumerate(indices.tolist()):
+            try:
+                views.append(self.view(i))
+            except DecodeError as exc:
+                errors[p] = exc
+                views.append(b"")
         return _jpeg.BufferList.from_buffers(views), errors
 
     def fingerprint(self):
