@@ -1,13 +1,6 @@
-"""Reading packed datasets: the manifest, and shards mapped and checked only where they are read.
-
-Opening a :class:`PackedDataset` reads the manifest's header, shard table and metadata (64
-bytes per shard plus the JSON object) and maps its label array, whose pages the OS loads when
-they are touched. A shard is opened, mapped and its header checked against the manifest the
-first time one of its records is needed; an index block (256 records by default) is checked
-(CRC, bounds, labels equal to the manifest's) the first time one of its records is needed.
-So a rank's memory grows with the blocks it reads, never with the dataset: see
-:attr:`PackedDataset.max_open_shards` for the bound on mappings.
-"""
+"""Reading packed datasets lazily: a shard is mapped, and an index block of it checked, when
+one of its records is first needed, so memory follows what a rank reads, not the dataset
+(docs/design/packed-format.md)."""
 
 import collections
 import os

@@ -18,6 +18,7 @@ import zlib
 import numpy as np
 
 from .. import _validate, jpeg
+from .._version import __version__
 from ..errors import ConfigError, DecodeError, DpuPipeError
 from ..sources import PackedSource, open_path
 from . import format as fmt
@@ -68,6 +69,7 @@ def _transcoder(restart_interval):
             return jpeg.transcode(data, restart_interval=restart_interval, optimize=True)
         except jpeg.TranscodeUnsupported:  # readable, but rewriting would change the pixels
             return None
+    apply.restart_interval = restart_interval
     return apply
 
 
@@ -101,6 +103,7 @@ def _downscaler(max_side):
         small.save(out, "JPEG", quality=RESIZE_QUALITY,
                    subsampling=sampling if sampling >= 0 else 2, icc_profile=icc)
         return out.getvalue()
+    apply.max_side = max_side
     return apply
 
 
@@ -267,51 +270,40 @@ def _progress_bar(progress, total, desc):
 def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_interval=1,
          threads=None, progress=None, verify=True, alignment=fmt.DEFAULT_ALIGNMENT,
          block_records=fmt.DEFAULT_BLOCK_RECORDS, max_side=None):
-    """Write every record of ``source`` into the packed dataset directory ``out``.
-
-    Records keep the source's order, labels, relative paths (the index for a source without
-    them) and class names; shards hold consecutive records. Each record's header is read: a
-    JPEG whose header libjpeg cannot read, or bytes of no known image format, are stored as
-    they are and flagged unreadable (a loader reports them as it would the original file);
-    other formats (PNG, GIF, WebP, BMP, TIFF) are stored as they are. See
-    docs/guides/packing.md.
+    """Write every record of ``source`` into the packed dataset directory ``out``, in order,
+    with its label, relative path and class names (docs/guides/packing.md).
 
     Parameters
     ----------
     source : source or path
-        Any source (built in or following :mod:`dpu_pipe.sources.base`'s protocol with
-        integer labels) or a path that :func:`dpu_pipe.sources.open_path` accepts.
+        Any source with integer labels, or a path :func:`dpu_pipe.sources.open_path` opens.
     out : str
-        The dataset directory, written into a temporary directory next to it and renamed
-        when complete; an existing packed dataset there is replaced, anything else refused.
+        The directory, written beside it and renamed when complete; an existing packed
+        dataset there is replaced, anything else refused.
     shard_size : int or str
         Bytes a shard grows to (``"1GiB"`` allowed); a larger record gets a shard of its own.
     transcode : bool
-        Rewrite each readable JPEG losslessly (:func:`dpu_pipe.jpeg.transcode`, optimized
-        Huffman tables) with restart markers every ``restart_interval`` MCUs (or ``"row"``);
-        a file it does not take stays as it is.
+        Rewrite readable JPEGs losslessly with a restart marker every ``restart_interval``
+        MCUs (or ``"row"``) and optimized Huffman tables (:func:`dpu_pipe.jpeg.transcode`).
     threads : int, optional
-        Threads that read and transcode (default: the CPUs this process may run on); the
-        output does not depend on their number.
+        Threads reading and transcoding (default: one per usable CPU); no effect on output.
     progress : bool or None
         A tqdm bar; None: only on a terminal.
     verify : bool
         Re-read each written shard and check its CRCs.
     alignment : int
-        Bytes (a power of two up to 4096) each record starts at a multiple of.
+        Bytes, a power of two up to 4096: records start at multiples of it.
     block_records : int
         Records per CRC-checked index block.
     max_side : int, optional
-        Pixels: downscale every readable JPEG whose longer side exceeds it (before
-        transcoding) with Pillow's Lanczos, re-encoded at quality :data:`RESIZE_QUALITY` with
-        the source's chroma subsampling; such records are flagged ``RESIZED`` (lossy).
+        Pixels: readable JPEGs with a longer side are downscaled to it (lossy, Pillow's
+        Lanczos, quality :data:`RESIZE_QUALITY`) and flagged ``RESIZED``.
 
     Returns
     -------
     PackedSource
-        The dataset written. An unreadable source file raises the source's
-        :class:`DecodeError` and leaves ``out`` untouched. Memory: one shard's index (48
-        bytes per record plus paths), ``threads × 64`` records in flight, and the labels.
+        The dataset written. An unreadable source file raises its :class:`DecodeError` and
+        leaves ``out`` untouched.
     """
     source, labels = _packable(source)
     shard_size = _positive_int(parse_size(shard_size) if isinstance(shard_size, str)
@@ -329,8 +321,6 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     if not isinstance(transcode, bool):
         raise ConfigError(f"transcode must be True or False, got {transcode!r}")
     transform = _transcoder(restart_interval) if transcode else None
-    if max_side is not None:
-        max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
     downscale = _downscaler(max_side) if max_side is not None else None
     out = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(out)
@@ -349,15 +339,29 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
                 shards.add(i, relpath(i), *record)
                 bar.update(1)
         shards.close()
-        settings = {"shard_size": shard_size, "transcode": None, "max_side": None}
-        if transcode:
-            settings["transcode"] = {"restart_interval": restart_interval if restart_interval
-                                     == "row" else int(restart_interval), "optimize": True}
-        if max_side is not None:
-            settings["max_side"] = {"max_side": max_side, "resized": shards.resized,
-                                    "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"}
-        meta = _pack_meta(source, labels, shards, settings)
-        _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, shards.table(),
+        table = shards.table()
+        spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
+        if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
+            del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
+        meta = {
+            "classes": getattr(source, "classes", None),
+            "created_by": f"dpu_pipe {__version__}",
+            "source": spec,
+            "shard_size": shard_size,
+            "transcode": None if transform is None else {
+                "restart_interval": transform.restart_interval, "optimize": True},
+            "max_side": None if downscale is None else {
+                "max_side": downscale.max_side, "resized": shards.resized, "quality": RESIZE_QUALITY,
+                "resampler": "Pillow LANCZOS"},
+            "formats": {name: int(n) for name, n in zip(fmt.FORMATS, shards.formats) if n},
+            "unreadable": len(shards.unreadable),
+            "unreadable_examples": shards.unreadable[:20],
+            "label_range": [int(labels.min()), int(labels.max())],
+            "num_labels": int(len(np.unique(labels))),
+            "data_bytes": int(table["data_bytes"].sum()),
+            "orig_bytes": int(table["orig_bytes"].sum()),
+        }
+        _write_manifest(os.path.join(tmp, fmt.MANIFEST_NAME), labels, table,
                         json.dumps(meta, sort_keys=True).encode("utf-8"))
         _fsync_dir(tmp)
         _install(tmp, out, parent)
@@ -448,29 +452,6 @@ class _Shards:
         return np.array(self.entries, dtype=fmt.SHARD_ENTRY)
 
 
-def _pack_meta(source, labels, shards, settings):
-    """The manifest's metadata: provenance, ``settings`` and what was packed."""
-    from .._version import __version__
-
-    table = shards.table()
-    spec = source.spec() if hasattr(source, "spec") else {"type": type(source).__name__}
-    if not isinstance(spec.get("args", {}).get("path_or_rows", ""), str):
-        del spec["args"]["path_or_rows"]   # a row-based file list's: every path again
-    return {
-        "classes": getattr(source, "classes", None),
-        "created_by": f"dpu_pipe {__version__}",
-        "source": spec,
-        **settings,
-        "formats": {name: int(n) for name, n in zip(fmt.FORMATS, shards.formats) if n},
-        "unreadable": len(shards.unreadable),
-        "unreadable_examples": shards.unreadable[:20],
-        "label_range": [int(labels.min()), int(labels.max())],
-        "num_labels": int(len(np.unique(labels))),
-        "data_bytes": int(table["data_bytes"].sum()),
-        "orig_bytes": int(table["orig_bytes"].sum()),
-    }
-
-
 def _install(tmp, out, parent):
     """Put the complete dataset ``tmp`` at ``out``, replacing a packed dataset there."""
     if os.path.lexists(out):
@@ -490,14 +471,13 @@ def _install(tmp, out, parent):
 
 
 def _verify_shard(path, number, recs, labels):
-    """Re-read a written shard: structure, every record against the CRC of the bytes that
-    were written, labels against the source's."""
+    """Re-read a written shard: structure, labels against the source's, and every record
+    against the CRC of the bytes that were written."""
     try:
-        sh = PackedShard(path)
+        sh = PackedShard(path, labels=labels)
         try:
             bad = sh.find_corrupt()
-            same = (np.array_equal(sh.records["crc32"], recs["crc32"])
-                    and np.array_equal(sh.records["label"], labels))
+            same = np.array_equal(sh.records["crc32"], recs["crc32"])
         finally:
             sh.close()
     except ConfigError as e:
