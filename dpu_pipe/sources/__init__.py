@@ -162,27 +162,24 @@ def open_path(path, *, root=None):
     :class:`ParquetSource`, any other file a :class:`FileList` (``root`` applies to file
     lists only)."""
     path = os.fspath(path)
-    kind = path_kind(path)
-    if kind is not None and not is_packed(path):
-        if root is not None:
-            raise ConfigError(f"root= applies to file lists, not to {path}")
-        return WebDataset(path) if kind == "webdataset" else ParquetSource(path)
-    if is_packed(path) or os.path.isdir(path):
-        if root is not None:
-            raise ConfigError(f"root= applies to file lists, not to the dataset directory {path}")
-        return PackedSource(path) if is_packed(path) else ImageFolder(path)
-    if not os.path.exists(path):
+    kind = "packed" if is_packed(path) else path_kind(path)
+    if kind is None and os.path.isdir(path):
+        kind = "folder"
+    if kind is not None and root is not None:
+        where = "the dataset directory " if kind in ("packed", "folder") else ""
+        raise ConfigError(f"root= applies to file lists, not to {where}{path}")
+    if kind is None and not os.path.exists(path):
         raise ConfigError(f"dataset path does not exist: {path}")
-    return FileList(path, root=root)
+    opener = {"packed": PackedSource, "folder": ImageFolder, "webdataset": WebDataset,
+              "parquet": ParquetSource}.get(kind)
+    return opener(path) if opener else FileList(path, root=root)
 
 
 def as_source(obj):
     """A source from what a loader was given: a source object is returned as it is; a
     Hugging Face ``datasets.Dataset`` is opened through its Arrow files; a path is opened by
-    :func:`open_path` — a packed dataset (found by its manifest's header whatever the name),
-    a directory (ImageFolder), tar shards (``train-{0000..0003}.tar``), Parquet or Arrow
-    files, or a ``.txt``/``.csv``/``.lst``/``.tsv`` file list; a list of tar (or of Parquet)
-    paths opens them together. Anything else raises :class:`ConfigError`."""
+    :func:`open_path`; a list of tar (or of Parquet) paths opens them together. Anything
+    else raises :class:`ConfigError`."""
     if isinstance(obj, (str, bytes, os.PathLike)):
         path = os.fsdecode(obj)
         if (os.path.isfile(path) and not is_packed(path) and path_kind(path) is None

@@ -1,54 +1,35 @@
 """The source protocol: what a loader needs from a dataset, and the base class of the built-in
-sources.
+sources (a guide with an example: docs/guides/datasets.md, "Your own source").
 
-The protocol
-------------
 A source is an indexed collection of encoded images (JPEG; PNG, WebP and the other formats
-OpenCV reads) with labels. A loader uses:
+OpenCV reads) with labels:
 
 ``len(src)``
-    Number of samples ``N``. Sample indices are ``0 .. N-1``; anything else raises
-    ``IndexError``.
+    Number of samples ``N``; indices are ``0 .. N-1``, anything else raises ``IndexError``.
 ``src.read(i) -> bytes``
-    The encoded bytes of sample ``i``, read on demand. If they cannot be read (missing file,
-    I/O error, a damaged container) it raises :class:`dpu_pipe.DecodeError`
-    ``("cannot read: ...", index=i, path=...)``, so a loader's ``on_error`` policy treats an
-    unreadable sample exactly like an undecodable one.
+    The encoded bytes of sample ``i``, read on demand; :class:`dpu_pipe.DecodeError`
+    ``("cannot read: ...", index=i, path=...)`` when they cannot be read, so a loader's
+    ``on_error`` policy treats an unreadable sample like an undecodable one.
 ``src.buffers(indices) -> (BufferList, {batch position: DecodeError})`` (optional)
-    A whole batch at once (``indices`` int64 of shape ``(n,)``), without a Python object per
-    record where the storage allows it; a loader falls back to ``read`` without it.
-``src.labels -> np.ndarray`` of shape ``(N,)`` (int64), and ``src.label(i)``
-    Labels, from the in-memory index (no I/O). ``labels`` is read-only. A
-    :class:`~dpu_pipe.sources.FileList` may also hold float labels (float32) or several per
-    sample (shape ``(N, K)``).
-``src.classes -> list[str] | None``
-    Class names (label ``k`` is ``classes[k]``) when the source has them.
-``src.describe(i) -> str``
-    Where sample ``i`` lives, for error messages: a file path, ``"shard S, member M"``, ...
-``src.metadata(i) -> dict``
-    Per-sample metadata from the in-memory index, the same keys for every sample (a loader
-    built with ``return_meta=True`` yields them).
-``src.relpath(i) -> str`` (optional)
-    A name of sample ``i`` unique within the dataset: what a packed dataset stores.
-``src.fingerprint() -> str``
-    A digest of the index (names and labels, in order): equal on two nodes only if both see
-    the same dataset.
-``src.spec() -> dict``
-    ``{"factory": "module:callable", "args": {...}, "count": N, "fingerprint": ...}``: an
-    importable callable and JSON-serialisable keyword arguments from which
-    :func:`~dpu_pipe.sources.open_source` rebuilds an equivalent source in another process —
-    a DPU producer rank reading the same data from a shared file system. Paths in ``args``
-    are absolute, so the data must be mounted at the same path. ``open_source`` refuses a
-    rebuilt source whose count or fingerprint differs, because a different listing on one
-    node would silently break determinism and exactly-once delivery.
+    A whole batch (``indices`` int64 of shape ``(n,)``) without a Python object per record.
+``src.labels``, ``src.label(i)``, ``src.classes``
+    Read-only labels of shape ``(N,)`` (int64; a :class:`~dpu_pipe.sources.FileList` may
+    hold float32, or shape ``(N, K)``), from memory; class names (label ``k`` is
+    ``classes[k]``) or None.
+``src.describe(i)``, ``src.metadata(i)``, ``src.relpath(i)`` (optional)
+    Where sample ``i`` lives, for messages; its metadata dict (the same keys for every
+    sample); a name unique within the dataset (what a packed dataset stores).
+``src.fingerprint()``
+    A digest of the names and labels, in order: equal on two nodes only for the same data.
+``src.spec()``
+    ``{"factory": "module:callable", "args": {...}, "count": N, "fingerprint": ...}``, from
+    which :func:`~dpu_pipe.sources.open_source` rebuilds the source in a producer process
+    (absolute paths: the data is mounted at the same path) and refuses it if its count or
+    fingerprint differs, which would silently break determinism and exactly-once delivery.
 
-A user's source subclasses :class:`Source` (or provides the same methods): it sets
-``_labels`` and implements ``read`` and ``_spec`` (its constructor's keyword arguments);
-:class:`Source` supplies the rest. ``dpu_pipe.DPULoader`` checks on the host, when it is
-built, that the spec round-trips (JSON, import, rebuild, same count and fingerprint), so a
-source producers cannot rebuild is a :class:`~dpu_pipe.ConfigError` there and then.
-
-Sources are picklable and safe to read from several threads at once.
+A user's source subclasses :class:`Source`, sets ``_labels`` and implements ``read`` and
+``_spec`` (its constructor's keyword arguments). Sources are picklable and safe to read from
+several threads at once.
 """
 
 import hashlib

@@ -104,32 +104,27 @@ def _parse_line(text, where, columns=None):
 class FileList(FileSource):
     """Samples listed as ``(path, label)`` pairs, from a list file or from rows.
 
-    ``path_or_rows`` is either the path of a UTF-8 text file, one sample per line as
-    ``path,label`` (a line with a comma is read as CSV, so quote a path that contains one) or
-    ``path label`` (whitespace; the label is the last field, so paths may contain spaces), or
-    an iterable of ``(path, label)`` pairs. Blank lines and
-    lines starting with ``#`` are skipped, as is a first line ``path,label`` style header
-    whose label field is not a number but a word like ``label``.
+    Parameters
+    ----------
+    path_or_rows : str or iterable
+        A UTF-8 list file, one sample per line as ``path,label`` (a line with a comma is CSV:
+        quote a path holding one) or ``path label`` (the label is the last field: paths may
+        hold spaces); blank lines, ``#`` comments and a ``path,label`` style header are
+        skipped. Or an iterable of ``(path, label)`` rows (``(path, label, meta...)`` with
+        ``meta_columns``).
+    root : str, optional
+        What relative paths are resolved against (default: the list file's directory, or
+        the working directory for rows).
+    meta_columns : list of str, optional
+        CSV columns that are per-sample metadata (their stripped text, in :meth:`metadata`)
+        rather than labels; the list then starts with a header naming every column (the
+        first is the path, every one not in ``meta_columns`` a label).
 
-    Labels: one integer per sample gives ``labels`` int64 of shape (N,), as for the other
-    sources. A label that is a float (``path,0.75``) makes the array float32; several label
-    columns (``path,1,0,1`` — CSV only — or rows with a sequence of numbers) give shape
-    (N, K), for multi-label or regression targets; every sample must have the same K. Both
-    loaders yield labels of the same dtype and shape (packed files hold one integer per
-    sample).
-
-    Metadata: ``meta_columns=["caption", ...]`` names CSV columns that are per-sample
-    metadata rather than labels. The list must then start with a header naming every column
-    (``path,label,caption``; the first column is the path, whatever its name, and every
-    column not in ``meta_columns`` is a label); each line has as many fields as the header.
-    Their text (stripped) is in :meth:`metadata` beside the ``"path"``. Rows take them after
-    the label: ``(path, label, caption, ...)``. Relative paths are resolved
-    against ``root``, by default the list file's directory (or the working directory, for
-    rows). Order and labels are kept as listed. Files are not checked at construction; a
-    missing one raises :class:`DecodeError` when read.
-
-    Raises :class:`ConfigError` naming the line for a malformed line or a label that is not a
-    finite number, and when the list is empty.
+    One integer label per sample gives ``labels`` int64 of shape (N,); a float label makes
+    it float32, several label columns (or rows with a sequence) shape (N, K), the same K for
+    every sample. Files are not checked here; a missing one raises :class:`DecodeError` when
+    read. Raises :class:`ConfigError` naming the line for a malformed line or a label that is
+    not a finite number, and when the list is empty.
     """
 
     kind = "file_list"
@@ -197,10 +192,6 @@ class FileList(FileSource):
             elif meta_columns or rows or not _is_header(text):
                 rows.append(_parse_line(text, where, columns))
         return rows
-
-    @property
-    def root(self):
-        return self._root
 
     def _spec(self):
         extra = {"meta_columns": list(self.meta_columns)} if self.meta_columns else {}

@@ -19,6 +19,11 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class FileSource(Source):
     """A source whose samples are individual files: ``_root`` plus relative paths."""
 
+    @property
+    def root(self):
+        """The directory relative paths are resolved against."""
+        return self._root
+
     def _path(self, i):
         self._check_index(i)
         return os.path.join(self._root, self._relpaths[i])
@@ -58,18 +63,16 @@ class FileSource(Source):
 class ImageFolder(FileSource):
     """Image files in class sub-folders: ``root/<class>/**/<file>.jpg`` (or .png, ...).
 
-    Classes are the sub-directories of ``root`` in sorted (code point) order and get labels
-    ``0 .. C-1``, as torchvision's ``ImageFolder`` numbers them. Files with an extension of
-    :data:`IMG_EXTENSIONS` (torchvision's) in any letter case are taken from each class folder
-    and its sub-folders (symlinks followed); other files, files directly in ``root`` and hidden
-    entries (names starting with ``.``, e.g. ``.ipynb_checkpoints``) are ignored. Samples are
-    ordered by class, then by directory, then by file name, so every node that lists the same
-    tree gets the same indices.
+    Classes are the sub-directories of ``root`` in sorted (code point) order, labelled
+    ``0 .. C-1`` as torchvision's ``ImageFolder`` does. Files with an extension of
+    :data:`IMG_EXTENSIONS` in any letter case are taken from each class folder and its
+    sub-folders (symlinks followed); files directly in ``root`` and hidden entries are
+    ignored. Samples are ordered by class, directory, then file name, so every node listing
+    the same tree gets the same indices.
 
-    Like torchvision, a class folder without a usable file raises :class:`ConfigError` naming
-    it; with ``allow_empty=True`` it keeps its label (numbering does not depend on which
-    folders happen to be empty). Also raises :class:`ConfigError` when ``root`` is not a
-    directory or holds no image at all.
+    Raises :class:`ConfigError` when ``root`` is not a directory or holds no image, and, as
+    torchvision does, for a class folder without a usable file unless ``allow_empty=True``
+    (which keeps its label).
     """
 
     kind = "image_folder"
@@ -118,10 +121,6 @@ class ImageFolder(FileSource):
         self._relpaths = relpaths
         self._labels = frozen_labels(labels)
         self.classes = classes
-
-    @property
-    def root(self):
-        return self._root
 
     def _spec(self):
         return {"root": self._root, "allow_empty": self._allow_empty}

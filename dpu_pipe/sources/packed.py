@@ -10,20 +10,13 @@ __all__ = ["PackedSource"]
 class PackedSource(Source):
     """Samples from a packed dataset (see :mod:`dpu_pipe.packed`): its directory or manifest.
 
-    Opening reads the manifest's header, shard table and metadata and maps its labels; a
-    shard is mapped, and an index block of it checked, when one of its records is first read,
-    so memory grows with what a rank reads, not with the dataset (at most
-    ``max_open_shards`` shards mapped at once, by default a quarter of the file-descriptor
-    limit up to 1024). ``read(i)`` copies record ``i`` into
-    ``bytes``, ``view(i)`` returns it as a zero-copy ``memoryview``, and ``buffers(indices)``
-    gives a batch decoder every record of a batch without a Python object per record when
-    they share a shard. With ``verify_reads`` each read checks the record's CRC (about a 5 %
-    cost on decode time for 100 KB records), worth it on a file system that may return bad
-    data.
-
-    Opening raises :class:`ConfigError` for a path that is missing or foreign, a damaged
-    manifest, or an unsupported format version (named). A missing, corrupt or foreign shard
-    raises :class:`DecodeError` naming the shard and the record when a record of it is read.
+    Opening reads the manifest and maps its labels; shards are mapped and checked as their
+    records are read (at most ``max_open_shards`` at once, see :class:`PackedDataset
+    <dpu_pipe.packed.PackedDataset>`). ``read(i)`` copies record ``i``, ``view(i)`` a zero-copy
+    ``memoryview``. With ``verify_reads`` each read checks the record's CRC (about 5 % of
+    decode time for 100 KB records). Opening raises :class:`ConfigError` for a missing or
+    foreign path, a damaged manifest or an unsupported version; a missing, corrupt or foreign
+    shard raises :class:`DecodeError` naming the shard and the record when one is read.
     """
 
     kind = "packed"
@@ -90,9 +83,7 @@ class PackedSource(Source):
         return {"path": self._ds.path, "verify_reads": self._ds.verify_reads}
 
     def __getstate__(self):
-        return {"path": self._ds.path, "verify_reads": self._ds.verify_reads,
-                "max_open_shards": self._ds.max_open_shards}
+        return {**self._spec(), "max_open_shards": self._ds.max_open_shards}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], verify_reads=state["verify_reads"],
-                      max_open_shards=state.get("max_open_shards"))
+        self.__init__(**state)
