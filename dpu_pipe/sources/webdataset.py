@@ -7,6 +7,7 @@ file (docs/guides/datasets.md: "The member index and its cache"), gives random a
 read-only memory map of the shard.
 """
 
+import collections
 import hashlib
 import json
 import mmap
@@ -73,11 +74,9 @@ def expand_shards(pattern):
 def _split_key(name):
     """``(key, extension)`` of a member name: the extension starts at the first dot of the
     file name (``a/b.seg.png`` → ``("a/b", "seg.png")``)."""
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    if dot < 0:
-        return name, ""
-    return name[:dot], name[dot + 1:]
+    folder, slash, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return folder + slash + stem, ext
 
 
 def _cache_dir():
@@ -97,15 +96,9 @@ def _writable(directory):
     return os.access(directory, os.W_OK)
 
 
-class _ShardIndex:
-    """The samples of one shard: :data:`SAMPLE` records, key blob and per-sample problems."""
-
-    __slots__ = ("samples", "keys", "problems")
-
-    def __init__(self, samples, keys, problems):
-        self.samples = samples
-        self.keys = keys
-        self.problems = problems    # {sample position: message} for NO_LABEL samples
+class _ShardIndex(collections.namedtuple("_ShardIndex", "samples keys problems")):
+    """The samples of one shard: :data:`SAMPLE` records, key blob (uint8) and the problems of
+    its NO_LABEL samples ({sample position: message})."""
 
     def key(self, j):
         r = self.samples[j]
