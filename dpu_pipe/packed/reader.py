@@ -150,10 +150,9 @@ class PackedShard:
         lo = int(ends[j - 1]) if j else 0
         return bytes(self._parts[2][lo:int(ends[j])]).decode("utf-8", "surrogateescape")
 
-    def find_corrupt(self, progress=None):
+    def find_corrupt(self):
         """Shard-local numbers (``int64`` array) of the records whose bytes do not match
-        their CRC, after checking every index block. ``progress(nbytes)`` is called per
-        block with the bytes checked."""
+        their CRC, after checking every index block."""
         bad = []
         b = self.block_records
         # Read with pread, not through the mapping: checking a 1 GiB shard then leaves the
@@ -168,8 +167,6 @@ class PackedShard:
                                                       block["crc32"].tolist())):
                     if zlib.crc32(os.pread(fd, n, off)) != crc:
                         bad.append(k * b + j)
-                if progress is not None:
-                    progress(int(block["length"].sum()))
         finally:
             os.close(fd)
         return np.asarray(bad, dtype=np.int64)
@@ -389,14 +386,13 @@ class PackedDataset:
                     return None
         return _jpeg.BufferList.from_packed(sh.buffer, offsets, lengths), {}
 
-    def check(self, shards=None, *, progress=None):
-        """Verify shards (all, or the numbers in ``shards``) on their own: header against the
-        manifest, every index block, every record's CRC. Returns ``{shard number: message}``
-        for the shards that fail; ``progress(nbytes)`` is called as bytes are checked."""
+    def check(self, *, progress=None):
+        """Verify every shard on its own: header against the manifest, every index block,
+        every record's CRC. Returns ``{shard number: message}`` for the shards that fail;
+        ``progress(nbytes)`` is called after each shard with its size."""
         self._check_open()
         failures = {}
-        for k in (range(self.num_shards) if shards is None else shards):
-            k = int(k)
+        for k in range(self.num_shards):
             try:
                 sh = self._open_shard(k, self.shards, self.labels)
                 try:
