@@ -351,8 +351,8 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
             "transcode": None if transform is None else {
                 "restart_interval": transform.restart_interval, "optimize": True},
             "max_side": None if downscale is None else {
-                "max_side": downscale.max_side, "resized": shards.resized, "quality": RESIZE_QUALITY,
-                "resampler": "Pillow LANCZOS"},
+                "max_side": downscale.max_side, "resized": shards.resized,
+                "quality": RESIZE_QUALITY, "resampler": "Pillow LANCZOS"},
             "formats": {name: int(n) for name, n in zip(fmt.FORMATS, shards.formats) if n},
             "unreadable": len(shards.unreadable),
             "unreadable_examples": shards.unreadable[:20],

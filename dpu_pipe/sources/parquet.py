@@ -102,6 +102,13 @@ class _File:
         return self._batches[g].column(column)
 
 
+def _validity(arr):
+    """Bool per row of an Arrow array, or None when no row is null."""
+    if not arr.null_count:
+        return None
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+
+
 class _Group:
     """One group's images: ``data`` (uint8), ``offsets`` int64 (n + 1), validity (bool (n,)
     or None) and, for a struct column, the ``path`` field (for rows without bytes)."""
@@ -110,29 +117,20 @@ class _Group:
 
     def __init__(self, arr):
         pa = _pyarrow()
-        self.paths = None
+        self.paths = parent = None
         if pa.types.is_struct(arr.type):
             if arr.type.get_field_index("path") >= 0:
                 self.paths = arr.field("path")
-            parent_valid = None if arr.null_count == 0 else \
-                np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+            parent = _validity(arr)
             arr = arr.field("bytes")
-        else:
-            parent_valid = None
-        n = len(arr)
+        valid = _validity(arr)
+        self.valid = parent if valid is None else valid if parent is None else valid & parent
         bufs = arr.buffers()
         wide = pa.types.is_large_binary(arr.type)
-        offs = np.frombuffer(bufs[1], dtype="<i8" if wide else "<i4",
-                             count=arr.offset + n + 1)[arr.offset:]
-        self.offsets = offs.astype(np.int64)
+        self.offsets = np.frombuffer(bufs[1], dtype="<i8" if wide else "<i4",
+                                     count=arr.offset + len(arr) + 1)[arr.offset:].astype(np.int64)
         self.data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and \
             bufs[2].size else np.zeros(0, np.uint8)
-        valid = None
-        if arr.null_count:
-            valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
-        if parent_valid is not None:
-            valid = parent_valid if valid is None else valid & parent_valid
-        self.valid = valid
 
 
 class ParquetSource(Source):
