@@ -7,7 +7,6 @@ which keeps ``sources`` → ``packed`` one-way.
 """
 
 from .format import MANIFEST_NAME, VERSION
-from .reader import PackedDataset, PackedShard, is_packed, manifest_path
+from .reader import PackedDataset, PackedShard, is_packed
 
-__all__ = ["VERSION", "MANIFEST_NAME", "PackedDataset", "PackedShard", "is_packed",
-           "manifest_path"]
+__all__ = ["VERSION", "MANIFEST_NAME", "PackedDataset", "PackedShard", "is_packed"]

@@ -14,7 +14,7 @@ from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
 from . import format as fmt
 
-__all__ = ["PackedShard", "PackedDataset", "is_packed", "manifest_path"]
+__all__ = ["PackedShard", "PackedDataset", "is_packed"]
 
 
 class ClosedError(ConfigError):
@@ -22,26 +22,17 @@ class ClosedError(ConfigError):
     damaged shard: never turned into a sample's :class:`DecodeError`)."""
 
 
-def manifest_path(path):
-    """The manifest of the packed dataset at ``path`` (its directory, its manifest — or one
-    of its shards, which opening then refuses by name), or None when ``path`` is none of
-    these."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        candidate = os.path.join(path, fmt.MANIFEST_NAME)
-        return candidate if os.path.isfile(candidate) else None
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(fmt.MAGIC))
-    except OSError:
-        return None
-    return path if head in (fmt.MAGIC, fmt.SHARD_MAGIC) else None
-
-
 def is_packed(path):
     """True when ``path`` is a packed dataset's directory, manifest (of any version) or
-    shard."""
-    return manifest_path(path) is not None
+    shard (which opening then refuses by name)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, fmt.MANIFEST_NAME))
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(fmt.MAGIC)) in (fmt.MAGIC, fmt.SHARD_MAGIC)
+    except OSError:
+        return False
 
 
 def _default_max_open_shards():
@@ -69,21 +60,12 @@ def _read_head(path, where):
 class PackedShard:
     """One shard file, memory-mapped read-only.
 
-    Parameters
-    ----------
-    path : str
-        The shard file.
-    expect : (int, SHARD_ENTRY), optional
-        The shard's number and entry in a manifest, which the shard must match; without it
-        the shard is opened on its own (its own CRCs still cover every part).
-    labels : ndarray of <i8, optional
-        The labels of the shard's records (the manifest's slice), compared with each index
-        block as it is checked.
-    checked : ndarray of bool, optional
-        :attr:`checked` of an earlier opening of the same shard (trusted only with
-        ``expect``, whose header CRC covers the index).
-
-    Errors are :class:`ConfigError` naming the shard and, for an index entry, the record.
+    ``expect`` is ``(shard number, SHARD_ENTRY)`` from a manifest, which the shard must match
+    (``checked``, the :attr:`checked` array of an earlier opening of it, is only trusted
+    then); without it the shard is opened on its own (its CRCs still cover every part).
+    ``labels`` (``<i8``, the manifest's slice) is compared with each index block as it is
+    checked. Errors are :class:`ConfigError` naming the shard and, for an index entry, the
+    record.
     """
 
     def __init__(self, path, *, expect=None, labels=None, checked=None):
@@ -187,22 +169,13 @@ class PackedShard:
 class PackedDataset:
     """A packed dataset (directory or manifest ``path``), read lazily.
 
-    Parameters
-    ----------
-    path : str
-        The dataset's directory or its manifest.
-    verify_reads : bool
-        Check every record read against its CRC.
-    max_open_shards : int, optional
-        Shards mapped at once, least recently used first out (a batch still holding records
-        of an evicted shard keeps its mapping alive). Each holds one file descriptor and one
-        mapping; by default a quarter of the process's file-descriptor limit, capped at 1024.
-
     ``labels`` is the manifest's label array, memory-mapped (``int64``, read-only, shape
-    ``(count,)``). Index blocks checked stay checked across a shard's closing and reopening
-    (1 byte per 256 records). A shard that is missing, corrupt or foreign raises, when one of
-    its records is read, :class:`DecodeError` naming the record and the shard (so a loader's
-    ``on_error`` policy applies), and is not retried (open the dataset again to). The
+    ``(count,)``). At most ``max_open_shards`` shards are mapped at once (least recently used
+    first out; a batch holding records of an evicted shard keeps its mapping alive), each
+    holding a file descriptor: by default a quarter of the descriptor limit, at most 1024.
+    With ``verify_reads`` every record read is checked against its CRC. A missing, corrupt or
+    foreign shard raises, when one of its records is read, :class:`DecodeError` naming the
+    record and the shard (so a loader's ``on_error`` policy applies), and is not retried; the
     manifest's own damage raises :class:`ConfigError` at opening.
     """
 

@@ -22,7 +22,7 @@ from .._version import __version__
 from ..errors import ConfigError, DecodeError, DpuPipeError
 from ..sources import PackedSource, open_path
 from . import format as fmt
-from .reader import PackedShard, manifest_path
+from .reader import PackedShard, is_packed
 
 __all__ = ["pack", "DEFAULT_SHARD_SIZE", "parse_size"]
 
@@ -326,7 +326,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         raise ConfigError(f"output directory does not exist: {parent}")
-    if os.path.lexists(out) and manifest_path(out) is None:
+    if os.path.lexists(out) and not is_packed(out):
         raise ConfigError(f"refusing to replace {out}: it exists and is not a packed dataset")
 
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
