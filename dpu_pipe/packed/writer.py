@@ -312,14 +312,12 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
     if alignment < 1 or alignment > 4096 or alignment & (alignment - 1):
         raise ConfigError(f"alignment must be a power of two between 1 and 4096 bytes, "
                           f"got {alignment}")
-    if not 1 <= int(block_records) <= 2**20:
-        raise ConfigError(f"block_records must be in [1, 2**20], got {block_records!r}")
+    block_records = _validate.integer(block_records, "block_records", 1, 2**20)
     if threads is None:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
     threads = _positive_int(threads, "threads")
-    if not isinstance(transcode, bool):
-        raise ConfigError(f"transcode must be True or False, got {transcode!r}")
+    transcode = _validate.boolean(transcode, "transcode")
     transform = _transcoder(restart_interval) if transcode else None
     downscale = _downscaler(max_side) if max_side is not None else None
     out = os.path.abspath(os.fspath(out))
@@ -331,7 +329,7 @@ def pack(source, out, *, shard_size=DEFAULT_SHARD_SIZE, transcode=True, restart_
 
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp)  # mode 0o777 minus the umask, as any directory the user creates
-    shards = _Shards(tmp, labels, shard_size, alignment, int(block_records), verify)
+    shards = _Shards(tmp, labels, shard_size, alignment, block_records, verify)
     relpath = getattr(source, "relpath", str)   # a source without names: its index
     try:
         with _progress_bar(progress, len(source), f"packing {os.path.basename(out)}") as bar:
