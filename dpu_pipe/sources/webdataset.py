@@ -263,16 +263,9 @@ def scan_shard(path, image_keys, label_key):
 
     def flush(key, members):
         kb = key.encode("utf-8", "surrogateescape")
-        flags, offset, length, ext = 0, 0, 0, -1
-        for k, name in enumerate(image_keys):
-            if name in members:
-                ext = k
-                offset, length = members[name]
-                if offset + length > size:
-                    flags |= TRUNCATED
-                break
-        else:
-            flags |= NO_IMAGE
+        ext = next((k for k, name in enumerate(image_keys) if name in members), -1)
+        offset, length = members[image_keys[ext]] if ext >= 0 else (0, 0)
+        flags = NO_IMAGE if ext < 0 else TRUNCATED if offset + length > size else 0
         label, why = _label_of(members, label_key, read, key)
         if why is not None:
             flags |= NO_LABEL
