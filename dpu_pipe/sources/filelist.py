@@ -194,12 +194,10 @@ class FileList(FileSource):
         return rows
 
     def _spec(self):
+        rows = self._list_path or [[p, lab, *m] for p, lab, m in
+                                   zip(self._relpaths, self._labels.tolist(), self._meta)]
         extra = {"meta_columns": list(self.meta_columns)} if self.meta_columns else {}
-        if self._list_path is not None:
-            return {"path_or_rows": self._list_path, "root": self._root, **extra}
-        return {"path_or_rows": [[p, lab, *m] for p, lab, m in
-                                 zip(self._relpaths, self._labels.tolist(), self._meta)],
-                "root": self._root, **extra}
+        return {"path_or_rows": rows, "root": self._root, **extra}
 
 
 def _header_columns(text, meta_columns, where):

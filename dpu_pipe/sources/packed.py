@@ -52,9 +52,8 @@ class PackedSource(Source):
         return self._ds.record(i)
 
     def buffers(self, indices):
-        """``(BufferList, {batch position: DecodeError})`` of the records ``indices``
-        (int64 array of shape (n,)); a record of a missing or corrupt shard gets an empty
-        buffer and an error naming it."""
+        """``(BufferList, {batch position: DecodeError})`` of the records ``indices`` (int64
+        (n,)); see :meth:`PackedDataset.buffers <dpu_pipe.packed.PackedDataset.buffers>`."""
         return self._ds.buffers(indices)
 
     def relpath(self, i):
