@@ -22,7 +22,7 @@ import numpy as np
 from dpu_pipe import ops
 from dpu_pipe.tools.plan import cpu_name
 
-from bench_region import time_interleaved
+from bench_region import per_item
 
 SIZE = 224
 CASES = [(3, 1.0), (9, 1.0), (23, 1.0), (23, 2.0)]
@@ -70,7 +70,7 @@ def main(argv=None):
         }
         for m in methods.values():      # warm-up: first calls allocate and load code
             m(items[0])
-        times = time_interleaved(methods, items, args.rounds)
+        times = per_item(methods, items, args.rounds)
         result["us_per_image"][f"k{k}-s{s}"] = {m: statistics.median(v) for m, v in times.items()}
     if args.json:
         print(json.dumps(result, indent=1))

@@ -38,9 +38,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dpu_pipe.errors import ConfigError, DpuPipeError  # noqa: E402
-from dpu_pipe.tools import cli, pinning  # noqa: E402
+from dpu_pipe.tools import cli  # noqa: E402
 from dpu_pipe.tools.bench_augment import pillow_augment  # noqa: E402
-from dpu_pipe.tools.harness import interleaved, load_buffers, rate_stats  # noqa: E402
+from dpu_pipe.tools.harness import interleaved, load_buffers, pinned, rate_stats  # noqa: E402
 
 __all__ = ["loader_benchmark", "format_loader_table", "LOADER_METHODS", "pillow_batch"]
 
@@ -290,20 +290,18 @@ def loader_benchmark(root, *, n=200, batch_size=32, size=224, threads=(1, 2), re
     if unknown:
         raise ConfigError(f"unknown loader methods {unknown}; choose from {list(LOADER_METHODS)}")
     data = _Epochs(root, n, batch_size, size, seed)
-    previous = pinning.pin(cores)
     resources = []
-    try:
-        passes = {(m, k): PASSES[m](data, k, resources) for m in LOADER_METHODS
-                  if m in methods for k in threads}
-        times, stats0, stats1 = _time(passes, data, repeat, progress)
-    finally:
-        for close in reversed(resources):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - clean-up must go on
-                pass
-        used = pinning.allowed_cores()
-        pinning.restore(previous)
+    with pinned(cores) as used:
+        try:
+            passes = {(m, k): PASSES[m](data, k, resources) for m in LOADER_METHODS
+                      if m in methods for k in threads}
+            times, stats0, stats1 = _time(passes, data, repeat, progress)
+        finally:
+            for close in reversed(resources):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - clean-up must go on
+                    pass
     return dict(rows=_rows(times, data.images), overhead=_overhead(times, stats0, stats1,
                                                                    threads),
                 images=data.images, batch_size=batch_size, batches=data.nbatches,

@@ -130,9 +130,9 @@ def bench_pack(root, n, rounds, threads, tmp):
 
 
 def bench_lazy(sizes, tmp):
-    sys.path.insert(0, str(REPO))
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]
     from dpu_pipe import pack
-    from dpu_pipe.tools.sample_data import TinySource
+    from helpers import TinySource
     rows = {}
     for n in sizes:
         out = os.path.join(tmp, f"tiny-{n}")

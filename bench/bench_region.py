@@ -19,33 +19,24 @@ rounds):
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 from dpu_pipe import _jpeg, jpeg
 from dpu_pipe.rng import random_resized_crop
+from dpu_pipe.tools.harness import interleaved
 from dpu_pipe.tools.sample_data import dataset_files, sample_dataset
 
 MAX_PIXELS = 1 << 28
 
 
-def time_interleaved(methods, items, rounds):
-    """{method: [µs per item of each round]}: every method runs on an item before the next
-    item, the order rotating from item to item so that no method always brings the item into
-    the cache."""
-    totals = {m: [] for m in methods}
-    names = list(methods)
-    for _ in range(rounds):
-        acc = dict.fromkeys(methods, 0.0)
-        for j, it in enumerate(items):
-            for m in names[j % len(names):] + names[:j % len(names)]:
-                t0 = time.perf_counter()
-                methods[m](it)
-                acc[m] += time.perf_counter() - t0
-        for m in methods:
-            totals[m].append(acc[m] / len(items) * 1e6)
-    return totals
+def per_item(methods, items, rounds):
+    """{method: [µs per item of each round]} of ``fn(item)`` methods, timed by the harness
+    item by item (the order rotating from item to item, so that no method always brings the
+    item into the cache)."""
+    times = interleaved({m: (lambda fn: lambda start, stop: fn(items[start]))(fn)
+                         for m, fn in methods.items()}, len(items), chunk=1, repeat=rounds)
+    return {m: [t / len(items) * 1e6 for t in v] for m, v in times.items()}
 
 
 def main(argv=None):
@@ -74,7 +65,7 @@ def main(argv=None):
         "box/plain": lambda it: _jpeg.decode(it[0], it[1], s, s, fast, False, MAX_PIXELS,
                                              100, False),
     }
-    totals = time_interleaved(methods, items, args.rounds)
+    totals = per_item(methods, items, args.rounds)
     print(f"{len(items)} transcoded records (restart every MCU), both paths bit-identical "
           f"(checked), {args.rounds} rounds, one core, methods interleaved per image, min "
           f"size {s}, fast={fast}")

@@ -41,14 +41,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dpu_pipe import _jpeg, jpeg, rng  # noqa: E402
 from dpu_pipe.kernel import BatchProcessor  # noqa: E402
-from dpu_pipe.tools import cli, pinning  # noqa: E402
+from dpu_pipe.tools import cli  # noqa: E402
 from dpu_pipe.tools.bench_augment import pillow_augment  # noqa: E402
-from dpu_pipe.tools.harness import interleaved, load_buffers, markdown_table  # noqa: E402
+from dpu_pipe.tools.harness import interleaved, load_buffers, pin  # noqa: E402
 from dpu_pipe.transforms import TransformConfig  # noqa: E402
 
 MIN_SIZE = (224, 224)
 INTERVALS = (1, 2, 4, "row")
 BUDGET = (jpeg.DEFAULT_MAX_PIXELS, jpeg.DEFAULT_MAX_SCANS)
+
+
+def markdown_table(rows, columns):
+    """A markdown table of ``rows`` (dicts; a missing key is an empty cell), one column per
+    key of ``columns``, in that order."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
 
 _ANCHOR_C = r"""
 /* Region decode over jpeglib as one would write it by hand: DCT scale, jpeg_crop_scanline,
@@ -462,7 +470,7 @@ def main(argv=None):
                    help="do not pin the process to one core")
     args = p.parse_args(argv)
     if not args.no_pin:
-        pinning.pin(True)
+        pin(True)
     if args.data is None:
         from dpu_pipe.tools.sample_data import sample_dataset
         args.data = sample_dataset(args.images, args.seed)

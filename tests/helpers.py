@@ -172,3 +172,26 @@ def make_dataset(root, n, bad=None):
         with open(os.path.join(d, "img.jpg"), "wb") as f:
             f.write(bad_jpeg(bad[i]) if i in bad else sample_jpeg(i))
     return root
+
+
+class TinySource:
+    """A source of ``n`` 24-byte records (a PNG signature, then the index as 16 bytes) with
+    labels ``index % 1000``: packing and index-loading at the scale of millions of records,
+    where what is measured is the format, not the images."""
+
+    classes = None
+
+    def __init__(self, n):
+        self.labels = np.arange(n, dtype=np.int64) % 1000
+
+    def __len__(self):
+        return len(self.labels)
+
+    def read(self, i):
+        return b"\x89PNG\r\n\x1a\n" + int(i).to_bytes(16, "little")
+
+    def relpath(self, i):
+        return f"d/{i}.png"
+
+    def spec(self):
+        return {"kind": "tiny", "count": len(self)}

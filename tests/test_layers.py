@@ -37,7 +37,7 @@ LAYERS = [
                         "loader", "torch_dataset", "offload",
                         "offload.validation", "offload.producer_loop", "worker", "distributed"]),
     ("CLI", ["__main__", "tools", "tools.cli", "tools.progress", "tools.plots",
-             "tools.sample_data", "tools.pinning", "tools.harness", "tools.baselines",
+             "tools.sample_data", "tools.harness", "tools.baselines",
              "tools.bench_augment", "tools.bench_train", "tools.demo", "tools.plan"]),
 ]
 

@@ -23,12 +23,11 @@ from dpu_pipe.loader import Loader
 from dpu_pipe.packed import format as fmt
 from dpu_pipe.packed import writer as writer_mod
 from dpu_pipe.packed.reader import PackedShard
-from dpu_pipe.tools.sample_data import TinySource
 from dpu_pipe.sources import (FileList, ImageFolder, PackedSource, as_source, open_path,
                               open_source)
 
 import jpeg_corpus as jc
-from helpers import repo_env
+from helpers import TinySource, repo_env
 
 pytestmark = pytest.mark.timeout(120)
 

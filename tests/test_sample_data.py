@@ -180,11 +180,11 @@ def test_missing_scikit_image_names_the_pip_package(monkeypatch):
     from dpu_pipe.tools import sample_data
 
     monkeypatch.setattr(sample_data, "_package_dir", lambda name: None)
-    sample_data._corpus.cache_clear()
+    sample_data.photo_corpus.cache_clear()
     try:
         with pytest.raises(ConfigError, match="pip install scikit-image"):
             photo_corpus()
     finally:
         monkeypatch.undo()
-        sample_data._corpus.cache_clear()
+        sample_data.photo_corpus.cache_clear()
     assert photo_corpus()

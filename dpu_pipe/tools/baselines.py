@@ -16,26 +16,16 @@ from .harness import HOST_CORE, Run, load_torch, now, pin, recipe_options
 __all__ = ["Recipe", "RecipeDataset", "run_serial", "run_dataloader"]
 
 
-# -- torchvision's recipe ---------------------------------------------------------------------
-
-def _torchvision():
-    try:
-        import torchvision.transforms as T
-        return T
-    except Exception:  # noqa: BLE001 - any import failure means: not usable here
-        return None
-
-
 class Recipe:
     """torchvision's ImageNet transforms for one sample: ``(bytes, key) -> float32 CHW tensor``.
 
     Train ``classic``: RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize;
-    the other recipes of :data:`~dpu_pipe.tools.harness.RECIPES` add their ops with torchvision's ``transforms.v2``
-    (and need torchvision), and their batch ops in :meth:`batch`. Val: Resize(size / 0.875) +
-    CenterCrop(size) + ToTensor + Normalize. With torchvision importable, its own transforms
-    run (randomness from torch's generator, seeded per sample from ``key``); otherwise the
-    classic steps with Pillow and torch, parameters drawn as torchvision draws them from
-    ``random.Random(key)``.
+    the other recipes of :data:`~dpu_pipe.tools.harness.RECIPES` add their ops with
+    torchvision's ``transforms.v2`` (and need torchvision), and their batch ops in
+    :meth:`batch`. Val: Resize(size / 0.875) + CenterCrop(size) + ToTensor + Normalize. With
+    torchvision importable, its own transforms run (randomness from torch's generator, seeded
+    per sample from ``key``); otherwise the classic steps with Pillow and torch, parameters
+    drawn as torchvision draws them from ``random.Random(key)``.
     """
 
     def __init__(self, size, train, recipe="classic", num_classes=None):
@@ -45,22 +35,25 @@ class Recipe:
         self.recipe = recipe if train else "classic"
         self.options = recipe_options(self.recipe, num_classes or 1)
         self.resize = int(round(self.size / 0.875))
-        self.T = _torchvision()
-        if self.T is None and self.recipe != "classic":
+        try:
+            import torchvision.transforms as T
+        except Exception:  # noqa: BLE001 - any import failure means: not usable here
+            T = None
+        self.T = T
+        if T is None and self.recipe != "classic":
             raise ConfigError(f"recipe {recipe!r} needs torchvision (pip install torchvision)")
-        self.kind = "torchvision" if self.T is not None else "Pillow + torch (torchvision's recipe)"
+        self.kind = "torchvision" if T is not None else "Pillow + torch (torchvision's recipe)"
         if self.recipe != "classic":
             self.kind += f" v2, {self.recipe} recipe"
         torch = load_torch()
         self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
         self.mix = None
-        if self.T is not None and self.recipe == "classic":
-            T = self.T
+        if T is not None and self.recipe == "classic":
             head = ([T.RandomResizedCrop(self.size), T.RandomHorizontalFlip()] if train
                     else [T.Resize(self.resize), T.CenterCrop(self.size)])
             self.tf = T.Compose(head + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-        elif self.T is not None:
+        elif T is not None:
             self.tf, self.mix = self._v2(self.options, IMAGENET_MEAN, IMAGENET_STD, torch)
 
     def _v2(self, o, mean, std, torch):
@@ -170,9 +163,11 @@ def _key(seed, epoch, index):
     return (int(seed) * 1_000_003 + int(epoch)) * 1_000_000_007 + int(index)
 
 
-def _order(n, seed, epoch):
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
+def _recipes(job):
+    """(train, val) :class:`Recipe` of a bench-train job."""
+    classes = job["model_kwargs"]["classes"]
+    return (Recipe(job["size"], True, job.get("recipe", "classic"), classes),
+            Recipe(job["size"], False))
 
 
 def run_serial(job, train_src, val_src):
@@ -182,43 +177,34 @@ def run_serial(job, train_src, val_src):
     train_rec, val_rec = _recipes(job)
     ds_val = RecipeDataset(val_src, val_rec, job["seed"], 0)
     B = job["batch_size"]
-    busy = [0.0]
+    busy = 0.0
 
     def batches(epoch):
+        nonlocal busy
         ds = RecipeDataset(train_src, train_rec, job["seed"], epoch)
-        order = _order(len(ds), job["seed"], epoch)
+        order = np.random.default_rng([job["seed"], epoch]).permutation(len(ds))
         for s in range(len(order) // B):
             t = now()
             images, labels, sec = stack(torch, [ds[int(i)] for i in order[s * B:(s + 1) * B]])
             images, labels = train_rec.batch(images, labels, _key(job["seed"], epoch, -1 - s))
-            busy[0] += sec + (now() - t)
+            busy += sec + (now() - t)
             yield images, labels
 
     def val_batches():
         for s in range(0, len(ds_val), B):
-            images, labels, _ = stack(torch, [ds_val[i] for i in
-                                               range(s, min(len(ds_val), s + B))])
-            yield images, labels
+            yield stack(torch, [ds_val[i] for i in range(s, min(len(ds_val), s + B))])[:2]
 
     for epoch in range(job["epochs"]):
         run.train_epoch(batches(epoch))
         run.validate_host(epoch, val_batches())
         job["tick"]()
-    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0],
+    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy,
                        "producers": 0, "name": f"host serial + {train_rec.kind}"})
 
 
-def _recipes(job):
-    """(train, val) :class:`Recipe` of a bench-train job."""
-    classes = job["model_kwargs"]["classes"]
-    return (Recipe(job["size"], True, job.get("recipe", "classic"), classes),
-            Recipe(job["size"], False))
-
-
 def _pin_worker(_):
-    pin(HOST_CORE)
-    import torch
-    torch.set_num_threads(1)
+    pin(HOST_CORE, strict=False)
+    load_torch()
 
 
 def run_dataloader(job, train_src, val_src):
@@ -228,7 +214,7 @@ def run_dataloader(job, train_src, val_src):
     from torch.utils.data import DataLoader
 
     train_rec, val_rec = _recipes(job)
-    busy = [0.0]
+    busy = 0.0
 
     def collate(items, rec=None):
         t = now()
@@ -237,33 +223,24 @@ def run_dataloader(job, train_src, val_src):
             images, labels = rec.batch(images, labels, int(torch.randint(1 << 62, ())))
         return images, labels, torch.tensor(sec + (now() - t) if rec is not None else sec)
 
-    def loader(ds, shuffle, epoch):
+    def batches(rec, train, epoch, seconds):
+        """The DataLoader's (images, labels); each batch's worker seconds go to ``seconds``."""
+        nonlocal busy
         g = torch.Generator().manual_seed(job["seed"] * 1000 + epoch)
-        fn = functools.partial(collate, rec=train_rec) if shuffle else collate
-        return DataLoader(ds, batch_size=job["batch_size"], shuffle=shuffle, generator=g,
-                          num_workers=1, worker_init_fn=_pin_worker, collate_fn=fn,
-                          drop_last=shuffle, prefetch_factor=2)
-
-    def strip(it):
-        for images, labels, sec in it:
-            busy[0] += float(sec)
-            run.timeline.setdefault("batch_s", []).append(float(sec))
+        ds = RecipeDataset(train_src if train else val_src, rec, job["seed"], epoch)
+        loader = DataLoader(ds, batch_size=job["batch_size"], shuffle=train, generator=g,
+                            num_workers=1, worker_init_fn=_pin_worker, drop_last=train,
+                            collate_fn=functools.partial(collate, rec=rec if train else None),
+                            prefetch_factor=2)
+        for images, labels, sec in loader:
+            busy += float(sec)
+            seconds.append(float(sec))
             yield images, labels
 
     for epoch in range(job["epochs"]):
-        run.train_epoch(strip(iter(loader(RecipeDataset(train_src, train_rec, job["seed"],
-                                                        epoch), True, epoch))))
-        run.validate_host(epoch, strip(iter(loader(RecipeDataset(val_src, val_rec,
-                                                                 job["seed"], 0),
-                                                   False, 0))))
+        # The worker's seconds per delivered training batch are the timeline's producer_s.
+        run.train_epoch(batches(train_rec, True, epoch, run.timeline["producer_s"]))
+        run.validate_host(epoch, batches(val_rec, False, 0, []))
         job["tick"]()
-    # The worker's seconds per delivered training batch, for the timeline.
-    bs = run.timeline.pop("batch_s", [])
-    per_epoch_val = len(bs) // job["epochs"] - job["steps"] if job["epochs"] else 0
-    train_bs = []
-    for e in range(job["epochs"]):
-        start = e * (job["steps"] + per_epoch_val)
-        train_bs += bs[start:start + job["steps"]]
-    run.timeline["producer_s"] = train_bs
-    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy[0], "producers": 1,
+    return run.result({"recipe": train_rec.kind, "producer_busy_s": busy, "producers": 1,
                        "name": f"DataLoader(num_workers=1) + {train_rec.kind}"})

@@ -1,12 +1,9 @@
 """``dpu-pipe bench``: JPEG bytes → RandomResizedCrop 224 → flip → normalize → float32 CHW,
 images per second on one core, dpu_pipe against the baselines users have (Pillow + numpy,
 OpenCV), all making the same crops and flips (drawn by dpu_pipe's RNG, as its kernel draws
-them).
-
-Every method runs in one process pinned to one core, OpenCV on one thread; the methods take
-turns every ``chunk`` images within each round (:func:`dpu_pipe.tools.harness.interleaved`)
-and the median round is reported. The kernel's thread scaling is measured afterwards, on every
-core.
+them). The methods take turns within each round on one pinned core
+(:func:`~dpu_pipe.tools.harness.interleaved`); the kernel's thread scaling is measured
+afterwards, on every core.
 """
 
 import io
@@ -78,16 +75,13 @@ def opencv_augment(data, box, flip, out):
     out /= STD
 
 
-def _decodable(buffers):
-    """The buffers whose JPEG header reads (a user's dataset may hold other files)."""
-    usable = []
-    for b in buffers:
-        try:
-            read_header(b)
-            usable.append(b)
-        except DpuPipeError:
-            pass
-    return usable
+def _decodable(buffer):
+    """Whether the JPEG header of ``buffer`` reads (a user's dataset may hold other files)."""
+    try:
+        read_header(buffer)
+        return True
+    except DpuPipeError:
+        return False
 
 
 def _methods(buffers, seed, epoch, chunk, out):
@@ -180,7 +174,7 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
         raise ConfigError(f"dpu-pipe bench compares against Pillow and OpenCV ({exc}): pip "
                           "install pillow opencv-python-headless") from None
     loaded = load_buffers(root_or_files, n)[1]
-    buffers = _decodable(loaded)
+    buffers = [b for b in loaded if _decodable(b)]
     n = len(buffers)
     if n == 0:
         raise ConfigError(f"no decodable JPEG among the images of {root_or_files}")

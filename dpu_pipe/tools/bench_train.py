@@ -2,21 +2,13 @@
 
 The host (core 0, PyTorch on one thread) trains a small ResNet
 (:func:`dpu_pipe.models.resnet_tiny`) for the same steps, from the same weights and seed,
-under each configuration of :data:`dpu_pipe.tools.harness.CONFIGS`: 1. torchvision's
-transforms in the training process; 2. ``DataLoader(num_workers=1)`` + torchvision, its worker
-on core 0 too; 3. :class:`~dpu_pipe.Loader` on the host; 4. ``DPULoader`` offload (producer
-ranks on core 1), validation evaluated on the host; 5. offload + ``RemoteValidation`` (the
-producers evaluate a snapshot of the model while the host trains on); 6. ``mode="hybrid"``.
-When torchvision cannot be imported, 1-2 run its recipe written with Pillow and torch (the
-report says which ran).
-
-Two operating points, set by calibrating the model's width (and depth) against the measured
-cost of torchvision's augmentation of a batch on one core: ``aug-bound`` (augmentation ≈ 2× a
-training step) and ``research`` (augmentation ≈ 17.5 % of a serial step, validation ≈ 10 % of
-a serial epoch, as in Jain et al., IEEE Micro 2022).
-
-Outputs: a markdown table on stdout, every figure in ``--json PATH``, PNG plots in ``--plots
-DIR`` (epoch-time breakdown; per-step timelines of configurations 2 and 5).
+under each configuration of :data:`dpu_pipe.tools.harness.CONFIGS` (producer ranks on core 1;
+when torchvision cannot be imported, 1-2 run its recipe written with Pillow and torch, and the
+report says so). The operating points (:data:`POINTS`) are set by calibrating the model's width
+and depth against the measured cost of torchvision's augmentation of a batch on one core:
+``aug-bound`` (augmentation ≈ 2× a training step) and ``research`` (augmentation ≈ 17.5 % of a
+serial step, validation ≈ 10 % of a serial epoch, as in Jain et al., IEEE Micro 2022).
+Outputs: a markdown table, ``--json``, ``--plots`` (:func:`~dpu_pipe.tools.plots.write_plots`).
 """
 
 import math
@@ -27,8 +19,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from .baselines import Recipe, run_dataloader, run_serial
-from .harness import (CONFIGS, HOST_CONFIGS, HOST_CORE, MPI_CONFIGS, PRODUCER_CORE, RECIPES,
-                      launch_mpi, load_torch, now, pin, run_loader, write_plots)
+from .harness import (CONFIGS, HOST_CORE, PRODUCER_CORE, RECIPES, launch_mpi, load_torch, now,
+                      pin, run_loader)
+from .plots import write_plots
 from .progress import bar
 
 POINTS = {"aug-bound": 2.0, "research": 0.175 / 0.825}
@@ -50,7 +43,7 @@ def add_args(p):
     p.add_argument("--cache", metavar="DIR", default=None,
                    help="where the made dataset is kept (default: bench_train/ under "
                         "$XDG_CACHE_HOME/dpu_pipe)")
-    p.add_argument("--epochs", type=positive_int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=2,
                    help="epochs per configuration (default: 2)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="training steps per epoch (default: 24; --quick 3)")
@@ -78,7 +71,6 @@ def add_args(p):
                         "the models are calibrated on the classic recipe, so two recipes' "
                         "runs train the same model (default: classic)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-
 
 
 # -- operating points -------------------------------------------------------------------------
@@ -111,10 +103,10 @@ def _step_time(torch, classes, width, blocks, x, y, reps):
         return train, _median_time(lambda: model(x), 2)
 
 
-def calibrate(train_src, args, classes, quick):
+def calibrate(train_src, args, classes):
     """Seconds per batch of the torchvision recipe on one core, and per operating point the
     model width and depth that put the training step at the point's ratio."""
-    torch = load_torch()
+    torch, quick = load_torch(), args.quick
     B = args.batch_size
     n = min(len(train_src), B)
     datas = [train_src.read(i) for i in range(n)]
@@ -151,14 +143,10 @@ def calibrate(train_src, args, classes, quick):
 
 # -- data -------------------------------------------------------------------------------------
 
-def _open(path):
-    from ..sources import open_path
-    return open_path(path)
-
-
 def prepare_data(args):
     """(train source, point -> val source or None, description). For the made dataset the
     validation set is made once the operating points are known (:func:`val_for_points`)."""
+    from ..sources import open_path
     from .sample_data import make_imagenet_like
 
     if args.data:
@@ -167,15 +155,15 @@ def prepare_data(args):
             train_path = os.path.join(args.data, "train")
             if val_path is None and os.path.isdir(os.path.join(args.data, "val")):
                 val_path = os.path.join(args.data, "val")
-        train = _open(train_path)
-        val = _open(val_path or train_path)
+        train = open_path(train_path)
+        val = open_path(val_path or train_path)
         return train, (lambda point: val), f"{train_path} ({len(train)} images), " \
                                            f"val {val_path or train_path} ({len(val)})"
     n = args.steps * args.batch_size
     train_root = os.path.join(args.cache, "train")
     make_imagenet_like(train_root, n=n, classes=args.classes, seed=args.seed,
                        progress=not args.quiet)
-    train = _open(train_root)
+    train = open_path(train_root)
     return train, None, f"made on the spot: {n} train images in {args.classes} classes"
 
 
@@ -199,15 +187,13 @@ def val_for_points(args, points):
 
 # -- report -----------------------------------------------------------------------------------
 
-def summarize(point_results, point):
+def summarize(point_results):
     """Ratios the targets are stated in, from one operating point's results."""
     by = {r["config"]: r for r in point_results if "skipped" not in r}
     out = {}
     if 5 in by:
         r5 = by[5]
-        host_train = r5["compute_s"]
-        producer = r5["producer_busy_s"] / max(1, r5["producers"])
-        ideal = max(host_train, producer)
+        ideal = max(r5["compute_s"], r5["producer_busy_s"] / max(1, r5["producers"]))
         out["ideal_wall_s"] = ideal
         out["overlap_recovered"] = ideal / r5["wall_s"]
         if 4 in by and by[4]["val_host_s"] > 0:
@@ -226,6 +212,7 @@ def summarize(point_results, point):
 
 
 def table(results):
+    """The markdown report of a bench-train run's results."""
     lines = [f"Training recipe: {results.get('recipe_name', 'classic')} ({results['recipe']})."]
     for point, res in results["points"].items():
         p = results["calibration"][point]
@@ -270,17 +257,12 @@ def table(results):
     return "\n".join(lines)
 
 
-
 # -- entry point ------------------------------------------------------------------------------
 
 def _defaults(args):
-    quick = args.quick
-    for name, full, small in (("epochs", 2, 2), ("steps", 24, 3), ("batch_size", 32, 8),
-                              ("size", 160, 64)):
+    for name, full, quick in (("steps", 24, 3), ("batch_size", 32, 8), ("size", 160, 64)):
         if getattr(args, name) is None:
-            setattr(args, name, small if quick else full)
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+            setattr(args, name, quick if args.quick else full)
     if args.cache is None:
         from .sample_data import default_cache_dir
         args.cache = os.path.join(default_cache_dir(), "bench_train")
@@ -294,8 +276,6 @@ def _defaults(args):
         raise ConfigError(f"--configs must be numbers 1-6, got {args.configs!r}") from None
     if not args.configs or not set(args.configs) <= set(CONFIGS):
         raise ConfigError(f"--configs must be numbers 1-6, got {args.configs}")
-    if args.producers < 1:
-        raise ConfigError("--producers must be >= 1")
 
 
 def _run_point(args, point, cal, train_src, val_src, classes):
@@ -309,17 +289,17 @@ def _run_point(args, point, cal, train_src, val_src, classes):
                             "blocks": cal["blocks"], "seed": args.seed},
            "train": train_src.spec(), "val": val_src.spec(), "val_count": len(val_src)}
     host_runs = {1: run_serial, 2: run_dataloader, 3: run_loader}
-    host = [c for c in args.configs if c in HOST_CONFIGS]
+    host = [c for c in args.configs if c in host_runs]
     res = []
     with bar(len(host) * args.epochs, f"{point}: host", unit="epoch",
              enabled=not args.quiet) as b:
         job["tick"] = lambda: b.update(1)
         for c in host:
             res.append(host_runs[c](job, train_src, val_src))
-    mpi = [c for c in args.configs if c in MPI_CONFIGS]
+    mpi = [c for c in args.configs if c not in host_runs]
     if mpi:
         mjob = {k: v for k, v in job.items() if k != "tick"}
-        res += launch_mpi(dict(mjob, configs=mpi, limit_s=3600), args)
+        res += launch_mpi(dict(mjob, configs=mpi, limit_s=3600))
     for r in res:
         r["epochs_run"] = args.epochs
     return res
@@ -331,13 +311,13 @@ def run(args):
 
     _defaults(args)
     torch = load_torch()
-    pin(HOST_CORE)
+    pin(HOST_CORE, strict=False)
     t_start = now()
     train_src, val_of, data_desc = prepare_data(args)
     classes = int(train_src.labels.max()) + 1
     out = sys.stderr if args.json == "-" else sys.stdout
     print(f"data: {data_desc}", file=out, flush=True)
-    calibration = calibrate(train_src, args, classes, args.quick)
+    calibration = calibrate(train_src, args, classes)
     if val_of is None:
         val_of = val_for_points(args, calibration).__getitem__
     results = {"args": dict(vars(args)),
@@ -352,7 +332,7 @@ def run(args):
         print(f"{point}: model width {cal['width']}, blocks {cal['blocks']}, "
               f"{len(val_src)} validation images", file=out, flush=True)
         res = _run_point(args, point, cal, train_src, val_src, classes)
-        results["points"][point] = {"configs": res, "summary": summarize(res, point),
+        results["points"][point] = {"configs": res, "summary": summarize(res),
                                     "val_count": len(val_src)}
     results["seconds"] = now() - t_start
     if args.json != "-":

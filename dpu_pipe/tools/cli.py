@@ -2,10 +2,9 @@
 
 Each subcommand is one entry of :data:`COMMANDS`: ``name -> (help, add_args, run)``, where
 ``add_args(parser)`` declares its arguments on an ``argparse`` sub-parser and
-``run(args) -> int`` does the work and returns the exit status. Adding a subcommand is
-adding one entry; ``add_args`` and ``run`` may also be ``"module:function"`` strings
-(relative to ``dpu_pipe.tools``, e.g. ``".demo:run"``), imported only when
-needed, so a subcommand can live in its own module.
+``run(args) -> int`` does the work and returns the exit status. ``add_args`` and ``run`` may
+also be ``"module:function"`` strings (relative to ``dpu_pipe.tools``, e.g. ``".demo:run"``),
+imported only when needed.
 
 Exit status: 0 on success, 1 when the work failed, 2 for invalid arguments or configuration
 (argparse's convention), 130 when interrupted.
@@ -26,18 +25,8 @@ __all__ = ["COMMANDS", "main", "add_data", "add_images", "add_seed", "add_json",
 
 
 # -- the flags every subcommand spells the same way ---------------------------------------
-# --data PATH, -n/--images N, --seed S, --json PATH, --plots DIR: one meaning everywhere,
-# help on every option, and argparse errors that name the flag ("argument -n/--images: ...").
-
-def positive_int(text):
-    """argparse type: an integer >= 1."""
-    return _int_at_least(text, 1)
-
-
-def nonnegative_int(text):
-    """argparse type: an integer >= 0."""
-    return _int_at_least(text, 0)
-
+# One meaning everywhere, help on every option, and argparse errors that name the flag
+# ("argument -n/--images: ...").
 
 def _int_at_least(text, low):
     try:
@@ -47,6 +36,16 @@ def _int_at_least(text, low):
     if value < low:
         raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
     return value
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text):
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
 
 
 def add_data(p, what="dataset to use"):
@@ -305,27 +304,23 @@ def _summary(path, root, verify):
         return out
     if verify:
         raise ConfigError("--verify applies to packed datasets")
-    labels = src.labels
-    total, missing = 0, 0
     kind = getattr(src, "kind", None)
     if kind in ("image_folder", "file_list"):
-        # File sizes come from stat: one call per file, no data read.
-        for i in range(len(src)):
-            try:
-                total += os.stat(src.describe(i)).st_size
-            except OSError:
-                missing += 1
+        files = [src.describe(i) for i in range(len(src))]
         fmt = {"image_folder": "ImageFolder directory", "file_list": "file list"}[kind]
     else:
         # Container sources (tar shards, Parquet/Arrow files): the containers' sizes.
         args = src.spec().get("args", {})
         files = args.get("shards") or args.get("paths") or []
-        for f in files:
-            try:
-                total += os.stat(f).st_size
-            except OSError:
-                missing += 1
         fmt = f"{type(src).__name__} ({len(files)} files)"
+    # Sizes come from stat: one call per file, no data read.
+    total, missing = 0, 0
+    for f in files:
+        try:
+            total += os.stat(f).st_size
+        except OSError:
+            missing += 1
+    labels = src.labels
     out = {
         "path": os.path.abspath(path),
         "format": fmt,
@@ -344,12 +339,10 @@ def _summary(path, root, verify):
 
 def _print_kv(title, d):
     print(f"{title}:")
-    width = max(len(k) for k in d) if d else 0
+    width = max(map(len, d), default=0)
     for k, v in d.items():
-        if k == "classes" and isinstance(v, list) and len(v) > 8:
-            v = f"{len(v)}: {', '.join(v[:8])}, ..."
-        elif k == "classes" and isinstance(v, list):
-            v = f"{len(v)}: {', '.join(v)}"
+        if k == "classes" and isinstance(v, list):
+            v = f"{len(v)}: {', '.join(v[:8])}{', ...' if len(v) > 8 else ''}"
         elif k in ("total_bytes", "original_bytes"):
             v = f"{v} ({v / 2**20:.1f} MiB)"
         elif k == "size_growth":
@@ -357,20 +350,9 @@ def _print_kv(title, d):
         print(f"  {k:<{width}}  {v}")
 
 
-def _cache_overhead(count):
-    """What a decoded-sample cache spends beside the pixels: bytes per sample of the source
-    (its table), the alignment of each stored sample, and for a dataset of ``count`` samples
-    the table's total."""
-    from ..cache import ALIGN, ENTRY_BYTES, table_bytes
-
-    out = {"entry_bytes": ENTRY_BYTES, "align": ALIGN}
-    if count:
-        out["table_bytes"] = table_bytes(count)
-    return out
-
-
 def _info_run(args):
     from ..build_info import build_info
+    from ..cache import ALIGN, ENTRY_BYTES, table_bytes
 
     if args.path is not None and args.data is not None:
         raise ConfigError("info: give the dataset once, as PATH or as --data")
@@ -380,7 +362,11 @@ def _info_run(args):
     result = {"build": build_info()}
     if path is not None:
         result["dataset"] = _summary(path, args.root, args.verify)
-    result["cache"] = _cache_overhead(result.get("dataset", {}).get("count"))
+    # What a decoded-sample cache spends beside the pixels: its table's bytes per sample of
+    # the source, the alignment of each stored sample, and the dataset's whole table.
+    result["cache"] = {"entry_bytes": ENTRY_BYTES, "align": ALIGN}
+    if result.get("dataset", {}).get("count"):
+        result["cache"]["table_bytes"] = table_bytes(result["dataset"]["count"])
     if args.json:
         write_json(args.json, result)
     build = result["build"]
@@ -444,12 +430,9 @@ def main(argv=None):
     run = _resolve(COMMANDS[args.command][2])
     try:
         return int(run(args) or 0)
-    except ConfigError as e:
-        print(f"dpu-pipe {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except DpuPipeError as e:
         print(f"dpu-pipe {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print(f"dpu-pipe {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -1,23 +1,13 @@
 """``dpu-pipe demo``: a short real training run, host-only and then offloaded, with a per-phase
 report and the speed-up measured in the same invocation.
 
-It makes an ImageNet-like dataset from real photographs (train and val splits, once, under the
-cache), then trains the same small ResNet (:func:`dpu_pipe.models.resnet_tiny`) from the same
-initial weights on the same stream twice:
-
-* **host only**: :class:`~dpu_pipe.Loader` makes the batches on the host's core, and the host
-  validates after each epoch;
-* **offloaded**: an MPI job — the host rank, and producer ranks (``python -m dpu_pipe.worker``,
-  standing in for DPU cores) that decode and augment the training batches into the host's
-  memory with one-sided RMA and evaluate each epoch's snapshot of the model
-  (:class:`~dpu_pipe.RemoteValidation`) while the host trains on.
-
-The host is pinned to core 0 and the producers to core 1 (PyTorch on one thread), as in
-``dpu-pipe bench-train``; both run on :mod:`dpu_pipe.tools.harness`. The report gives, per run, the seconds
-spent computing, waiting for data, validating on the host's path and the rest; the producers'
-own counters; accuracy per epoch (the same in both runs: same stream, same model); and the
-speed-up. ``--plots DIR`` writes the epoch-time breakdown and the offloaded run's per-step
-timeline.
+It makes an ImageNet-like dataset from real photographs (train and val, once, under the
+cache), then trains the same small ResNet from the same initial weights on the same stream
+twice: with :class:`~dpu_pipe.Loader` on the host's core and validation on the host
+(configuration 3 of :data:`~dpu_pipe.tools.harness.CONFIGS`), then in an MPI job whose producer
+ranks, standing in for DPU cores, make the training batches and evaluate each epoch's
+snapshot of the model while the host trains on (configuration 5). The host is pinned to core 0,
+the producers to core 1, as in ``dpu-pipe bench-train``.
 """
 
 import os
@@ -56,10 +46,10 @@ def add_args(p):
 
 def _make_data(args):
     from ..sources import ImageFolder
-    from .sample_data import make_imagenet_like
+    from .sample_data import default_cache_dir, make_imagenet_like
 
     t = time.perf_counter()
-    root = args.cache or os.path.join(_cache(), "demo")
+    root = args.cache or os.path.join(default_cache_dir(), "demo")
     train = make_imagenet_like(os.path.join(root, "train"), n=args.images,
                                classes=args.classes, seed=args.seed, progress=not args.quiet)
     val = make_imagenet_like(os.path.join(root, "val"), n=args.val_images,
@@ -71,14 +61,10 @@ def _make_data(args):
     return ImageFolder(os.path.join(root, "train")), ImageFolder(os.path.join(root, "val"))
 
 
-def _cache():
-    from .sample_data import default_cache_dir
-    return default_cache_dir()
-
-
 def run(args):
     from . import harness
     from .cli import write_json
+    from .plots import write_plots
     from .progress import bar
 
     harness.load_torch()
@@ -86,7 +72,7 @@ def run(args):
         raise ConfigError(f"--images ({args.images}) must be at least --batch-size "
                           f"({args.batch_size})")
     train_src, val_src = _make_data(args)
-    harness.pin(harness.HOST_CORE)
+    harness.pin(harness.HOST_CORE, strict=False)
     steps = args.images // args.batch_size
     job = {"point": "demo", "epochs": args.epochs, "steps": steps,
            "batch_size": args.batch_size, "size": args.size, "seed": args.seed, "lr": 0.05,
@@ -108,7 +94,7 @@ def run(args):
     t = time.perf_counter()
     mjob = {k: v for k, v in job.items() if k != "tick"}
     mjob.update(configs=[5], limit_s=1800)
-    (off,) = harness.launch_mpi(mjob, args)
+    (off,) = harness.launch_mpi(mjob)
     if "skipped" in off:
         raise ConfigError(f"the offloaded run could not run: {off['skipped']}")
     off["name"] = "offloaded (DPULoader + RemoteValidation)"
@@ -121,7 +107,7 @@ def run(args):
     if args.json:
         write_json(args.json, results)
     if args.plots:
-        for p in harness.write_plots(results, args.plots):
+        for p in write_plots(results, args.plots):
             print(f"wrote {p}")
     return 0
 

@@ -1,23 +1,20 @@
-"""The benchmark harness, shared by ``dpu-pipe bench``, ``dpu-pipe bench-train``, the demo and
-the developer benchmarks under ``bench/``:
+"""The benchmark harness of ``dpu-pipe bench``, ``dpu-pipe bench-train`` and the demo (the
+developer benchmarks under ``bench/`` time with it too):
 
-* throughput benchmarks: JPEG bytes read into memory (:func:`load_buffers`), one core with
-  OpenCV on one thread (:func:`one_core`), methods interleaved chunk by chunk and round by
-  round (:func:`interleaved`), median and min-max images/s (:func:`rate_stats`), markdown
-  tables (:func:`markdown_table`);
-* training runs (``demo``, ``bench-train``): one run of a small ResNet fed by a loader, timed
-  per step (host compute, host waiting for data, validation on the host's path), with the
-  producers' counters, as a JSON-serialisable record; the MPI job that runs the offloaded
-  configurations (host rank on ``HOST_CORE``, producer ranks on ``PRODUCER_CORE``); and the
-  plots of such records.
+* throughput: JPEG bytes read into memory (:func:`load_buffers`), CPU pinning (:func:`pin`,
+  :func:`pinned`, :func:`one_core`), methods interleaved chunk by chunk and round by round
+  (:func:`interleaved`), median and min-max images/s (:func:`rate_stats`);
+* training runs: one run of a small ResNet fed by a loader, timed per step (host compute, host
+  waiting for data, validation on the host's path), as a JSON-serialisable record; and the MPI
+  job that runs the offloaded configurations (host rank on ``HOST_CORE``, producer ranks on
+  ``PRODUCER_CORE``).
 
 A *job* is a dict describing a training run: ``epochs``, ``steps``, ``batch_size``, ``size``,
 ``seed``, ``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``,
-``producers``, ``progress`` and, for MPI jobs, ``configs`` and ``limit_s``. Configuration
-numbers are those of :data:`CONFIGS`.
+``producers``, ``progress``, ``tick`` (called after each epoch) and, for MPI jobs, ``configs``
+and ``limit_s``. Configuration numbers are those of :data:`CONFIGS`.
 """
 
-import argparse
 import contextlib
 import gc
 import json
@@ -29,10 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import ConfigError
-from . import pinning
 from .progress import bar
 
 #: What :func:`load_buffers` takes for a JPEG file when it searches a directory.
@@ -47,7 +41,7 @@ def load_buffers(root_or_files, n=None):
     Parameters
     ----------
     root_or_files : path or sequence of paths
-        A directory (one made by :func:`dpu_pipe.tools.sample_data.make_imagenet_like` is read
+        A directory (one made by :func:`~dpu_pipe.tools.sample_data.make_imagenet_like` is read
         in sample order; any other is searched recursively for :data:`JPEG_EXTENSIONS` files,
         in path order), a packed dataset or a file list (its samples, in order), one JPEG
         file, or a sequence of paths.
@@ -61,32 +55,81 @@ def load_buffers(root_or_files, n=None):
     from ..packed.reader import is_packed
     from .sample_data import MANIFEST_NAME, dataset_files
 
-    if isinstance(root_or_files, (str, os.PathLike)):
-        path = Path(root_or_files)
-        if path.is_dir() and (path / MANIFEST_NAME).is_file():
-            files = dataset_files(path)[0]
-        elif path.is_dir() and not is_packed(path):
-            files = sorted(p for p in path.rglob("*") if p.suffix.lower() in JPEG_EXTENSIONS)
-        elif path.is_file() and path.suffix.lower() in JPEG_EXTENSIONS:
-            files = [path]
-        else:
-            from ..sources import as_source
-            src = as_source(root_or_files)
-            count = len(src) if n is None else min(n, len(src))
-            return [src.describe(i) for i in range(count)], [src.read(i) for i in range(count)]
-    else:
+    if not isinstance(root_or_files, (str, os.PathLike)):
         files = [Path(f) for f in root_or_files]
+    elif (Path(root_or_files) / MANIFEST_NAME).is_file():
+        files = dataset_files(root_or_files)[0]
+    elif Path(root_or_files).is_dir() and not is_packed(root_or_files):
+        files = sorted(p for p in Path(root_or_files).rglob("*")
+                       if p.suffix.lower() in JPEG_EXTENSIONS)
+    elif Path(root_or_files).suffix.lower() in JPEG_EXTENSIONS:
+        files = [Path(root_or_files)]
+    else:
+        from ..sources import as_source
+        src = as_source(root_or_files)
+        count = len(src) if n is None else min(n, len(src))
+        return [src.describe(i) for i in range(count)], [src.read(i) for i in range(count)]
     if not files:
         raise ConfigError(f"no JPEG files ({', '.join(JPEG_EXTENSIONS)}) in {root_or_files}")
     files = files[:n]
     return files, [f.read_bytes() for f in files]
 
 
+def pin(cores, *, strict=True):
+    """Restrict this process (its calling thread and the threads it starts later) to ``cores``;
+    where the OS has no affinity call (not Linux), do nothing.
+
+    Parameters
+    ----------
+    cores : True, None, False, int or iterable of int
+        True: the last core this process may use; None: every core of the machine; False:
+        leave the affinity alone; else those cores.
+    strict : bool
+        A core this process may not use is a ConfigError; without, the request is ignored (a
+        1-core machine shares its core).
+
+    Returns
+    -------
+    set of int or None: the previous affinity (what :func:`pinned` restores), None when
+    nothing changed.
+    """
+    if cores is False or not hasattr(os, "sched_setaffinity"):
+        return None
+    previous = os.sched_getaffinity(0)
+    if cores is True:
+        wanted = {max(previous)}
+    elif cores is None:
+        wanted = set(range(os.cpu_count() or 1))
+    else:
+        wanted = {cores} if isinstance(cores, int) else {int(c) for c in cores}
+    try:
+        os.sched_setaffinity(0, wanted)
+    except (OSError, ValueError):
+        if strict and cores is not None:
+            raise ConfigError(f"cannot run on cores {sorted(wanted)}: this process may only "
+                              f"run on {sorted(previous)}") from None
+        return None
+    return previous
+
+
+@contextlib.contextmanager
+def pinned(cores=True, *, strict=True):
+    """``with pinned(cores) as allowed:`` :func:`pin` for the block, the affinity restored
+    afterwards; ``allowed`` is the sorted list of cores the block may run on."""
+    previous = pin(cores, strict=strict)
+    try:
+        yield (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else list(range(os.cpu_count() or 1)))
+    finally:
+        if previous is not None:
+            os.sched_setaffinity(0, previous)
+
+
 @contextlib.contextmanager
 def one_core(core=True):
-    """``with one_core():`` pin this process to one core (``core``: see
-    :func:`dpu_pipe.tools.pinning.pin`; False leaves the affinity alone) and OpenCV, when
-    installed, to one thread; both restored afterwards. Yields the cores now allowed."""
+    """``with one_core():`` :func:`pinned` to ``core`` (False leaves the affinity alone) with
+    OpenCV, when installed, on one thread; both restored afterwards. Yields the cores now
+    allowed."""
     try:
         import cv2
         threads = cv2.getNumThreads()
@@ -94,7 +137,7 @@ def one_core(core=True):
     except ImportError:
         cv2 = None
     try:
-        with pinning.pinned(core) as cores:
+        with pinned(core) as cores:
             yield cores
     finally:
         if cv2 is not None:
@@ -159,18 +202,11 @@ def rate_stats(seconds, n):
     return statistics.median(rates), min(rates), max(rates)
 
 
-def markdown_table(rows, columns):
-    """A markdown table of ``rows`` (dicts; a missing key is an empty cell), one column per
-    key of ``columns``, in that order."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 # -- training runs ------------------------------------------------------------------------
 
 #: The configurations a training run can be, by number (``dpu-pipe bench-train`` runs them all;
-#: the demo runs 3 and 5). 1-2 are the baselines of :mod:`dpu_pipe.tools.baselines`.
+#: the demo runs 3 and 5). 1-2 are the baselines of :mod:`dpu_pipe.tools.baselines`; 4-6 run
+#: in an MPI job (:func:`launch_mpi`).
 CONFIGS = {
     1: "host serial + torchvision",
     2: "DataLoader(num_workers=1) + torchvision",
@@ -179,15 +215,9 @@ CONFIGS = {
     5: "DPULoader offload + RemoteValidation",
     6: "DPULoader hybrid + RemoteValidation",
 }
-HOST_CONFIGS = (1, 2, 3)
-MPI_CONFIGS = (4, 5, 6)
 HOST_CORE, PRODUCER_CORE = 0, 1
 MODEL = "dpu_pipe.models:resnet_tiny"
-
-
-def pin(core):
-    """Pin this process to ``core`` when the machine has it (a 1-core machine shares)."""
-    pinning.pin(core, strict=False)
+now = time.perf_counter
 
 
 def load_torch():
@@ -196,9 +226,6 @@ def load_torch():
     torch = require_torch()
     torch.set_num_threads(1)
     return torch
-
-
-now = time.perf_counter
 
 
 #: The training recipes ``bench-train --recipe`` compares: dpu_pipe's transform options
@@ -227,6 +254,11 @@ def recipe_options(name, num_classes):
     return opts
 
 
+def train_options(job):
+    """The job's training recipe as dpu_pipe transform keywords."""
+    return recipe_options(job.get("recipe", "classic"), job["model_kwargs"]["classes"])
+
+
 class Run:
     """One configuration's training run: the model, its optimizer, the per-step timeline
     and per-epoch accuracy."""
@@ -243,23 +275,21 @@ class Run:
         #: per step: seconds since start at wait start, batch in hand, step done; producer s.
         self.timeline = {"wait_start": [], "ready": [], "done": [], "producer_s": []}
         self.val_host_s = 0.0
-        self.epochs = []           # per epoch: {"epoch", "top1", "loss", "known_at"}
+        self.epochs = []           # per epoch: {"epoch", "count", "top1", "loss", "known_at"}
 
     def train_epoch(self, batches, producer_s=None):
         """Consume ``job["steps"]`` batches of ``batches`` (an iterable of (images, labels))
         with one optimizer step each. ``producer_s()``, when given, returns the producers'
         cumulative busy seconds (sampled per step for the timeline)."""
-        torch, tl = self.torch, self.timeline
+        tl, steps = self.timeline, self.job["steps"]
         self.model.train()
-        steps = self.job["steps"]
         done = 0
         before = producer_s() if producer_s else 0.0
         t = now()
         for images, labels in batches:
             t1 = now()
             self.opt.zero_grad()
-            loss = self.loss_fn(self.model(images), torch.as_tensor(labels))
-            loss.backward()
+            self.loss_fn(self.model(images), self.torch.as_tensor(labels)).backward()
             self.opt.step()
             t2 = now()
             tl["wait_start"].append(t - self.t0)
@@ -296,34 +326,27 @@ class Run:
                             "known_at": (now() if known_at is None else known_at) - self.t0})
 
     def result(self, extra):
-        tl = self.timeline
+        """The run's record: seconds (wall, per epoch, computing, waiting, validating on the
+        host, the rest), images/s, accuracy per epoch, the timeline; ``extra`` added."""
+        tl, k = self.timeline, self.job["steps"]
         wall = now() - self.t0
         compute = float(sum(d - r for d, r in zip(tl["done"], tl["ready"])))
         wait = float(sum(r - w for r, w in zip(tl["ready"], tl["wait_start"])))
-        images = self.job["steps"] * self.job["epochs"] * self.job["batch_size"]
-        k = self.job["steps"]
+        images = k * self.job["epochs"] * self.job["batch_size"]
         # Seconds of the training loops alone (first wait to last step, per epoch).
         train_s = float(sum(tl["done"][e + k - 1] - tl["wait_start"][e]
                             for e in range(0, len(tl["done"]), k)))
+        epochs = sorted(self.epochs, key=lambda e: e["epoch"])
         out = {"config": self.config, "name": CONFIGS[self.config],
                "wall_s": wall, "epoch_s": wall / self.job["epochs"],
                "images_per_s": images / wall, "compute_s": compute, "wait_s": wait,
                "wait_share": wait / wall, "val_host_s": self.val_host_s, "train_s": train_s,
                "other_s": max(0.0, wall - compute - wait - self.val_host_s),
-               "epochs": sorted(self.epochs, key=lambda e: e["epoch"]),
-               "timeline": tl}
-        last = out["epochs"][-1] if out["epochs"] else None
-        out["final_top1"] = last["top1"] if last else None
-        out["time_to_accuracy_s"] = last["known_at"] if last else None
+               "epochs": epochs, "timeline": tl,
+               "final_top1": epochs[-1]["top1"] if epochs else None,
+               "time_to_accuracy_s": epochs[-1]["known_at"] if epochs else None}
         out.update(extra)
         return out
-
-
-
-
-def train_options(job):
-    """The job's training recipe as dpu_pipe transform keywords."""
-    return recipe_options(job.get("recipe", "classic"), job["model_kwargs"]["classes"])
 
 
 def run_loader(job, train_src, val_src):
@@ -335,38 +358,19 @@ def run_loader(job, train_src, val_src):
     train = Loader(train_src, job["batch_size"], train=True, **kw, **train_options(job))
     val = Loader(val_src, job["batch_size"], train=False, shuffle=False, drop_last=False, **kw)
 
-    def made():
-        s = train.stats()
+    def made(loader):
+        s = loader.stats()
         return s["read_s"] + s["process_s"]
 
     with train, val:
         for epoch in range(job["epochs"]):
             train.set_epoch(epoch)
-            run.train_epoch(train, producer_s=made)
+            run.train_epoch(train, producer_s=lambda: made(train))
             val.set_epoch(0)
             run.validate_host(epoch, val)
             job["tick"]()
-        busy = sum(s["read_s"] + s["process_s"] for s in (train.stats(), val.stats()))
+        busy = made(train) + made(val)
     return run.result({"producer_busy_s": busy, "producers": 0})
-
-
-def _offload_loaders(job, train_src, val_src, config):
-    """(train DPULoader, validation DPULoader or None, RemoteValidation or None) of an
-    offloaded configuration."""
-    from ..loader import DPULoader
-    from ..offload.validation import RemoteValidation
-
-    kw = dict(size=job["size"], seed=job["seed"], output="torch")
-    if config == 6:
-        kw["host_threads"] = 1
-    train = DPULoader(train_src, job["batch_size"], train=True,
-                      mode="hybrid" if config == 6 else "offload", **kw, **train_options(job))
-    if config == 4:
-        return train, DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
-                                drop_last=False, **kw), None
-    return train, None, RemoteValidation(val_src, job["batch_size"], model=MODEL,
-                                         model_kwargs=job["model_kwargs"], size=job["size"],
-                                         topk=(1, 5))
 
 
 def _producer_s(stats):
@@ -404,12 +408,27 @@ class _Remote:
 
 def run_offload(job, train_src, val_src, config):
     """Configurations 4-6 on the host rank of an MPI job whose producers are pinned to
-    core 1."""
+    ``PRODUCER_CORE``."""
+    from ..loader import DPULoader
+    from ..offload.validation import RemoteValidation
+
     run = Run(job, config)
     extra = {"producers": job["producers"], "drain_s": 0.0}
-    train, val, rv = _offload_loaders(job, train_src, val_src, config)
-    remote = _Remote(run, rv, extra) if rv is not None else None
+    kw = dict(size=job["size"], seed=job["seed"], output="torch")
+    if config == 6:
+        kw["host_threads"] = 1
+    train = DPULoader(train_src, job["batch_size"], train=True,
+                      mode="hybrid" if config == 6 else "offload", **kw, **train_options(job))
+    val = rv = remote = None
     try:
+        if config == 4:
+            val = DPULoader(val_src, job["batch_size"], train=False, shuffle=False,
+                            drop_last=False, **kw)
+        else:
+            rv = RemoteValidation(val_src, job["batch_size"], model=MODEL,
+                                  model_kwargs=job["model_kwargs"], size=job["size"],
+                                  topk=(1, 5))
+            remote = _Remote(run, rv, extra)
         for epoch in range(job["epochs"]):
             train.set_epoch(epoch)
             run.train_epoch(train, producer_s=lambda: _producer_s(train.stats()))
@@ -438,9 +457,10 @@ def run_offload(job, train_src, val_src, config):
 
 # -- MPI jobs ---------------------------------------------------------------------------------
 
-def launch_mpi(job, args):
-    """Run configurations 4-6 of one operating point in one MPI job (host rank on core 0,
-    ``--producers`` ranks on core 1); returns their results."""
+def launch_mpi(job):
+    """Run configurations ``job["configs"]`` (4-6) of one operating point in one MPI job (host
+    rank on ``HOST_CORE``, ``job["producers"]`` ranks on ``PRODUCER_CORE``); returns their
+    records."""
     from ..mpi import mpiexec_path
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -451,10 +471,10 @@ def launch_mpi(job, args):
         me = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.tools.harness"]
         cmd = [mpiexec_path(), "-n", "1", *me, "--mpi-host", path, ":",
                "-n", str(job["producers"]), *me, "--mpi-worker"]
-        env = dict(os.environ)
+        # The ranks import this dpu_pipe, installed or not.
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "")
-                                                      .split(os.pathsep) if p])
+        paths = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         proc = subprocess.run(cmd, env=env, timeout=job["limit_s"])
         if proc.returncode != 0 or not os.path.exists(job["out"]):
             raise ConfigError(f"the offload run failed (exit {proc.returncode}); its output "
@@ -465,11 +485,12 @@ def launch_mpi(job, args):
 
 def mpi_host(path):
     """The host rank of an offload job: run its configurations, write their results."""
-    pin(HOST_CORE)
+    from ..sources import open_source
+
+    pin(HOST_CORE, strict=False)
     with open(path) as f:
         job = json.load(f)
-    train_src = _open_spec(job["train"])
-    val_src = _open_spec(job["val"])
+    train_src, val_src = open_source(job["train"]), open_source(job["val"])
     results = []
     with bar(len(job["configs"]) * job["epochs"], f"{job['point']}: offload", unit="epoch",
              enabled=job["progress"]) as b:
@@ -488,103 +509,17 @@ def mpi_host(path):
 
 
 def mpi_worker():
-    pin(PRODUCER_CORE)
-    load_torch()
+    """A producer rank of an offload job."""
     from ..worker import serve
+
+    pin(PRODUCER_CORE, strict=False)
+    load_torch()
     serve()
 
 
-def _open_spec(spec):
-    from ..sources import open_source
-    return open_source(spec)
-
-
-
-def plot_breakdown(results, path):
-    """Stacked bars per configuration and operating point: host compute, host waiting for
-    data, validation on the host's path, the rest — seconds per epoch. Each bar is labelled
-    with its configuration's name; the legend sits below the panels."""
-    import textwrap
-
-    from .plots import _pyplot
-
-    plt = _pyplot()
-    points = list(results["points"])
-    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.2), squeeze=False)
-    parts = (("compute_s", "host compute"), ("wait_s", "host waits for data"),
-             ("val_host_s", "validation on host"), ("other_s", "other"))
-    for ax, point in zip(axes[0], points):
-        rs = [r for r in results["points"][point]["configs"] if "skipped" not in r]
-        x = np.arange(len(rs))
-        bottom = np.zeros(len(rs))
-        for key, label in parts:
-            v = np.array([r[key] / r["epochs_run"] for r in rs])
-            ax.bar(x, v, bottom=bottom, label=label)
-            bottom += v
-        ax.set_xticks(x, ["\n".join(textwrap.wrap(r["name"], 18, break_long_words=False)) for r in rs], fontsize=7)
-        ax.set_ylabel("seconds per epoch")
-        ax.set_title(point)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.tight_layout()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4,
-               fontsize=8, frameon=False)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def plot_timeline(result, path, title):
-    """Per step: host compute and host wait as time spans on the host's row, and the
-    producer's busy seconds for the batch that step consumed (drawn ending when it arrived)."""
-    from .plots import _pyplot
-
-    plt = _pyplot()
-    tl = result["timeline"]
-    fig, ax = plt.subplots(figsize=(10, 2.8))
-    ax.broken_barh([(w, r - w) for w, r in zip(tl["wait_start"], tl["ready"])], (20, 8),
-                   color="tab:orange", label="host waits")
-    ax.broken_barh([(r, d - r) for r, d in zip(tl["ready"], tl["done"])], (20, 8),
-                   color="tab:blue", label="host computes")
-    if tl.get("producer_s"):
-        ax.broken_barh([(r - p, p) for r, p in zip(tl["ready"], tl["producer_s"])], (8, 8),
-                       color="tab:green", label="producer busy (per batch)")
-    ax.set_yticks([12, 24], ["producer", "host"])
-    ax.set_xlabel("seconds since start")
-    ax.set_title(title)
-    # Below the axes: inside, it covered the last steps of the timeline.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8,
-              frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def write_plots(results, outdir):
-    os.makedirs(outdir, exist_ok=True)
-    paths = [os.path.join(outdir, "breakdown.png")]
-    plot_breakdown(results, paths[0])
-    for point, res in results["points"].items():
-        for r in res["configs"]:
-            if r["config"] in (2, 5) and "skipped" not in r:
-                p = os.path.join(outdir, f"timeline_{point}_config{r['config']}.png")
-                plot_timeline(r, p, f"{point}, configuration {r['config']}: {r['name']}")
-                paths.append(p)
-    return paths
-
-
-
-def main(argv=None):
-    """Entry point of the ranks :func:`launch_mpi` starts."""
-    p = argparse.ArgumentParser(prog="python -m dpu_pipe.tools.harness")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--mpi-host", metavar="JOB", help="run the job's configurations (host rank)")
-    g.add_argument("--mpi-worker", action="store_true", help="serve as a producer rank")
-    args = p.parse_args(argv)
-    if args.mpi_worker:
+if __name__ == "__main__":
+    # The ranks launch_mpi starts: --mpi-host JOB_PATH or --mpi-worker.
+    if sys.argv[1:2] == ["--mpi-worker"]:
         mpi_worker()
     else:
-        mpi_host(args.mpi_host)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        mpi_host(sys.argv[2])

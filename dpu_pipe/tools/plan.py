@@ -1,47 +1,16 @@
 """``dpu-pipe plan``: how many producer cores, how much memory and bandwidth a host needs to
-feed its training at a given rate.
+feed its training at a given rate, and what a decoded-sample cache changes
+(docs/guides/cli.md explains every figure).
 
     dpu-pipe plan --train-rate 2500 --batch 256 --size 224 --producer-rate 180
     dpu-pipe plan --train-rate 2500 --measure --data /data/imagenet/train \\
                   --preset bluefield2 --arm-factor 0.45 --json
 
-Arithmetic (every figure per host; ``R`` the training rate in images/s, ``r`` a producer
-core's rate, ``B`` the batch size, ``S`` one output sample's bytes):
-
-* producer core rate ``r = rate × arm_factor``: ``--producer-rate`` (or ``--measure``, the
-  batch kernel timed on one core of *this* machine over a sample of ``--data``) scaled by the
-  per-core speed of the producer CPU relative to the one the rate was measured on;
-* producer cores ``ceil(R × (1 + headroom) / r)``; with a preset, DPUs per host
-  ``ceil(cores / DPU cores)`` and the rate one DPU sustains, ``DPU cores × r``;
-* slots: one per producer core (each has a batch in flight) + 2 (the batch the training
-  step holds and one ready ahead), so no producer waits for a slot (a producer writes into
-  the slot it claimed: with fewer slots, producers idle — 6 producers on 3 slots deliver
-  0.52x the ideal rate); ``--slots`` overrides;
-  window memory = slots × slot bytes, slot bytes = the transport's payload for ``B``
-  samples (header, ``B`` int64 sample indices and ``B`` int64 labels padded to 64 bytes,
-  ``B × S`` image bytes, bad-sample report area);
-* producer memory per rank: the process as measured here (Python, numpy, dpu_pipe imported)
-  + its batch buffers + (``--measure``) the kernel's working memory measured on the data;
-  per DPU: that × the producer ranks it runs, against the preset's memory;
-* bandwidth: batches to the host ``R × (S + 16)`` bytes/s; dataset reads by the producers
-  ``R × mean JPEG bytes`` (measured from ``--data``, else ``--jpeg-bytes``).
-
-Decoded-sample cache (``--cache-bytes N --max-side S``; ``Loader(decode_max_side=S,
-cache_bytes=N)``, one cache per node shared by its producers): a sample takes
-``h' × w' × 3`` bytes at its reduced size (measured from the JPEG headers of ``--data``, else
-a 4:3 image, ``S × 3S/4 × 3``) plus its alignment padding, and the table takes 24 bytes per
-sample of the *dataset* (every index has an entry); the samples that fit are
-``(N - table) / bytes per sample``, against the node's shard (``--shard-samples``, default the
-dataset with ``--data``: one node). From epoch 2 on, the fraction ``f`` that fits is served
-from the cache and the rest decoded: a core makes ``1 / (f / hit_rate + (1 - f) / miss_rate)``
-img/s, where ``miss_rate`` is a core's rate with ``decode_max_side`` (the whole image decoded
-and reduced; ``--miss-rate``, default the producer rate) and ``hit_rate`` its rate on cached
-samples (``--hit-rate``; with ``--measure`` both are timed on ``--data``, a cold and a warm
-pass). The producer cores the steady state needs follow from that rate.
-
-The x86 → Arm factor: this machine has no Arm CPU, so the planner cannot time a DPU core.
-State the factor you measured — run ``dpu-pipe plan --measure --data D --json`` on one DPU
-core and on the host, and divide the two ``measured.rate_per_core`` figures — or pass
+A producer core's rate is ``--producer-rate`` (or ``--measure``: the batch kernel timed on one
+core of *this* machine over a sample of ``--data``) × ``--arm-factor``, the per-core speed of
+the producer CPU relative to the one the rate was measured on. This machine has no Arm CPU,
+so the factor is the user's: run ``dpu-pipe plan --measure --data D --json`` on one DPU core
+and on the host and divide the two ``measured.rate_per_core`` figures, or pass
 ``--producer-rate`` measured on the DPU itself with ``--arm-factor 1``.
 """
 
@@ -76,6 +45,25 @@ def _rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _passes(sample, transform, passes, cache=None):
+    """Seconds of each of ``passes`` passes of the batch kernel (one thread, ``cache``, epoch =
+    the pass) over ``sample``, what :func:`_sample` returns."""
+    from ..kernel import BatchProcessor
+
+    idx, bufs, src = sample
+    proc = BatchProcessor(transform, 1, cache)
+    times = []
+    for epoch in range(passes):
+        t = time.perf_counter()
+        errors = proc.run(bufs, idx, epoch=epoch, seed=0)[2]
+        times.append(time.perf_counter() - t)
+        if errors:
+            j = min(errors)
+            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
+                              f"{errors[j]}", index=int(idx[j]), path=src.describe(int(idx[j])))
+    return times
+
+
 def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
     """Time the training batch kernel (RandomResizedCrop + flip + normalize) on one core of
     this machine over ``images`` samples of the dataset at ``data`` (spread over it).
@@ -83,26 +71,14 @@ def measure_kernel(data, *, images=200, size=224, dtype="float32", repeat=3):
     Returns ``{"rate_per_core": img/s (best of ``repeat`` passes), "images", "mean_jpeg_bytes",
     "kernel_memory_bytes": peak RSS the passes added to this process}``.
     """
-    import numpy as np
-
-    from ..kernel import BatchProcessor
     from ..transforms import TransformConfig
 
-    idx, bufs, src = _sample(data, images)
-    proc = BatchProcessor(TransformConfig(train=True, size=size, dtype=dtype), num_threads=1)
+    sample = _sample(data, images)
+    n = len(sample[1])
     before = _rss_bytes()
-    best = math.inf
-    for epoch in range(repeat):
-        t = time.perf_counter()
-        _, _, errors = proc.run(bufs, idx, epoch=epoch, seed=0)
-        best = min(best, time.perf_counter() - t)
-        if errors:
-            j = min(errors)
-            i = int(idx[j])
-            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
-                              f"{errors[j]}", index=i, path=src.describe(i))
-    return {"rate_per_core": len(idx) / best, "images": int(len(idx)),
-            "mean_jpeg_bytes": float(np.mean([len(b) for b in bufs])),
+    times = _passes(sample, TransformConfig(train=True, size=size, dtype=dtype), repeat)
+    return {"rate_per_core": n / min(times), "images": n,
+            "mean_jpeg_bytes": sum(map(len, sample[1])) / n,
             "kernel_memory_bytes": max(0, _rss_bytes() - before)}
 
 
@@ -116,33 +92,25 @@ def measure_cache(data, max_side, *, images=200, size=224, dtype="float32", repe
     reduced bytes, "images"}``.
     """
     from ..cache import DecodedCache, table_bytes
-    from ..kernel import BatchProcessor
     from ..transforms import TransformConfig
 
-    idx, bufs, src = _sample(data, images)
-    cache = DecodedCache(table_bytes(len(src)) + sum(len(b) for b in bufs) * 64 + (1 << 20),
-                         len(src))
-    proc = BatchProcessor(TransformConfig(train=True, size=size, dtype=dtype,
-                                          decode_max_side=max_side), 1, cache)
-    times = []
-    for epoch in range(max(2, repeat)):
-        t = time.perf_counter()
-        _, _, errors = proc.run(bufs, idx, epoch=epoch, seed=0)
-        times.append(time.perf_counter() - t)
-        if errors:
-            j = min(errors)
-            raise DecodeError(f"--data: cannot time the kernel on an undecodable sample: "
-                              f"{errors[j]}", index=int(idx[j]), path=src.describe(int(idx[j])))
+    sample = _sample(data, images)
+    n, count = len(sample[1]), len(sample[2])
+    cache = DecodedCache(table_bytes(count) + sum(map(len, sample[1])) * 64 + (1 << 20), count)
+    transform = TransformConfig(train=True, size=size, dtype=dtype, decode_max_side=max_side)
+    times = _passes(sample, transform, max(2, repeat), cache)
     st = cache.stats()
-    return {"miss_rate": len(idx) / times[0], "hit_rate": len(idx) / min(times[1:]),
-            "bytes_per_sample": st["bytes"] / max(1, st["entries"]), "images": int(len(idx))}
+    return {"miss_rate": n / times[0], "hit_rate": n / min(times[1:]),
+            "bytes_per_sample": st["bytes"] / max(1, st["entries"]), "images": n}
 
 
 def cache_plan(*, cache_bytes, max_side, shard_samples, num_samples=None,
                bytes_per_sample=None, miss_rate, hit_rate, train_rate=None, arm_factor=1.0,
                headroom=0.1):
-    """How much of a node's shard a decoded-sample cache holds, and the rate that gives (see
-    the module docstring).
+    """How much of a node's shard a decoded-sample cache holds, and the rate that gives: a
+    sample takes its reduced pixels plus its alignment padding, the table ``ENTRY_BYTES`` per
+    sample of the dataset; from epoch 2 on the fraction ``f`` that fits is served from the
+    cache, so a core makes ``1 / (f / hit_rate + (1 - f) / miss_rate)`` img/s.
 
     Parameters
     ----------
@@ -213,17 +181,13 @@ def _sample(data, images):
     return idx, [src.read(int(i)) for i in idx], src
 
 
-def _payload(batch, transform):
-    """The transport's payload layout for ``batch`` samples of ``transform``, int labels."""
-    from ..offload.wire import PayloadLayout, image_shapes
-
-    return PayloadLayout(batch, image_shapes(transform), transform.np_dtype)
-
-
 def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm_factor=1.0,
          preset=None, headroom=0.1, jpeg_bytes=IMAGENET_JPEG_BYTES, process_bytes=0,
          kernel_memory_bytes=None, slots=None):
-    """The capacity plan of one host (see the module docstring for every formula).
+    """The capacity plan of one host: producer cores ``ceil(train_rate × (1 + headroom) /
+    (producer_rate × arm_factor))``; the window's slots and bytes (a slot holds the transport's
+    payload of ``batch`` samples); each producer rank's memory (process + batch buffers +
+    kernel); bandwidth to the host and from the dataset; with a preset, the DPUs per host.
 
     ``train_rate``: images/s the host trains at; ``producer_rate``: images/s of one core
     where it was measured; ``arm_factor``: producer core speed / that core's speed;
@@ -233,6 +197,7 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
     memory, when measured; ``slots``: the window's slots, default one per producer core + 2.
     Returns a dict of plain numbers (bytes, bytes/s, images/s).
     """
+    from ..offload.wire import PayloadLayout, image_shapes
     from ..transforms import TransformConfig
 
     train_rate = _v.number(train_rate, "--train-rate", 0, low_open=True)
@@ -249,8 +214,11 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
     core_rate = producer_rate * arm_factor
     # rounded first: 1000 * 1.1 / 50 is 22.000000000000004 in binary floating point
     cores = math.ceil(round(train_rate * (1 + headroom) / core_rate, 9))
+    # A producer writes into the slot it claimed: one slot per producer (a batch in flight
+    # each) + 2 (the batch training holds, one ready ahead), or producers idle (6 producers on
+    # 3 slots deliver 0.52x the ideal rate).
     slots = cores + 2 if slots is None else _v.positive_int(slots, "--slots")
-    layout = _payload(batch, transform)
+    layout = PayloadLayout(batch, image_shapes(transform), transform.np_dtype)
     slot = layout.nbytes
     buffers = layout.end(batch)     # a producer's batch buffer: the payload before its report
     per_rank = process_bytes + buffers + (kernel_memory_bytes or 0)
@@ -354,7 +322,7 @@ def add_args(p):
                         "32 GiB)")
     p.add_argument("--arm-factor", type=float, metavar="F",
                    help="producer core speed / speed of the core the rate was measured on "
-                        "(required with --preset; see the module docstring)")
+                        "(required with --preset; see docs/guides/cli.md)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="spare producer capacity, a fraction (default: 0.1)")
     p.add_argument("--slots", type=int,

@@ -5,28 +5,23 @@ import contextlib
 __all__ = ["bar"]
 
 
+class _Silent:
+    def update(self, n=1):
+        pass
+
+
 @contextlib.contextmanager
 def bar(total, desc, *, unit="img", enabled=True):
-    """A tqdm bar (``update(k)``, ``set_postfix_str(s)``) with an ETA, or a silent stand-in when
-    ``enabled`` is false or tqdm is not installed (``pip install tqdm``)."""
-    tqdm = None
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            tqdm = None
-    if tqdm is None:
+    """A tqdm bar (``update(k)``) with an ETA, or a silent stand-in when ``enabled`` is false
+    or tqdm is not installed (``pip install tqdm``)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
         yield _Silent()
         return
     # disable=None: no bar when stderr is not a terminal (logs, CI, pipes).
     with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=None,
               dynamic_ncols=True) as b:
         yield b
-
-
-class _Silent:
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s=""):
-        pass

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from .progress import bar
 
 __all__ = ["make_imagenet_like", "photo_corpus", "dataset_files", "MANIFEST_NAME",
-           "default_cache_dir", "sample_dataset", "TinySource"]
+           "default_cache_dir", "sample_dataset"]
 
 MANIFEST_NAME = "dpu_pipe_sample.json"
 # Bump when the generator changes so an old cached dataset is rebuilt instead of reused.
@@ -64,14 +64,6 @@ _GRAY_P = 0.03
 _MIN_CROP = 0.55
 
 
-def _need_pillow():
-    try:
-        from PIL import Image  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("dpu_pipe.tools.sample_data needs Pillow to read and write images: "
-                          "pip install pillow") from exc
-
-
 def _package_dir(name):
     # find_spec on a top-level name locates the package without importing it, so scikit-learn
     # or matplotlib are not loaded just to find two files.
@@ -82,10 +74,20 @@ def _package_dir(name):
 
 
 @lru_cache(maxsize=1)
-def _corpus():
-    _need_pillow()
-    from PIL import Image
+def photo_corpus():
+    """The real colour photographs the sample dataset is made from.
 
+    Returns a tuple of ``(name, image)`` with ``image`` a read-only ``uint8`` array of shape
+    ``(H, W, 3)`` (RGB), in a fixed order; names look like ``"skimage/astronaut"``. The photos are
+    read once per process from files installed with scikit-image (required) and scikit-learn or
+    matplotlib (used when installed). Raises :class:`ConfigError` naming the pip package when
+    Pillow or scikit-image is missing.
+    """
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ConfigError("dpu_pipe.tools.sample_data needs Pillow to read and write images: "
+                          "pip install pillow") from exc
     skimage_dir = _package_dir("skimage")
     if skimage_dir is None:
         raise ConfigError("dpu_pipe.tools.sample_data takes its photographs from scikit-image's sample "
@@ -106,18 +108,6 @@ def _corpus():
         arr.setflags(write=False)  # shared by every caller through the cache
         photos.append((name, arr))
     return tuple(photos)
-
-
-def photo_corpus():
-    """The real colour photographs the sample dataset is made from.
-
-    Returns a list of ``(name, image)`` with ``image`` a read-only ``uint8`` array of shape
-    ``(H, W, 3)`` (RGB), in a fixed order; names look like ``"skimage/astronaut"``. The photos are
-    read once per process from files installed with scikit-image (required) and scikit-learn or
-    matplotlib (used when installed). Raises :class:`ConfigError` naming the pip package when
-    Pillow or scikit-image is missing.
-    """
-    return list(_corpus())
 
 
 def _corpus_digest(photos):
@@ -261,39 +251,37 @@ def sample_dataset(n=1000, seed=0, *, classes=10, cache=None, progress=True):
 def make_imagenet_like(root, n=1000, classes=10, seed=0, *, progress=False):
     """Write an ImageNet-like JPEG dataset in ImageFolder layout and return its statistics.
 
-    Files are ``root/<class>/<index>.JPEG`` with ``<class>`` from :func:`class_names` and
-    ``<index>`` the six-digit sample number; sample ``i`` has label ``i % classes``. Sizes follow
-    ImageNet (mostly 500 px on the long side at 4:3 or 3:2, a quarter portrait, some 600-1200 px,
-    some 90-420 px); JPEG quality is in 75..95 skewed high (mean about 92), chroma subsampling
-    80 % 4:2:0,
-    10 % 4:2:2, 10 % 4:4:4, about 10 % of files are progressive and 3 % grayscale.
-    With scikit-image's photos alone, ``n=1000, seed=0`` gives a mean of 474 x 406 px and
-    78 kB per file: ImageNet's files average ~110 kB, since camera originals carry finer
-    texture than the few small bundled photos, even sharpened and at quality ~92.
+    Files are ``root/<class>/<index>.JPEG`` (:func:`class_names`, the six-digit sample number);
+    sample ``i`` has label ``i % classes``. Sizes follow ImageNet's (:func:`_draw_size`); JPEG
+    quality is 75..95 skewed high (mean about 92), chroma subsampling 80 % 4:2:0, 10 % 4:2:2,
+    10 % 4:4:4; about 10 % of files are progressive and 3 % grayscale. With scikit-image's
+    photos alone, ``n=1000, seed=0`` gives a mean of 474 x 406 px and 78 kB per file (ImageNet's
+    ~110 kB: camera originals carry finer texture than the few small bundled photos).
 
-    Idempotent: if ``root`` already holds a complete dataset made with the same parameters and
-    photo corpus (checked through ``root/dpu_pipe_sample.json`` and the file sizes it records),
-    nothing is written. A dataset with other parameters is replaced; a non-empty ``root`` that
-    was not made by this function is left alone and raises :class:`ConfigError`. The dataset is
-    built in a temporary sibling directory and moved into place, so concurrent callers and
-    interrupted builds never leave a half-written ``root``.
+    Idempotent: a ``root`` holding a complete dataset of the same parameters and photo corpus
+    (its manifest and the file sizes it records say so) is left as it is; one of other
+    parameters is replaced; a non-empty ``root`` not made here raises :class:`ConfigError`. The
+    dataset is built in a temporary sibling directory and moved into place, so concurrent
+    callers and interrupted builds never leave a half-written ``root``. ``progress=True`` shows
+    a progress bar on stderr.
 
-    Returns a dict: ``count``, ``classes``, ``mean_width``, ``mean_height`` (pixels),
-    ``mean_bytes``, ``total_bytes``, ``min_side``, ``max_side`` (pixels), ``progressive`` and
-    ``gray`` (file counts), ``subsampling`` (counts keyed ``"4:2:0"``, ``"4:2:2"``, ``"4:4:4"``,
-    ``"gray"``), ``quality_mean``, ``corpus`` (photo names) and ``root``.
-
-    ``progress=True`` shows a progress bar on stderr (tqdm) while images are written.
+    Returns
+    -------
+    dict: ``count``, ``classes``, ``mean_width``, ``mean_height``, ``min_side``, ``max_side``
+    (pixels), ``mean_bytes``, ``total_bytes``, ``progressive`` and ``gray`` (file counts),
+    ``subsampling`` (counts keyed ``"4:2:0"``, ``"4:2:2"``, ``"4:4:4"``, ``"gray"``),
+    ``quality_mean``, ``corpus`` (photo names) and ``root``.
     """
     n = _v.integer(n, "n", 1, 999_999)    # six-digit file names
     classes = _v.positive_int(classes, "classes")
     seed = _v.integer(seed, "seed", 0)
-    photos = _corpus()
-    from PIL import features
+    photos = photo_corpus()
     import PIL
+    from PIL import features
+
+    encoder = f"Pillow {PIL.__version__} libjpeg-turbo {features.version('libjpeg_turbo')}"
     params = dict(generator=_GENERATOR_VERSION, n=n, classes=classes, seed=seed,
-                  corpus=_corpus_digest(photos),
-                  encoder=f"Pillow {PIL.__version__} libjpeg-turbo {features.version('libjpeg_turbo')}")
+                  corpus=_corpus_digest(photos), encoder=encoder)
 
     root = Path(root)
     stats = _complete(root, params)
@@ -391,26 +379,3 @@ def dataset_files(root):
     index = {c: k for k, c in enumerate(names)}
     rels = sorted(m["sizes"], key=lambda r: r.rsplit("/", 1)[1])
     return [Path(root) / r for r in rels], [index[r.split("/", 1)[0]] for r in rels]
-
-
-class TinySource:
-    """A source of ``n`` 24-byte records (a PNG signature, then the index as 16 bytes) with
-    labels ``index % 1000``: packing and index-loading at the scale of millions of records,
-    where what is measured is the format, not the images."""
-
-    classes = None
-
-    def __init__(self, n):
-        self.labels = np.arange(n, dtype=np.int64) % 1000
-
-    def __len__(self):
-        return len(self.labels)
-
-    def read(self, i):
-        return b"\x89PNG\r\n\x1a\n" + int(i).to_bytes(16, "little")
-
-    def relpath(self, i):
-        return f"d/{i}.png"
-
-    def spec(self):
-        return {"kind": "tiny", "count": len(self)}
