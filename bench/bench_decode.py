@@ -241,7 +241,7 @@ def decode_benchmark(root_or_files, *, n=1000, repeat=3, pin_core=True, methods=
 
     Parameters
     ----------
-    root_or_files : path or sequence of paths
+    root_or_files : path
         What :func:`dpu_pipe.tools.harness.load_buffers` reads.
     n, repeat : int
         Images (the first ``n``), rounds (the median round counts).

@@ -150,7 +150,7 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
 
     Parameters
     ----------
-    root_or_files : path or sequence of paths
+    root_or_files : path
         What :func:`dpu_pipe.tools.harness.load_buffers` reads; files that are not decodable
         JPEGs are skipped (and counted).
     n, repeat, chunk, seed, epoch, threads : int

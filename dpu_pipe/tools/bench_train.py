@@ -298,8 +298,7 @@ def _run_point(args, point, cal, train_src, val_src, classes):
             res.append(host_runs[c](job, train_src, val_src))
     mpi = [c for c in args.configs if c not in host_runs]
     if mpi:
-        mjob = {k: v for k, v in job.items() if k != "tick"}
-        res += launch_mpi(dict(mjob, configs=mpi, limit_s=3600))
+        res += launch_mpi(job, mpi, limit_s=3600)
     for r in res:
         r["epochs_run"] = args.epochs
     return res

@@ -55,9 +55,9 @@ def add_data(p, what="dataset to use"):
                         f"under $XDG_CACHE_HOME/dpu_pipe, i.e. ~/.cache/dpu_pipe)")
 
 
-def add_images(p, default, what="images"):
+def add_images(p, default):
     p.add_argument("-n", "--images", type=positive_int, default=default, metavar="N",
-                   help=f"number of {what} (default: {default})")
+                   help=f"number of images (default: {default})")
 
 
 def add_seed(p):
@@ -378,9 +378,7 @@ def _info_run(args):
         if "dataset" in result:
             _print_kv("dataset", result["dataset"])
         _print_kv("decoded cache (cache_bytes)", result["cache"])
-    if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False:
-        return 1
-    return 0
+    return 1 if result.get("dataset", {}).get("bad_shards") or build["cpu_ok"] is False else 0
 
 
 # -- registry and entry point -----------------------------------------------------------

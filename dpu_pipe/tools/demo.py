@@ -92,9 +92,7 @@ def run(args):
     print(f"launching: mpiexec -n 1 <host> : -n {args.producers} python -m mpi4py -m "
           "dpu_pipe.worker", flush=True)
     t = time.perf_counter()
-    mjob = {k: v for k, v in job.items() if k != "tick"}
-    mjob.update(configs=[5], limit_s=1800)
-    (off,) = harness.launch_mpi(mjob)
+    (off,) = harness.launch_mpi(job, [5], limit_s=1800)
     if "skipped" in off:
         raise ConfigError(f"the offloaded run could not run: {off['skipped']}")
     off["name"] = "offloaded (DPULoader + RemoteValidation)"

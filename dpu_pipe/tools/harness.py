@@ -11,8 +11,8 @@ developer benchmarks under ``bench/`` time with it too):
 
 A *job* is a dict describing a training run: ``epochs``, ``steps``, ``batch_size``, ``size``,
 ``seed``, ``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``,
-``producers``, ``progress``, ``tick`` (called after each epoch) and, for MPI jobs, ``configs``
-and ``limit_s``. Configuration numbers are those of :data:`CONFIGS`.
+``producers``, ``progress``, ``tick`` (called after each epoch). Configuration numbers are
+those of :data:`CONFIGS`.
 """
 
 import contextlib
@@ -35,16 +35,15 @@ JPEG_EXTENSIONS = (".jpeg", ".jpg", ".jpe", ".jfif")
 
 # -- throughput benchmarks ----------------------------------------------------------------
 
-def load_buffers(root_or_files, n=None):
+def load_buffers(root, n=None):
     """Read up to ``n`` images into memory.
 
     Parameters
     ----------
-    root_or_files : path or sequence of paths
+    root : path
         A directory (one made by :func:`~dpu_pipe.tools.sample_data.make_imagenet_like` is read
         in sample order; any other is searched recursively for :data:`JPEG_EXTENSIONS` files,
-        in path order), a packed dataset or a file list (its samples, in order), one JPEG
-        file, or a sequence of paths.
+        in path order), a packed dataset or a file list (its samples, in order).
     n : int, optional
         At most this many images (default: all).
 
@@ -55,22 +54,17 @@ def load_buffers(root_or_files, n=None):
     from ..packed.reader import is_packed
     from .sample_data import MANIFEST_NAME, dataset_files
 
-    if not isinstance(root_or_files, (str, os.PathLike)):
-        files = [Path(f) for f in root_or_files]
-    elif (Path(root_or_files) / MANIFEST_NAME).is_file():
-        files = dataset_files(root_or_files)[0]
-    elif Path(root_or_files).is_dir() and not is_packed(root_or_files):
-        files = sorted(p for p in Path(root_or_files).rglob("*")
-                       if p.suffix.lower() in JPEG_EXTENSIONS)
-    elif Path(root_or_files).suffix.lower() in JPEG_EXTENSIONS:
-        files = [Path(root_or_files)]
+    if (Path(root) / MANIFEST_NAME).is_file():
+        files = dataset_files(root)[0]
+    elif Path(root).is_dir() and not is_packed(root):
+        files = sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in JPEG_EXTENSIONS)
     else:
         from ..sources import as_source
-        src = as_source(root_or_files)
+        src = as_source(root)
         count = len(src) if n is None else min(n, len(src))
         return [src.describe(i) for i in range(count)], [src.read(i) for i in range(count)]
     if not files:
-        raise ConfigError(f"no JPEG files ({', '.join(JPEG_EXTENSIONS)}) in {root_or_files}")
+        raise ConfigError(f"no JPEG files ({', '.join(JPEG_EXTENSIONS)}) in {root}")
     files = files[:n]
     return files, [f.read_bytes() for f in files]
 
@@ -457,15 +451,16 @@ def run_offload(job, train_src, val_src, config):
 
 # -- MPI jobs ---------------------------------------------------------------------------------
 
-def launch_mpi(job):
-    """Run configurations ``job["configs"]`` (4-6) of one operating point in one MPI job (host
-    rank on ``HOST_CORE``, ``job["producers"]`` ranks on ``PRODUCER_CORE``); returns their
+def launch_mpi(job, configs, limit_s):
+    """Run ``configs`` (4-6) of ``job`` in one MPI job (host rank on ``HOST_CORE``,
+    ``job["producers"]`` ranks on ``PRODUCER_CORE``) within ``limit_s`` seconds; returns their
     records."""
     from ..mpi import mpiexec_path
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "job.json")
-        job = dict(job, out=os.path.join(tmp, "result.json"))
+        job = {k: v for k, v in job.items() if k != "tick"}
+        job.update(configs=configs, out=os.path.join(tmp, "result.json"))
         with open(path, "w") as f:
             json.dump(job, f)
         me = [sys.executable, "-m", "mpi4py", "-m", "dpu_pipe.tools.harness"]
@@ -475,7 +470,7 @@ def launch_mpi(job):
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         paths = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        proc = subprocess.run(cmd, env=env, timeout=job["limit_s"])
+        proc = subprocess.run(cmd, env=env, timeout=limit_s)
         if proc.returncode != 0 or not os.path.exists(job["out"]):
             raise ConfigError(f"the offload run failed (exit {proc.returncode}); its output "
                               "is above")

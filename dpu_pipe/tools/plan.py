@@ -350,6 +350,7 @@ def run(args):
                           "the core --producer-rate/--measure timed (1 if measured on the DPU)")
     if args.measure and not args.data:
         raise ConfigError("--measure needs --data: the dataset whose images are timed")
+    arm_factor = 1.0 if args.arm_factor is None else args.arm_factor
     # What a producer process has imported (the worker brings in the whole package): counted
     # below as its baseline memory.
     from ..offload import producer_loop  # noqa: F401
@@ -366,10 +367,9 @@ def run(args):
             jpeg_bytes = measured["mean_jpeg_bytes"]
     elif args.data and jpeg_bytes is None:
         bufs = _sample(args.data, args.images)[1]
-        jpeg_bytes = sum(len(b) for b in bufs) / len(bufs)
+        jpeg_bytes = sum(map(len, bufs)) / len(bufs)
     p = plan(train_rate=args.train_rate, producer_rate=rate, batch=args.batch, size=args.size,
-             dtype=args.dtype, arm_factor=1.0 if args.arm_factor is None else args.arm_factor,
-             preset=args.preset, headroom=args.headroom,
+             dtype=args.dtype, arm_factor=arm_factor, preset=args.preset, headroom=args.headroom,
              jpeg_bytes=jpeg_bytes or IMAGENET_JPEG_BYTES, process_bytes=process,
              kernel_memory_bytes=measured["kernel_memory_bytes"] if measured else None,
              slots=args.slots)
@@ -377,7 +377,7 @@ def run(args):
         p["measured"] = {**measured, "data": os.path.abspath(args.data),
                          "cpu": cpu_name()}
     if args.cache_bytes is not None:
-        p["cache"] = _run_cache(args, rate)
+        p["cache"] = _run_cache(args, rate, arm_factor)
     if args.json:
         print(json.dumps(p, indent=2))
     else:
@@ -389,7 +389,7 @@ def run(args):
     return 0
 
 
-def _run_cache(args, rate):
+def _run_cache(args, rate, arm_factor):
     """``plan --cache-bytes``: the cache model, measured on ``--data`` with ``--measure``."""
     if args.max_side is None:
         raise ConfigError("--cache-bytes needs --max-side (the decode_max_side it caches)")
@@ -413,8 +413,7 @@ def _run_cache(args, rate):
     return cache_plan(cache_bytes=int(args.cache_bytes), max_side=args.max_side,
                       shard_samples=shard, num_samples=max(num or 0, shard),
                       bytes_per_sample=per_sample, miss_rate=miss or rate, hit_rate=hit,
-                      train_rate=args.train_rate,
-                      arm_factor=1.0 if args.arm_factor is None else args.arm_factor,
+                      train_rate=args.train_rate, arm_factor=arm_factor,
                       headroom=args.headroom)
 
 

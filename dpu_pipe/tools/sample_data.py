@@ -9,7 +9,8 @@ matplotlib's sample photos when those are installed), so nothing is downloaded.
 
 Each image is a random crop of one photo, rescaled to an ImageNet-like size, flipped at random,
 jittered a little in brightness, contrast and saturation, sharpened as cameras do, and encoded
-with per-image JPEG settings. Class ``k`` draws most of its images from one photo, so labels are learnable.
+with per-image JPEG settings. Class ``k`` draws most of its images from one photo, so labels
+are learnable.
 
 Everything is a pure function of ``(seed, n, classes, corpus, Pillow's JPEG encoder)``: the
 randomness of image ``i`` comes from ``numpy.random.SeedSequence([seed, i])``, never from global
@@ -90,17 +91,19 @@ def photo_corpus():
                           "pip install pillow") from exc
     skimage_dir = _package_dir("skimage")
     if skimage_dir is None:
-        raise ConfigError("dpu_pipe.tools.sample_data takes its photographs from scikit-image's sample "
-                          "data: pip install scikit-image")
-    paths = [("skimage/" + f.rsplit(".", 1)[0], skimage_dir / "data" / f) for f in _SKIMAGE_PHOTOS]
+        raise ConfigError("dpu_pipe.tools.sample_data takes its photographs from scikit-image's "
+                          "sample data: pip install scikit-image")
+    paths = [(f"skimage/{f.rsplit('.', 1)[0]}", skimage_dir / "data" / f)
+             for f in _SKIMAGE_PHOTOS]
     missing = [str(p) for _, p in paths if not p.is_file()]
     if missing:
-        raise ConfigError("scikit-image is installed without its sample photographs "
-                          f"(missing {', '.join(missing)}): pip install --force-reinstall scikit-image")
+        raise ConfigError(f"scikit-image is installed without its sample photographs (missing "
+                          f"{', '.join(missing)}): pip install --force-reinstall scikit-image")
     for pkg, sub, files in _OPTIONAL_PHOTOS:
         d = _package_dir(pkg)
         if d is not None:
-            paths += [(f"{pkg}/{f.rsplit('.', 1)[0]}", d / sub / f) for f in files if (d / sub / f).is_file()]
+            paths += [(f"{pkg}/{f.rsplit('.', 1)[0]}", d / sub / f) for f in files
+                      if (d / sub / f).is_file()]
     photos = []
     for name, path in paths:
         with Image.open(path) as im:
@@ -238,13 +241,13 @@ def default_cache_dir():
     return os.path.join(base, "dpu_pipe")
 
 
-def sample_dataset(n=1000, seed=0, *, classes=10, cache=None, progress=True):
-    """Path of the ImageNet-like dataset of ``n`` images under ``cache`` (default
-    :func:`default_cache_dir`), made once and then reused. Sample ``i`` depends on
-    ``(seed, i)`` only, so one dataset of ``max(n, 1000)`` images serves every smaller ``n``."""
+def sample_dataset(n=1000, seed=0, *, progress=True):
+    """Path of the ImageNet-like dataset of ``n`` images (10 classes) under
+    :func:`default_cache_dir`, made once and then reused. Sample ``i`` depends on ``(seed, i)``
+    only, so one dataset of ``max(n, 1000)`` images serves every smaller ``n``."""
     size = max(int(n), 1000)
-    root = os.path.join(cache or default_cache_dir(), f"imagenet_like_n{size}_s{seed}")
-    make_imagenet_like(root, n=size, classes=classes, seed=seed, progress=progress)
+    root = os.path.join(default_cache_dir(), f"imagenet_like_n{size}_s{seed}")
+    make_imagenet_like(root, n=size, classes=10, seed=seed, progress=progress)
     return root
 
 
