@@ -709,8 +709,17 @@ class Loader:
         self.close()
 
     def __del__(self):
+        # The collector runs finalizers in whatever thread allocates: a hybrid host thread of
+        # another loader, say, whose batch the main thread waits for while it holds the
+        # transport lock that close() takes. Closing here would wait for that thread, which
+        # waits for this finalizer. So the close runs in a thread of its own, unless the
+        # interpreter is exiting (no new threads then).
+        if sys.is_finalizing():
+            with contextlib.suppress(Exception):
+                self.close()
+            return
         with contextlib.suppress(Exception):
-            self.close()
+            threading.Thread(target=self.close, name="dpu_pipe-finalize", daemon=True).start()
 
 
 class DPULoader(Loader):

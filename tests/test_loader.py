@@ -948,6 +948,36 @@ def test_an_abandoned_loader_does_not_keep_its_thread(folder):
                 stop.set()
 
 
+def test_a_finalizer_never_waits_in_the_thread_the_collector_runs_it_in(folder):
+    """The collector runs a dropped loader's __del__ in whatever thread allocates: in hybrid
+    mode, a host thread of another loader whose batch the main thread waits for while holding
+    the lock that close() takes (a job hung there). __del__ returns at once, and the close
+    happens in a thread of its own once the lock is free."""
+    loader = make(folder, 2)
+    next(iter(loader))
+    assert loader._iter is not None
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with loader._lock:
+            held.set()
+            release.wait(30)
+
+    h = threading.Thread(target=holder)
+    h.start()
+    try:
+        assert held.wait(10)
+        fin = threading.Thread(target=loader.__del__)
+        fin.start()
+        fin.join(10)
+        assert not fin.is_alive(), "__del__ waited for the lock another thread holds"
+        assert loader._iter is not None, "closed before the lock was free"
+    finally:
+        release.set()
+        h.join(10)
+    wait_for(lambda: loader._iter is None, timeout=10)    # the close's end of the iteration
+
+
 def test_set_epoch_after_load_state_dict_keeps_the_restored_position(folder, reference_stream):
     """The torch habit: restore, then set_epoch(e) for every epoch from the restored one on.
     Nothing of the restored epoch is seen twice, nothing is missed."""
