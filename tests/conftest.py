@@ -52,3 +52,56 @@ def format_folder(tmp_path_factory):
     import dataset_formats as dfm
 
     return dfm.make_folder(str(tmp_path_factory.mktemp("formats") / "folder"))
+
+
+# The long form's tests: what ./run.sh test runs and CI (`-m "not long"`) leaves out to stay
+# within its 15 minutes. Each is a further parameter, interpreter or scenario of a check that
+# CI still runs in at least one form (named after the "#"); each is in the slow tier too.
+LONG = (
+    # the sdist installed with build isolation on 3.12 (offloaded) and 3.13 (abi3 wheel)
+    "test_sdist.py::test_sdist_installs_into_a_fresh_venv_and_decodes",
+    "test_sdist.py::test_install_matrix_sdist_on_each_python[3.9]",
+    "test_sdist.py::test_install_matrix_sdist_on_each_python[3.11]",
+    # bench-train: one local configuration
+    "test_bench_train.py::test_bench_train_quick_writes_json_and_plots",
+    "test_bench_train.py::test_bench_train_heavy_recipe_trains_with_soft_labels",
+    # gpu_check: the dry run and the fake device's offload check
+    "test_gpu_check.py::test_without_a_gpu_the_steps_can_still_run_and_the_report_names",
+    # bench_blur: its parity tests in tests/test_blur.py
+    "test_bench_scripts.py::test_bench_blur_times_every_method_and_case",
+    # train_imagenet.py: stop and resume bit for bit, SIGTERM, progressive resolution
+    "test_train_example.py::test_modes_give_the_same_metrics",
+    "test_train_example.py::test_a_checkpoint_of_two_ranks_resumes_on_three",
+    # RemoteValidation: 1 host x 1 producer, 2 hosts x 1 producer (uneven), errors
+    "test_validation.py::test_metrics_equal_host_evaluation[1host-3prod]",
+    "test_validation.py::test_metrics_equal_host_evaluation[2hosts-2prod-each]",
+    "test_validation.py::test_submit_returns_while_training_goes_on",
+    "test_threads_offload.py::test_remote_validation_from_threads_while_batches_flow",
+    # the stream: 1 host x 2 producers (shm), 2 x 2 (off-node), the fallback host (shm)
+    "test_offload.py::test_stream_equals_loader_exactly_once[1host-1worker",
+    "test_offload.py::test_stream_equals_loader_exactly_once[1host-2workers-nolocal]",
+    "test_offload.py::test_stream_equals_loader_exactly_once[1host-3workers",
+    "test_offload.py::test_stream_equals_loader_exactly_once[2hosts-1worker-fallback-nolocal]",
+    # the matrix: 3 producers on shm, 8 off-node
+    "test_offload.py::test_stream_matrix_equals_loader[1-",
+    "test_offload.py::test_stream_matrix_equals_loader[3-nolocal]",
+    "test_offload.py::test_stream_matrix_equals_loader[8-shm]",
+    # slow producers: on shm; every producer busy: 8 producers on 3 slots
+    "test_offload.py::test_slow_random_producers_and_slow_consumer[nolocal]",
+    "test_offload.py::test_every_producer_busy_whatever_the_slots[16x2slots]",
+    "test_offload.py::test_a_host_waiting_for_a_slow_producer_sleeps_instead_of_polling[shm]",
+    # other sources offloaded: tar on shm, Parquet off-node, a factory on shm
+    "test_source_offload.py::test_offloaded_stream_over_other_sources[tar-nolocal]",
+    "test_source_offload.py::test_offloaded_stream_over_other_sources[parquet-shm]",
+    "test_source_offload.py::test_offloaded_stream_over_other_sources[factory-nolocal]",
+    # the node cache: 2 producers (quick tier) and 3
+    "test_node_cache.py::test_cached_offload_and_hybrid_equal_the_uncached_loader[1]",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        nodeid = item.nodeid.split("/")[-1]
+        if nodeid.startswith(LONG):
+            item.add_marker(pytest.mark.long)
+            item.add_marker(pytest.mark.slow)

@@ -327,6 +327,10 @@ def test_neon_in_hot_kernels(wheels, tmp_path):
 # error and damaged-stream tests do run emulated.
 EMULATED_TESTS = ["test_jpeg.py", "test_transcode.py", "test_batch.py", "test_loader.py",
                   "test_rng.py", "test_sampler.py", "test_permutation.py"]
+# The short form (CI) emulates the batch kernel's, the RNG's and the transcoder's tests (about
+# 2 of the 13 minutes the whole list takes under qemu here); the bit-identity digest below
+# covers the decoder's, the sampler's and the Loader's outputs on aarch64 in both forms.
+EMULATED_TESTS_SHORT = ["test_batch.py", "test_rng.py", "test_transcode.py"]
 EMULATED_DESELECT = ("not arith and not torch and not interval_region_decode_is_bit_identical"
                      " and not transcode_decodes_identically and not over_transcoded_bytes"
                      " and not another_process and not exhaustively and not quality"
@@ -359,7 +363,8 @@ def test_emulated_userland_is_isolated_and_aarch64(userland):
 
 
 def test_emulated_kernel_decode_loader_tests(userland):
-    files = [f for f in EMULATED_TESTS if (REPO / "tests" / f).exists()]
+    files = [f for f in (EMULATED_TESTS_SHORT if SHORT else EMULATED_TESTS)
+             if (REPO / "tests" / f).exists()]
     ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     proc = _run(["bash", ENV_SH, "pytest", "--python", ver, *files, "--", "-q", "-rfE",
                  "-k", EMULATED_DESELECT, "-o", "timeout=1200", "-p", "no:randomly"], timeout=3000)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI step for the DPU wheel: cross-build the cp311-abi3 wheels (aarch64 + x86-64, toolchain
 # installed by the script itself), then run tests/test_aarch64.py on them — wheel tags, bundled
-# libraries and glibc symbols, NEON per kernel, the kernel, decode and Loader tests under
-# qemu-aarch64 (cortex-a72) in an arm64 chroot, x86-64 vs aarch64 bit-identity on Debian's
+# libraries and glibc symbols, NEON per kernel, the batch kernel's, RNG's and transcoder's tests
+# under qemu-aarch64 (cortex-a72) in an arm64 chroot (--all: the decoder's, sampler's and
+# Loader's too), x86-64 vs aarch64 bit-identity on Debian's
 # arm64 CPython 3.11, the x86-64 wheel's SSE2 copies under qemu-x86_64 against its AVX2 ones,
 # and the aarch64 pyconfig.h that the cp310 build derives. That is what proves the wheel a DPU
 # installs; the other versions' wheels (cp39, cp310) and the abi3 wheel on the other
