@@ -12,6 +12,7 @@ import numpy as np
 from .. import _jpeg
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
+from ..sources.base import buffers_by_record
 from . import format as fmt
 
 __all__ = ["PackedShard", "PackedDataset", "is_packed"]
@@ -328,14 +329,7 @@ class PackedDataset:
             got = self._one_shard(int(ks[0]), indices)
             if got is not None:
                 return got
-        errors, views = {}, []
-        for p, i in enumerate(indices.tolist()):
-            try:
-                views.append(self.record(i))
-            except DecodeError as exc:
-                errors[p] = exc
-                views.append(b"")
-        return _jpeg.BufferList.from_buffers(views), errors
+        return buffers_by_record(indices, self.record)
 
     def _one_shard(self, k, indices):
         """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,

@@ -36,7 +36,24 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["Source", "fingerprint_of", "frozen_labels"]
+from .. import _jpeg
+from ..errors import DecodeError
+
+__all__ = ["Source", "buffers_by_record", "fingerprint_of", "frozen_labels"]
+
+
+def buffers_by_record(indices, view):
+    """The general path of a source's ``buffers``: a BufferList of ``view(i)`` for each index,
+    and ``{position: DecodeError}`` for the records that could not be read (their buffer is
+    empty), so that one bad record does not fail the batch."""
+    views, errors = [], {}
+    for p, i in enumerate(np.asarray(indices).tolist()):
+        try:
+            views.append(view(i))
+        except DecodeError as exc:
+            errors[p] = exc
+            views.append(b"")
+    return _jpeg.BufferList.from_buffers(views), errors
 
 
 def fingerprint_of(names, labels):

@@ -15,7 +15,7 @@ import numpy as np
 from .. import _jpeg
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
-from .base import Source, frozen_labels
+from .base import Source, buffers_by_record, frozen_labels
 
 __all__ = ["ParquetSource", "from_hf_dataset", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
 
@@ -318,14 +318,7 @@ class ParquetSource(Source):
                                                             grp.offsets[j + 1] - lo), {}
                     except ConfigError:
                         pass    # offsets out of bounds: the general path names the row
-        views, errors = [], {}
-        for p, i in enumerate(indices.tolist()):
-            try:
-                views.append(self._view(i))
-            except DecodeError as e:
-                errors[p] = e
-                views.append(b"")
-        return _jpeg.BufferList.from_buffers(views), errors
+        return buffers_by_record(indices, self._view)
 
     def fingerprint(self):
         """Digest of the file names, their row counts and the labels."""

@@ -22,7 +22,7 @@ import numpy as np
 from .. import _jpeg
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
-from .base import Source, frozen_labels
+from .base import Source, buffers_by_record, frozen_labels
 
 __all__ = ["WebDataset", "expand_shards", "INDEX_VERSION", "SAMPLE"]
 
@@ -512,14 +512,7 @@ class WebDataset(Source):
                         np.ascontiguousarray(rec["size"])), {}
                 except DecodeError:
                     pass    # the general path names each sample
-        views, errors = [], {}
-        for p, i in enumerate(indices.tolist()):
-            try:
-                views.append(self.view(i))
-            except DecodeError as exc:
-                errors[p] = exc
-                views.append(b"")
-        return _jpeg.BufferList.from_buffers(views), errors
+        return buffers_by_record(indices, self.view)
 
     def fingerprint(self):
         """Digest of the shard names, member keys, image sizes and labels (no per-sample
