@@ -343,27 +343,10 @@ cdef extern from *:
                                      const uint8_t* lut) {
         return dp_gray_pass(img, npix, r, a, mode, lut, 1);
     }
-    static int64_t dp_gray_run(uint8_t* img, Py_ssize_t npix, float r, float a, int mode,
-                               const uint8_t* lut) {
-        return (__builtin_cpu_supports("avx2") ? dp_gray_pass_avx2 : dp_gray_pass_base)(
-            img, npix, r, a, mode, lut);
-    }
+    #define dp_gray_run (__builtin_cpu_supports("avx2") ? dp_gray_pass_avx2 : dp_gray_pass_base)
     #else
     #define dp_gray_run dp_gray_pass_base
     #endif
-
-    static void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a,
-                              const uint8_t* lut) {
-        dp_gray_run(img, npix, r, a, DP_SATURATION, lut);
-    }
-
-    static void dp_grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) {
-        dp_gray_run(img, npix, 0.0f, 0.0f, DP_GRAYSCALE, lut);
-    }
-
-    static int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) {
-        return dp_gray_run((uint8_t*)img, npix, 0.0f, 0.0f, DP_GRAY_SUM, lut);
-    }
 
     /* dp_hue4: _hue's formula for 4 pixels in the lanes (_hue_lanes.h). */
     #define DP_HUE_F dp_f4
@@ -381,37 +364,48 @@ cdef extern from *:
         x2 = SHUF(SHUF(R, G, 3, 7, 3, 7), B, 6, 0, 1, 7); } while (0)
     #define DP_SHUF4(x, y, a, b, c, d) __builtin_shufflevector(x, y, a, b, c, d)
 
-    /* _hue on the first npix - npix % 16 pixels (the caller does the rest): 16 pixels
-       widened at a time, the result interleaved back and truncated to bytes (values in
-       [0, 256): truncation is _trunc_u8 there). wide: eight pixels to a vector (only inside
-       a function built for AVX2). */
+    /* _hue on the 16 pixels at px: widened, the result interleaved back and truncated to
+       bytes (values in [0, 256): truncation is _trunc_u8 there). wide: eight pixels to a
+       vector (only inside a function built for AVX2). */
+    static inline __attribute__((always_inline)) void dp_hue_block(
+            uint8_t* px, float sc, float hf, float back, int wide) {
+        dp_f4 x[12];
+        for (int k = 0; k < 3; k++)
+            dp_widen(px + 16 * k, x + 4 * k);
+    #ifdef DP_WIDE_BLOCK
+        if (wide) {
+            for (int g = 0; g < 12; g += 6) {
+                dp_f8 R, G, B, y0, y1, y2;
+                dp_join8(x + g, &y0, &y1, &y2);
+                dp_planes8(&y0, &y1, &y2, &R, &G, &B);
+                dp_hue8(&R, &G, &B, sc, hf, back);
+                DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
+                dp_split8(&y0, &y1, &y2, x + g);
+            }
+        } else
+    #endif
+        for (int g = 0; g < 12; g += 3) {
+            dp_f4 R, G, B;
+            dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
+            dp_hue4(&R, &G, &B, sc, hf, back);
+            DP_INTERLEAVE(DP_SHUF4, R, G, B, x[g], x[g + 1], x[g + 2]);
+        }
+        for (int k = 0; k < 3; k++)
+            dp_narrow(x + 4 * k, px + 16 * k);
+    }
+
+    /* _hue on npix pixels, 16 at a time; the last npix % 16 through a zero-padded block (each
+       lane's result depends on its own pixel only). */
     static inline __attribute__((always_inline)) void dp_hue_pass(
             uint8_t* img, Py_ssize_t npix, float sc, float hf, float back, int wide) {
-        for (Py_ssize_t i = 0; i + 16 <= npix; i += 16) {
-            uint8_t* px = img + 3 * i;
-            dp_f4 x[12];
-            for (int k = 0; k < 3; k++)
-                dp_widen(px + 16 * k, x + 4 * k);
-    #ifdef DP_WIDE_BLOCK
-            if (wide) {
-                for (int g = 0; g < 12; g += 6) {
-                    dp_f8 R, G, B, y0, y1, y2;
-                    dp_join8(x + g, &y0, &y1, &y2);
-                    dp_planes8(&y0, &y1, &y2, &R, &G, &B);
-                    dp_hue8(&R, &G, &B, sc, hf, back);
-                    DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
-                    dp_split8(&y0, &y1, &y2, x + g);
-                }
-            } else
-    #endif
-            for (int g = 0; g < 12; g += 3) {
-                dp_f4 R, G, B;
-                dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
-                dp_hue4(&R, &G, &B, sc, hf, back);
-                DP_INTERLEAVE(DP_SHUF4, R, G, B, x[g], x[g + 1], x[g + 2]);
-            }
-            for (int k = 0; k < 3; k++)
-                dp_narrow(x + 4 * k, px + 16 * k);
+        Py_ssize_t i = 0;
+        for (; i + 16 <= npix; i += 16)
+            dp_hue_block(img + 3 * i, sc, hf, back, wide);
+        if (i < npix) {
+            uint8_t t[48] = {0};
+            memcpy(t, img + 3 * i, (size_t)(3 * (npix - i)));
+            dp_hue_block(t, sc, hf, back, wide);
+            memcpy(img + 3 * i, t, (size_t)(3 * (npix - i)));
         }
     }
 
@@ -423,9 +417,7 @@ cdef extern from *:
     static void dp_hue_avx2(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
         dp_hue_pass(img, npix, sc, hf, back, 1);
     }
-    static void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
-        (__builtin_cpu_supports("avx2") ? dp_hue_avx2 : dp_hue_base)(img, npix, sc, hf, back);
-    }
+    #define dp_hue (__builtin_cpu_supports("avx2") ? dp_hue_avx2 : dp_hue_base)
     #else
     #define dp_hue dp_hue_base
     #endif
@@ -528,18 +520,12 @@ cdef extern from *:
                         Py_ssize_t r, float alpha) noexcept nogil
     void dp_convert_lut_f32(const uint8_t* img, Py_ssize_t npix, const float* lf, float* out,
                             int chw) noexcept nogil
-    void dp_saturation(uint8_t* img, Py_ssize_t npix, float r, float a,
-                       const uint8_t* lut) noexcept nogil
-    void dp_grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
-    int64_t dp_gray_sum(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil
+    enum: DP_SATURATION, DP_GRAYSCALE, DP_GRAY_SUM
+    int64_t dp_gray_run(uint8_t* img, Py_ssize_t npix, float r, float a, int mode,
+                        const uint8_t* lut) noexcept nogil
     void dp_convert_f32(const uint8_t* img, Py_ssize_t npix, const float* s, const float* b,
                         float* out, int chw) noexcept nogil
     void dp_hue(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) noexcept nogil
-
-cdef extern from "math.h" nogil:
-    float rintf(float x)
-    float floorf(float x)
-    float fmodf(float x, float y)
 
 #: torchvision's names of the ops, indexed by the AUG_* codes of _augment.pxd.
 OP_NAMES = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
@@ -593,20 +579,14 @@ cdef double _normal(double u) noexcept nogil:
     """Standard normal quantile of u in [0, 1) (Acklam's rational approximation, relative
     error < 1.2e-9), from portable_log and sqrt: a Gaussian from one uniform."""
     cdef double q, r, p = (floor(u * 9007199254740992.0) + 0.5) * 1.1102230246251565e-16
-    if p < 0.02425:
-        q = sqrt(-2.0 * portable_log(p))
-        return (((((-7.784894002430293e-03 * q - 3.223964580411365e-01) * q
-                   - 2.400758277161838e+00) * q - 2.549732539343734e+00) * q
-                 + 4.374664141464968e+00) * q + 2.938163982698783e+00) / \
-               ((((7.784695709041462e-03 * q + 3.224671290700398e-01) * q
-                  + 2.445134137142996e+00) * q + 3.754408661907416e+00) * q + 1.0)
-    if p > 1.0 - 0.02425:
-        q = sqrt(-2.0 * portable_log(1.0 - p))
-        return -(((((-7.784894002430293e-03 * q - 3.223964580411365e-01) * q
-                    - 2.400758277161838e+00) * q - 2.549732539343734e+00) * q
-                  + 4.374664141464968e+00) * q + 2.938163982698783e+00) / \
-                ((((7.784695709041462e-03 * q + 3.224671290700398e-01) * q
-                   + 2.445134137142996e+00) * q + 3.754408661907416e+00) * q + 1.0)
+    if p < 0.02425 or p > 1.0 - 0.02425:    # the tails, odd: negating is exact
+        q = sqrt(-2.0 * portable_log(p if p < 0.5 else 1.0 - p))
+        r = (((((-7.784894002430293e-03 * q - 3.223964580411365e-01) * q
+                - 2.400758277161838e+00) * q - 2.549732539343734e+00) * q
+              + 4.374664141464968e+00) * q + 2.938163982698783e+00) / \
+            ((((7.784695709041462e-03 * q + 3.224671290700398e-01) * q
+               + 2.445134137142996e+00) * q + 3.754408661907416e+00) * q + 1.0)
+        return r if p < 0.5 else -r
     q = p - 0.5
     r = q * q
     return (((((-3.969683028665376e+01 * r + 2.209460984245205e+02) * r
@@ -958,14 +938,14 @@ cdef void _saturation(uint8_t* img, Py_ssize_t npix, double ratio,
                       const uint8_t* lut) noexcept nogil:
     # img * r + (1 - r) * floor(gray), float32, clamped and truncated as torchvision; on
     # lut(img) when lut is not NULL.
-    dp_saturation(img, npix, <float>ratio, <float>(1.0 - ratio), lut)
+    dp_gray_run(img, npix, <float>ratio, <float>(1.0 - ratio), DP_SATURATION, lut)
 
 
 cdef float _gray_mean(const uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
     # The mean of the floored grayscale (of lut(img) when lut is not NULL): integers below
     # 2**24 in total, so float32 sums of them are exact in any order and the sum here equals
     # torch's.
-    return <float>dp_gray_sum(img, npix, lut) / <float>npix
+    return <float>dp_gray_run(<uint8_t*>img, npix, 0, 0, DP_GRAY_SUM, lut) / <float>npix
 
 
 cdef void _sharpness(uint8_t* img, uint8_t* tmp, int h, int w, double factor) noexcept nogil:
@@ -1066,22 +1046,14 @@ cdef void _equalize_map(uint8_t* lut, const uint8_t* img, Py_ssize_t npix) noexc
     cdef int64_t* hc
     cdef Py_ssize_t i, n4 = npix - npix % 4
     cdef const uint8_t* px
-    cdef int c, v
+    cdef int c, v, k
     memset(banks, 0, sizeof(banks))
     for i in range(0, n4, 4):
-        px = img + 3 * i
-        banks[0][px[0]] += 1
-        banks[0][256 + px[1]] += 1
-        banks[0][512 + px[2]] += 1
-        banks[1][px[3]] += 1
-        banks[1][256 + px[4]] += 1
-        banks[1][512 + px[5]] += 1
-        banks[2][px[6]] += 1
-        banks[2][256 + px[7]] += 1
-        banks[2][512 + px[8]] += 1
-        banks[3][px[9]] += 1
-        banks[3][256 + px[10]] += 1
-        banks[3][512 + px[11]] += 1
+        for k in range(4):          # a constant count: GCC unrolls it
+            px = img + 3 * (i + k)
+            banks[k][px[0]] += 1
+            banks[k][256 + px[1]] += 1
+            banks[k][512 + px[2]] += 1
     for i in range(n4, npix):
         banks[0][img[3 * i]] += 1
         banks[0][256 + img[3 * i + 1]] += 1
@@ -1157,68 +1129,10 @@ cdef inline int _takes_pending(int op) noexcept nogil:
         or op == AUG_GRAYSCALE
 
 
-cdef void _grayscale(uint8_t* img, Py_ssize_t npix, const uint8_t* lut) noexcept nogil:
-    # floor(gray) in every channel (of lut(img) when lut is not NULL): gray <= 0.9999 * 255,
-    # so it needs no clamp.
-    dp_grayscale(img, npix, lut)
-
-
 cdef void _hue(uint8_t* img, Py_ssize_t npix, double factor) noexcept nogil:
     """v2's adjust_hue on uint8: to float32 (x / 255), HSV, hue + factor mod 1, back, then
-    x * (256 - 1e-3) truncated. Blocks of 16 pixels run in vector lanes (dp_hue), the last
-    npix % 16 here: the same float32 operations."""
-    cdef float sc = <float>(1.0 / 255.0), hf = <float>factor, back = <float>(255.0 + 1.0 - 1e-3)
-    cdef float r, g, b, mx, mn, cr, s, rc, gc, bc, hh, h6, f, p, q, t, sxf, oms
-    cdef float ov[3]
-    cdef Py_ssize_t i
-    cdef int k
-    dp_hue(img, npix, sc, hf, back)
-    for i in range(npix - npix % 16, npix):
-        r = <float>img[3 * i] * sc
-        g = <float>img[3 * i + 1] * sc
-        b = <float>img[3 * i + 2] * sc
-        mx = r if r > g else g
-        mx = mx if mx > b else b
-        mn = r if r < g else g
-        mn = mn if mn < b else b
-        cr = mx - mn
-        s = cr / (<float>1.0 if mx == mn else mx)
-        if mx == mn:
-            cr = 1.0
-        rc = (mx - r) / cr
-        gc = (mx - g) / cr
-        bc = (mx - b) / cr
-        if mx != r:
-            hh = ((rc + <float>2.0) - bc) if mx == g else ((gc + <float>4.0) - rc)
-        else:
-            hh = bc - gc
-        hh = fmodf(hh * <float>(1.0 / 6.0) + <float>1.0, <float>1.0)
-        hh = hh + hf
-        hh = hh - floorf(hh)                  # remainder_(1.0)
-        h6 = hh * <float>6.0
-        k = <int>floorf(h6)
-        f = h6 - floorf(h6)
-        sxf = s * f
-        oms = <float>1.0 - s
-        q = min(max((<float>1.0 - sxf) * mx, <float>0.0), <float>1.0)
-        t = min(max((sxf + oms) * mx, <float>0.0), <float>1.0)
-        p = min(max(oms * mx, <float>0.0), <float>1.0)
-        k = k % 6
-        k = k + 6 if k < 0 else k
-        if k == 0:
-            ov[0], ov[1], ov[2] = mx, t, p
-        elif k == 1:
-            ov[0], ov[1], ov[2] = q, mx, p
-        elif k == 2:
-            ov[0], ov[1], ov[2] = p, mx, t
-        elif k == 3:
-            ov[0], ov[1], ov[2] = p, q, mx
-        elif k == 4:
-            ov[0], ov[1], ov[2] = t, p, mx
-        else:
-            ov[0], ov[1], ov[2] = mx, p, q
-        for k in range(3):
-            img[3 * i + k] = _trunc_u8(ov[k] * back)
+    x * (256 - 1e-3) truncated; in vector lanes (dp_hue, _hue_lanes.h)."""
+    dp_hue(img, npix, <float>(1.0 / 255.0), <float>factor, <float>(255.0 + 1.0 - 1e-3))
 
 
 cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w,
@@ -1241,7 +1155,7 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
     elif op == AUG_J_HUE:
         _hue(img, npix, mag)
     elif op == AUG_GRAYSCALE:
-        _grayscale(img, npix, NULL)
+        dp_gray_run(img, npix, 0, 0, DP_GRAYSCALE, NULL)  # gray <= 0.9999 * 255: no clamp
     else:
         return -1
     return 0
@@ -1286,7 +1200,7 @@ cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_
             continue
         if pending:                 # a grayscale op: it applies the maps as it reads
             if op == AUG_GRAYSCALE:
-                _grayscale(img, npix, lut)
+                dp_gray_run(img, npix, 0, 0, DP_GRAYSCALE, lut)
             else:
                 _saturation(img, npix, 1.0 + prm.step[k].mag if op == AUG_COLOR
                             else prm.step[k].mag, lut)

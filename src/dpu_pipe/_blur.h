@@ -7,7 +7,8 @@
  * Per output row y: the vertical pass sums the 1-D kernel's source rows (reflected at the
  * image's edges; each converted to float32 once, into a ring of ky rows) into a float32 row,
  * the row is reflect-padded by kx/2 pixels at both ends, the horizontal pass sums it over
- * interleaved RGB (tap t of element i is element i + 3t), and the sums are rounded to uint8.
+ * interleaved RGB (tap t of element i is element i + 3t), and the sums are rounded to uint8;
+ * both passes are one function over a list of row pointers (blur_sum_row).
  * Every pass runs over contiguous memory, which GCC vectorizes across elements on SSE2, AVX2
  * and NEON alike.
  *
@@ -47,26 +48,26 @@ DP_CLONES static void blur_u8_to_f32(const uint8_t *src, float *dst, ptrdiff_t n
         d[i] = (float)s[i];
 }
 
-/* Vertical pass, output row y: d[0:n] = k[r] s(r) + sum over t = r-1 down to 0 of
-   k[t] (s(t) + s(K-1-t)), s(t) the source row y - r + t reflected, r = K / 2, as float32 in
-   ring slot (row % K), slots rs floats apart. (Integer values: each pair's sum is exact.) */
-DP_CLONES static void blur_v_row(const float *ring, ptrdiff_t rs, ptrdiff_t h, ptrdiff_t y,
-                                 const float *k, int K, float *dst, ptrdiff_t n) {
-#define BLUR_ROW(t) (ring + (blur_reflect(y - r + (t), h) % K) * rs)
+/* One output row of either pass: d[i] = k[r] row[r][i] + sum over t = r-1 down to 0 of
+   k[t] (row[t][i] + row[K-1-t][i]), r = K / 2. The vertical pass gives the ring slots of the
+   reflected source rows (integer values: each pair's sum is exact), the horizontal pass the
+   padded row at offsets of 3 t floats. */
+DP_CLONES static void blur_sum_row(const float *const *row, const float *k, int K, float *dst,
+                                   ptrdiff_t n) {
     const int r = K / 2;
     float *__restrict__ d = dst;
-    const float *__restrict__ c = BLUR_ROW(r);
+    const float *__restrict__ c = row[r];
     const float wc = k[r];
     int t = r - 1;
     if (t >= 1) {
-        const float *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
-        const float *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float *__restrict__ a0 = row[t], *__restrict__ b0 = row[K - 1 - t];
+        const float *__restrict__ a1 = row[t - 1], *__restrict__ b1 = row[K - t];
         const float w0 = k[t], w1 = k[t - 1];
         for (ptrdiff_t i = 0; i < n; i++)
             d[i] = (wc * c[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
         t -= 2;
     } else if (t == 0) {
-        const float *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
+        const float *__restrict__ a0 = row[0], *__restrict__ b0 = row[K - 1];
         const float w0 = k[0];
         for (ptrdiff_t i = 0; i < n; i++)
             d[i] = wc * c[i] + w0 * (a0[i] + b0[i]);
@@ -76,56 +77,14 @@ DP_CLONES static void blur_v_row(const float *ring, ptrdiff_t rs, ptrdiff_t h, p
             d[i] = wc * c[i];
     }
     for (; t >= 1; t -= 2) {
-        const float *__restrict__ a0 = BLUR_ROW(t), *__restrict__ b0 = BLUR_ROW(K - 1 - t);
-        const float *__restrict__ a1 = BLUR_ROW(t - 1), *__restrict__ b1 = BLUR_ROW(K - t);
+        const float *__restrict__ a0 = row[t], *__restrict__ b0 = row[K - 1 - t];
+        const float *__restrict__ a1 = row[t - 1], *__restrict__ b1 = row[K - t];
         const float w0 = k[t], w1 = k[t - 1];
         for (ptrdiff_t i = 0; i < n; i++)
             d[i] = (d[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
     }
     if (t == 0) {
-        const float *__restrict__ a0 = BLUR_ROW(0), *__restrict__ b0 = BLUR_ROW(K - 1);
-        const float w0 = k[0];
-        for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = d[i] + w0 * (a0[i] + b0[i]);
-    }
-#undef BLUR_ROW
-}
-
-/* Horizontal pass over an interleaved RGB row padded by r = K / 2 pixels at each end: d[i] =
-   k[r] p[i + 3r] + sum over t = r-1 down to 0 of k[t] (p[i + 3t] + p[i + 3 (K-1-t)]). */
-DP_CLONES static void blur_h_row(const float *pad, const float *k, int K, float *dst,
-                                 ptrdiff_t n) {
-    const int r = K / 2;
-    float *__restrict__ d = dst;
-    const float *__restrict__ c = pad + 3 * r;
-    const float wc = k[r];
-    int t = r - 1;
-    if (t >= 1) {
-        const float *__restrict__ a0 = pad + 3 * t, *__restrict__ b0 = pad + 3 * (K - 1 - t);
-        const float *__restrict__ a1 = pad + 3 * (t - 1), *__restrict__ b1 = pad + 3 * (K - t);
-        const float w0 = k[t], w1 = k[t - 1];
-        for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = (wc * c[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
-        t -= 2;
-    } else if (t == 0) {
-        const float *__restrict__ a0 = pad, *__restrict__ b0 = pad + 3 * (K - 1);
-        const float w0 = k[0];
-        for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = wc * c[i] + w0 * (a0[i] + b0[i]);
-        t = -1;
-    } else {
-        for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = wc * c[i];
-    }
-    for (; t >= 1; t -= 2) {
-        const float *__restrict__ a0 = pad + 3 * t, *__restrict__ b0 = pad + 3 * (K - 1 - t);
-        const float *__restrict__ a1 = pad + 3 * (t - 1), *__restrict__ b1 = pad + 3 * (K - t);
-        const float w0 = k[t], w1 = k[t - 1];
-        for (ptrdiff_t i = 0; i < n; i++)
-            d[i] = (d[i] + w0 * (a0[i] + b0[i])) + w1 * (a1[i] + b1[i]);
-    }
-    if (t == 0) {
-        const float *__restrict__ a0 = pad, *__restrict__ b0 = pad + 3 * (K - 1);
+        const float *__restrict__ a0 = row[0], *__restrict__ b0 = row[K - 1];
         const float w0 = k[0];
         for (ptrdiff_t i = 0; i < n; i++)
             d[i] = d[i] + w0 * (a0[i] + b0[i]);
@@ -199,18 +158,23 @@ static int blur_rgb_u8(const uint8_t *src, ptrdiff_t src_stride, int h, int w, u
     const ptrdiff_t n = (ptrdiff_t)3 * w, rs = blur_ring_stride(w);
     float *ring = scratch, *pad = ring + (ptrdiff_t)ky * rs;
     float *sums = pad + 3 * ((ptrdiff_t)w + 2 * rx), *row = pad + 3 * rx;
+    const float *vrow[ky], *hrow[kx];
+    for (int t = 0; t < kx; t++)
+        hrow[t] = pad + 3 * t;
     /* Output row y reads source rows max(0, y - ry) .. min(h - 1, y + ry) only (reflection
        stays inside that span), at most ky consecutive rows: distinct ring slots. */
     ptrdiff_t next = 0;
     for (ptrdiff_t y = 0; y < h; y++) {
         for (; next < h && next <= y + ry; next++)
             blur_u8_to_f32(src + next * src_stride, ring + (next % ky) * rs, n);
-        blur_v_row(ring, rs, h, y, wy, ky, row, n);
+        for (int t = 0; t < ky; t++)
+            vrow[t] = ring + (blur_reflect(y - ry + t, h) % ky) * rs;
+        blur_sum_row(vrow, wy, ky, row, n);
         for (int j = 1; j <= rx; j++) {
             memcpy(row - 3 * j, row + 3 * j, 3 * sizeof(float));
             memcpy(row + 3 * (w - 1 + j), row + 3 * (w - 1 - j), 3 * sizeof(float));
         }
-        blur_h_row(pad, wx, kx, sums, n);
+        blur_sum_row(hrow, wx, kx, sums, n);
         blur_round_row(sums, dst + y * dst_stride, n);
     }
     return 0;

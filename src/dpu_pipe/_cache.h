@@ -189,11 +189,6 @@ static inline int dpc_insert_stalled(void *base, uint64_t index, uint32_t height
     return 1;
 }
 
-static inline int dpc_insert(void *base, uint64_t index, uint32_t height, uint32_t width,
-                             uint32_t scale, const uint8_t *pixels) {
-    return dpc_insert_stalled(base, index, height, width, scale, pixels, 0);
-}
-
 /* The counters: out = {hits, misses, bytes, entries, did_not_fit}. */
 static inline void dpc_stats(void *base, uint64_t out[5]) {
     DpcHeader *h = (DpcHeader *)base;

@@ -1,11 +1,11 @@
-/* _hue's formula (v2's adjust_hue on uint8, _augment.pyx) in vector lanes, one pixel a lane:
- * the channels R, G, B (0..255) in, the channels times `back` out. Every branch of the scalar
- * code is computed and selected, so each lane does the scalar code's float32 operations on its
- * pixel; fmodf(x, 1) is x - trunc(x), exact for the x > 0 it gets.
+/* v2's adjust_hue on uint8 (_rgb_to_hsv, hue + factor mod 1, _hsv_to_rgb, in float32) in
+ * vector lanes, one pixel a lane: the channels R, G, B (0..255) in, the channels times `back`
+ * out. Every branch of torchvision's formula is computed and selected, so each lane does its
+ * float32 operations on its pixel; fmod(x, 1) is x - trunc(x), exact for the x > 0 it gets.
  *
- * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float and int
- * vector types (4 lanes everywhere, 8 lanes for the AVX2 build on x86-64), the
- * function's attributes and DP_HUE_NAME(name) this instance's name. */
+ * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float
+ * and int vector types (4 lanes everywhere, 8 for the AVX2 build on x86-64) and
+ * DP_HUE_NAME(name) this instance's name. */
 
 #define DP_HSEL(m, x, y) ((DP_HUE_F)(((DP_HUE_I)(x) & (m)) | ((DP_HUE_I)(y) & ~(m))))
 

@@ -8,27 +8,18 @@ cdef extern from "jpeglib.h" nogil:
     # --- basic types -------------------------------------------------------------------
     ctypedef int boolean
     ctypedef unsigned int JDIMENSION
-    ctypedef unsigned char JSAMPLE
-    ctypedef JSAMPLE* JSAMPROW
-    ctypedef JSAMPROW* JSAMPARRAY
+    ctypedef unsigned char* JSAMPROW
 
     ctypedef enum J_COLOR_SPACE:
-        JCS_UNKNOWN
-        JCS_GRAYSCALE
         JCS_RGB
-        JCS_YCbCr
         JCS_CMYK
         JCS_YCCK
 
     ctypedef enum J_DCT_METHOD:
         JDCT_ISLOW
         JDCT_IFAST
-        JDCT_FLOAT
 
-    int JMSG_LENGTH_MAX
-    int JPOOL_IMAGE
-
-    # --- error, progress and memory managers -------------------------------------------
+    # --- error and progress managers, saved markers ---------------------------------------
     struct jpeg_common_struct
     ctypedef jpeg_common_struct* j_common_ptr
 
@@ -42,25 +33,9 @@ cdef extern from "jpeglib.h" nogil:
 
     struct jpeg_progress_mgr:
         void (*progress_monitor)(j_common_ptr) noexcept nogil
-        long pass_counter
-        long pass_limit
-        int completed_passes
-        int total_passes
-
-    struct jpeg_memory_mgr:
-        long max_memory_to_use
 
     struct jpeg_common_struct:
         jpeg_error_mgr* err
-        jpeg_memory_mgr* mem
-        jpeg_progress_mgr* progress
-        void* client_data
-
-    # --- components, saved markers -------------------------------------------------------
-    ctypedef struct jpeg_component_info:
-        int component_id
-        int h_samp_factor
-        int v_samp_factor
 
     struct jpeg_marker_struct:
         jpeg_marker_struct* next
@@ -78,9 +53,7 @@ cdef extern from "jpeglib.h" nogil:
     # --- decompression -----------------------------------------------------------------
     struct jpeg_decompress_struct:
         jpeg_error_mgr* err
-        jpeg_memory_mgr* mem
         jpeg_progress_mgr* progress
-        void* client_data
 
         JDIMENSION image_width
         JDIMENSION image_height
@@ -88,7 +61,6 @@ cdef extern from "jpeglib.h" nogil:
         J_COLOR_SPACE jpeg_color_space
         J_COLOR_SPACE out_color_space
         int data_precision
-        jpeg_component_info* comp_info
         unsigned int restart_interval
         int comps_in_scan
         jpeg_saved_marker_ptr marker_list
@@ -97,21 +69,17 @@ cdef extern from "jpeglib.h" nogil:
         unsigned int scale_denom
         J_DCT_METHOD dct_method
         boolean do_fancy_upsampling
-        boolean do_block_smoothing
 
         JDIMENSION output_width
         JDIMENSION output_height
         int output_components
-        int rec_outbuf_height
         JDIMENSION output_scanline
 
         int input_scan_number
         boolean progressive_mode
         boolean arith_code
-        boolean saw_Adobe_marker
         int max_h_samp_factor
         int max_v_samp_factor
-        int min_DCT_scaled_size
 
     ctypedef jpeg_decompress_struct* j_decompress_ptr
 
@@ -122,12 +90,10 @@ cdef extern from "jpeglib.h" nogil:
     void jpeg_mem_src(j_decompress_ptr cinfo, const unsigned char* buf, unsigned long size)
     int jpeg_read_header(j_decompress_ptr cinfo, boolean require_image)
     boolean jpeg_start_decompress(j_decompress_ptr cinfo)
-    JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPARRAY scanlines,
+    JDIMENSION jpeg_read_scanlines(j_decompress_ptr cinfo, JSAMPROW* scanlines,
                                    JDIMENSION max_lines)
     JDIMENSION jpeg_skip_scanlines(j_decompress_ptr cinfo, JDIMENSION num_lines)
     void jpeg_crop_scanline(j_decompress_ptr cinfo, JDIMENSION* xoffset, JDIMENSION* width)
-
-    int JPEG_HEADER_OK
 
     # --- lossless transcoding (what jpegtran does) ----------------------------------------
     struct jpeg_compress_struct
@@ -142,9 +108,6 @@ cdef extern from "jpeglib.h" nogil:
 
     struct jpeg_compress_struct:
         jpeg_error_mgr* err
-        jpeg_memory_mgr* mem
-        jpeg_progress_mgr* progress
-        void* client_data
         jpeg_destination_mgr* dest
         boolean optimize_coding
         unsigned int restart_interval
@@ -162,7 +125,6 @@ cdef extern from "jpeglib.h" nogil:
 
 cdef extern from "jerror.h" nogil:
     int JWRN_JPEG_EOF
-    int JERR_OUT_OF_MEMORY
 
 cdef extern from *:
     """

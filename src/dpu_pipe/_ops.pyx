@@ -151,25 +151,47 @@ cdef inline Py_ssize_t _rstride(int ow) noexcept nogil:
     return ((3 * _pad4(ow) + 4 + 15) // 16) * 16
 
 
+cdef inline void* _take(uintptr_t m, size_t* n, size_t nbytes) noexcept nogil:
+    cdef void* at = <void*>(m + n[0])
+    n[0] += _align64(nbytes)
+    return at
+
+
+cdef size_t _layout(OpsPlan* p, uintptr_t m, size_t oh, size_t ow, size_t kh, size_t kv,
+                    size_t span) noexcept nogil:
+    """Point p's tables and rows into the workspace at m (64-byte aligned) for kh, kv taps
+    and a source span of `span` pixels; returns the bytes they take."""
+    cdef size_t ow4 = _pad4(ow), rs = _rstride(ow), n = 0
+    p.h.start = <int32_t*>_take(m, &n, 4 * ow4)
+    p.h.count = <int32_t*>_take(m, &n, 4 * ow4)
+    p.h.weight = <float*>_take(m, &n, 4 * ow4 * kh)
+    p.hw4 = <float*>_take(m, &n, 16 * ow4 * kh)
+    p.v.start = <int32_t*>_take(m, &n, 4 * oh)
+    p.v.count = <int32_t*>_take(m, &n, 4 * oh)
+    p.v.weight = <float*>_take(m, &n, 4 * oh * kv)
+    p.src_row = <float*>_take(m, &n, 4 * (3 * (span + kh) + 4))
+    p.scale3 = <float*>_take(m, &n, 4 * 3 * ow)
+    p.bias3 = <float*>_take(m, &n, 4 * 3 * ow)
+    p.ring = <float*>_take(m, &n, 4 * rs * kv)
+    p.acc = <float*>_take(m, &n, 4 * rs)
+    p.zero = <float*>_take(m, &n, 4 * rs)
+    p.tmp = <float*>_take(m, &n, 4 * rs)
+    p.rstride = rs
+    return n
+
+
 cdef size_t ops_workspace_bytes(int src_w, double h, double w, int oh, int ow,
                                int filt) noexcept nogil:
     """Bytes of workspace ops_plan needs for this source width (pixels), box size (h, w, in
     source pixels) and output size (oh, ow); 0 if the sizes are invalid. Lets a caller
     preallocate for its largest box with ops_ws_reserve."""
+    cdef OpsPlan p
     if src_w < 1 or oh < 1 or ow < 1 or not (h > 0.0 and w > 0.0 and w <= src_w):
         return 0
     if filt != OPS_BILINEAR and filt != OPS_BICUBIC:
         return 0
-    cdef size_t kh = _ksize(w, ow, filt)
-    cdef size_t kv = _ksize(h, oh, filt)
-    cdef size_t span = _span_bound(src_w, w, ow, filt)
-    cdef size_t ow4 = _pad4(ow)
-    cdef size_t rs = _rstride(ow)
-    return (2 * _align64(4 * ow4) + _align64(4 * ow4 * kh) + _align64(16 * ow4 * kh)
-            + 2 * _align64(4 * <size_t>oh) + _align64(4 * <size_t>oh * kv)
-            + _align64(4 * (3 * (span + kh) + 4))
-            + 2 * _align64(4 * 3 * <size_t>ow)
-            + 4 * rs * (kv + 3))
+    return _layout(&p, 0, oh, ow, _ksize(w, ow, filt), _ksize(h, oh, filt),
+                   _span_bound(src_w, w, ow, filt))
 
 
 # --- coefficient tables ---------------------------------------------------------------------
@@ -311,9 +333,8 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     left-right if flip. Pointers in p refer to ws: they stay valid until ws is reserved again
     or freed (the next ops_plan on ws)."""
     cdef int rc
-    cdef Py_ssize_t i, t, c, K, ow4 = _pad4(ow), rs = _rstride(ow)
+    cdef Py_ssize_t i, t, c, K
     cdef size_t kh, kv, span
-    cdef char* m
     if src_h < 1 or src_w < 1 or oh < 1 or ow < 1:
         return OPS_EARG
     if filt != OPS_BILINEAR and filt != OPS_BICUBIC:
@@ -341,39 +362,10 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
     kh = _ksize(w, ow, filt)
     kv = _ksize(h, oh, filt)
     span = _span_bound(src_w, w, ow, filt)
-    m = ws.mem
-    p.h.start = <int32_t*>m
-    m += _align64(4 * <size_t>ow4)
-    p.h.count = <int32_t*>m
-    m += _align64(4 * <size_t>ow4)
-    p.h.weight = <float*>m
-    m += _align64(4 * <size_t>ow4 * kh)
-    p.hw4 = <float*>m
-    m += _align64(16 * <size_t>ow4 * kh)
-    p.v.start = <int32_t*>m
-    m += _align64(4 * <size_t>oh)
-    p.v.count = <int32_t*>m
-    m += _align64(4 * <size_t>oh)
-    p.v.weight = <float*>m
-    m += _align64(4 * <size_t>oh * kv)
-    p.src_row = <float*>m
-    m += _align64(4 * (3 * (span + kh) + 4))
-    p.scale3 = <float*>m
-    m += _align64(4 * 3 * <size_t>ow)
-    p.bias3 = <float*>m
-    m += _align64(4 * 3 * <size_t>ow)
-    p.ring = <float*>m
-    m += 4 * rs * kv
-    p.acc = <float*>m
-    m += 4 * rs
-    p.zero = <float*>m
-    m += 4 * rs
-    p.tmp = <float*>m
-    p.rstride = rs
+    _layout(p, <uintptr_t>ws.mem, oh, ow, kh, kv, span)
     p.src_h = src_h
     p.src_w = src_w
-
-    rc = _plan_axis(&p.h, src_w, x0, w, ow, <int>ow4, flip, filt)
+    rc = _plan_axis(&p.h, src_w, x0, w, ow, <int>_pad4(ow), flip, filt)
     if rc != OPS_OK:
         return rc
     rc = _plan_axis(&p.v, src_h, y0, h, oh, oh, 0, filt)
@@ -395,7 +387,7 @@ cdef int ops_plan(OpsPlan* p, OpsWorkspace* ws, int src_h, int src_w,
             for c in range(4):
                 p.hw4[OPS_HW4_AT(i, t, K) + c] = p.h.weight[i * K + t]
     p.order = _choose_order(&p.h, &p.v)
-    for i in range(rs):
+    for i in range(p.rstride):
         p.zero[i] = 0.0
     # Zero-padded taps and the spare lane read past the converted span: keep that zero.
     for i in range(3 * (p.h.src_hi - p.h.src_lo), 3 * (p.h.src_hi - p.h.src_lo + p.h.ksize) + 4):

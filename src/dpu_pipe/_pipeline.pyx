@@ -14,7 +14,7 @@
 # its crop is cut from that reduced image; with a SampleCache the reduced image is kept
 # (src/dpu_pipe/_cache.h) and later epochs cut their crops from it without decoding. A hit and
 # a miss run the same crop code on the same pixels, so the output never depends on the cache.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t, INT64_MAX
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, strncpy
 from libc.math cimport floor, ceil
@@ -23,9 +23,8 @@ from cython.parallel cimport parallel, prange, threadid
 from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, DP_EREGION,
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
                              dec_decode, choose_scale, scale_region, scaled_size)
-from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_FLOAT32, OPS_UINT8,
-                            OPS_FLOAT16, OPS_BFLOAT16, OPS_CHW, OPS_HWC, ops_ws_init, ops_ws_free,
-                            ops_output_init, ops_resize_crop, ops_center_crop_box,
+from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_UINT8, OPS_HWC, ops_ws_init,
+                            ops_ws_free, ops_output_init, ops_resize_crop, ops_center_crop_box,
                             OPS_BILINEAR, OPS_BICUBIC)
 from dpu_pipe._rng cimport (CropConfig, CropBox, crop_config_init, random_resized_crop,
                             random_flip, RNG_MAX_VIEWS, RNG_VIEW_SHIFT)
@@ -36,12 +35,10 @@ import os
 
 import numpy as np
 
+from dpu_pipe._ops import DTYPE_CODES, FILTER_CODES, LAYOUT_CODES
 from dpu_pipe.augment import kernel_params
 from dpu_pipe.errors import ConfigError
 from dpu_pipe.transforms import TransformConfig
-
-#: Most views of a multi-view recipe (the RNG's view streams).
-MAX_VIEWS = RNG_MAX_VIEWS
 
 
 cdef extern from "_cache.h" nogil:
@@ -61,8 +58,6 @@ cdef extern from "_cache.h" nogil:
     uint32_t dpc_state(void* base, uint64_t index)
     const uint8_t* dpc_lookup(void* base, uint64_t index, uint32_t* height, uint32_t* width,
                               uint32_t* scale)
-    int dpc_insert(void* base, uint64_t index, uint32_t height, uint32_t width, uint32_t scale,
-                   const uint8_t* pixels)
     int dpc_insert_stalled(void* base, uint64_t index, uint32_t height, uint32_t width,
                            uint32_t scale, const uint8_t* pixels, uint32_t stall_ms)
     void dpc_stats(void* base, uint64_t* out)
@@ -169,14 +164,9 @@ cdef int _resample(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ss
     for the plain recipe; for augmented ones the uint8 crop, the augmentation ops on it in
     torchvision's order, the conversion, then erasing."""
     cdef AugParams prm
-    cdef int rc
-    if not cfg.uint8_pass:
-        rc = ops_resize_crop(&w.ws, src, stride, h, wd, y0, x0, bh, bw, cfg.oh, cfg.ow, flip,
-                             cfg.filt, &cfg.output, out)
-    else:
-        rc = ops_resize_crop(&w.ws, src, stride, h, wd, y0, x0, bh, bw, cfg.oh, cfg.ow, flip,
-                             cfg.filt, &cfg.u8hwc, w.crop)
-    if rc != OPS_OK:
+    if ops_resize_crop(&w.ws, src, stride, h, wd, y0, x0, bh, bw, cfg.oh, cfg.ow, flip,
+                       cfg.filt, &cfg.u8hwc if cfg.uint8_pass else &cfg.output,
+                       <void*>w.crop if cfg.uint8_pass else <void*>out) != OPS_OK:
         strncpy(message, b"resampling kernel rejected the crop box", MSG_LEN - 1)
         return ST_OPS
     if cfg.augmented:
@@ -210,7 +200,8 @@ cdef int _process(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* da
     cdef int64_t s[4]
     cdef double f
     cdef int v, sc, scale = 1, rc
-    span[0] = span[1] = span[2] = span[3] = 0
+    span[0] = span[1] = INT64_MAX   # the union of the views' spans (each inside the image)
+    span[2] = span[3] = 0
     if cfgs[0].max_side:
         return _process_whole(w, cfgs, nv, data, size, seed, epoch, index, bases, strides,
                               row, info, message)
@@ -226,14 +217,9 @@ cdef int _process(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* da
             return rc
         sc = choose_scale(<int64_t>floor(box[4 * v + 2]), <int64_t>floor(box[4 * v + 3]),
                           cfgs[v].oh, cfgs[v].ow)
-        scale = sc if sc > scale else scale
-        if v == 0:
-            span[0], span[1], span[2], span[3] = s[0], s[1], s[2], s[3]
-        else:
-            span[0] = s[0] if s[0] < span[0] else span[0]
-            span[1] = s[1] if s[1] < span[1] else span[1]
-            span[2] = s[2] if s[2] > span[2] else span[2]
-            span[3] = s[3] if s[3] > span[3] else span[3]
+        scale = max(scale, sc)
+        span[0], span[1] = min(span[0], s[0]), min(span[1], s[1])
+        span[2], span[3] = max(span[2], s[2]), max(span[3], s[3])
     for v in range(nv):
         info[v * INFO_COLS + INFO_SCALE] = scale
     rc = _decode_region(w, scale, span[0], span[1], span[2] - span[0], span[3] - span[1],
@@ -713,7 +699,7 @@ cdef int _configure(BatchConfig* cfg, object tc, dict params, dict config,
     augmentation parameters (dpu_pipe.augment.kernel_params), ``config`` the decoder keys."""
     cdef double mean[3]
     cdef double std[3]
-    cdef int c, dtype, layout
+    cdef int c
     recipe = tc.recipe
     oh, ow = recipe.size
     cfg.train = bool(recipe.train)
@@ -721,7 +707,7 @@ cdef int _configure(BatchConfig* cfg, object tc, dict params, dict config,
     cfg.ow = ow
     cfg.resize = recipe.resize
     cfg.flip_p = recipe.flip_p
-    cfg.filt = {"bilinear": OPS_BILINEAR, "bicubic": OPS_BICUBIC}[recipe.interpolation]
+    cfg.filt = FILTER_CODES[recipe.interpolation]
     if crop_config_init(&cfg.crop, recipe.scale[0], recipe.scale[1],
                         recipe.ratio[0], recipe.ratio[1]) != 0:
         raise ConfigError("invalid scale/ratio for RandomResizedCrop")
@@ -729,10 +715,8 @@ cdef int _configure(BatchConfig* cfg, object tc, dict params, dict config,
     for c in range(3):
         mean[c] = recipe.mean[c]
         std[c] = recipe.std[c]
-    dtype = {"float32": OPS_FLOAT32, "uint8": OPS_UINT8, "float16": OPS_FLOAT16,
-             "bfloat16": OPS_BFLOAT16}[recipe.dtype]
-    layout = {"CHW": OPS_CHW, "HWC": OPS_HWC}[recipe.layout]
-    if ops_output_init(&cfg.output, dtype, layout, mean, std) != OPS_OK:
+    if ops_output_init(&cfg.output, DTYPE_CODES[recipe.dtype], LAYOUT_CODES[recipe.layout],
+                       mean, std) != OPS_OK:
         raise ConfigError("invalid output settings (dtype, layout, mean, std)")
     cfg.dopts.fast = bool(tc.decode.fast)
     cfg.dopts.strict = bool(config.get("strict", False))

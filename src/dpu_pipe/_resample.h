@@ -190,28 +190,10 @@ OPS_H_ENTRIES(_base, , ops_h_pixels_k)
 OPS_H_ENTRIES(_avx2, __attribute__((target("avx2"))), ops_h_pixels_k8)
 
 /* Which version runs: a load and a test of libgcc's CPU model (filled when it loads). */
-static inline int ops_h_avx2(void) { return __builtin_cpu_supports("avx2"); }
-
-static void ops_h_interleaved(const float *buf, const int32_t *start, const float *w4,
-                              Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst) {
-    (ops_h_avx2() ? ops_h_interleaved_avx2 : ops_h_interleaved_base)(buf, start, w4, n_pad, lo,
-                                                                     K, dst);
-}
-
-static void ops_h_planar(const float *buf, const int32_t *start, const float *w4,
-                         Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
-                         Py_ssize_t plane) {
-    (ops_h_avx2() ? ops_h_planar_avx2 : ops_h_planar_base)(buf, start, w4, n_pad, lo, K, dst,
-                                                           plane);
-}
-
-static void ops_h_planar_affine(const float *buf, const int32_t *start, const float *w4,
-                                Py_ssize_t n_pad, Py_ssize_t lo, Py_ssize_t K, float *dst,
-                                Py_ssize_t plane, const float *affine) {
-    (ops_h_avx2() ? ops_h_planar_affine_avx2 : ops_h_planar_affine_base)(buf, start, w4, n_pad,
-                                                                         lo, K, dst, plane,
-                                                                         affine);
-}
+#define OPS_PICK(f) (__builtin_cpu_supports("avx2") ? f##_avx2 : f##_base)
+#define ops_h_interleaved OPS_PICK(ops_h_interleaved)
+#define ops_h_planar OPS_PICK(ops_h_planar)
+#define ops_h_planar_affine OPS_PICK(ops_h_planar_affine)
 #else
 OPS_H_ENTRIES(, , ops_h_pixels_k)
 #endif
