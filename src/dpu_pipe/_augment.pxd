@@ -1,20 +1,15 @@
 # C-level API of the augmentation kernels the fused batch module runs on the uint8 crop at output
 # size (after the resize and the flip, where torchvision applies them):
 #
-#   aug_sample   the parameters of one sample — auto-augment ops and signed magnitudes, colour
-#                jitter order and factors, grayscale, the erasing box — from the counter-based
-#                RNG, one stream per purpose (RNG_STREAM_AUGMENT ... RNG_STREAM_ERASE), so that
-#                turning one on never changes the crop, the flip or another op's draws;
+#   aug_sample   the parameters of one sample from the counter-based RNG, one stream per
+#                purpose, so that turning one on never changes the crop, the flip or another
+#                op's draws;
 #   aug_apply_convert  the ops of an AugParams, in order, on an (h, w, 3) uint8 image, in
-#                place, then uint8 (h, w, 3) -> one output sample (dtype, layout, normalize)
-#                as ops_run's conversion does; runs of value maps are composed into tables,
-#                a final run folded into the conversion;
+#                place, then one output sample (dtype, layout, normalize) as ops_run converts;
 #   aug_tmp_bytes  the scratch aug_apply_convert needs (the image's size; more with blur);
-#   aug_erase    RandomErasing's box set to a constant, or to standard normal values, in the
-#                output sample.
-# One table of ops (AUG_OP_NAMES in _augment.pyx, torchvision's names) and one dispatcher
-# (aug_apply_op). Every kernel is integer arithmetic or float32 in a fixed order (the build has
-# -ffp-contract=off), so results are bit-identical on x86-64 and aarch64.
+#   aug_erase    RandomErasing's box set to a constant, or to standard normal values.
+# One table of ops (OP_NAMES in _augment.pyx, torchvision's names) and one dispatcher
+# (aug_apply_op); integer or float32 arithmetic in a fixed order, the same bits everywhere.
 from libc.stdint cimport uint8_t, int32_t, uint32_t, uint64_t
 
 from dpu_pipe._ops cimport OpsOutput

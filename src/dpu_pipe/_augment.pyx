@@ -12,8 +12,7 @@ from libc.string cimport memchr, memcpy, memset
 from libc.math cimport floor, fmod, sqrt, rint
 
 from dpu_pipe._ops cimport (OpsOutput, OPS_FLOAT32, OPS_UINT8, OPS_FLOAT16, OPS_BFLOAT16,
-                            OPS_CHW, OPS_OK, _to_f16, _to_bf16, ops_gaussian_kernel,
-                            ops_blur_scratch_floats, ops_gaussian_blur)
+                            OPS_CHW, OPS_OK, _to_f16, _to_bf16, ops_gaussian_kernel)
 from dpu_pipe._rng cimport (rng_block, rng_uniform2, portable_log, portable_exp,
                             RNG_STREAM_AUGMENT, RNG_STREAM_JITTER, RNG_STREAM_GRAYSCALE,
                             RNG_STREAM_ERASE, RNG_STREAM_ERASE_NOISE, RNG_STREAM_BLUR,
@@ -22,6 +21,12 @@ from dpu_pipe._rng cimport (rng_block, rng_uniform2, portable_log, portable_exp,
 import numpy as np
 
 from dpu_pipe.errors import ConfigError
+
+cdef extern from "_blur.h":
+    size_t blur_scratch_floats(Py_ssize_t w, int kx, int ky) noexcept nogil
+    int blur_rgb_u8(const uint8_t* src, Py_ssize_t src_stride, int h, int w, uint8_t* dst,
+                    Py_ssize_t dst_stride, const float* wx, int kx, const float* wy, int ky,
+                    float* scratch) noexcept nogil
 
 cdef extern from *:
     # Cython lowers a conditional expression to if/else, which GCC does not vectorize here.
@@ -33,16 +38,13 @@ cdef extern from *:
     uint8_t dp_u8max(uint8_t a, uint8_t b) noexcept nogil
 
 cdef extern from *:
-    # Saturation and the float32 output conversion on interleaved RGB without gathers or
-    # strided scalar loops: 16 pixels (48 bytes) widen to twelve 4-float vectors; per 4
+    # The colour passes and the float32 output conversion on interleaved RGB without gathers
+    # or strided scalar loops: 16 pixels (48 bytes) widen to twelve 4-float vectors; per 4
     # pixels, shuffles give the R, G and B lanes (for the grayscale, or the CHW planes), and
-    # saturation spreads a * floor(gray) back to the interleaved order, so its blend, clamp
-    # and narrowing run on the bytes in place. GCC's generic vectors: SSE2 on x86-64, NEON
-    # on aarch64. Each lane does the scalar formula's float32 operations (no contraction),
-    # so every build gives the same bits.
+    # saturation spreads a * floor(gray) back to the interleaved order. GCC's generic vectors
+    # (SSE2, NEON), plus an AVX2 copy of each pass on x86-64 (about 7 % fewer instructions
+    # per sample of the ViT recipe); each lane does the scalar formula's float32 operations.
     """
-    /* Each pass below is also compiled for AVX2 on x86-64 (_clones.h): about 7 % fewer
-       instructions per sample of the ViT recipe (callgrind), the same bits. */
     #include "_clones.h"
     #if defined(__SSE2__)
     #include <emmintrin.h>
@@ -121,16 +123,6 @@ cdef extern from *:
 
     static inline float dp_gray1(const uint8_t* p) {
         return (float)(int)(((float)p[0] * 0.2989f + 0.587f * (float)p[1]) + 0.114f * (float)p[2]);
-    }
-
-    /* t[0:n] = the n interleaved values at p through the 3 x 256 maps lut (n: a multiple
-       of 3). */
-    static inline void dp_map3(const uint8_t* p, const uint8_t* lut, uint8_t* t, int n) {
-        for (int k = 0; k < n; k += 3) {
-            t[k] = lut[p[k]];
-            t[k + 1] = lut[256 + p[k + 1]];
-            t[k + 2] = lut[512 + p[k + 2]];
-        }
     }
 
     /* The 48 interleaved values at p through the maps, as floats: lf[256 c + v] is
@@ -309,7 +301,8 @@ cdef extern from *:
             uint8_t* p = img + 3 * i;
             uint8_t t[3];
             if (lut) {
-                dp_map3(p, lut, t, 3);
+                for (int c = 0; c < 3; c++)
+                    t[c] = lut[256 * c + p[c]];
                 if (mode != DP_GRAY_SUM)
                     memcpy(p, t, 3);
                 else
@@ -747,13 +740,9 @@ cdef void _affine(const uint8_t* src, uint8_t* dst, int h, int w, const double* 
     ((g + 1) * size / 2 - 0.5) rounded half to even; outside -> fill.
 
     Each row runs in two passes over AFFINE_CHUNK pixels: their source coordinates (a
-    branch-free float32 loop over an int counter, so it vectorizes: the same products and sums
-    in the same order as the per-pixel formula, the row's y terms hoisted, rounding half to
-    even by the 1.5 * 2**23 trick, exact for coordinates below 2**22), then the copies. When
-    the map's source row does not depend on x (ShearX, TranslateX/Y: m[3] == 0) the row's
-    source row is one, and the copies are runs of consecutive source pixels (memcpy, the
-    runs' ends marked in a vectorized pass); else
-    (Rotate, ShearY) they are per-pixel gathers."""
+    branch-free float32 loop, so it vectorizes), then the copies: runs of consecutive source
+    pixels (memcpy) when the source row does not depend on x (ShearX, TranslateX/Y), else
+    per-pixel gathers (Rotate, ShearY)."""
     cdef float hw = <float>(0.5 * w), hh = <float>(0.5 * h)
     cdef float r00 = <float>m[0] / hw, r10 = <float>m[1] / hw, r20 = <float>m[2] / hw
     cdef float r01 = <float>m[3] / hh, r11 = <float>m[4] / hh, r21 = <float>m[5] / hh
@@ -890,12 +879,9 @@ cdef int _geometric(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int w
 # --- colour ops: v2.functional's uint8 arithmetic -----------------------------------------
 #
 # Every op whose result is a function of the value alone (per channel) is a 256-entry map
-# built with torchvision's float32 formula (so it gives the same bits as computing per pixel):
-# Brightness, Posterize, Solarize, Invert, and — once their statistics of the image are known —
-# Contrast, AutoContrast, Equalize. aug_apply composes consecutive maps and applies them in one
-# pass. The grayscale of a pixel, (0.2989 r + 0.587 g) + 0.114 b in float32 as
-# r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), is computed in vector lanes
-# (dp_gray_pass) by Saturation, Color, Grayscale and Contrast's mean.
+# built with torchvision's float32 formula: Brightness, Posterize, Solarize, Invert, and (from
+# the image's statistics) Contrast, AutoContrast, Equalize; _steps composes consecutive maps.
+# The grayscale ops run in vector lanes (dp_gray_pass).
 
 cdef inline uint8_t _trunc_u8(float v) noexcept nogil:
     # clamp_(0, 255) then .to(uint8): truncation toward zero.
@@ -985,10 +971,6 @@ cdef void _solarize_lut(uint8_t* lut, float thr) noexcept nogil:
     for v in range(256):
         lut[v] = <uint8_t>(255 - v) if <float>v >= thr else <uint8_t>v
     _map_same(lut, lut)
-
-
-cdef void _solarize_map(uint8_t* lut, double mag) noexcept nogil:
-    _solarize_lut(lut, <float>(255.0 * mag))
 
 
 cdef void _brightness_map(uint8_t* lut, double factor) noexcept nogil:
@@ -1105,11 +1087,11 @@ cdef int _op_map(int op, double mag, const uint8_t* img, Py_ssize_t npix,
     elif op == AUG_POSTERIZE:
         _posterize_map(lut, mag)
     elif op == AUG_SOLARIZE:
-        _solarize_map(lut, mag)
+        _solarize_lut(lut, <float>(255.0 * mag))
     elif op == AUG_V_SOLARIZE:
         _solarize_lut(lut, <float>mag)
     elif op == AUG_INVERT:
-        _solarize_map(lut, 0.0)
+        _solarize_lut(lut, <float>0.0)
     elif op == AUG_AUTOCONTRAST:
         _autocontrast_map(lut, img, npix)
     elif op == AUG_EQUALIZE:
@@ -1163,10 +1145,8 @@ cdef int aug_apply_op(int op, double mag, uint8_t* img, uint8_t* tmp, int h, int
 
 cdef int _steps(const AugConfig* cfg, const AugParams* prm, uint8_t* img, uint8_t* tmp,
                 int h, int w, uint8_t* tail) noexcept nogil:
-    """The steps of prm in order; runs of value maps are composed and applied in one pass,
-    or by the grayscale op that follows them (AutoContrast and Equalize, which take
-    statistics of the image, and the other ops apply the pending ones first; Contrast takes
-    its mean through them). With tail, a
+    """The steps of prm in order; runs of value maps are composed and applied in one pass, or
+    by the grayscale op that follows them (Contrast takes its mean through them). With tail, a
     final run of maps is left in it (3 x 256) for the caller's conversion to absorb: returns 1
     then, 0 when nothing is left, or an op's error code."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w
@@ -1225,7 +1205,7 @@ cdef size_t aug_tmp_bytes(const AugConfig* cfg, int h, int w) noexcept nogil:
     if cfg.blur_p <= 0.0:
         return <size_t>h * w * 3
     return _blur_at(h, w) + (2 * <size_t>cfg.blur_k
-                             + ops_blur_scratch_floats(w, cfg.blur_k, cfg.blur_k)) * sizeof(float)
+                             + blur_scratch_floats(w, cfg.blur_k, cfg.blur_k)) * sizeof(float)
 
 
 cdef int _blur(const AugConfig* cfg, double sigma, uint8_t* img, uint8_t* tmp, int h,
@@ -1233,9 +1213,8 @@ cdef int _blur(const AugConfig* cfg, double sigma, uint8_t* img, uint8_t* tmp, i
     """v2's gaussian_blur(img, [k, k], [sigma, sigma]) in place, through tmp (aug_tmp_bytes)."""
     cdef int k = cfg.blur_k
     cdef float* wts = <float*>(tmp + _blur_at(h, w))
-    if ops_gaussian_kernel(wts, k, sigma) != OPS_OK or ops_gaussian_blur(
-            img, <Py_ssize_t>w * 3, h, w, tmp, <Py_ssize_t>w * 3, wts, k, wts, k,
-            wts + k) != OPS_OK:
+    if ops_gaussian_kernel(wts, k, sigma) != OPS_OK or blur_rgb_u8(
+            img, <Py_ssize_t>w * 3, h, w, tmp, <Py_ssize_t>w * 3, wts, k, wts, k, wts + k) != 0:
         return -1
     memcpy(img, tmp, <size_t>h * w * 3)
     return 0
@@ -1259,10 +1238,11 @@ cdef int aug_apply_convert(const AugConfig* cfg, const AugParams* prm, uint8_t* 
 cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* out,
                    const uint8_t* maps) noexcept nogil:
     """One output sample from the uint8 image, through maps[256 c + value] (3 x 256, or NULL):
-    value * scale + bias per channel in float32 (ops_run's formula), as o.dtype in o.layout.
-    The formula depends on (channel, value) only: a 3 x 256 table of the converted values,
-    then one lookup per element; float32 without maps computes it in vector lanes instead."""
+    value * scale + bias per channel in float32 (ops_run's formula), as o.dtype in o.layout,
+    by a 3 x 256 table of the converted values (float32 without maps: in vector lanes)."""
     cdef Py_ssize_t npix = <Py_ssize_t>h * w, i
+    cdef Py_ssize_t cs = npix if o.layout == OPS_CHW else 1     # channel and pixel strides
+    cdef Py_ssize_t ps = 1 if o.layout == OPS_CHW else 3
     cdef int c, v
     cdef float lf[768]
     cdef uint16_t lh[768]
@@ -1271,9 +1251,9 @@ cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* o
     cdef uint8_t* u8 = <uint8_t*>out
     if o.dtype == OPS_UINT8 and maps != NULL:
         for i in range(npix):
-            u8[i if o.layout == OPS_CHW else 3 * i] = maps[img[3 * i]]
-            u8[npix + i if o.layout == OPS_CHW else 3 * i + 1] = maps[256 + img[3 * i + 1]]
-            u8[2 * npix + i if o.layout == OPS_CHW else 3 * i + 2] = maps[512 + img[3 * i + 2]]
+            u8[i * ps] = maps[img[3 * i]]
+            u8[cs + i * ps] = maps[256 + img[3 * i + 1]]
+            u8[2 * cs + i * ps] = maps[512 + img[3 * i + 2]]
         return
     if o.dtype == OPS_UINT8:
         if o.layout == OPS_CHW:
@@ -1296,16 +1276,10 @@ cdef void _convert(const uint8_t* img, int h, int w, const OpsOutput* o, void* o
         return
     for v in range(768):
         lh[v] = _to_f16(lf[v]) if o.dtype == OPS_FLOAT16 else _to_bf16(lf[v])
-    if o.layout == OPS_CHW:
-        for i in range(npix):
-            u16[i] = lh[img[3 * i]]
-            u16[npix + i] = lh[256 + img[3 * i + 1]]
-            u16[2 * npix + i] = lh[512 + img[3 * i + 2]]
-    else:
-        for i in range(npix):
-            u16[3 * i] = lh[img[3 * i]]
-            u16[3 * i + 1] = lh[256 + img[3 * i + 1]]
-            u16[3 * i + 2] = lh[512 + img[3 * i + 2]]
+    for i in range(npix):
+        u16[i * ps] = lh[img[3 * i]]
+        u16[cs + i * ps] = lh[256 + img[3 * i + 1]]
+        u16[2 * cs + i * ps] = lh[512 + img[3 * i + 2]]
 
 
 cdef inline void _erase_put(const OpsOutput* o, void* out, Py_ssize_t at, float v) noexcept nogil:
@@ -1319,11 +1293,6 @@ cdef inline void _erase_put(const OpsOutput* o, void* out, Py_ssize_t at, float 
     else:
         vi = <int32_t>rint(v)
         (<uint8_t*>out)[at] = <uint8_t>(0 if vi < 0 else (255 if vi > 255 else vi))
-
-
-cdef inline double _unit32(uint32_t x) noexcept nogil:
-    # (x + 1/2) / 2**32: in (0, 1), exact
-    return (<double>x + 0.5) * 2.3283064365386963e-10
 
 
 cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
@@ -1360,7 +1329,8 @@ cdef void aug_erase(const AugConfig* cfg, const AugParams* prm, int h, int w,
                         rng_block(prm.seed, prm.epoch, prm.index,
                                   RNG_STREAM_ERASE_NOISE + <uint32_t>(k >> 18),
                                   <uint32_t>((k >> 2) & 0xFFFF), words)
-                    v = <float>_normal(_unit32(words[k % 4]))
+                    # (word + 1/2) / 2**32: in (0, 1), exact
+                    v = <float>_normal((<double>words[k % 4] + 0.5) * 2.3283064365386963e-10)
                     k += 1
                 _erase_put(o, out, at, v)
                 at += 1 if o.layout == OPS_CHW else 3

@@ -13,10 +13,8 @@
  * and NEON alike.
  *
  * The kernel is symmetric (k[t] == k[K-1-t]), so each pass adds the two source values of a
- * pair of taps before one multiply (in the vertical pass that sum is an exact integer). Every
- * output element is the same float32 expression, centre tap first, then the pairs from the
- * inside out, with no contraction (-ffp-contract=off): every build, x86-64 or aarch64, gives
- * the same bits. */
+ * pair of taps before one multiply. Every output element is the same float32 expression,
+ * centre tap first, then the pairs from the inside out: every build gives the same bits. */
 #ifndef DP_BLUR_H
 #define DP_BLUR_H
 

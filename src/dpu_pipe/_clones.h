@@ -1,8 +1,5 @@
-/* DP_CLONES: a pass compiled twice on x86-64 GCC, for the SSE2 baseline and for AVX2, the copy
- * picked once at load time (ifunc). The AVX2 copy runs the same lane operations in VEX
- * encoding, and loops GCC vectorizes by itself get 8 float lanes instead of 4. AVX2 brings no
- * FMA (a separate target feature), and the build has -ffp-contract=off, so both copies give
- * the baseline's bits. Elsewhere (aarch64, Clang) a pass is compiled once. */
+/* DP_CLONES: a pass compiled twice on x86-64 GCC, for the SSE2 baseline and for AVX2 (8 float
+ * lanes, no FMA: the same bits), the copy picked at load time (ifunc). Elsewhere, once. */
 #ifndef DP_CLONES_H
 #define DP_CLONES_H
 /* The kernels' vector code uses __builtin_shufflevector, which GCC has since 12: say so

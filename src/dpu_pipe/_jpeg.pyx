@@ -73,14 +73,10 @@ cdef void dec_free(Decoder* d) noexcept nogil:
         lj.jpeg_destroy_decompress(&d.cinfo)
         d.created = 0
     free(d.row)
-    d.row = NULL
-    d.row_cap = 0
     free(d.scratch)
-    d.scratch = NULL
-    d.scratch_cap = 0
     free(d.marks)
-    d.marks = NULL
-    d.marks_cap = 0
+    d.row, d.scratch, d.marks = NULL, NULL, NULL
+    d.row_cap = d.scratch_cap = d.marks_cap = 0
 
 
 cdef const char* dec_message(const Decoder* d) noexcept nogil:
@@ -262,12 +258,10 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
 #
 # In a baseline Huffman stream with restart markers every R MCUs, each interval is a byte-aligned
 # segment that decodes on its own (DC predictors reset at each marker). The intervals covering a
-# region plus ASSEMBLY_MARGIN pixels (the sub-image's edges act as image edges), concatenated under a SOF that claims the sub-image's size
+# region plus ASSEMBLY_MARGIN pixels, concatenated under a SOF that claims the sub-image's size
 # and with renumbered RST markers, form a valid JPEG whose decode is the original's decode there,
-# bit for bit, at any DCT scale. Its entropy-coded data is only what the region needs, where the
-# plain region decode Huffman-decodes every row above the region and every column of its rows.
-# Nothing in the stream is trusted: the markers are found by a bounded scan, every count and
-# number is checked, and any surprise returns 0 so that the plain decode handles the data.
+# bit for bit, at any DCT scale, without Huffman-decoding the rows above the region. Nothing in
+# the stream is trusted: any surprise returns 0 so that the plain decode handles the data.
 
 cdef inline int _be16(const uint8_t* p) noexcept nogil:
     return (<int>p[0] << 8) | p[1]
@@ -525,11 +519,6 @@ cdef class BufferList:
     """Pointers to N encoded images, gathered once so batch kernels never touch Python objects
     per image. Build it from a sequence of bytes-like objects or from packed storage."""
 
-    def __cinit__(self):
-        self.n = 0
-        self.ptrs = NULL
-        self.sizes = NULL
-
     def __dealloc__(self):
         free(self.ptrs)
         free(self.sizes)
@@ -587,13 +576,7 @@ cdef class BufferList:
 
 cdef DecodeOptions _options(bint fast, bint strict, int64_t max_pixels, int max_scans,
                            bint intervals=True):
-    cdef DecodeOptions o
-    o.fast = fast
-    o.strict = strict
-    o.max_pixels = max_pixels
-    o.max_scans = max_scans
-    o.intervals = intervals
-    return o
+    return DecodeOptions(fast, strict, max_pixels, max_scans, intervals)
 
 
 def py_choose_scale(int64_t height, int64_t width, int min_h, int min_w):
@@ -614,7 +597,6 @@ def read_header(const uint8_t[::1] data, int64_t max_pixels, int max_scans):
     Raises DecodeError with libjpeg's message when the header cannot be read."""
     cdef Decoder d
     cdef DecodeOptions o = _options(0, 0, max_pixels, max_scans)
-    cdef int rc
     dec_init(&d, &o)
     try:
         _header_or_raise(&d, data)
@@ -718,10 +700,8 @@ def decode_batch(BufferList buffers, uint8_t[:, :, :, ::1] out, const int64_t[:,
                 rc = dec_read_header(&d, buffers.ptrs[i], buffers.sizes[i])
                 if rc == DP_OK:
                     if use_regions:
-                        top = regions[i, 0]
-                        left = regions[i, 1]
-                        height = regions[i, 2]
-                        width = regions[i, 3]
+                        top, left = regions[i, 0], regions[i, 1]
+                        height, width = regions[i, 2], regions[i, 3]
                     else:
                         top, left, height, width = 0, 0, d.info.height, d.info.width
                     scale = choose_scale(height, width, min_h, min_w)
@@ -732,15 +712,11 @@ def decode_batch(BufferList buffers, uint8_t[:, :, :, ::1] out, const int64_t[:,
                         rc = _fail(&d, DP_EREGION, b"decoded region larger than the output slot")
                     else:
                         rc = dec_decode(&d, scale, &r, &out[i, 0, 0, 0], out.strides[1])
-                        shapes[i, 0] = r.height
-                        shapes[i, 1] = r.width
-                        shapes[i, 2] = scale
+                        shapes[i, 0], shapes[i, 1], shapes[i, 2] = r.height, r.width, scale
                 if rc != DP_OK:
                     strncpy(messages + i * 200, dec_message(&d), 199)
                     messages[i * 200 + 199] = 0
-                    shapes[i, 0] = 0
-                    shapes[i, 1] = 0
-                    shapes[i, 2] = 0
+                    shapes[i, 0] = shapes[i, 1] = shapes[i, 2] = 0
                 status[i] = rc
         return {i: messages[i * 200:].split(b"\0", 1)[0].decode("utf-8", "replace")
                 for i in range(n) if status[i] != DP_OK}
@@ -756,7 +732,6 @@ cdef enum:
     TR_ERROR = -1        # libjpeg cannot read the data (or a budget is exceeded)
     TR_WARNING = -5      # libjpeg reads it only with a corrupt-data warning
     TR_UNSUPPORTED = -6  # readable, but this build cannot transcode it
-    TR_NOMEM = -4
 
 
 cdef struct MemDest:     # libjpeg destination writing to a buffer this module owns
@@ -833,7 +808,7 @@ cdef int _transcode(Transcoder* t, const uint8_t* data, size_t size, int interva
             t.created = 0
         lj.jpeg_abort_decompress(&d.cinfo)
         if jumped == 3:
-            return TR_NOMEM
+            return DP_ENOMEM
         return TR_WARNING if jumped == 1 and d.err.pub.num_warnings > 0 else TR_ERROR
     coefs = lj.jpeg_read_coefficients(&d.cinfo)
     t.cinfo.err = &d.err.pub
@@ -883,7 +858,7 @@ def transcode(const uint8_t[::1] data, int restart_interval, int restart_rows, b
         message = dec_message(&t.dec).decode("utf-8", "replace")
         if rc == TR_OK:
             return bytes(t.dest.buf[:t.dest.size])
-        if rc == TR_NOMEM or rc == DP_ENOMEM:
+        if rc == DP_ENOMEM:
             raise MemoryError(message)
         if rc == TR_WARNING or rc == TR_UNSUPPORTED:
             raise TranscodeUnsupported(message)

@@ -1,14 +1,11 @@
 # Batch ops after the batch kernel: MixUp and CutMix of every row with the row before it (the
 # batch rolled by one, as torchvision.transforms.v2 pairs them) and the soft labels that go
-# with them. One pass over the batch in place, with one sample of scratch: the last row is
-# saved first, then rows are mixed from the last to the first so that each reads its
-# partner before the partner is overwritten.
+# with them, in place: the last row is saved first, then rows are mixed from the last to the
+# first so that each reads its partner before the partner is overwritten.
 #
-# Arithmetic is torchvision's: out = a * lam + b * (1 - lam) with a the row, b its partner,
-# lam and 1 - lam rounded to float32 first and each product rounded (no FMA: the build passes
-# -ffp-contract=off), so float32 batches equal v2.MixUp's bit for bit. float16 and bfloat16
-# rows are mixed in float32 and rounded once to nearest even; uint8 rows in float32, rounded
-# half up (the batch kernel's uint8 rounding).
+# Arithmetic is torchvision's: out = a * lam + b * (1 - lam), lam and 1 - lam rounded to
+# float32 first, no FMA, so float32 batches equal v2.MixUp's bit for bit; float16 and bfloat16
+# rows are mixed in float32 and rounded once to nearest even, uint8 rows rounded half up.
 
 from libc.math cimport NAN, sqrt
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -222,14 +219,8 @@ cdef double beta_draw(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t st
                       double a, double b, uint32_t first_block) noexcept nogil:
     """Beta(a, b) from the uniforms of blocks first_block, ... of stream; NaN when 2**16
     blocks do not suffice (never in practice: about 3 are used on average)."""
-    cdef Draws d
+    cdef Draws d = Draws(seed, epoch, index, stream, first_block, 0, 0.0)
     cdef double lg_a, lg_b
-    d.seed = seed
-    d.epoch = epoch
-    d.index = index
-    d.stream = stream
-    d.block = first_block
-    d.pending = 0
     lg_a = _log_gamma(&d, a)
     lg_b = _log_gamma(&d, b)
     return 1.0 / (1.0 + portable_exp(lg_b - lg_a))

@@ -1,18 +1,13 @@
-# C-level API of the per-image transform kernel, cimported by the fused batch module.
-#
-# One kernel serves training (RandomResizedCrop + flip) and validation (resize + centre crop,
-# see ops_center_crop_box): a source box in a decoded uint8 RGB image is resampled to (oh, ow)
-# with Pillow's antialiased bilinear filter (triangle, support scaled by the downscale factor),
-# in float32, optionally mirrored, converted and normalized, and written straight into the
-# caller's sample buffer.
+# C-level API of the per-image transform kernel, cimported by the fused batch module: a source
+# box of a decoded uint8 RGB image resampled to (oh, ow) with Pillow's antialiased filters, in
+# float32, optionally mirrored, converted and normalized, written straight into the caller's
+# sample buffer (training: RandomResizedCrop + flip; validation: ops_center_crop_box).
 #
 # Per image, two calls (or ops_resize_crop for both):
-#   ops_plan   coefficient tables of both axes for (source box, output size, flip), carved out of
-#              an OpsWorkspace the caller owns; plan.h.src_lo/src_hi and plan.v.src_lo/src_hi
-#              tell which source columns/rows will be read (a decoder may stop there).
+#   ops_plan   coefficient tables of both axes, carved out of an OpsWorkspace the caller owns
+#              (one per thread; it grows on demand and is reused); plan.h/v.src_lo/src_hi tell
+#              which source columns/rows will be read (a decoder may stop there).
 #   ops_run    the two resampling passes plus the output conversion, under nogil.
-# Nothing is global: one OpsWorkspace (and OpsPlan) per thread. The workspace grows on demand
-# and is reused, so after the first few images the kernel does not allocate.
 # Every call returns OPS_OK or a negative OPS_E* code.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t
 from libc.string cimport memcpy
@@ -115,31 +110,20 @@ cdef int ops_center_crop_box(int height, int width, int size_h, int size_w, int 
                              double* box) noexcept nogil
 
 
-# --- Gaussian blur (_blur.h) ----------------------------------------------------------------
-# torchvision v2's gaussian_blur on uint8 RGB: a separable kernel of odd size K from sigma
-# (ops_gaussian_kernel), reflect padding, float32 sums rounded half to even. Per image:
-# ops_gaussian_kernel for each axis, then ops_gaussian_blur with ops_blur_scratch_floats(w, kx,
-# ky) floats of scratch the caller owns. OPS_EARG for an even or non-positive tap count, a kernel
-# half-width not below the image's size along its axis (as torch's reflect padding refuses),
-# or a non-positive or non-finite sigma.
+# Gaussian blur (torchvision v2's gaussian_blur on uint8 RGB): the weights of one axis, odd
+# size K from sigma; OPS_EARG for an even or non-positive K or a bad sigma. The passes are
+# _blur.h's blur_rgb_u8, which a module includes itself.
 cdef int ops_gaussian_kernel(float* k, int ksize, double sigma) noexcept nogil
-cdef size_t ops_blur_scratch_floats(int w, int kx, int ky) noexcept nogil
-cdef int ops_gaussian_blur(const uint8_t* src, Py_ssize_t src_stride, int h, int w,
-                           uint8_t* dst, Py_ssize_t dst_stride, const float* wx, int kx,
-                           const float* wy, int ky, float* scratch) noexcept nogil
 
 # --- float16 conversion ---------------------------------------------------------------------
-# Both conversions the float16 output uses, here rather than in _ops.pyx so that the tests'
-# extension (tests/kernels/) compiles exactly this code and holds it to numpy: the portable
-# one, inlined into the conversion loops, and the F16C one, which ops_run picks when the CPU
-# has it.
+# Here rather than in _ops.pyx so that the tests' extension (tests/kernels/) compiles exactly
+# this code: the portable one, and the F16C one, which ops_run picks when the CPU has it.
 
 cdef extern from *:
     """
-    /* float32 -> float16 with x86's F16C instructions when the CPU has them (every x86-64
-       CPU since 2012, but not the SSE2 baseline a portable build targets). IEEE round to
-       nearest even, like _to_f16, so both give the same bits (tests compare them). Marked
-       unused: every module that cimports this file gets a copy, most never call it. */
+    /* float32 -> float16 with x86's F16C instructions (not in the SSE2 baseline), round to
+       nearest even as _to_f16. Marked unused: every module that cimports this file gets a
+       copy, most never call it. */
     #if defined(__x86_64__) && defined(__GNUC__)
     #include <immintrin.h>
     __attribute__((target("avx,f16c"), unused))

@@ -1,38 +1,22 @@
 # Per-image transform kernel: antialiased bilinear or bicubic resampling of a source box
-# (Pillow's BILINEAR and BICUBIC filters, in float32), horizontal flip, dtype conversion, normalization and layout,
-# written straight into the caller's sample buffer. The C-level API and its contract are in
-# _ops.pxd; dpu_pipe/ops.py is the Python face.
+# (Pillow's filters, in float32), horizontal flip, dtype conversion, normalization and layout,
+# written straight into the caller's sample buffer. Contract in _ops.pxd; dpu_pipe/ops.py is
+# the Python face; the Gaussian blur's passes are in _blur.h.
 #
-# Data flow of ops_run, per output row: source rows are converted to float32 and resampled
-# horizontally on demand into a ring buffer (each needed row once, in order); the vertical
-# pass sums the ring rows, its last one or two taps inside the loop that converts the sum
-# (normalized float32, rounded uint8 or float16) into the output row. The horizontal pass
-# writes its rows planar (R, G, B planes) for CHW output and interleaved for HWC, so the
-# vertical pass and the conversion always run over contiguous memory, which GCC vectorizes
-# on SSE2 and NEON alike.
-# That is pass order OPS_H_FIRST. When the box shrinks vertically, OPS_V_FIRST is cheaper: per
-# output row, the vertical taps are summed straight from the uint8 source rows over the used
-# span, and the horizontal pass then runs on oh rows instead of every source row (for float32
-# CHW it also applies the conversion and stores into the sample). ops_plan picks the order by
-# an integer estimate of both passes' work, so the choice, like the arithmetic of each order,
-# depends on the sizes only.
+# ops_run, per output row (pass order OPS_H_FIRST): source rows are converted to float32 and
+# resampled horizontally on demand into a ring buffer (each needed row once, in order); the
+# vertical pass sums the ring rows, its last one or two taps inside the loop that converts the
+# sum into the output row. Rows are planar (R, G, B) for CHW output and interleaved for HWC, so
+# every loop runs over contiguous memory, which GCC vectorizes. When the box shrinks
+# vertically, OPS_V_FIRST is cheaper: the vertical taps are summed straight from the uint8
+# source rows, then the horizontal pass runs on oh rows (for float32 CHW it also converts).
+# ops_plan picks the order from the sizes only. The inner loops are C (_resample.h).
 #
-# The inner loops of both passes and of the uint8 rounding are C (_resample.h), built on x86-64
-# for AVX2 beside the SSE2 baseline.
-#
-# The Gaussian blur (torchvision v2's gaussian_blur on uint8, for multi-view recipes) is a
-# separate kernel over whole images, its passes in _blur.h.
-#
-# Arithmetic, and why it is bit-identical on x86-64 and aarch64:
-#   * coefficient tables use only IEEE + - * / and ceil on doubles, in Pillow's order;
-#   * the passes use float32 multiplies and adds (literals cast to float: a double literal
-#     would promote the expression) in a fixed order — taps in ascending source position,
-#     one output element at a time — with the build's -ffp-contract=off, so no FMA is formed;
-#     SIMD runs across independent output elements only, never across the terms of one sum.
-# Deviation from Pillow: Pillow rounds coefficients to 22-bit fixed point and rounds the
-# intermediate image to uint8 between its two passes; here coefficients are float32 and the
-# intermediate stays float32, so the result is closer to the exact filter (the tests bound
-# the difference to Pillow at one level of 255).
+# Bit-identical everywhere (docs/design/determinism.md): the tables use only IEEE + - * / and
+# ceil on doubles, in Pillow's order; the passes float32 in a fixed order (literals cast to
+# float), SIMD across output elements only, no FMA. Unlike Pillow, which rounds coefficients
+# to 22-bit fixed point and the intermediate image to uint8, both stay float32 here: closer to
+# the exact filter (the tests bound the difference to Pillow at one level of 255).
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t, int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
@@ -66,8 +50,6 @@ cdef extern from "_resample.h":
     ctypedef uint16_t* ops_u16_rp
 
 cdef extern from "_blur.h":
-    # The Gaussian blur's passes (the vertical and horizontal sums, the rounding), compiled
-    # for AVX2 as well on x86-64 (same bits).
     size_t blur_scratch_floats(Py_ssize_t w, int kx, int ky) noexcept nogil
     int blur_rgb_u8(const uint8_t* src, Py_ssize_t src_stride, int h, int w, uint8_t* dst,
                     Py_ssize_t dst_stride, const float* wx, int kx, const float* wy, int ky,
@@ -303,13 +285,7 @@ cdef int _choose_order(const OpsAxis* h, const OpsAxis* v) noexcept nogil:
     """The cheaper pass order by an estimate of the work of each, in integers (so the choice,
     and with it the bits of the result, depend on the sizes only). Units: tenths of an
     instruction, per element (float) or pixel (4-lane vector) and tap, from instruction counts
-    of the passes on x86-64 (float32 CHW output, which OPS_V_FIRST converts in its horizontal
-    pass, without a pass of its own).
-    H first: every source row the vertical taps touch is converted and resampled
-    horizontally; then oh rows of 3*n_pad elements are summed, the last two taps inside the
-    output conversion.
-    V first: oh rows of the source span are summed straight from the uint8 rows, then each
-    sum is resampled horizontally."""
+    of the passes on x86-64 (float32 CHW output)."""
     cdef int64_t rows = v.src_hi - v.src_lo
     cdef int64_t span3 = 3 * <int64_t>(h.src_hi - h.src_lo)
     cdef int64_t hwork = <int64_t>h.n_pad * h.ksize         # pixel-taps per row
@@ -755,18 +731,6 @@ cdef int ops_gaussian_kernel(float* k, int ksize, double sigma) noexcept nogil:
     return OPS_OK
 
 
-cdef size_t ops_blur_scratch_floats(int w, int kx, int ky) noexcept nogil:
-    return blur_scratch_floats(w, kx, ky)
-
-
-cdef int ops_gaussian_blur(const uint8_t* src, Py_ssize_t src_stride, int h, int w,
-                           uint8_t* dst, Py_ssize_t dst_stride, const float* wx, int kx,
-                           const float* wy, int ky, float* scratch) noexcept nogil:
-    if blur_rgb_u8(src, src_stride, h, w, dst, dst_stride, wx, kx, wy, ky, scratch) != 0:
-        return OPS_EARG
-    return OPS_OK
-
-
 # --- Python face (dpu_pipe/ops.py validates arguments before calling these) -----------------
 
 cdef _raise(int rc, what):
@@ -852,7 +816,7 @@ def gaussian_blur_into(const uint8_t[:, :, :] img, uint8_t[:, :, :] out, int kx,
     if kx < 1 or ky < 1 or kx % 2 == 0 or ky % 2 == 0 or kx // 2 >= w or ky // 2 >= h:
         raise ConfigError(f"kernel {kx}x{ky} does not fit the {h}x{w} image: odd sizes whose "
                           f"half is below the image's width and height")
-    wts = <float*>malloc((<size_t>kx + ky + ops_blur_scratch_floats(w, kx, ky)) * sizeof(float))
+    wts = <float*>malloc((<size_t>kx + ky + blur_scratch_floats(w, kx, ky)) * sizeof(float))
     if wts == NULL:
         raise MemoryError("gaussian_blur: out of memory for the blur's scratch rows")
     try:
@@ -861,8 +825,9 @@ def gaussian_blur_into(const uint8_t[:, :, :] img, uint8_t[:, :, :] out, int kx,
             if rc == OPS_OK:
                 rc = ops_gaussian_kernel(wts + kx, ky, sy)
             if rc == OPS_OK:
-                rc = ops_gaussian_blur(&img[0, 0, 0], img.strides[0], h, w, &out[0, 0, 0],
-                                       out.strides[0], wts, kx, wts + kx, ky, wts + kx + ky)
+                if blur_rgb_u8(&img[0, 0, 0], img.strides[0], h, w, &out[0, 0, 0],
+                               out.strides[0], wts, kx, wts + kx, ky, wts + kx + ky) != 0:
+                    rc = OPS_EARG
     finally:
         free(wts)
     if rc != OPS_OK:

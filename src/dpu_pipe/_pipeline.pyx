@@ -1,19 +1,15 @@
 # The fused per-batch kernel: for each sample, header → augmentation parameters from the
 # counter-based RNG → region decode at the best DCT scale → one resampling/flip/normalize/layout
-# pass written straight into the caller's batch buffer. The GIL is released for the whole
-# batch; samples are spread over OpenMP threads, each with its own decoder and workspace, and
-# a sample's result depends only on (seed, epoch, index, bytes, config), never on the thread.
+# pass written straight into the caller's batch buffer, with the GIL released for the whole
+# batch. Samples are spread over OpenMP threads, each with its own decoder and workspace; a
+# sample's result never depends on the thread.
 #
-# Multi-view recipes (``views``): one BatchConfig per view. Each sample's header is read
-# once, every view's crop drawn (view v from its own RNG streams), and ONE region covering
-# them all decoded at the DCT scale the most demanding view allows; each view is then cut,
-# resampled and augmented from that region into its own output batch. A file is never
-# decoded twice for one sample.
+# Multi-view recipes: one BatchConfig per view; ONE region covering every view's crop is
+# decoded, at the DCT scale the most demanding view allows, and each view cut from it.
 #
-# With decode_max_side a sample is first decoded whole and reduced (longest side <= S), and
-# its crop is cut from that reduced image; with a SampleCache the reduced image is kept
-# (src/dpu_pipe/_cache.h) and later epochs cut their crops from it without decoding. A hit and
-# a miss run the same crop code on the same pixels, so the output never depends on the cache.
+# With decode_max_side a sample is decoded whole and reduced (longest side <= S), and its crop
+# cut from that; a SampleCache (_cache.h) keeps the reduced image for later epochs. A hit and a
+# miss run the same crop code on the same pixels, so the output never depends on the cache.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t, INT64_MAX
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, strncpy
@@ -144,10 +140,8 @@ cdef int _crop(const BatchConfig* cfg, int H, int W, uint64_t seed, uint32_t epo
         span[1] = <int64_t>floor(box[1]) - margin
         span[2] = <int64_t>ceil(box[0] + box[2]) + margin
         span[3] = <int64_t>ceil(box[1] + box[3]) + margin
-        span[0] = span[0] if span[0] > 0 else 0
-        span[1] = span[1] if span[1] > 0 else 0
-        span[2] = span[2] if span[2] < H else H
-        span[3] = span[3] if span[3] < W else W
+        span[0], span[1] = max(span[0], 0), max(span[1], 0)
+        span[2], span[3] = min(span[2], H), min(span[3], W)
     info[INFO_TOP] = <int32_t>floor(box[0])
     info[INFO_LEFT] = <int32_t>floor(box[1])
     info[INFO_HEIGHT] = <int32_t>floor(box[2])
@@ -171,11 +165,10 @@ cdef int _resample(Scratch* w, const BatchConfig* cfg, const uint8_t* src, Py_ss
         return ST_OPS
     if cfg.augmented:
         aug_sample(&cfg.aug, seed, epoch, index, &prm)
-        if cfg.uint8_pass:
-            if aug_apply_convert(&cfg.aug, &prm, w.crop, w.scratch, cfg.oh, cfg.ow,
-                                 &cfg.output, out) != 0:
-                strncpy(message, b"augmentation kernel rejected an op", MSG_LEN - 1)
-                return ST_OPS
+        if cfg.uint8_pass and aug_apply_convert(&cfg.aug, &prm, w.crop, w.scratch, cfg.oh,
+                                                cfg.ow, &cfg.output, out) != 0:
+            strncpy(message, b"augmentation kernel rejected an op", MSG_LEN - 1)
+            return ST_OPS
         aug_erase(&cfg.aug, &prm, cfg.oh, cfg.ow, &cfg.output, out)
     return DP_OK
 
@@ -547,8 +540,6 @@ cdef class Pipeline:
     def __cinit__(self, dict config, int num_threads=1, SampleCache cache=None):
         cdef int c, v
         cdef size_t crop_bytes = 0, tmp_bytes = 0
-        self.per_thread = NULL
-        self.cfgs = NULL
         if num_threads < 1:
             raise ConfigError("num_threads must be >= 1")
         self.nthreads = num_threads

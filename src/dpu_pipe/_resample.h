@@ -1,11 +1,8 @@
 /* The inner loops of the resampling kernel (_ops.pyx): the horizontal pass, the vertical pass
- * from uint8 source rows, and the rounding to uint8. Written in C rather than Cython so that
- * each can be compiled for AVX2 beside the baseline (_clones.h) and picked at load time.
- *
- * Each output element is the scalar formula of _ops.pyx's comments, in float32, taps in
- * ascending order; SIMD runs across independent output elements only (the horizontal pass
- * keeps one RGB pixel in the four lanes of a vector, the fourth lane spare). Every copy of a
- * pass, on every target, therefore gives the same bits. */
+ * from uint8 source rows, and the rounding to uint8, in C so that each can be compiled for AVX2
+ * beside the baseline (_clones.h). Each output element is the scalar formula in float32, taps
+ * ascending; SIMD runs across output elements only (the horizontal pass keeps one RGB pixel in
+ * a vector's four lanes, the fourth spare), so every copy gives the same bits. */
 #ifndef DP_RESAMPLE_H
 #define DP_RESAMPLE_H
 

@@ -2,17 +2,11 @@
 #
 #     from dpu_pipe._rng cimport CropConfig, CropBox, crop_config_init, random_resized_crop
 #
-# dpu_pipe/rng.py is the numpy twin of every function here and documents the scheme (how
-# seed, epoch, sample index and stream map to Philox key and counter). Both twins must give
-# bit-identical results on x86-64 and aarch64, which constrains the code below:
-#   * only IEEE-754 + - * / sqrt, rint, floor, frexp and ldexp on doubles: each is exactly
-#     rounded by the standard, so C, numpy and every libm agree;
-#   * no libm exp/log: glibc picks FMA or non-FMA variants at run time and they may differ in
-#     the last bit, so portable_exp/portable_log evaluate fixed polynomials instead;
-#   * every multiply-add is written as two operations and the build passes -ffp-contract=off,
-#     so GCC cannot fuse them into an FMA on aarch64 (it does by default);
-#   * polynomial coefficients are decimal literals that round-trip (Python repr), so the C
-#     compiler and Python parse them to the same double.
+# dpu_pipe/rng.py is the numpy twin of every function here and documents the scheme. Both
+# twins give the same bits on x86-64 and aarch64 (docs/design/determinism.md): only IEEE
+# + - * / sqrt, rint, floor, frexp and ldexp on doubles (exactly rounded everywhere), no libm
+# exp/log (glibc's FMA and non-FMA variants may differ in the last bit), no FMA
+# (-ffp-contract=off), and coefficients as decimal literals that round-trip (Python repr).
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.math cimport INFINITY, NAN, floor, frexp, isfinite, ldexp, rint, sqrt
@@ -90,10 +84,7 @@ cdef inline void philox4x32_10(const uint32_t* ctr, const uint32_t* key,
         c1 = <uint32_t>p1
         c2 = <uint32_t>(p0 >> 32) ^ c3 ^ k1
         c3 = <uint32_t>p0
-    out[0] = c0
-    out[1] = c1
-    out[2] = c2
-    out[3] = c3
+    out[0], out[1], out[2], out[3] = c0, c1, c2, c3
 
 
 cdef inline void rng_block(uint64_t seed, uint32_t epoch, uint64_t index, uint32_t stream,
@@ -102,12 +93,9 @@ cdef inline void rng_block(uint64_t seed, uint32_t epoch, uint64_t index, uint32
     stream and block must be < 2**16."""
     cdef uint32_t key[2]
     cdef uint32_t ctr[4]
-    key[0] = <uint32_t>seed
-    key[1] = <uint32_t>(seed >> 32)
-    ctr[0] = <uint32_t>index
-    ctr[1] = <uint32_t>(index >> 32)
-    ctr[2] = epoch
-    ctr[3] = (stream << 16) | (block & 0xFFFF)
+    key[0], key[1] = <uint32_t>seed, <uint32_t>(seed >> 32)
+    ctr[0], ctr[1] = <uint32_t>index, <uint32_t>(index >> 32)
+    ctr[2], ctr[3] = epoch, (stream << 16) | (block & 0xFFFF)
     philox4x32_10(ctr, key, out)
 
 
@@ -160,19 +148,15 @@ cdef inline uint64_t perm_feistel(const PermDomain* d, uint64_t seed, uint32_t e
     64-bit word of rng_block(seed, epoch, R, RNG_STREAM_SHUFFLE, r); the halves swap widths
     every round, so odd bit counts need no special case and an even round count ends on the
     starting widths."""
-    cdef uint32_t a = d.bits_l, b = d.bits_r, t
+    cdef uint32_t a = d.bits_l, b = d.bits_r
     cdef uint64_t left = x >> b
     cdef uint64_t right = x & ((<uint64_t>1 << b) - 1)
     cdef uint64_t f
     cdef int r
     for r in range(RNG_PERM_ROUNDS):
         f = rng_u64(seed, epoch, right, RNG_STREAM_SHUFFLE, <uint32_t>r)
-        f = (left ^ f) & ((<uint64_t>1 << a) - 1)
-        left = right
-        right = f
-        t = a
-        a = b
-        b = t
+        left, right = right, (left ^ f) & ((<uint64_t>1 << a) - 1)
+        a, b = b, a
     return (left << b) | right
 
 
@@ -191,14 +175,6 @@ cdef inline uint64_t perm_index(const PermDomain* d, uint64_t seed, uint32_t epo
     while x >= d.n:
         x = perm_feistel(d, seed, epoch, x)
     return x
-
-
-cdef inline void perm_fill(const PermDomain* d, uint64_t seed, uint32_t epoch,
-                           const uint64_t* pos, uint64_t* out, Py_ssize_t count) noexcept nogil:
-    """out[i] = perm_index(d, seed, epoch, pos[i]) for i < count; every pos[i] < d.n."""
-    cdef Py_ssize_t i
-    for i in range(count):
-        out[i] = perm_index(d, seed, epoch, pos[i])
 
 
 # --- exp and log from + - * / only ----------------------------------------------------------
@@ -283,10 +259,8 @@ cdef inline int crop_config_init(CropConfig* cfg, double scale_lo, double scale_
         return -1
     if not (0.0 <= scale_lo <= scale_hi and scale_hi > 0.0 and 0.0 < ratio_lo <= ratio_hi):
         return -1
-    cfg.scale_lo = scale_lo
-    cfg.scale_hi = scale_hi
-    cfg.ratio_lo = ratio_lo
-    cfg.ratio_hi = ratio_hi
+    cfg.scale_lo, cfg.scale_hi = scale_lo, scale_hi
+    cfg.ratio_lo, cfg.ratio_hi = ratio_lo, ratio_hi
     cfg.log_ratio_lo = portable_log(ratio_lo)
     cfg.log_ratio_hi = portable_log(ratio_hi)
     cfg.vstream = 0
@@ -323,9 +297,7 @@ cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32
                 out.top = height - h
             if out.left > width - w:
                 out.left = width - w
-            out.height = h
-            out.width = w
-            out.attempt = a
+            out.height, out.width, out.attempt = h, w, a
             return 0
     # Central crop with the aspect ratio clamped into [ratio_lo, ratio_hi], as torchvision.
     in_ratio = <double>width / <double>height
@@ -344,9 +316,7 @@ cdef inline int random_resized_crop(const CropConfig* cfg, uint64_t seed, uint32
     w = <int64_t>wf
     out.top = (height - h) // 2
     out.left = (width - w) // 2
-    out.height = h
-    out.width = w
-    out.attempt = -1
+    out.height, out.width, out.attempt = h, w, -1
     return 0
 
 

@@ -31,8 +31,7 @@ def permute(positions, n, seed, epoch):
     """perm_index for every element: the sample index at each position of the permutation of
     [0, n) keyed by (seed, epoch); int64, shape broadcast(positions, seed, epoch).
 
-    ``n``: 1 <= n <= 2**62; ``positions``: integers in [0, n) (ConfigError otherwise). One
-    (seed, epoch) for all positions, as the sampler asks, goes through the batch kernel.
+    ``n``: 1 <= n <= 2**62; ``positions``: integers in [0, n) (ConfigError otherwise).
     """
     cdef PermDomain d
     cdef uint64_t n_ = int(_as_uint(n, "n", 63))
@@ -41,19 +40,14 @@ def permute(positions, n, seed, epoch):
     pos_ = _as_uint(positions, "position", 63)
     if pos_.size and int(pos_.max()) >= n_:
         raise ConfigError(f"positions must be in [0, {n_}), got up to {int(pos_.max())}")
-    one_key = np.ndim(seed) == 0 and np.ndim(epoch) == 0
     shape, (s_, e_, p_) = _sample_arrays(seed, epoch, pos_)
     cdef const uint64_t[::1] s = s_
     cdef const uint32_t[::1] e = e_
     cdef const uint64_t[::1] p = p_
     out = np.empty(s.shape[0], np.uint64)
     cdef uint64_t[::1] o = out
-    cdef Py_ssize_t i, count = s.shape[0]
-    cdef bint batch = one_key
+    cdef Py_ssize_t i
     with nogil:
-        if count and batch:
-            perm_fill(&d, s[0], e[0], &p[0], &o[0], count)
-        else:
-            for i in range(count):
-                o[i] = perm_index(&d, s[i], e[i], p[i])
+        for i in range(s.shape[0]):
+            o[i] = perm_index(&d, s[i], e[i], p[i])
     return out.view(np.int64).reshape(shape)
