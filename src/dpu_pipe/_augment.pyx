@@ -56,9 +56,8 @@ cdef extern from *:
     typedef uint16_t dp_h8 __attribute__((vector_size(16)));
     typedef uint8_t dp_b16 __attribute__((vector_size(16)));
 
-    /* 16 bytes to four 4-float vectors, by interleaving with zeros lane by lane, as the
-       unpack instructions do (GCC scalarizes a direct conversion of 16 bytes to 16 floats on
-       SSE2). Little-endian lanes, as on both targets. */
+    /* 16 bytes to four 4-float vectors, by interleaving with zeros as the unpack instructions
+       do (GCC scalarizes a direct conversion on SSE2). Little-endian lanes, as on both targets. */
     static inline void dp_widen(const uint8_t* p, dp_f4* x) {
         dp_b16 b, z = {0};
         dp_h8 hz = {0};
@@ -323,9 +322,7 @@ cdef extern from *:
         return total;
     }
 
-    /* The pass, built for the baseline and (x86-64) for AVX2 with 8-lane blocks, the version
-       picked by the CPU (a load and a test of libgcc's CPU model). The bits are the same
-       either way. */
+    /* The pass for the baseline and (x86-64) for AVX2 with 8-lane blocks, picked by the CPU. */
     static int64_t dp_gray_pass_base(uint8_t* img, Py_ssize_t npix, float r, float a, int mode,
                                      const uint8_t* lut) {
         return dp_gray_pass(img, npix, r, a, mode, lut, 0);
