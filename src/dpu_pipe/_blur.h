@@ -1,8 +1,7 @@
 /* Separable Gaussian blur of a uint8 interleaved RGB image (torchvision v2's gaussian_blur on
- * uint8: float32 convolution over a reflect-padded image, rounded half to even). Used by
- * _ops.pyx (ops_gaussian_blur); plain C over raw pointers so that a batch kernel can run it
- * per view, and so that each pass can be compiled for AVX2 beside the SSE2 baseline
- * (_clones.h).
+ * uint8: float32 convolution over a reflect-padded image, rounded half to even), included by
+ * _ops.pyx and _augment.pyx; plain C over raw pointers so that a batch kernel can run it per
+ * view, and so that each pass can be compiled for AVX2 beside the SSE2 baseline (_clones.h).
  *
  * Per output row y: the vertical pass sums the 1-D kernel's source rows (reflected at the
  * image's edges; each converted to float32 once, into a ring of ky rows) into a float32 row,
