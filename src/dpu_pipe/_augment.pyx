@@ -824,16 +824,11 @@ cdef void _rot90(const uint8_t* src, uint8_t* dst, int h, int w, int k) noexcept
     cdef uint8_t* q
     for y in range(h):
         q = dst + y * r
-        if k == 2:                # row h-1-y reversed
-            p = src + (h - 1 - y) * r
-            for x in range(w):
-                q[3 * x] = p[3 * (w - 1 - x)]
-                q[3 * x + 1] = p[3 * (w - 1 - x) + 1]
-                q[3 * x + 2] = p[3 * (w - 1 - x) + 2]
-            continue
         for x in range(w):
             if k == 1:
                 sy, sx = x, w - 1 - y
+            elif k == 2:
+                sy, sx = h - 1 - y, w - 1 - x
             else:
                 sy, sx = h - 1 - x, y
             p = src + sy * r + 3 * sx

@@ -71,6 +71,7 @@ cdef int dec_decode(Decoder* d, int scale, const Region* region,
                     uint8_t* out, Py_ssize_t out_stride) noexcept nogil
 
 cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) noexcept nogil
+cdef int dec_grow(void** buf, size_t* cap, size_t need) noexcept nogil  # 1, or 0: no memory
 
 cdef int choose_scale(int64_t height, int64_t width, int min_h, int min_w) noexcept nogil
 cdef int scaled_size(int size, int scale) noexcept nogil

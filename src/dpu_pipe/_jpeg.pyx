@@ -297,7 +297,7 @@ cdef int64_t _next_marker(const uint8_t* p, size_t pos, size_t n, int* code,
     return -1
 
 
-cdef int _grow(void** buf, size_t* cap, size_t need) noexcept nogil:
+cdef int dec_grow(void** buf, size_t* cap, size_t need) noexcept nogil:
     cdef void* grown
     if need <= cap[0]:
         return 1
@@ -383,7 +383,7 @@ cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) 
 
     # Every byte written comes from a distinct byte range of the source followed there by a
     # marker at least as long as what is written in its place, so n + 2 bytes always suffice.
-    if not _grow(<void**>&d.scratch, &d.scratch_cap, n + 16):
+    if not dec_grow(<void**>&d.scratch, &d.scratch_cap, n + 16):
         return 0
     s = d.scratch
     # Header: the original's segments up to and including the first SOS, without the APPn/COM
@@ -430,7 +430,7 @@ cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) 
     # stops at the last one needed; each must end with the RST marker of its number.
     k_first = (r0 * mpr + c0) // R
     k_last = ((r1 - 1) * mpr + c1 - 1) // R
-    if not _grow(<void**>&d.marks, &d.marks_cap, <size_t>(k_last - k_first + 1) * 2 * sizeof(size_t)):
+    if not dec_grow(<void**>&d.marks, &d.marks_cap, <size_t>(k_last - k_first + 1) * 2 * sizeof(size_t)):
         return 0
     seg = pos
     for k in range(k_last + 1):

@@ -96,27 +96,21 @@ cdef void mixup_rows(int kind, char* x, Py_ssize_t n, Py_ssize_t row_elems, Py_s
     if n < 1:
         return
     memcpy(scratch, x + (n - 1) * row_bytes, row_bytes)
-    j = n - 1
-    while j >= 1:
+    for j in range(n - 1, 0, -1):
         _mix_pair(kind, x + j * row_bytes, x + (j - 1) * row_bytes, row_elems, lam, oml)
-        j -= 1
     _mix_pair(kind, x, scratch, row_elems, lam, oml)
 
 
 cdef void _paste_box(char* dst, const char* src, bint chw, Py_ssize_t h, Py_ssize_t w,
                      Py_ssize_t item, Py_ssize_t y1, Py_ssize_t x1, Py_ssize_t y2,
                      Py_ssize_t x2) noexcept nogil:
-    """Copy the box [y1, y2) x [x1, x2) of every channel of one sample from src to dst."""
-    cdef Py_ssize_t c, y, off
-    if chw:
-        for c in range(3):
-            for y in range(y1, y2):
-                off = ((c * h + y) * w + x1) * item
-                memcpy(dst + off, src + off, (x2 - x1) * item)
-    else:
+    """Copy the box [y1, y2) x [x1, x2) of every channel of one sample from src to dst: rows
+    of w items in three planes (CHW), or rows of w pixels of 3 items (HWC)."""
+    cdef Py_ssize_t c, y, off, k = 1 if chw else 3
+    for c in range(3 if chw else 1):
         for y in range(y1, y2):
-            off = ((y * w + x1) * 3) * item
-            memcpy(dst + off, src + off, (x2 - x1) * 3 * item)
+            off = ((c * h + y) * w + x1) * k * item
+            memcpy(dst + off, src + off, (x2 - x1) * k * item)
 
 
 cdef void cutmix_rows(char* x, Py_ssize_t n, bint chw, Py_ssize_t h, Py_ssize_t w,
@@ -128,10 +122,8 @@ cdef void cutmix_rows(char* x, Py_ssize_t n, bint chw, Py_ssize_t h, Py_ssize_t 
     if n < 1 or y2 <= y1 or x2 <= x1:
         return
     _paste_box(scratch, x + (n - 1) * row_bytes, chw, h, w, item, y1, x1, y2, x2)
-    j = n - 1
-    while j >= 1:
+    for j in range(n - 1, 0, -1):
         _paste_box(x + j * row_bytes, x + (j - 1) * row_bytes, chw, h, w, item, y1, x1, y2, x2)
-        j -= 1
     _paste_box(x, scratch, chw, h, w, item, y1, x1, y2, x2)
 
 

@@ -98,29 +98,23 @@ cdef int ops_ws_reserve(OpsWorkspace* ws, size_t nbytes) noexcept nogil:
     return OPS_OK
 
 
-cdef inline double _filter_support(int filt) noexcept nogil:
-    """Support of the filter at scale 1, pixels: Pillow's triangle 1, its bicubic 2."""
-    return 2.0 if filt == OPS_BICUBIC else 1.0
+cdef inline double _support(double length, int n_out, int filt) noexcept nogil:
+    """Pillow's filter support in source pixels: at scale 1 (triangle 1, its bicubic 2) times
+    max(scale, 1)."""
+    cdef double scale = length / n_out
+    return (scale if scale > 1.0 else 1.0) * (2.0 if filt == OPS_BICUBIC else 1.0)
 
 
 cdef inline int _ksize(double length, int n_out, int filt) noexcept nogil:
-    """Pillow's bound on taps per output: 2*ceil(support) + 1, support = filter support times
-    max(scale, 1)."""
-    cdef double support = length / n_out
-    if support < 1.0:
-        support = 1.0
-    return <int>ceil(support * _filter_support(filt)) * 2 + 1
+    """Pillow's bound on taps per output: 2*ceil(support) + 1."""
+    return <int>ceil(_support(length, n_out, filt)) * 2 + 1
 
 
 cdef inline int _span_bound(int src_w, double w, int ow, int filt) noexcept nogil:
     """Upper bound on the source columns one row's outputs read: the first window starts at
     most 1 + support - scale/2 left of x0 (truncation), the last ends at most as far right of
     x0 + w, so the span is below w + 2 support + 1."""
-    cdef double support = w / ow
-    if support < 1.0:
-        support = 1.0
-    support = support * _filter_support(filt)
-    cdef double b = w + 2.0 * support + 3.0
+    cdef double b = w + 2.0 * _support(w, ow, filt) + 3.0
     return src_w if b >= src_w else <int>b
 
 
@@ -211,7 +205,7 @@ cdef int _plan_axis(OpsAxis* ax, int in_size, double in0, double length, int n_o
     repeat the last one (padding the horizontal pass computes and never uses)."""
     cdef double scale = length / n_out
     cdef double filterscale = scale if scale > 1.0 else 1.0
-    cdef double support = filterscale * _filter_support(filt)
+    cdef double support = _support(length, n_out, filt)
     cdef double ss = 1.0 / filterscale
     cdef double center, ww, wt
     cdef int i, xx, x, xmin, xmax, first, last, n

@@ -11,14 +11,14 @@
 # cut from that; a SampleCache (_cache.h) keeps the reduced image for later epochs. A hit and a
 # miss run the same crop code on the same pixels, so the output never depends on the cache.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t, INT64_MAX
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, strncpy
 from libc.math cimport floor, ceil
 from cython.parallel cimport parallel, prange, threadid
 
 from dpu_pipe._jpeg cimport (BufferList, Decoder, DecodeOptions, Region, DP_OK, DP_EREGION,
                              DP_ENOMEM, dec_init, dec_free, dec_message, dec_read_header,
-                             dec_decode, choose_scale, scale_region, scaled_size)
+                             dec_decode, dec_grow, choose_scale, scale_region, scaled_size)
 from dpu_pipe._ops cimport (OpsWorkspace, OpsOutput, OPS_OK, OPS_UINT8, OPS_HWC, ops_ws_init,
                             ops_ws_free, ops_output_init, ops_resize_crop, ops_center_crop_box,
                             OPS_BILINEAR, OPS_BICUBIC)
@@ -260,15 +260,10 @@ cdef int _decode_region(Scratch* w, int scale, int top, int left, int height,
 
 
 cdef int _grow(uint8_t** buf, size_t* cap, size_t need, char* message) noexcept nogil:
-    cdef uint8_t* grown
-    if need > cap[0]:
-        grown = <uint8_t*>realloc(buf[0], need)
-        if grown == NULL:
-            strncpy(message, b"out of memory for the decoded image", MSG_LEN - 1)
-            return DP_ENOMEM
-        buf[0] = grown
-        cap[0] = need
-    return DP_OK
+    if dec_grow(<void**>buf, cap, need):
+        return DP_OK
+    strncpy(message, b"out of memory for the decoded image", MSG_LEN - 1)
+    return DP_ENOMEM
 
 
 cdef int whole_scale(int H, int W, int max_side) noexcept nogil:

@@ -15,16 +15,11 @@ from dpu_pipe.rng import _as_uint
 from libc.stdint cimport uint32_t, uint64_t
 
 
-def _flat(shape, *arrays):
-    return [np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
-
-
 def _sample_arrays(seed, epoch, index):
-    seed = _as_uint(seed, "seed", 64)
-    epoch = _as_uint(epoch, "epoch", 32).astype(np.uint32)
-    index = _as_uint(index, "index", 64)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in (seed, epoch, index)))
-    return shape, _flat(shape, seed, epoch, index)
+    arrays = (_as_uint(seed, "seed", 64), _as_uint(epoch, "epoch", 32).astype(np.uint32),
+              _as_uint(index, "index", 64))
+    shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    return shape, [np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
 
 
 def permute(positions, n, seed, epoch):
