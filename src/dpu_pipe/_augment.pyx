@@ -91,12 +91,6 @@ cdef extern from *:
     #endif
     }
 
-    static inline float dp_sat1(float v, float r, float ay) {
-        float f = v * r + ay;
-        f = f > 0.0f ? f : 0.0f;
-        return f < 255.0f ? f : 255.0f;
-    }
-
     static inline dp_f4 dp_sat4(dp_f4 v, dp_f4 r, dp_f4 ay) {
         dp_f4 f = v * r + ay;
         dp_i4 pos = f > 0.0f, big = f < 255.0f;
@@ -118,10 +112,6 @@ cdef extern from *:
         dp_planes4(x0, x1, x2, &R, &G, &B);
         dp_f4 y = (R * 0.2989f + 0.587f * G) + 0.114f * B;
         return __builtin_convertvector(__builtin_convertvector(y, dp_i4), dp_f4);   /* y >= 0 */
-    }
-
-    static inline float dp_gray1(const uint8_t* p) {
-        return (float)(int)(((float)p[0] * 0.2989f + 0.587f * (float)p[1]) + 0.114f * (float)p[2]);
     }
 
     /* The 48 interleaved values at p through the maps, as floats: lf[256 c + v] is
@@ -255,11 +245,33 @@ cdef extern from *:
     #define DP_WIDE_BLOCK 1
     #endif
 
-    /* One of three passes over npix interleaved RGB pixels, in place: saturation
+    /* One block of 16 pixels at p, in place unless mode is DP_GRAY_SUM: saturation
        (img * r + a * floor(gray), clamped, truncated), grayscale (floor(gray) in all three
-       channels), or neither, returning the sum of floor(gray). With lut (3 x 256), the pass
-       runs on lut[256 c + value] instead of the values: pending maps applied on the way.
-       wide: the blocks in 8 lanes (dp_gray_block8; only inside a function built for AVX2). */
+       channels), or neither, adding floor(gray) to *sum. With lf (the maps as floats), the
+       block runs on the mapped values. wide: 8 lanes (only inside a function built for AVX2). */
+    static inline __attribute__((always_inline)) void dp_gray_block(
+            uint8_t* p, float r, float a, int mode, const float* lf, int wide, dp_i4* sum) {
+        dp_f4 x[12];
+        if (lf) {
+            dp_gather48(p, lf, x);
+        } else {
+            for (int k = 0; k < 3; k++)
+                dp_widen(p + 16 * k, x + 4 * k);
+        }
+    #ifdef DP_WIDE_BLOCK
+        if (wide)
+            dp_gray_block8(x, r, a, mode, sum);
+        else
+    #endif
+            dp_gray_block4(x, r, a, mode, sum);
+        if (mode != DP_GRAY_SUM)
+            for (int k = 0; k < 3; k++)
+                dp_narrow(x + 4 * k, p + 16 * k);
+    }
+
+    /* dp_gray_block over npix pixels, returning the sum of floor(gray); with lut (3 x 256) on
+       lut[256 c + value] instead of the values: pending maps applied on the way. The last
+       npix % 16 pixels are mapped into a zero-padded block (gray 0: the sum is unchanged). */
     static inline __attribute__((always_inline)) int64_t dp_gray_pass(
             uint8_t* img, Py_ssize_t npix, float r, float a, int mode, const uint8_t* lut,
             int wide) {
@@ -271,55 +283,21 @@ cdef extern from *:
             for (int v = 0; v < 768; v++)
                 lf[v] = (float)lut[v];
         for (; i + 16 <= npix; i += 16) {
-            uint8_t* p = img + 3 * i;
-            dp_f4 x[12];
-            if (lut) {
-                dp_gather48(p, lf, x);
-            } else {
-                for (int k = 0; k < 3; k++)
-                    dp_widen(p + 16 * k, x + 4 * k);
-            }
-    #ifdef DP_WIDE_BLOCK
-            if (wide)
-                dp_gray_block8(x, r, a, mode, &sum);
-            else
-    #endif
-                dp_gray_block4(x, r, a, mode, &sum);
-            if (mode == DP_GRAY_SUM) {
-                if ((i & ((1 << 20) - 1)) == 0) {
-                    total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
-                    sum = (dp_i4){0, 0, 0, 0};
-                }
-                continue;
-            }
-            for (int k = 0; k < 3; k++)
-                dp_narrow(x + 4 * k, p + 16 * k);
-        }
-        total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
-        for (; i < npix; i++) {
-            uint8_t* p = img + 3 * i;
-            uint8_t t[3];
-            if (lut) {
-                for (int c = 0; c < 3; c++)
-                    t[c] = lut[256 * c + p[c]];
-                if (mode != DP_GRAY_SUM)
-                    memcpy(p, t, 3);
-                else
-                    p = t;
-            }
-            float y = dp_gray1(p);
-            if (mode == DP_GRAY_SUM) {
-                total += (int64_t)y;
-            } else if (mode == DP_GRAYSCALE) {
-                p[0] = p[1] = p[2] = (uint8_t)(int)y;
-            } else {
-                float ay = a * y;
-                p[0] = (uint8_t)(int)dp_sat1((float)p[0], r, ay);
-                p[1] = (uint8_t)(int)dp_sat1((float)p[1], r, ay);
-                p[2] = (uint8_t)(int)dp_sat1((float)p[2], r, ay);
+            dp_gray_block(img + 3 * i, r, a, mode, lut ? lf : NULL, wide, &sum);
+            if (mode == DP_GRAY_SUM && (i & ((1 << 20) - 1)) == 0) {
+                total += (int64_t)sum[0] + sum[1] + sum[2] + sum[3];
+                sum = (dp_i4){0, 0, 0, 0};
             }
         }
-        return total;
+        if (i < npix) {
+            uint8_t t[48] = {0};
+            for (Py_ssize_t k = 0; k < 3 * (npix - i); k++)
+                t[k] = lut ? lut[256 * (k % 3) + img[3 * i + k]] : img[3 * i + k];
+            dp_gray_block(t, r, a, mode, NULL, wide, &sum);
+            if (mode != DP_GRAY_SUM)
+                memcpy(img + 3 * i, t, (size_t)(3 * (npix - i)));
+        }
+        return total + ((int64_t)sum[0] + sum[1] + sum[2] + sum[3]);
     }
 
     /* The pass for the baseline and (x86-64) for AVX2 with 8-lane blocks, picked by the CPU. */
