@@ -101,7 +101,7 @@ LONG = (
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        nodeid = item.nodeid.split("/")[-1]
-        if nodeid.startswith(LONG):
+        name = f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
+        if name.startswith(LONG):
             item.add_marker(pytest.mark.long)
             item.add_marker(pytest.mark.slow)
