@@ -713,7 +713,10 @@ class Loader:
         # another loader, say, whose batch the main thread waits for while it holds the
         # transport lock that close() takes. Closing here would wait for that thread, which
         # waits for this finalizer. So the close runs in a thread of its own, unless the
-        # interpreter is exiting (no new threads then).
+        # interpreter is exiting (no new threads then). A loader that never iterated (one whose
+        # __init__ refused its arguments, say) has nothing to close.
+        if getattr(self, "_engine", None) is None and getattr(self, "_iter", None) is None:
+            return
         if sys.is_finalizing():
             with contextlib.suppress(Exception):
                 self.close()
