@@ -31,6 +31,7 @@ processes on the machine do not inflate. Data: dpu_pipe.tools.sample_data (Image
 made from real photographs).
 
     .venv/bin/python bench/bench_views.py --n 128 --repeat 3
+    .venv/bin/python bench/bench_views.py --methods simclr,simclr-v2   # a subset
 """
 
 import argparse
@@ -163,6 +164,7 @@ def main(argv=None):
     ap.add_argument("--cpu", type=int, default=0, help="core to pin to")
     ap.add_argument("--data", help="JPEG directory (default: the sample dataset)")
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
+    ap.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
     args = ap.parse_args(argv)
 
     import torch
@@ -175,18 +177,24 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     _, bufs = load_buffers(args.data or sample_dataset(args.n, progress=False), args.n)
-    methods = {
-        "dino": _dpu_pipe_method(bufs, views.dino()),
-        "dino-pil": _dino_pil(bufs),
-        "dino-v2": _dino_v2(bufs),
-        "simclr": _dpu_pipe_method(bufs, views.simclr()),
-        "simclr-v2": _simclr_v2(bufs),
-        "dino-cache": _dpu_pipe_method(bufs, views.dino(), 256),
-        "simclr-cache": _dpu_pipe_method(bufs, views.simclr(), 256),
-        "simclr-pack": _dpu_pipe_method([transcode(b) for b in bufs], views.simclr()),
-        "simclr-crops": _dpu_pipe_method(bufs, [views.View(size=224, scale=(0.08, 1.0))] * 2),
-        "classic": _dpu_pipe_method(bufs, None),
+    makers = {
+        "dino": lambda: _dpu_pipe_method(bufs, views.dino()),
+        "dino-pil": lambda: _dino_pil(bufs),
+        "dino-v2": lambda: _dino_v2(bufs),
+        "simclr": lambda: _dpu_pipe_method(bufs, views.simclr()),
+        "simclr-v2": lambda: _simclr_v2(bufs),
+        "dino-cache": lambda: _dpu_pipe_method(bufs, views.dino(), 256),
+        "simclr-cache": lambda: _dpu_pipe_method(bufs, views.simclr(), 256),
+        "simclr-pack": lambda: _dpu_pipe_method([transcode(b) for b in bufs], views.simclr()),
+        "simclr-crops": lambda: _dpu_pipe_method(
+            bufs, [views.View(size=224, scale=(0.08, 1.0))] * 2),
+        "classic": lambda: _dpu_pipe_method(bufs, None),
     }
+    chosen = args.methods.split(",") if args.methods else list(makers)
+    unknown = sorted(set(chosen) - set(makers))
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(unknown)}; methods: {', '.join(makers)}")
+    methods = {name: makers[name]() for name in chosen}
     with one_core(args.cpu):
         for name, run in methods.items():   # warm-up: allocations, imports, cache fills
             run(0, len(bufs) if name.endswith("-cache") else min(BATCH, len(bufs)))
@@ -204,10 +212,13 @@ def main(argv=None):
             ("SimCLR, cached", "simclr-cache", "simclr-v2")]
     print(f"{'recipe':22s} {'baseline':10s} {'dpu_pipe':>9s} {'baseline':>9s} {'ratio':>6s}")
     for name, ours, theirs in rows:
+        if ours not in rate or theirs not in rate:
+            continue
         print(f"{name:22s} {theirs:10s} {rate[ours]:9.1f} {rate[theirs]:9.1f} "
               f"{rate[ours] / rate[theirs]:6.2f}")
-    print(f"a DINO sample costs {rate['classic'] / rate['dino']:.2f} classic samples "
-          f"(classic {rate['classic']:.0f} img/s)")
+    if "classic" in rate and "dino" in rate:
+        print(f"a DINO sample costs {rate['classic'] / rate['dino']:.2f} classic samples "
+              f"(classic {rate['classic']:.0f} img/s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": len(bufs), "rounds": args.repeat, "img_per_s": rate,

@@ -213,8 +213,10 @@ def gaussian_blur(img, kernel_size, sigma=None, out=None):
     ``t = -(ksize // 2) .. ksize // 2``, normalized to sum 1 (torchvision's
     ``_get_gaussian_kernel1d``). The image is reflect-padded by ``ksize // 2`` pixels (the edge
     pixel not repeated, torch's ``"reflect"``), summed vertically then horizontally in float32
-    and rounded half to even. The result is within one level of torchvision's (which sums the
-    2-D kernel's float32 products in another order).
+    and rounded half to even; the outer taps whose weights sum to at most 2**-24 per end are
+    left out (with the sigmas of SimCLR and DINO, 0.1 to 2, about half of a 23-tap kernel),
+    which moves a value by under 1e-4 of a level. The result is within one level of
+    torchvision's (which sums the 2-D kernel's float32 products in another order).
 
     Parameters
     ----------

@@ -4,7 +4,8 @@ References:
   * torchvision v2's ``gaussian_blur`` on a uint8 tensor (2-D float32 convolution of the
     reflect-padded image, rounded half to even): at most one level apart anywhere, and equal
     on all but a small fraction of values (the two sum float32 products in different orders,
-    so they can round a value that lies within float32 error of a half apart).
+    so they can round a value that lies within float32 error of a half apart; dpu_pipe leaves
+    out the outer taps whose weights sum to at most 2**-24 per end).
   * A float64 numpy reference (np.pad "reflect", the separable kernel as a dense sum): equal
     to its rounding wherever it lies further than 1e-3 from a half.
   * torchvision v2's ``solarize``: equal.
