@@ -99,9 +99,58 @@ LONG = (
 )
 
 
+# Out of the quick tier (-m "not slow") besides the tests marked slow where they are written:
+# those that took 2.5 s or more here in it (load ~2). CI runs them. What the quick tier keeps
+# of each area is named after the "#".
+SLOW = (
+    # the smoke runs of bench_cache, bench_transcode and bench_decode's JSON
+    "test_bench_scripts.py::test_bench_views_times_every_method",
+    "test_bench_scripts.py::test_bench_decode_argument_errors_name_the_flag",
+    "test_bench_scripts.py::test_bench_loader_every_method_makes_every_batch",
+    # the threads' stress in one thread of the Loader; the offloaded exit and Ctrl-C jobs
+    "test_threads_offload.py::test_stress_every_method_from_every_thread",
+    "test_threads_offload.py::test_exit_with_dpuloader_threads_alive[hybrid]",
+    "test_threads.py::test_stress_every_method_from_every_thread[2]",
+    # gpu_check: discovery, reports, the fake device's timings, refused steps
+    "test_gpu_check.py::test_dry_run_without_a_gpu_exits_3_after_its_checks",
+    "test_gpu_check.py::test_train_check_reads_the_run",
+    # the scheduler: a scripted takeover and the property's own check
+    "test_scheduler.py::test_random_interleavings_keep_the_invariants",
+    # offload: decode errors, the last batch, two loaders, the window filled under the GIL
+    "test_offload.py::test_hybrid_takes_over_a_stopped_producer[mid-epoch]",
+    "test_offload.py::test_request_channel_answers_and_carries_errors",
+    "test_offload.py::test_mixed_stream_equals_loader",
+    "test_offload.py::test_local_mode_defaults_to_the_hosts_shard",
+    "test_offload.py::test_host_map_naming_no_host_ends_the_job_with_the_reason",
+    "test_offload.py::test_host_that_closes_early_ends_the_job",
+    "test_offload.py::test_bad_samples_skip_then_raise[shm]",
+    "test_elastic_offload.py::test_dpuloader_resumes_elastically[2to3]",
+    "test_progressive_offload.py::test_progressive_stream_offloaded_equals_the_loader",
+    "test_decode_max_side_offload.py::test_offloaded_decode_max_side_and_stick_to_shard",
+    # the node cache: a partial fill keeps the stream; the in-process cache (test_cache*.py)
+    "test_node_cache.py::test_corrupt_files_are_never_cached",
+    "test_node_cache.py::test_a_writer_stalled_mid_fill_is_never_read_and_killing_it_ends_the",
+    "test_node_cache.py::test_cached_offload_and_hybrid_equal_the_uncached_loader[2]",
+    "test_node_cache.py::test_producer_memory_grows_by_at_most_what_the_cache_holds",
+    # the blur: torchvision's and the float64 reference's parity, arguments, threads
+    "test_blur.py::test_passes_bit_identical_across_targets[aarch64]",
+    "test_blur.py::test_passes_bit_identical_across_targets[x86-64-sse2]",
+    # the sample data: layout, labels, encoder mix, proportions, rebuilds
+    "test_sample_data.py::test_same_seed_same_bytes_other_seed_other_bytes",
+    "test_sample_data.py::test_corpus_is_real_colour_photographs",
+    # the CLI: pack, info --build, errors and exit status
+    "test_cli.py::test_info_summarises_folder_and_packed_dataset",
+    "test_cli.py::test_info_summarises_tar_shards_and_parquet",
+    # stick_to_shard: subsets, state, elastic resume, wire spec, memory
+    "test_stick_to_shard.py::test_the_order_is_the_documented_one",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
         if name.startswith(LONG):
             item.add_marker(pytest.mark.long)
+            item.add_marker(pytest.mark.slow)
+        elif name.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
