@@ -234,14 +234,6 @@ cdef extern from *:
         }
     }
 
-    /* dp_hue8: _hue's formula for 8 pixels in the lanes (_hue_lanes.h). */
-    #define DP_HUE_F dp_f8
-    #define DP_HUE_I dp_i8
-    #define DP_HUE_NAME(name) name##8
-    #include "_hue_lanes.h"
-    #undef DP_HUE_F
-    #undef DP_HUE_I
-    #undef DP_HUE_NAME
     #define DP_WIDE_BLOCK 1
     #endif
 
@@ -316,14 +308,21 @@ cdef extern from *:
     #define dp_gray_run dp_gray_pass_base
     #endif
 
-    /* dp_hue4: _hue's formula for 4 pixels in the lanes (_hue_lanes.h). */
+    /* dp_hue4: _hue's formula for 4 pixels in the lanes (_hue_lanes.h); on aarch64 floor and
+       trunc are one instruction each (FRINTM, FRINTZ), SSE2 has none. */
     #define DP_HUE_F dp_f4
     #define DP_HUE_I dp_i4
     #define DP_HUE_NAME(name) name##4
+    #if defined(__aarch64__)
+    #define DP_HUE_FLOOR(x) ((dp_f4)vrndmq_f32((float32x4_t)(x)))
+    #define DP_HUE_TRUNC(x) ((dp_f4)vrndq_f32((float32x4_t)(x)))
+    #endif
     #include "_hue_lanes.h"
     #undef DP_HUE_F
     #undef DP_HUE_I
     #undef DP_HUE_NAME
+    #undef DP_HUE_FLOOR
+    #undef DP_HUE_TRUNC
 
     /* The result of dp_hue4 (planes R, G, B of 4 pixels) back in the interleaved order. */
     #define DP_INTERLEAVE(SHUF, R, G, B, x0, x1, x2) do { \
@@ -333,25 +332,12 @@ cdef extern from *:
     #define DP_SHUF4(x, y, a, b, c, d) __builtin_shufflevector(x, y, a, b, c, d)
 
     /* _hue on the 16 pixels at px: widened, the result interleaved back and truncated to
-       bytes (values in [0, 256): truncation is _trunc_u8 there). wide: eight pixels to a
-       vector (only inside a function built for AVX2). */
-    static inline __attribute__((always_inline)) void dp_hue_block(
-            uint8_t* px, float sc, float hf, float back, int wide) {
+       bytes (values in [0, 256): truncation is _trunc_u8 there). */
+    static inline __attribute__((always_inline)) void dp_hue_block4(
+            uint8_t* px, float sc, float hf, float back) {
         dp_f4 x[12];
         for (int k = 0; k < 3; k++)
             dp_widen(px + 16 * k, x + 4 * k);
-    #ifdef DP_WIDE_BLOCK
-        if (wide) {
-            for (int g = 0; g < 12; g += 6) {
-                dp_f8 R, G, B, y0, y1, y2;
-                dp_join8(x + g, &y0, &y1, &y2);
-                dp_planes8(&y0, &y1, &y2, &R, &G, &B);
-                dp_hue8(&R, &G, &B, sc, hf, back);
-                DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
-                dp_split8(&y0, &y1, &y2, x + g);
-            }
-        } else
-    #endif
         for (int g = 0; g < 12; g += 3) {
             dp_f4 R, G, B;
             dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
@@ -362,29 +348,62 @@ cdef extern from *:
             dp_narrow(x + 4 * k, px + 16 * k);
     }
 
-    /* _hue on npix pixels, 16 at a time; the last npix % 16 through a zero-padded block (each
-       lane's result depends on its own pixel only). */
-    static inline __attribute__((always_inline)) void dp_hue_pass(
-            uint8_t* img, Py_ssize_t npix, float sc, float hf, float back, int wide) {
-        Py_ssize_t i = 0;
-        for (; i + 16 <= npix; i += 16)
-            dp_hue_block(img + 3 * i, sc, hf, back, wide);
-        if (i < npix) {
-            uint8_t t[48] = {0};
-            memcpy(t, img + 3 * i, (size_t)(3 * (npix - i)));
-            dp_hue_block(t, sc, hf, back, wide);
-            memcpy(img + 3 * i, t, (size_t)(3 * (npix - i)));
-        }
-    }
+    /* _hue on npix pixels, 16 at a time (BLOCK); the last npix % 16 through a zero-padded
+       block (each lane's result depends on its own pixel only). */
+    #define DP_HUE_PASS(BLOCK, img, npix, sc, hf, back) do { \
+        Py_ssize_t i = 0; \
+        for (; i + 16 <= npix; i += 16) \
+            BLOCK(img + 3 * i, sc, hf, back); \
+        if (i < npix) { \
+            uint8_t t[48] = {0}; \
+            memcpy(t, img + 3 * i, (size_t)(3 * (npix - i))); \
+            BLOCK(t, sc, hf, back); \
+            memcpy(img + 3 * i, t, (size_t)(3 * (npix - i))); \
+        } } while (0)
 
     static void dp_hue_base(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
-        dp_hue_pass(img, npix, sc, hf, back, 0);
+        DP_HUE_PASS(dp_hue_block4, img, npix, sc, hf, back);
     }
     #ifdef DP_WIDE_BLOCK
-    __attribute__((target("avx2")))
-    static void dp_hue_avx2(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
-        dp_hue_pass(img, npix, sc, hf, back, 1);
+    /* The AVX2 copy: eight pixels to a vector, floor and trunc one VROUNDPS each (exact, as
+       the conversions of the baseline). Compiled for AVX2 as a whole, so that the rounding
+       intrinsics inline. */
+    #pragma GCC push_options
+    #pragma GCC target("avx2")
+    #include <immintrin.h>
+    #define DP_HUE_F dp_f8
+    #define DP_HUE_I dp_i8
+    #define DP_HUE_NAME(name) name##8
+    #define DP_HUE_FLOOR(x) ((dp_f8)_mm256_floor_ps((__m256)(x)))
+    #define DP_HUE_TRUNC(x) ((dp_f8)_mm256_round_ps((__m256)(x), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC))
+    #include "_hue_lanes.h"
+    #undef DP_HUE_F
+    #undef DP_HUE_I
+    #undef DP_HUE_NAME
+    #undef DP_HUE_FLOOR
+    #undef DP_HUE_TRUNC
+
+    static inline __attribute__((always_inline)) void dp_hue_block8(
+            uint8_t* px, float sc, float hf, float back) {
+        dp_f4 x[12];
+        for (int k = 0; k < 3; k++)
+            dp_widen(px + 16 * k, x + 4 * k);
+        for (int g = 0; g < 12; g += 6) {
+            dp_f8 R, G, B, y0, y1, y2;
+            dp_join8(x + g, &y0, &y1, &y2);
+            dp_planes8(&y0, &y1, &y2, &R, &G, &B);
+            dp_hue8(&R, &G, &B, sc, hf, back);
+            DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
+            dp_split8(&y0, &y1, &y2, x + g);
+        }
+        for (int k = 0; k < 3; k++)
+            dp_narrow(x + 4 * k, px + 16 * k);
     }
+
+    static void dp_hue_avx2(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
+        DP_HUE_PASS(dp_hue_block8, img, npix, sc, hf, back);
+    }
+    #pragma GCC pop_options
     #define dp_hue (__builtin_cpu_supports("avx2") ? dp_hue_avx2 : dp_hue_base)
     #else
     #define dp_hue dp_hue_base

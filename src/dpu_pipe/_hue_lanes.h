@@ -4,17 +4,24 @@
  * float32 operations on its pixel; fmod(x, 1) is x - trunc(x), exact for the x > 0 it gets.
  *
  * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float
- * and int vector types (4 lanes everywhere, 8 for the AVX2 build on x86-64) and
- * DP_HUE_NAME(name) this instance's name. */
+ * and int vector types (4 lanes everywhere, 8 for the AVX2 build on x86-64),
+ * DP_HUE_NAME(name) this instance's name, and optionally DP_HUE_FLOOR(x) / DP_HUE_TRUNC(x),
+ * the target's exact floor and trunc instructions. */
 
 #define DP_HSEL(m, x, y) ((DP_HUE_F)(((DP_HUE_I)(x) & (m)) | ((DP_HUE_I)(y) & ~(m))))
 
-/* *x = floor(*x), exact for |x| < 2**31. (Vectors pass through pointers: 32-byte values
-   returned from functions built for 16-byte registers would change their ABI.) */
+/* *x = floor(*x), exact for |x| < 2**31: the includer's DP_HUE_FLOOR (one rounding
+   instruction) where the target has one, else through the integer conversion. (Vectors pass
+   through pointers: 32-byte values returned from functions built for 16-byte registers would
+   change their ABI.) The arguments here are never -0, so either way gives the same bits. */
 static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_floor)(DP_HUE_F* x) {
+#ifdef DP_HUE_FLOOR
+    *x = DP_HUE_FLOOR(*x);
+#else
     const DP_HUE_F zero = {0}, one = zero + 1.0f;
     DP_HUE_F t = __builtin_convertvector(__builtin_convertvector(*x, DP_HUE_I), DP_HUE_F);
     *x = t - DP_HSEL(t > *x, one, zero);
+#endif
 }
 
 static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
@@ -32,7 +39,11 @@ static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
     DP_HUE_F rc = (mx - r) / cr, gc = (mx - g) / cr, bc = (mx - b) / cr;
     DP_HUE_F hh = DP_HSEL(mx != r, DP_HSEL(mx == g, (rc + 2.0f) - bc, (gc + 4.0f) - rc), bc - gc);
     hh = hh * (float)(1.0 / 6.0) + 1.0f;
+#ifdef DP_HUE_TRUNC
+    hh = hh - DP_HUE_TRUNC(hh);
+#else
     hh = hh - __builtin_convertvector(__builtin_convertvector(hh, DP_HUE_I), DP_HUE_F);
+#endif
     hh = hh + hf;
     DP_HUE_F fh = hh;
     DP_HUE_NAME(dp_floor)(&fh);
