@@ -323,6 +323,8 @@ cdef extern from *:
     #undef DP_HUE_NAME
     #undef DP_HUE_FLOOR
     #undef DP_HUE_TRUNC
+    #undef DP_HUE_MAX
+    #undef DP_HUE_MIN
 
     /* The result of dp_hue4 (planes R, G, B of 4 pixels) back in the interleaved order. */
     #define DP_INTERLEAVE(SHUF, R, G, B, x0, x1, x2) do { \
@@ -366,8 +368,8 @@ cdef extern from *:
     }
     #ifdef DP_WIDE_BLOCK
     /* The AVX2 copy: eight pixels to a vector, floor and trunc one VROUNDPS each (exact, as
-       the conversions of the baseline). Compiled for AVX2 as a whole, so that the rounding
-       intrinsics inline. */
+       the conversions of the baseline), the selects of max, min and the clamps one VMAXPS or
+       VMINPS. Compiled for AVX2 as a whole, so that the intrinsics inline. */
     #pragma GCC push_options
     #pragma GCC target("avx2")
     #include <immintrin.h>
@@ -376,12 +378,16 @@ cdef extern from *:
     #define DP_HUE_NAME(name) name##8
     #define DP_HUE_FLOOR(x) ((dp_f8)_mm256_floor_ps((__m256)(x)))
     #define DP_HUE_TRUNC(x) ((dp_f8)_mm256_round_ps((__m256)(x), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC))
+    #define DP_HUE_MAX(x, y) ((dp_f8)_mm256_max_ps((__m256)(x), (__m256)(y)))
+    #define DP_HUE_MIN(x, y) ((dp_f8)_mm256_min_ps((__m256)(x), (__m256)(y)))
     #include "_hue_lanes.h"
     #undef DP_HUE_F
     #undef DP_HUE_I
     #undef DP_HUE_NAME
     #undef DP_HUE_FLOOR
     #undef DP_HUE_TRUNC
+    #undef DP_HUE_MAX
+    #undef DP_HUE_MIN
 
     static inline __attribute__((always_inline)) void dp_hue_block8(
             uint8_t* px, float sc, float hf, float back) {

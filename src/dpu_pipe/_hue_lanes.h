@@ -6,9 +6,16 @@
  * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float
  * and int vector types (4 lanes everywhere, 8 for the AVX2 build on x86-64),
  * DP_HUE_NAME(name) this instance's name, and optionally DP_HUE_FLOOR(x) / DP_HUE_TRUNC(x),
- * the target's exact floor and trunc instructions. */
+ * the target's exact floor and trunc instructions, and DP_HUE_MAX / DP_HUE_MIN. The includer
+ * undefines those after each include. */
 
 #define DP_HSEL(m, x, y) ((DP_HUE_F)(((DP_HUE_I)(x) & (m)) | ((DP_HUE_I)(y) & ~(m))))
+/* x > y ? x : y and x < y ? x : y lane by lane (x86's MAXPS and MINPS are exactly these, NaN
+   and signed zeros included; NEON's FMAX and FMIN are not, so it keeps the select). */
+#ifndef DP_HUE_MAX
+#define DP_HUE_MAX(x, y) DP_HSEL((x) > (y), x, y)
+#define DP_HUE_MIN(x, y) DP_HSEL((x) < (y), x, y)
+#endif
 
 /* *x = floor(*x), exact for |x| < 2**31: the includer's DP_HUE_FLOOR (one rounding
    instruction) where the target has one, else through the integer conversion. (Vectors pass
@@ -28,10 +35,10 @@ static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
         DP_HUE_F* R, DP_HUE_F* G, DP_HUE_F* B, float sc, float hf, float back) {
     const DP_HUE_F zero = {0}, one = zero + 1.0f;
     DP_HUE_F r = *R * sc, g = *G * sc, b = *B * sc;
-    DP_HUE_F mx = DP_HSEL(r > g, r, g);
-    mx = DP_HSEL(mx > b, mx, b);
-    DP_HUE_F mn = DP_HSEL(r < g, r, g);
-    mn = DP_HSEL(mn < b, mn, b);
+    DP_HUE_F mx = DP_HUE_MAX(r, g);
+    mx = DP_HUE_MAX(mx, b);
+    DP_HUE_F mn = DP_HUE_MIN(r, g);
+    mn = DP_HUE_MIN(mn, b);
     DP_HUE_I flat = mx == mn;
     DP_HUE_F cr = mx - mn;
     DP_HUE_F s = cr / DP_HSEL(flat, one, mx);
@@ -55,12 +62,12 @@ static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
     DP_HUE_F f = h6 - fl;
     DP_HUE_F sxf = s * f, oms = 1.0f - s;
     DP_HUE_F q = (1.0f - sxf) * mx, t = (sxf + oms) * mx, p = oms * mx;
-    q = DP_HSEL(q > zero, q, zero);
-    q = DP_HSEL(q < one, q, one);
-    t = DP_HSEL(t > zero, t, zero);
-    t = DP_HSEL(t < one, t, one);
-    p = DP_HSEL(p > zero, p, zero);
-    p = DP_HSEL(p < one, p, one);
+    q = DP_HUE_MAX(q, zero);
+    q = DP_HUE_MIN(q, one);
+    t = DP_HUE_MAX(t, zero);
+    t = DP_HUE_MIN(t, one);
+    p = DP_HUE_MAX(p, zero);
+    p = DP_HUE_MIN(p, one);
     k = k - ((k >= 6) & 6);         /* h6 rounds up to 6.0 just below hue 1 */
     DP_HUE_I k0 = k == 0, k1 = k == 1, k2 = k == 2, k3 = k == 3, k4 = k == 4;
     DP_HUE_F o0 = DP_HSEL(k0, mx, DP_HSEL(k1, q, DP_HSEL(k2 | k3, p, DP_HSEL(k4, t, mx))));
