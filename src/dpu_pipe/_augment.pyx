@@ -333,38 +333,42 @@ cdef extern from *:
         x2 = SHUF(SHUF(R, G, 3, 7, 3, 7), B, 6, 0, 1, 7); } while (0)
     #define DP_SHUF4(x, y, a, b, c, d) __builtin_shufflevector(x, y, a, b, c, d)
 
-    /* _hue on the 16 pixels at px: widened, the result interleaved back and truncated to
-       bytes (values in [0, 256): truncation is _trunc_u8 there). */
-    static inline __attribute__((always_inline)) void dp_hue_block4(
-            uint8_t* px, float sc, float hf, float back) {
-        dp_f4 x[12];
-        for (int k = 0; k < 3; k++)
-            dp_widen(px + 16 * k, x + 4 * k);
+    /* _hue on the 16 pixels of x (dp_widen's twelve vectors), four to a vector, in place. */
+    static inline __attribute__((always_inline)) void dp_hue_groups4(
+            dp_f4* x, float sc, float hf, float back) {
         for (int g = 0; g < 12; g += 3) {
             dp_f4 R, G, B;
             dp_planes4(x[g], x[g + 1], x[g + 2], &R, &G, &B);
             dp_hue4(&R, &G, &B, sc, hf, back);
             DP_INTERLEAVE(DP_SHUF4, R, G, B, x[g], x[g + 1], x[g + 2]);
         }
-        for (int k = 0; k < 3; k++)
-            dp_narrow(x + 4 * k, px + 16 * k);
     }
 
-    /* _hue on npix pixels, 16 at a time (BLOCK); the last npix % 16 through a zero-padded
-       block (each lane's result depends on its own pixel only). */
-    #define DP_HUE_PASS(BLOCK, img, npix, sc, hf, back) do { \
+    /* _hue on the 16 pixels at px through GROUPS: widened, the result interleaved back and
+       truncated to bytes (values in [0, 256): truncation is _trunc_u8 there). */
+    #define DP_HUE_BLOCK(GROUPS, px, sc, hf, back) do { \
+        dp_f4 x_[12]; \
+        for (int k = 0; k < 3; k++) \
+            dp_widen((px) + 16 * k, x_ + 4 * k); \
+        GROUPS(x_, sc, hf, back); \
+        for (int k = 0; k < 3; k++) \
+            dp_narrow(x_ + 4 * k, (px) + 16 * k); } while (0)
+
+    /* _hue on npix pixels, 16 at a time; the last npix % 16 through a zero-padded block (each
+       lane's result depends on its own pixel only). */
+    #define DP_HUE_PASS(GROUPS, img, npix, sc, hf, back) do { \
         Py_ssize_t i = 0; \
         for (; i + 16 <= npix; i += 16) \
-            BLOCK(img + 3 * i, sc, hf, back); \
+            DP_HUE_BLOCK(GROUPS, img + 3 * i, sc, hf, back); \
         if (i < npix) { \
             uint8_t t[48] = {0}; \
             memcpy(t, img + 3 * i, (size_t)(3 * (npix - i))); \
-            BLOCK(t, sc, hf, back); \
+            DP_HUE_BLOCK(GROUPS, t, sc, hf, back); \
             memcpy(img + 3 * i, t, (size_t)(3 * (npix - i))); \
         } } while (0)
 
     static void dp_hue_base(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
-        DP_HUE_PASS(dp_hue_block4, img, npix, sc, hf, back);
+        DP_HUE_PASS(dp_hue_groups4, img, npix, sc, hf, back);
     }
     #ifdef DP_WIDE_BLOCK
     /* The AVX2 copy: eight pixels to a vector, floor and trunc one VROUNDPS each (exact, as
@@ -389,11 +393,8 @@ cdef extern from *:
     #undef DP_HUE_MAX
     #undef DP_HUE_MIN
 
-    static inline __attribute__((always_inline)) void dp_hue_block8(
-            uint8_t* px, float sc, float hf, float back) {
-        dp_f4 x[12];
-        for (int k = 0; k < 3; k++)
-            dp_widen(px + 16 * k, x + 4 * k);
+    static inline __attribute__((always_inline)) void dp_hue_groups8(
+            dp_f4* x, float sc, float hf, float back) {
         for (int g = 0; g < 12; g += 6) {
             dp_f8 R, G, B, y0, y1, y2;
             dp_join8(x + g, &y0, &y1, &y2);
@@ -402,12 +403,10 @@ cdef extern from *:
             DP_INTERLEAVE(DP_SHUF8, R, G, B, y0, y1, y2);
             dp_split8(&y0, &y1, &y2, x + g);
         }
-        for (int k = 0; k < 3; k++)
-            dp_narrow(x + 4 * k, px + 16 * k);
     }
 
     static void dp_hue_avx2(uint8_t* img, Py_ssize_t npix, float sc, float hf, float back) {
-        DP_HUE_PASS(dp_hue_block8, img, npix, sc, hf, back);
+        DP_HUE_PASS(dp_hue_groups8, img, npix, sc, hf, back);
     }
     #pragma GCC pop_options
     #define dp_hue (__builtin_cpu_supports("avx2") ? dp_hue_avx2 : dp_hue_base)

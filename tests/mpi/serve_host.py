@@ -22,6 +22,13 @@ kw = dict(size=40, seed=5, timeout=120, rank=rank, world_size=world)
 local = Loader(src, 4, **kw)
 
 
+def say(line):
+    """One write per line: the two torchrun ranks share this stdout, and print's separate
+    write of the newline let one rank's line run into the other's."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def check(loader, what, kill_after=None):
     want = [(x.copy(), y.copy()) for x, y in local]
     got, killed = [], None
@@ -30,14 +37,14 @@ def check(loader, what, kill_after=None):
         if kill_after is not None and len(got) == kill_after:
             t = loader._group.transport
             killed = t._idents[1][1]        # (hostname, pid, world rank) of group rank 1
-            print(f"KILL rank={rank} pid {killed}", flush=True)
+            say(f"KILL rank={rank} pid {killed}")
             os.kill(killed, signal.SIGKILL)
     assert len(got) == len(want) > 0, (len(got), len(want))
     for (a, b), (c, d) in zip(got, want):
         assert np.array_equal(a, c) and np.array_equal(b, d), what
     per = loader.stats()["steps_per_producer"]
-    print(f"OK rank={rank} {what}: {len(got)} batches identical to Loader; steps per "
-          f"producer {per}" + (f"; killed pid {killed}" if killed else ""), flush=True)
+    say(f"OK rank={rank} {what}: {len(got)} batches identical to Loader; steps per "
+        f"producer {per}" + (f"; killed pid {killed}" if killed else ""))
     return per
 
 

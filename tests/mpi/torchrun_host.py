@@ -24,5 +24,7 @@ except ConfigError as exc:
 with DPULoader(sys.argv[1], 4, size=32, mode="hybrid") as dl:
     assert dl.mode == "local" and dl.state_dict()["world_size"] == 2, dl.state_dict()
     n = sum(len(y) for _, y in dl)
-print(f"OK rank={rank} world={os.environ['WORLD_SIZE']} offload=ConfigError hybrid={n}",
-      flush=True)
+# One write for the line and its newline: the two ranks share this stdout.
+sys.stdout.write(f"OK rank={rank} world={os.environ['WORLD_SIZE']} offload=ConfigError "
+                 f"hybrid={n}\n")
+sys.stdout.flush()
