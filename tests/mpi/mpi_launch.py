@@ -40,9 +40,6 @@ class Job:
         the job hung rather than ended by itself."""
         return "timeout: sending signal" in self.stderr
 
-    def ok_lines(self):
-        return [line for line in self.stdout.splitlines() if line.startswith("OK ")]
-
     def explain(self):
         return (f"exit {self.returncode} after {self.seconds:.1f}s\n--- stdout\n{self.stdout}"
                 f"\n--- stderr\n{self.stderr[-4000:]}")
