@@ -166,17 +166,8 @@ def main(argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
     ap.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
     args = ap.parse_args(argv)
-
-    import torch
-
-    from dpu_pipe import views
-    from dpu_pipe.jpeg import transcode
-    from dpu_pipe.tools.harness import interleaved, load_buffers, one_core, rate_stats
-    from dpu_pipe.tools.plan import cpu_name
-    from dpu_pipe.tools.sample_data import sample_dataset
-
-    torch.set_num_threads(1)
-    _, bufs = load_buffers(args.data or sample_dataset(args.n, progress=False), args.n)
+    # Called only once bufs, views and transcode are bound below (after the argument check,
+    # which so needs neither torch nor the data).
     makers = {
         "dino": lambda: _dpu_pipe_method(bufs, views.dino()),
         "dino-pil": lambda: _dino_pil(bufs),
@@ -194,6 +185,17 @@ def main(argv=None):
     unknown = sorted(set(chosen) - set(makers))
     if unknown:
         ap.error(f"--methods: unknown {', '.join(unknown)}; methods: {', '.join(makers)}")
+
+    import torch
+
+    from dpu_pipe import views
+    from dpu_pipe.jpeg import transcode
+    from dpu_pipe.tools.harness import interleaved, load_buffers, one_core, rate_stats
+    from dpu_pipe.tools.plan import cpu_name
+    from dpu_pipe.tools.sample_data import sample_dataset
+
+    torch.set_num_threads(1)
+    _, bufs = load_buffers(args.data or sample_dataset(args.n, progress=False), args.n)
     methods = {name: makers[name]() for name in chosen}
     with one_core(args.cpu):
         for name, run in methods.items():   # warm-up: allocations, imports, cache fills
@@ -216,6 +218,7 @@ def main(argv=None):
             continue
         print(f"{name:22s} {theirs:10s} {rate[ours]:9.1f} {rate[theirs]:9.1f} "
               f"{rate[ours] / rate[theirs]:6.2f}")
+    print("img/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rate.items()))
     if "classic" in rate and "dino" in rate:
         print(f"a DINO sample costs {rate['classic'] / rate['dino']:.2f} classic samples "
               f"(classic {rate['classic']:.0f} img/s)")

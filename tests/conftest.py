@@ -105,6 +105,7 @@ LONG = (
 SLOW = (
     # the smoke runs of bench_cache, bench_transcode and bench_decode's JSON
     "test_bench_scripts.py::test_bench_views_times_every_method",
+    "test_bench_scripts.py::test_bench_views_runs_the_methods_asked_for",
     "test_bench_scripts.py::test_bench_decode_argument_errors_name_the_flag",
     "test_bench_scripts.py::test_bench_loader_every_method_makes_every_batch",
     # the threads' stress in one thread of the Loader; the offloaded exit and Ctrl-C jobs

@@ -185,3 +185,15 @@ def test_bench_views_times_every_method(jpegs, tmp_path):
         "simclr-pack", "simclr-crops", "classic"])
     assert all(rate > 0 for rate in result["img_per_s"].values())
     assert "DINO" in r.stdout and "SimCLR" in r.stdout
+
+
+def test_bench_views_runs_the_methods_asked_for(jpegs, tmp_path):
+    pytest.importorskip("torchvision")
+    out = tmp_path / "views.json"
+    r = _script("bench_views.py", "--data", jpegs, "--n", N, "--repeat", 1, "--json", out,
+                "--methods", "simclr,simclr-crops", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(out.read_text())["img_per_s"]) == ["simclr", "simclr-crops"]
+    assert "simclr-crops" in r.stdout          # each method's rate, with or without a baseline
+    r = _script("bench_views.py", "--data", jpegs, "--methods", "simclr,nope", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown nope" in r.stderr, r.stderr
