@@ -488,10 +488,14 @@ def test_exit_with_loader_threads_alive(folder):
     assert "Exception ignored" not in err and "Fatal" not in err, err[-3000:]
 
 
+# Both scripts put Python's SIGINT handler back first: a shell without job control starts its
+# background commands with SIGINT ignored, and a Python started so keeps ignoring it.
 INTERRUPTS = r"""
 import _thread, json, signal, sys, threading
 import numpy as np
 import dpu_pipe
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 path, epochs = sys.argv[1], 2
 kw = dict(size=32, dtype="uint8", seed=3, num_threads=2)
@@ -555,7 +559,8 @@ def test_keyboard_interrupts_anywhere_leave_the_stream_unchanged(folder):
 
 
 SIGINT_LOOP = r"""
-import sys, dpu_pipe
+import signal, sys, dpu_pipe
+signal.signal(signal.SIGINT, signal.default_int_handler)
 ld = dpu_pipe.Loader(sys.argv[1], 4, size=32, num_threads=2)
 n = 0
 while True:
