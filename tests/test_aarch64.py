@@ -484,23 +484,39 @@ def _cpu_flags():
         return set()
 
 
-def test_bit_identity_x86_64_sse2_vs_avx2(dataset, x86_digest):
-    """On x86-64 the hot passes are built twice, for the SSE2 baseline and for AVX2, and the
-    CPU's features pick the copy (at load time for src/dpu_pipe/_clones.h's clones, at each
-    call for _resample.h's horizontal pass and _augment.pyx's gray and hue passes). The x86-64 wheel under ``qemu-x86_64 -cpu Nehalem`` (SSE4.2, no AVX)
-    runs the SSE2 copies: its digest must equal the native one's, which ran the AVX2 copies.
-    The short form runs it too: it is the only check of the copies most x86-64 hosts skip."""
-    if "avx2" not in _cpu_flags():
-        pytest.skip("this CPU has no AVX2: the native digest ran the SSE2 copies too")
+#: The x86-64 levels the kernels have a copy for: the CPU flags each needs, and the qemu CPU
+#: model that has them and none of the next level's.
+X86_LEVELS = {"SSE2": ((), "Nehalem"), "AVX2": (("avx2",), "Haswell"),
+              "AVX-512": (("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"), None)}
+
+
+def _x86_level(flags):
+    return [name for name, (need, _) in X86_LEVELS.items() if set(need) <= flags][-1]
+
+
+@pytest.mark.parametrize("level", ["SSE2", "AVX2"])
+def test_bit_identity_x86_64_copies(dataset, x86_digest, level):
+    """On x86-64 the hot passes are built for the SSE2 baseline, for AVX2 and (the clones of
+    src/dpu_pipe/_clones.h) for AVX-512, and the CPU's features
+    pick the copy (at load time for the clones, at each call for _resample.h's horizontal pass
+    and _augment.pyx's gray and hue passes). The x86-64 wheel under ``qemu-x86_64 -cpu
+    Nehalem`` (SSE4.2, no AVX) runs the SSE2 copies, under ``-cpu Haswell`` (AVX2, no AVX-512)
+    the AVX2 ones: each digest must equal the native one's, which ran the copies of this CPU's
+    level. The short form runs it too: it is the only check of the copies most x86-64 hosts
+    skip."""
+    native = _x86_level(_cpu_flags())
+    if list(X86_LEVELS).index(native) <= list(X86_LEVELS).index(level):
+        pytest.skip(f"this CPU's level is {native}: the native digest ran the {level} copies")
     qemu = shutil.which("qemu-x86_64-static")
     if qemu is None:
         pytest.skip("qemu-x86_64-static absent (apt-get install qemu-user-static)")
     tmp = dataset.parent
     env = dict(os.environ, PYTHONPATH=str(tmp / "x86"), OMP_NUM_THREADS="2")
-    proc = _run([qemu, "-cpu", "Nehalem", sys.executable, DIGEST, dataset, tmp / "sse2.npz"],
+    out = tmp / f"{level}.npz"
+    proc = _run([qemu, "-cpu", X86_LEVELS[level][1], sys.executable, DIGEST, dataset, out],
                 timeout=1800, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    _compare(x86_digest, _load(tmp / "sse2.npz"), ("x86-64 AVX2", "x86-64 SSE2"))
+    _compare(x86_digest, _load(out), (f"x86-64 {native}", f"x86-64 {level}"))
 
 
 # --- every wheel, every Python ------------------------------------------------------------------
