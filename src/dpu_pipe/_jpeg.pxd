@@ -68,7 +68,7 @@ cdef void dec_free(Decoder* d) noexcept nogil
 cdef const char* dec_message(const Decoder* d) noexcept nogil
 cdef int dec_read_header(Decoder* d, const uint8_t* data, size_t size) noexcept nogil
 cdef int dec_decode(Decoder* d, int scale, const Region* region,
-                    uint8_t* out, Py_ssize_t out_stride) noexcept nogil
+                    uint8_t* out, Py_ssize_t out_stride, int room) noexcept nogil
 
 cdef int dec_assemble(Decoder* d, int scale, const Region* region, Region* sub) noexcept nogil
 cdef int dec_grow(void** buf, size_t* cap, size_t need) noexcept nogil  # 1, or 0: no memory

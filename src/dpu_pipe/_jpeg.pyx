@@ -149,9 +149,10 @@ cdef void _cmyk_to_rgb(const uint8_t* src, uint8_t* dst, int n) noexcept nogil:
 
 
 cdef int dec_decode(Decoder* d, int scale, const Region* region,
-                    uint8_t* out, Py_ssize_t out_stride) noexcept nogil:
+                    uint8_t* out, Py_ssize_t out_stride, int room) noexcept nogil:
     """Decode `region` (in pixels of the image scaled by scale/8) into `out` (rows of
-    region.width * 3 bytes, `out_stride` bytes apart) and stop after its last row.
+    region.width * 3 bytes, `out_stride` bytes apart) and stop after its last row; with `room`
+    free pixels each side of a row, libjpeg writes it there (a copy's cost varies with layout).
 
     A baseline Huffman stream with restart markers is decoded from a sub-stream holding only
     the restart intervals that cover the region (dec_assemble); its pixels are the same."""
@@ -166,7 +167,7 @@ cdef int dec_decode(Decoder* d, int scale, const Region* region,
         src, size, info = d.src, d.src_size, d.info
         rc = dec_read_header(d, d.scratch, d.scratch_len)
         if rc == DP_OK:
-            rc = _decode_plain(d, scale, &sub, out, out_stride)
+            rc = _decode_plain(d, scale, &sub, out, out_stride, room)
         d.src, d.src_size, d.info = src, size, info
         if rc == DP_OK:
             d.assembled = 1
@@ -175,16 +176,16 @@ cdef int dec_decode(Decoder* d, int scale, const Region* region,
         rc = dec_read_header(d, src, size)
         if rc != DP_OK:
             return rc
-    return _decode_plain(d, scale, region, out, out_stride)
+    return _decode_plain(d, scale, region, out, out_stride, room)
 
 
 cdef int _decode_plain(Decoder* d, int scale, const Region* region,
-                       uint8_t* out, Py_ssize_t out_stride) noexcept nogil:
+                       uint8_t* out, Py_ssize_t out_stride, int room) noexcept nogil:
     # Region decode of the stream as it is: crop columns, skip rows, stop after the last row.
     cdef lj.j_decompress_ptr cinfo = &d.cinfo
     cdef lj.JDIMENSION xoff, cw, skip
     cdef lj.JSAMPROW rowptr
-    cdef int cmyk, y, r_end, xend, comps, shift
+    cdef int cmyk, y, r_end, xend, comps, shift, direct
     cdef size_t need
     if not d.header_ok:
         return _fail(d, DP_EDECODE, b"no header read")
@@ -231,6 +232,7 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
         d.row = rowptr
         d.row_cap = need
     shift = (region.left - <int>xoff) * comps
+    direct = not cmyk and shift <= 3 * room and <int>need - shift <= 3 * (region.width + room)
 
     if region.top > 0:
         skip = lj.jpeg_skip_scanlines(cinfo, region.top)
@@ -241,12 +243,13 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
     rowptr = d.row
     y = 0
     while <int>cinfo.output_scanline < r_end:
+        rowptr = out + y * out_stride - shift if direct else d.row
         if lj.jpeg_read_scanlines(cinfo, &rowptr, 1) != 1:
             lj.jpeg_abort_decompress(cinfo)
             return _fail(d, DP_EDECODE, b"decoder returned no scanline")
         if cmyk:
             _cmyk_to_rgb(d.row + shift, out + y * out_stride, region.width)
-        else:
+        elif not direct:
             memcpy(out + y * out_stride, d.row + shift, <size_t>region.width * 3)
         y += 1
     # Early stop: the rest of the entropy-coded data is never decoded.
@@ -637,7 +640,7 @@ def decode(const uint8_t[::1] data, region, int min_h, int min_w, bint fast, bin
         arr = np.empty((r.height, r.width, 3), dtype=np.uint8)
         out = arr
         with nogil:
-            rc = dec_decode(&d, scale, &r, &out[0, 0, 0], out.strides[0])
+            rc = dec_decode(&d, scale, &r, &out[0, 0, 0], out.strides[0], 0)
         if rc != DP_OK:
             raise DecodeError(dec_message(&d).decode("utf-8", "replace"))
         return (arr, scale, bool(d.assembled)) if report else (arr, scale)
@@ -711,7 +714,7 @@ def decode_batch(BufferList buffers, uint8_t[:, :, :, ::1] out, const int64_t[:,
                     elif r.height > out.shape[1] or r.width > out.shape[2]:
                         rc = _fail(&d, DP_EREGION, b"decoded region larger than the output slot")
                     else:
-                        rc = dec_decode(&d, scale, &r, &out[i, 0, 0, 0], out.strides[1])
+                        rc = dec_decode(&d, scale, &r, &out[i, 0, 0, 0], out.strides[1], 0)
                         shapes[i, 0], shapes[i, 1], shapes[i, 2] = r.height, r.width, scale
                 if rc != DP_OK:
                     strncpy(messages + i * 200, dec_message(&d), 199)

@@ -74,6 +74,7 @@ cdef enum:
     INFO_FLIP = 5
     INFO_SCALE = 6       # DCT scale used, in eighths
     INFO_COLS = 7
+    DECODE_ROOM = 40     # _decode_region's free pixels each side: > CROP_MARGIN + an iMCU (32)
 
 cdef enum:
     ST_OPS = -10         # the resampling kernel refused the box (never expected for valid data)
@@ -216,12 +217,13 @@ cdef int _process(Scratch* w, const BatchConfig* cfgs, int nv, const uint8_t* da
     for v in range(nv):
         info[v * INFO_COLS + INFO_SCALE] = scale
     rc = _decode_region(w, scale, span[0], span[1], span[2] - span[0], span[3] - span[1],
-                        &r, b"crop box outside the image", message)
+                        DECODE_ROOM, &r, b"crop box outside the image", message)
     if rc != DP_OK:
         return rc
     f = scale / 8.0
     for v in range(nv):
-        rc = _resample(w, &cfgs[v], w.img, <Py_ssize_t>r.width * 3, r.height, r.width,
+        rc = _resample(w, &cfgs[v], w.img + 3 * DECODE_ROOM,
+                       (<Py_ssize_t>r.width + 2 * DECODE_ROOM) * 3, r.height, r.width,
                        box[4 * v] * f - r.top, box[4 * v + 1] * f - r.left,
                        box[4 * v + 2] * f, box[4 * v + 3] * f, flips[v], seed, epoch,
                        index, _row(bases, strides, row, v), message)
@@ -242,18 +244,17 @@ cdef int _header(Scratch* w, const uint8_t* data, size_t size, char* message) no
 
 
 cdef int _decode_region(Scratch* w, int scale, int top, int left, int height,
-                        int width, Region* r, const char* bad_box,
+                        int width, int room, Region* r, const char* bad_box,
                         char* message) noexcept nogil:
     """Decode the box (full-resolution pixels) of the header ``w.dec`` has read at ``scale``
-    into ``w.img`` (grown to fit), packed RGB rows; ``r`` gets the decoded region.
-    ``bad_box`` is the message when the box does not scale to a region."""
+    into ``w.img`` (grown to fit; RGB rows with ``room`` free pixels each side) and ``r``."""
     cdef int rc = scale_region(&w.dec.info, scale, top, left, height, width, r)
     if rc != DP_OK:
         strncpy(message, bad_box, MSG_LEN - 1)
         return rc
-    if _grow(&w.img, &w.img_cap, <size_t>r.height * r.width * 3, message) != DP_OK:
+    if _grow(&w.img, &w.img_cap, <size_t>r.height * (r.width + 2 * room) * 3, message) != DP_OK:
         return DP_ENOMEM
-    rc = dec_decode(&w.dec, scale, r, w.img, <Py_ssize_t>r.width * 3)
+    rc = dec_decode(&w.dec, scale, r, w.img + 3 * room, (<Py_ssize_t>r.width + 2 * room) * 3, room)
     if rc != DP_OK:
         strncpy(message, dec_message(&w.dec), MSG_LEN - 1)
     return rc
@@ -373,7 +374,7 @@ cdef int _process_whole(Scratch* w, const BatchConfig* cfgs, int nv, const uint8
     cdef int W = w.dec.info.width
     scale = whole_scale(H, W, cfg.max_side)
     # A decode error is never cached: the entry stays empty, the next lookup a miss.
-    rc = _decode_region(w, scale, 0, 0, H, W, &r, b"image has no pixels", message)
+    rc = _decode_region(w, scale, 0, 0, H, W, 0, &r, b"image has no pixels", message)
     if rc != DP_OK:
         return rc
     rc = _reduce(w, cfg, w.img, <Py_ssize_t>r.width * 3, r.height, r.width, H, W, scale,
