@@ -106,11 +106,28 @@ def cpu_check(simd, march, flags=None):
                   f"({what})")
 
 
+#: The CPU flags of x86-64-v4, the level of the AVX-512 copies (src/dpu_pipe/_clones.h).
+X86_64_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+
+
+def simd_copies(simd, compiler, machine, flags):
+    """Which copies of the hot passes this CPU runs (one line). A GCC build for x86-64 holds an
+    AVX2 copy of each beside the ``simd`` baseline and an AVX-512 one of the auto-vectorized
+    ones, picked at load time by the CPU's ``flags``; other builds run ``simd`` only."""
+    if machine not in ("x86_64", "AMD64") or not compiler.startswith("gcc"):
+        return simd
+    if flags is None:
+        return f"{simd}, or the AVX2 and AVX-512 copies (this CPU's flags cannot be read)"
+    if set(X86_64_V4) <= flags:
+        return "AVX-512 (auto-vectorized passes) and AVX2 (the others)"
+    return "AVX2" if "avx2" in flags else simd
+
+
 def build_info():
     """A dict describing the installation: dpu_pipe, its ABI (``abi3`` or ``cp3X``) and wheel
-    tags, libjpeg-turbo (headers it was compiled against, library file in use), SIMD target,
-    compiler, Cython, numpy and Python versions, machine, and a CPU check. ``dpu-pipe info``
-    prints it."""
+    tags, libjpeg-turbo (headers it was compiled against, library file in use), SIMD target
+    and the copies this CPU runs, compiler, Cython, numpy and Python versions, machine, and a
+    CPU check. ``dpu-pipe info`` prints it."""
     import numpy
 
     from . import _jpeg
@@ -134,4 +151,6 @@ def build_info():
     info.update(numpy=numpy.__version__, python=sys.version.split()[0],
                 platform=sysconfig.get_platform(), machine=platform.machine())
     info["cpu_ok"], info["cpu_check"] = cpu_check(info["simd"], info["march"])
+    info["simd_copies"] = simd_copies(info["simd"], info["compiler"], info["machine"],
+                                      cpu_flags())
     return info

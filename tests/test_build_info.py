@@ -27,6 +27,29 @@ def test_cpu_check_names_what_is_missing(monkeypatch):
     assert ok is None and "cannot read" in line
 
 
+def test_simd_copies_follow_the_cpu_flags():
+    v4 = set(bi.X86_64_V4) | {"sse2", "avx2"}
+    assert bi.simd_copies("SSE2", "gcc 12.2.0", "x86_64", v4).startswith("AVX-512")
+    assert bi.simd_copies("SSE2", "gcc 12.2.0", "x86_64", v4 - {"avx512vl"}) == "AVX2"
+    assert bi.simd_copies("SSE2", "gcc 12.2.0", "x86_64", {"sse2"}) == "SSE2"
+    assert bi.simd_copies("SSE2", "clang 16", "x86_64", v4) == "SSE2"      # no clones
+    assert bi.simd_copies("NEON", "gcc 12.2.0", "aarch64", {"asimd"}) == "NEON"
+    assert "cannot be read" in bi.simd_copies("SSE2", "gcc 12.2.0", "x86_64", None)
+
+
+def test_this_build_holds_the_copies_it_reports():
+    info = dpu_pipe.build_info()
+    if info["machine"] != "x86_64" or not info["compiler"].startswith("gcc"):
+        pytest.skip("the AVX2 and AVX-512 copies are built by GCC for x86-64 only")
+    from dpu_pipe import _ops
+
+    nm = subprocess.run(["nm", _ops.__file__], capture_output=True, text=True)
+    if nm.returncode != 0:
+        pytest.skip("nm cannot read the extension")
+    names = nm.stdout.split()
+    assert {"ops_v_row_u8.avx2", "ops_v_row_u8.arch_x86_64_v4"} <= set(names), info["simd_copies"]
+
+
 def test_this_cpu_passes_its_own_build():
     info = dpu_pipe.build_info()
     assert info["cpu_ok"] is True, info["cpu_check"]
