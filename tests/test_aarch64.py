@@ -497,13 +497,12 @@ def _x86_level(flags):
 @pytest.mark.parametrize("level", ["SSE2", "AVX2"])
 def test_bit_identity_x86_64_copies(dataset, x86_digest, level):
     """On x86-64 the hot passes are built for the SSE2 baseline, for AVX2 and (the clones of
-    src/dpu_pipe/_clones.h) for AVX-512, and the CPU's features
-    pick the copy (at load time for the clones, at each call for _resample.h's horizontal pass
-    and _augment.pyx's gray and hue passes). The x86-64 wheel under ``qemu-x86_64 -cpu
-    Nehalem`` (SSE4.2, no AVX) runs the SSE2 copies, under ``-cpu Haswell`` (AVX2, no AVX-512)
-    the AVX2 ones: each digest must equal the native one's, which ran the copies of this CPU's
-    level. The short form runs it too: it is the only check of the copies most x86-64 hosts
-    skip."""
+    src/dpu_pipe/_clones.h) for AVX-512, and the CPU's features pick the copy (at load time for
+    the clones, at each call for _resample.h's horizontal pass and _augment.pyx's gray and hue
+    passes). The x86-64 wheel under ``qemu-x86_64 -cpu Nehalem`` (SSE4.2, no AVX) runs the SSE2
+    copies, under ``-cpu Haswell`` (AVX2, no AVX-512) the AVX2 ones: each digest must equal the
+    native one's, which ran the copies of this CPU's level. The short form runs it too: it is
+    the only check of the copies most x86-64 hosts skip."""
     native = _x86_level(_cpu_flags())
     if list(X86_LEVELS).index(native) <= list(X86_LEVELS).index(level):
         pytest.skip(f"this CPU's level is {native}: the native digest ran the {level} copies")

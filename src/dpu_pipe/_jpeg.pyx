@@ -240,7 +240,6 @@ cdef int _decode_plain(Decoder* d, int scale, const Region* region,
             lj.jpeg_abort_decompress(cinfo)
             return _fail(d, DP_EDECODE, b"could not skip to the region's first row")
     r_end = region.top + region.height
-    rowptr = d.row
     y = 0
     while <int>cinfo.output_scanline < r_end:
         rowptr = out + y * out_stride - shift if direct else d.row
