@@ -318,13 +318,6 @@ cdef extern from *:
     #define DP_HUE_TRUNC(x) ((dp_f4)vrndq_f32((float32x4_t)(x)))
     #endif
     #include "_hue_lanes.h"
-    #undef DP_HUE_F
-    #undef DP_HUE_I
-    #undef DP_HUE_NAME
-    #undef DP_HUE_FLOOR
-    #undef DP_HUE_TRUNC
-    #undef DP_HUE_MAX
-    #undef DP_HUE_MIN
 
     /* The result of dp_hue4 (planes R, G, B of 4 pixels) back in the interleaved order. */
     #define DP_INTERLEAVE(SHUF, R, G, B, x0, x1, x2) do { \
@@ -385,13 +378,6 @@ cdef extern from *:
     #define DP_HUE_MAX(x, y) ((dp_f8)_mm256_max_ps((__m256)(x), (__m256)(y)))
     #define DP_HUE_MIN(x, y) ((dp_f8)_mm256_min_ps((__m256)(x), (__m256)(y)))
     #include "_hue_lanes.h"
-    #undef DP_HUE_F
-    #undef DP_HUE_I
-    #undef DP_HUE_NAME
-    #undef DP_HUE_FLOOR
-    #undef DP_HUE_TRUNC
-    #undef DP_HUE_MAX
-    #undef DP_HUE_MIN
 
     static inline __attribute__((always_inline)) void dp_hue_groups8(
             dp_f4* x, float sc, float hf, float back) {

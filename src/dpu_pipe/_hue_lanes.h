@@ -6,8 +6,8 @@
  * _augment.pyx includes this file once per vector width, with DP_HUE_F / DP_HUE_I the float
  * and int vector types (4 lanes everywhere, 8 for the AVX2 build on x86-64),
  * DP_HUE_NAME(name) this instance's name, and optionally DP_HUE_FLOOR(x) / DP_HUE_TRUNC(x),
- * the target's exact floor and trunc instructions, and DP_HUE_MAX / DP_HUE_MIN. The includer
- * undefines those after each include. */
+ * the target's exact floor and trunc instructions, and DP_HUE_MAX / DP_HUE_MIN. All of them
+ * are undefined at the end, ready for the next include. */
 
 #define DP_HSEL(m, x, y) ((DP_HUE_F)(((DP_HUE_I)(x) & (m)) | ((DP_HUE_I)(y) & ~(m))))
 /* x > y ? x : y and x < y ? x : y lane by lane (x86's MAXPS and MINPS are exactly these, NaN
@@ -79,3 +79,10 @@ static inline __attribute__((always_inline)) void DP_HUE_NAME(dp_hue)(
 }
 
 #undef DP_HSEL
+#undef DP_HUE_F
+#undef DP_HUE_I
+#undef DP_HUE_NAME
+#undef DP_HUE_FLOOR
+#undef DP_HUE_TRUNC
+#undef DP_HUE_MAX
+#undef DP_HUE_MIN
