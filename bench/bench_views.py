@@ -16,8 +16,7 @@ Methods:
   dino-v2-ftz, simclr-v2-ftz  the same under torch.set_flush_denormal(True). v2's blur is one
             2-D convolution whose outer weights (products of two small 1-D weights) are
             subnormal at most sigmas; on CPUs that take a microcode assist per subnormal
-            operand (Intel's) it runs several times slower than with them flushed, on others
-            (AMD's) barely slower
+            operand (Intel's) it runs several times slower than with them flushed
   dino-cache, simclr-cache  the presets with decode_max_side=256 and a decoded-sample cache
             holding every sample (epochs >= 2 of a cached run: no decode)
   simclr-pack  dpu_pipe.views.simclr() on the same files transcoded as `dpu-pipe pack` stores
