@@ -28,23 +28,8 @@ from .sources import FileList, ImageFolder, PackedSource, ParquetSource, WebData
 from ._version import __version__
 
 __all__ = [
-    "build_info",
-    "FileList",
-    "ImageFolder",
-    "Loader",
-    "open_source",
-    "pack",
-    "PackedSource",
-    "ParquetSource",
-    "ConfigError",
-    "DecodeError",
-    "DPULoader",
-    "DpuPipeError",
-    "PipeTimeout",
-    "ProducerError",
-    "progressive_size",
-    "ProgressiveSize",
-    "RemoteValidation",
-    "TransformConfig",
-    "WebDataset",
+    "build_info", "FileList", "ImageFolder", "Loader", "open_source", "pack", "PackedSource",
+    "ParquetSource", "ConfigError", "DecodeError", "DPULoader", "DpuPipeError", "PipeTimeout",
+    "ProducerError", "progressive_size", "ProgressiveSize", "RemoteValidation",
+    "TransformConfig", "WebDataset",
 ]

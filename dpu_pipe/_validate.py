@@ -74,14 +74,19 @@ def bad_budget(value, count, name="max_bad"):
                       f"got {value!r}")
 
 
-def _numbers(value, name, count, what):
+def _items(value, name, count, what):
+    """The ``count`` items of ``value``; ConfigError "``name`` must be ``what``" otherwise."""
     try:
-        items = list(value)
+        items = tuple(value)
     except TypeError:
         raise ConfigError(f"{name} must be {what}, got {value!r}") from None
     if len(items) != count:
         raise ConfigError(f"{name} must be {what}, got {value!r}")
-    return tuple(number(v, name) for v in items)
+    return items
+
+
+def _numbers(value, name, count, what):
+    return tuple(number(v, name) for v in _items(value, name, count, what))
 
 
 def pair(value, name):
@@ -165,13 +170,8 @@ def image_size(value, name="size"):
     """An image size in pixels as ``(height, width)`` positive ints (one int: square)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         value = (value, value)
-    try:
-        items = tuple(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an int or (height, width), got {value!r}") from None
-    if len(items) != 2:
-        raise ConfigError(f"{name} must be an int or (height, width), got {value!r}")
-    return tuple(positive_int(v, name) for v in items)
+    return tuple(positive_int(v, name)
+                 for v in _items(value, name, 2, "an int or (height, width)"))
 
 
 def crop_range(scale, ratio, prefix=""):
@@ -270,7 +270,6 @@ def names(value, name, reserved=()):
 def dtype(value, name="dtype"):
     """Canonical name (one of :data:`OUTPUT_DTYPES`) of a dtype given as a string, a numpy
     dtype or type (``np.float32``) or a torch dtype (``torch.bfloat16``)."""
-    text = None
     if isinstance(value, str):
         text = value
     elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":

@@ -50,19 +50,15 @@ class BatchMaker:
     Parameters
     ----------
     spec : StreamSpec
-        Source, batch size, transform, seed, shard, ``drop_last`` and ``on_error``
-        (``shard_tail="uneven"``: every sample once across ranks, for exact evaluation;
-        ``drop_last=False`` keeps the rank's last partial batch, shorter).
+        Source, batch size, transform, seed, shard, ``drop_last`` and ``on_error``.
     num_threads : int
-        Threads of the batch kernel (where it runs, not what it makes: not in the spec).
+        Threads of the batch kernel (not in the spec: they change where it runs, not what).
     cache : dpu_pipe.cache.DecodedCache, optional
-        The decoded-sample cache of ``decode_max_side`` (likewise not in the spec: the batches
-        are the same with or without it). Samples found in it are not read from the source.
+        The decoded-sample cache of ``decode_max_side`` (likewise not in the spec). Samples
+        found in it are not read from the source.
 
-    ``spec.on_error`` (docs/guides/loading.md): ``"raise"`` raises :class:`DecodeError` for
-    the first undecodable sample of a batch; ``"skip"`` replaces it by the next sample of the
-    shard's order that decodes (wrapping around; the replacement keeps its own index, crop and
-    label) and records it in :attr:`bad_samples`.
+    With ``spec.on_error="skip"`` (docs/guides/loading.md) an undecodable sample is replaced by
+    the next one of the shard's order that decodes, and recorded in :attr:`bad_samples`.
     """
 
     def __init__(self, spec, num_threads=1, cache=None):
@@ -76,8 +72,7 @@ class BatchMaker:
                                     rank=spec.rank, world_size=spec.world_size,
                                     shard_tail=spec.shard_tail, resume=spec.resume,
                                     stick_to_shard=spec.stick_to_shard)
-        #: Batches of a whole epoch; :meth:`batches_in` counts those of any epoch (fewer in
-        #: the epoch of an elastic resume).
+        #: Batches of a whole epoch (:meth:`batches_in`: of a given epoch).
         self.num_batches = self.sampler.num_batches(self.batch_size, spec.drop_last)
         self.drop_last = spec.drop_last
         self.seed = spec.seed
@@ -93,12 +88,10 @@ class BatchMaker:
                               f"has {len(source)}")
         self.num_threads = _v.positive_int(num_threads, "num_threads")
         self.cache = cache
-        #: The stream's transform; with a progressive size, each epoch runs
-        #: ``transform.at_epoch(epoch)`` (:meth:`kernel_at`).
+        #: The stream's transform (with a progressive size, each epoch's: :meth:`kernel_at`).
         self.transform = spec.transform
-        # {(height, width): BatchProcessor} and {(height, width): BatchOps} of the sizes
-        # used lately: a progressive size changes a few times per run, so two of each are
-        # kept (the epoch being made, and the one a jump or a resume may come back to).
+        # The kernels and batch ops by output size: a progressive size changes a few times
+        # per run, so two of each are kept (the epoch being made, and one a resume may reach).
         self._kernels, self._ops = {}, {}
         self._stages_lock = threading.Lock()
         self.kernel_at(0)       # a transform the kernel refuses fails here, not in a thread
@@ -108,9 +101,8 @@ class BatchMaker:
                                     copy=False)
         # A packed source gathers a batch's records itself, without a copy per record.
         self._gather = getattr(source, "buffers", None)
-        #: The batch ops (mixing, label smoothing, batch_hook) of the first epoch, run on
-        #: every finished batch (another epoch's: :meth:`ops_at`; only the CutMix box
-        #: depends on the epoch's size).
+        #: The batch ops (mixing, label smoothing, batch_hook) of the first epoch (another
+        #: epoch's: :meth:`ops_at`; only the CutMix box depends on the epoch's size).
         self.batch_ops = self.ops_at(0)
         if self.batch_ops.soft:
             if self.labels.dtype != np.int64 or self.labels.ndim != 1:
@@ -132,11 +124,10 @@ class BatchMaker:
         included up to ``at`` (a ``time.perf_counter()`` reading; default: now); it grows by
         at most one second per second of wall time."""
         with self._busy_lock:
-            st = self.stats
             if at is None:
                 at = time.perf_counter()
             running = max(0.0, at - self._started) if self._started is not None else 0.0
-            return st.read_s + st.process_s + running
+            return self.stats.read_s + self.stats.process_s + running
 
     @property
     def batch_shape(self):
@@ -146,7 +137,7 @@ class BatchMaker:
 
     def _cached(self, cache, epoch, make):
         """``cache``'s entry for ``epoch``'s transform, made by ``make(transform)`` when
-        missing (the oldest of two then dropped)."""
+        missing (dropping the older of two)."""
         config = self.transform.at_epoch(epoch)
         key = config.recipe.size
         with self._stages_lock:
@@ -169,17 +160,14 @@ class BatchMaker:
                             lambda config: BatchOps(config, self.seed, self.spec.rank))
 
     def sample_shape_at(self, epoch):
-        """Shape of one sample of ``epoch``: :attr:`transform`'s ``sample_shape``, or with
-        a progressive size that epoch's."""
+        """Shape of one sample of ``epoch`` (with a progressive size, that epoch's)."""
         return self.transform.sample_shape_at(epoch)
 
     def rows(self, images, epoch, n):
-        """The first ``n`` rows of ``epoch``'s batch in the buffer ``images`` (C-contiguous,
-        at least ``n`` samples of ``epoch``'s shape, e.g. of :attr:`batch_shape`): the
-        (n, *sample_shape_at(epoch)) view of its first bytes — ``images[:n]`` when the
-        shapes agree. A smaller epoch's batch fills the start of a larger buffer, as it
-        travels in a window slot. With views, ``images`` is a list (one buffer per view)
-        and so is the result."""
+        """The (n, *sample_shape_at(epoch)) view of the first bytes of ``images``, a
+        C-contiguous buffer of at least ``n`` such samples (``images[:n]`` when the shapes
+        agree): a smaller epoch's batch fills the start of a larger buffer, as in a window
+        slot. With views, ``images`` is a list (one buffer per view) and so is the result."""
         if isinstance(images, list):
             return [v[:n] for v in images]
         shape = (int(n),) + self.sample_shape_at(epoch)
@@ -192,21 +180,21 @@ class BatchMaker:
         return images.reshape(-1)[:count].reshape(shape)
 
     def empty_images(self):
-        """Uninitialised images of a full batch: an array, or with views a list of arrays,
-        one per view (what :meth:`make` fills)."""
+        """Uninitialised images of a full batch, for :meth:`make` (with views, a list: one
+        per view)."""
         out = [np.empty((self.batch_size,) + s, self.transform.np_dtype)
                for s in self.transform.view_shapes]
         return out if self.transform.views is not None else out[0]
 
     def batches_in(self, epoch):
-        """Number of batches of ``epoch``: :attr:`num_batches`, or fewer in the epoch of
-        ``spec.resume``."""
+        """Number of batches of ``epoch`` (fewer than :attr:`num_batches` in the epoch of
+        ``spec.resume``)."""
         return self.sampler.num_batches(self.batch_size, self.drop_last, epoch)
 
     @property
     def label_dtype(self):
-        """dtype of the batches' labels: float32 when mixing or smoothing, else the
-        source's (:attr:`labels`)."""
+        """dtype of the batches' labels: float32 when mixing or smoothing, else that of
+        :attr:`labels`."""
         return np.dtype(np.float32) if self.batch_ops.soft else self.labels.dtype
 
     @property
@@ -223,12 +211,10 @@ class BatchMaker:
         [top, left, height, width] in output pixels of the pasted partner; else None)}``, or
         None when this rank's shard does not deliver it in ``epoch`` (another rank's sample,
         or dropped by ``drop_last``). Rows replaced by ``on_error="skip"`` are not followed."""
-        order = self.sampler.indices(epoch)
-        where = np.flatnonzero(order == index)
+        where = np.flatnonzero(self.sampler.indices(epoch) == index)
         if not where.size:
             return None
-        pos = int(where[0])
-        step, row = divmod(pos, self.batch_size)
+        step, row = divmod(int(where[0]), self.batch_size)
         if step >= self.batches_in(epoch):
             return None
         batch = self.step_indices(epoch, step)
@@ -244,17 +230,15 @@ class BatchMaker:
         return self.sampler.batch(epoch, step, self.batch_size, self.drop_last)
 
     def valid_rows(self, epoch, step):
-        """How many rows of batch ``step`` of ``epoch`` count: its first rows, all but the
-        padding of ``shard_tail="mask"`` (see :meth:`~dpu_pipe.sampler.EpochSampler.num_valid`).
-        """
+        """How many first rows of batch ``step`` of ``epoch`` count: all but the padding of
+        ``shard_tail="mask"`` (:meth:`~dpu_pipe.sampler.EpochSampler.num_valid`)."""
         start = step * self.batch_size
         stop = min(start + self.batch_size, self.sampler.count(epoch))
         return self.sampler.num_valid(epoch, start, stop)
 
     def _buffers(self, indices):
         """BufferList of the samples, and {batch position: DecodeError} for unreadable ones.
-        Samples held by the cache are not read (an empty buffer: the kernel does not look at
-        it; a stored sample stays stored)."""
+        Samples held by the cache are not read: the kernel does not look at their buffers."""
         if self._gather is not None:
             return self._gather(indices)
         cached = (self.cache.ready(indices).tolist() if self.cache is not None
@@ -272,53 +256,46 @@ class BatchMaker:
         """Fill ``images[:n]`` and ``labels[:n]`` with batch ``step`` of ``epoch``, and
         ``out_indices[:n]`` (when given) with the dataset index of each row; return n.
 
-        ``images``: a C-contiguous array of the transform's dtype holding at least ``n``
-        samples of ``epoch``'s shape (a progressive size's batch fills its first bytes:
-        :meth:`rows`), or with views a list of them; ``labels``: :attr:`label_dtype`, shape
+        ``images``: a buffer as :meth:`rows` takes; ``labels``: :attr:`label_dtype`, shape
         (>= n, *:attr:`label_shape`); ``out_indices``: int64 (>= n,). Row j is sample
-        ``step_indices(epoch, step)[j]``, or the replacement ``on_error="skip"`` chose (named
-        by ``out_indices[j]``). The batch ops (:mod:`dpu_pipe.mix`) run last.
+        ``step_indices(epoch, step)[j]``, or the replacement ``on_error="skip"`` chose. The
+        batch ops (:mod:`dpu_pipe.mix`) run last.
         """
         indices = self.step_indices(epoch, step)
+        n = len(indices)
         t0 = self._started = time.perf_counter()
         try:
-            return self._make(epoch, step, indices, images, labels, out_indices, t0)
+            images = self.rows(images, epoch, n)
+            kernel, ops = self.kernel_at(epoch), self.ops_at(epoch)
+            bufs, read_errors = self._buffers(indices)
+            t1 = time.perf_counter()
+            _, info, errors = kernel.run(bufs, indices, epoch=epoch, seed=self.seed, out=images)
+            other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
+            errors.update(read_errors)
+            classes = self._classes if ops.soft else labels
+            classes[:n] = self.labels[indices]
+            if errors:
+                indices = indices.copy()   # rows replaced below name their replacement
+                self._handle_errors(epoch, step, indices, errors, images, classes)
+            if out_indices is not None:
+                out_indices[:n] = indices
+            if ops.active:
+                ops.apply(epoch, step, images, classes[:n], labels[:n], indices)
+            t2 = time.perf_counter()
+            st = self.stats
+            with self._busy_lock:
+                st.read_s += t1 - t0
+                st.process_s += t2 - t1
+                self._started = None
+            st.batches += 1
+            st.samples += n
+            st.other_formats += other
+            return n
         finally:
             if self._started is not None:       # it raised: the time was still spent
                 with self._busy_lock:
                     self.stats.process_s += time.perf_counter() - t0
                     self._started = None
-
-    def _make(self, epoch, step, indices, images, labels, out_indices, t0):
-        """make()'s work on the batch's ``indices``, begun at ``t0`` (perf_counter)."""
-        n = len(indices)
-        images = self.rows(images, epoch, n)
-        kernel, ops = self.kernel_at(epoch), self.ops_at(epoch)
-        bufs, read_errors = self._buffers(indices)
-        t1 = time.perf_counter()
-        _, info, errors = kernel.run(bufs, indices, epoch=epoch, seed=self.seed, out=images)
-        other = int(np.count_nonzero(info[:, 0] == ST_OTHER_FORMAT))
-        t2 = time.perf_counter()
-        errors.update(read_errors)
-        classes = self._classes if ops.soft else labels
-        classes[:n] = self.labels[indices]
-        if errors:
-            indices = indices.copy()   # rows replaced below name their replacement
-            self._handle_errors(epoch, step, indices, errors, images, classes)
-        if out_indices is not None:
-            out_indices[:n] = indices
-        if ops.active:
-            ops.apply(epoch, step, images, classes[:n], labels[:n], indices)
-        t3 = time.perf_counter()
-        st = self.stats
-        with self._busy_lock:
-            st.read_s += t1 - t0
-            st.process_s += t3 - t1
-            self._started = None
-        st.batches += 1
-        st.samples += n
-        st.other_formats += other
-        return n
 
     def _named(self, exc, index):
         msg = exc.message if isinstance(exc, DecodeError) else str(exc)

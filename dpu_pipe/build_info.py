@@ -142,7 +142,8 @@ def build_info():
     info["wheel"] = ", ".join(tags) if tags else None
     info["installed_from"] = origin
     lib = info["libjpeg_library"] = _library_of(_jpeg.__file__, "jpeg_std_error")
-    info["libjpeg_bundled"] = bool(lib) and os.path.basename(os.path.dirname(lib)) == "dpu_pipe.libs"
+    info["libjpeg_bundled"] = bool(lib) and (os.path.basename(os.path.dirname(lib))
+                                             == "dpu_pipe.libs")
     try:
         import Cython
         info["cython"] = Cython.__version__

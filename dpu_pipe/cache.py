@@ -26,36 +26,14 @@ ALIGN = int(_pipeline.CACHE_ALIGN)
 
 def table_bytes(num_samples):
     """Bytes of ``cache_bytes`` a cache of a ``num_samples`` source spends before any pixel:
-    the header and :data:`ENTRY_BYTES` per sample, rounded up to 64.
-
-    Parameters
-    ----------
-    num_samples : int
-        Samples of the source (every index gets an entry, whichever rank reads it).
-
-    Returns
-    -------
-    int
-        Bytes.
-    """
+    the header and :data:`ENTRY_BYTES` per sample (every index of the source, whichever rank
+    reads it), rounded up to 64."""
     return int(_pipeline.cache_table_bytes(_v.positive_int(num_samples, "num_samples")))
 
 
 def check_cache_bytes(cache_bytes, num_samples):
-    """``cache_bytes`` (an int), or :class:`ConfigError` when a cache of that size cannot
-    hold one sample of a ``num_samples`` source beside its table.
-
-    Parameters
-    ----------
-    cache_bytes : int
-        Bytes of the whole arena.
-    num_samples : int
-        Samples of the source.
-
-    Returns
-    -------
-    int
-    """
+    """``cache_bytes`` (bytes of the whole arena) as an int; :class:`ConfigError` when a cache
+    of that size cannot hold one sample of a ``num_samples`` source beside its table."""
     cache_bytes = _v.positive_int(cache_bytes, "cache_bytes")
     need = table_bytes(num_samples)
     if cache_bytes <= need:
@@ -67,16 +45,8 @@ def check_cache_bytes(cache_bytes, num_samples):
 
 class DecodedCache:
     """A cache of ``cache_bytes`` bytes for a source of ``num_samples`` samples, in an
-    anonymous shared mapping of this process.
-
-    Parameters
-    ----------
-    cache_bytes : int
-        Size of the arena, table included: at least :func:`table_bytes` ``(num_samples)``
-        plus the bytes of the samples to hold.
-    num_samples : int
-        Samples of the source.
-    """
+    anonymous shared mapping of this process. ``cache_bytes`` counts the table: at least
+    :func:`table_bytes` ``(num_samples)`` plus the bytes of the samples to hold."""
 
     def __init__(self, cache_bytes, num_samples):
         self.num_samples = _v.positive_int(num_samples, "num_samples")

@@ -1,33 +1,31 @@
-"""What a loader hands out: the batch its producer wrote, as numpy arrays or as torch tensors
-— converted (bfloat16), laid out (channels_last), pinned, or already on an accelerator.
+"""What a loader hands out: the batch its producer wrote, as numpy arrays or torch tensors —
+converted (bfloat16), laid out (channels_last), pinned, or on an accelerator.
 
 Labels are always copied. Images on the CPU are **a view of a ring buffer**, valid until the
-next batch is asked for (``copy=True`` yields a private copy); ``pin_memory=True`` yields a new
-pinned tensor. With ``device="cuda"`` each batch goes through a ring of two pinned staging
-buffers, copied ``non_blocking`` on a side stream that the consumer's stream waits on; in the
-offloaded modes a producer's batch is copied straight from its slot of the RMA window,
-registered as pinned memory (``cudaHostRegister``), and the slot goes back to the producers
-once the copy's event has completed. ``stats()`` reports the path (``device_path``: see
-docs/guides/offload.md).
+next batch (``copy=True``: a private copy; ``pin_memory=True``: a new pinned tensor). With
+``device="cuda"`` a batch goes through one of two pinned staging buffers, copied
+``non_blocking`` on a side stream the consumer's stream waits on; in the offloaded modes it is
+copied straight from its slot of the RMA window, registered as pinned memory
+(``cudaHostRegister``), and the slot goes back to the producers once the copy has completed.
+``stats()`` reports the path (``device_path``: docs/guides/offload.md).
 """
 
+import contextlib
 import ctypes
 import logging
 import os
-import time
 import warnings
 
 from . import _validate as _v
 from ._torch import require_torch
-from .deadline import poll_until
+from .deadline import deadline_in, poll_until
 from .errors import ConfigError
 
 __all__ = ["BatchOutput", "CudaBackend", "DeviceStage", "PinnedRegion", "wait_event"]
 
 log = logging.getLogger("dpu_pipe")
 
-#: ``cudaHostRegisterPortable``: pinned for every CUDA context of the process, not only the
-#: current one.
+#: ``cudaHostRegisterPortable``: pinned for every CUDA context of the process.
 HOST_REGISTER_PORTABLE = 1
 
 
@@ -44,9 +42,8 @@ def _memory_format(value, torch):
 
 
 class BatchOutput:
-    """The output options of a loader, checked once: ``dtype``, ``layout``, ``output``,
-    ``device``, ``pin_memory``, ``memory_format`` (also by name) and ``copy``, as
-    :class:`~dpu_pipe.Loader` takes them."""
+    """A loader's output options (:class:`~dpu_pipe.Loader`'s), checked once; ``memory_format``
+    may also be given by name."""
 
     def __init__(self, *, dtype="float32", layout="CHW", output=None, device=None,
                  pin_memory=False, memory_format=None, copy=False):
@@ -59,10 +56,8 @@ class BatchOutput:
         if output is None:
             output = "torch" if wants_torch else "numpy"
         self.output = _v.choice(output, "output", ("numpy", "torch"))
-        torch = None
-        if self.output == "torch":
-            torch = require_torch("output='torch'")
-        elif wants_torch:
+        torch = require_torch("output='torch'") if self.output == "torch" else None
+        if torch is None and wants_torch:
             raise ConfigError("device, pin_memory, memory_format and bfloat16 give torch "
                               "tensors: use output='torch' (or leave output unset)")
         self.channels_last = _memory_format(memory_format, torch)
@@ -81,7 +76,7 @@ class BatchOutput:
             if self.device.type == "cpu":
                 self.device = None
         if self.pin_memory and not _accelerator(torch):
-            # As torch's DataLoader does: a pinned buffer without an accelerator is only slower.
+            # As DataLoader does: a pinned buffer without an accelerator is only slower.
             warnings.warn("pin_memory=True but torch sees no accelerator: batches are not "
                           "pinned", RuntimeWarning, stacklevel=4)
             self.pin_memory = False
@@ -95,8 +90,7 @@ class BatchOutput:
         self.timeout = 300.0
 
     def emit(self, images, labels):
-        """``(images, labels)`` to yield, from the ring buffer's ``images`` (or a list of
-        them, one per view) and ``labels``."""
+        """``(images, labels)`` to yield from the ring buffer's (``images``: one per view)."""
         if isinstance(images, list):
             out = [self._emit(x, labels, v) for v, x in enumerate(images)]
             return [x for x, _ in out], out[0][1]
@@ -128,17 +122,15 @@ class BatchOutput:
         return self.backend
 
     def _device_stage(self, view=0):
-        stage = self._stages.get(view)
-        if stage is None:
-            stage = self._stages[view] = DeviceStage(self._torch, self.device,
-                                                     backend=self.device_backend(),
-                                                     timeout=self.timeout)
+        if view not in self._stages:
+            self._stages[view] = DeviceStage(self._torch, self.device,
+                                             backend=self.device_backend(), timeout=self.timeout)
+        stage = self._stages[view]
         stage.window = self.window
         return stage
 
     def fence(self):
-        """Wait (deadline :attr:`timeout`) until no device copy still reads the memory of
-        the batches emitted so far."""
+        """Wait (deadline :attr:`timeout`) until no device copy reads an emitted batch."""
         for stage in self._stages.values():
             stage.fence()
 
@@ -160,16 +152,14 @@ def _accelerator(torch):
 
 
 def wait_event(event, deadline, what):
-    """Poll the device event ``event`` (up to 1 ms between polls) until it has completed, or
-    raise :class:`PipeTimeout` saying ``what`` once ``deadline`` (``time.monotonic()``)
-    passes."""
+    """Poll the device ``event`` (every 1 ms at most) until it has completed; past
+    ``deadline`` (``time.monotonic()``), :class:`PipeTimeout` saying ``what``."""
     poll_until(event.query, deadline,
                f"{what}: the device copy did not complete before the deadline", 1e-3)
 
 
 def _cudart(torch):
-    """``torch.cuda.cudart()``, or a RuntimeError saying why this torch cannot pin memory
-    in place."""
+    """``torch.cuda.cudart()``, or a RuntimeError saying why this torch cannot pin memory."""
     if not hasattr(torch.cuda, "cudart"):
         raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.cudart()")
     try:
@@ -182,22 +172,17 @@ def _cudart(torch):
 
 
 def _clear_cuda_error(torch):
-    """Reset the runtime's last error after a refused registration: torch checks
-    ``cudaGetLastError`` after kernel launches and would report it against an unrelated
-    kernel. Best effort, through the libcudart torch has already loaded."""
+    """Reset the runtime's last error after a refused registration, which torch would report
+    against an unrelated kernel. Best effort, through the libcudart torch has loaded."""
     major = (getattr(torch.version, "cuda", None) or "").split(".")[0]
     for name in (f"libcudart.so.{major}", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        lib.cudaGetLastError()
-        return
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL).cudaGetLastError()
+            return
 
 
 class CudaBackend:
-    """What :class:`DeviceStage` and :class:`PinnedRegion` ask of the device runtime;
-    ``torch.cuda`` by default."""
+    """What :class:`DeviceStage` and :class:`PinnedRegion` ask of the runtime: ``torch.cuda``."""
 
     def __init__(self, torch, device):
         self.torch = torch
@@ -218,8 +203,7 @@ class CudaBackend:
         return self.torch.cuda.Event()
 
     def _runtime(self, call, what, *args):
-        """``torch.cuda.cudart().<call>(*args)``; RuntimeError saying that ``what`` failed
-        when the runtime refuses or cannot be reached."""
+        """``cudart.<call>(*args)``; RuntimeError saying that ``what`` failed on refusal."""
         cudart = _cudart(self.torch)
         err = getattr(cudart, call)(*args)
         if int(err) != 0:
@@ -228,8 +212,7 @@ class CudaBackend:
                                f"(cudaError {int(err)})")
 
     def register(self, ptr, nbytes):
-        """Page-lock ``nbytes`` bytes of host memory at address ``ptr`` in place
-        (``cudaHostRegister``), so that copies from it are asynchronous DMA."""
+        """Page-lock ``nbytes`` bytes at address ``ptr`` in place (``cudaHostRegister``)."""
         self._runtime("cudaHostRegister", f"cudaHostRegister of {nbytes} bytes", ptr, nbytes,
                       HOST_REGISTER_PORTABLE)
 
@@ -238,9 +221,8 @@ class CudaBackend:
         self._runtime("cudaHostUnregister", "cudaHostUnregister", ptr)
 
     def copy_to_device(self, pinned):
-        """Start copying ``pinned`` (pinned memory: a staging buffer or registered memory)
-        to the device on the side stream; return the new tensor and an event recorded after
-        the copy."""
+        """Start copying the pinned tensor ``pinned`` to the device on the side stream;
+        return the new tensor and an event recorded after the copy."""
         torch = self.torch
         with torch.cuda.stream(self.stream):
             out = pinned.to(self.device, non_blocking=True)
@@ -248,18 +230,15 @@ class CudaBackend:
             done.record(self.stream)
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_stream(self.stream)
-        # The tensor is born on the side stream and used on the consumer's: tell the caching
-        # allocator, or it may hand the memory out again while the consumer still reads it.
+        # Else the caching allocator may reuse it while the consumer's stream still reads it.
         out.record_stream(consumer)
         return out, done
 
 
 class PinnedRegion:
-    """Host memory registered in place with the device runtime (DPULoader's RMA window), so
-    that batches lying in it are copied to the device from where they are. When registration
-    is refused, the region stays empty, :attr:`reason` says why (logged) and batches are
-    staged.
-    """
+    """Host memory (DPULoader's RMA window) registered in place with the device runtime, so
+    batches in it are copied from where they are. When registration is refused, the region
+    stays empty, :attr:`reason` says why (logged) and batches are staged."""
 
     def __init__(self, backend, timeout=300.0):
         self.backend = backend
@@ -285,10 +264,10 @@ class PinnedRegion:
         return True
 
     def detach(self):
-        """Wait for the copies still reading the memory, then unregister it. Idempotent."""
+        """Wait for the copies reading the memory, then unregister it. Idempotent."""
         if not self.nbytes:
             return
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         for event in self._reading:
             wait_event(event, deadline, "unpinning the RMA window")
         self._reading = []
@@ -318,13 +297,11 @@ def _fits(buffer, tensor, dtype):
 
 
 class DeviceStage:
-    """Host → device copies, asynchronous, overlapped with the consumer's work on the
-    previous batch and with the making of the next one.
-
-    A batch lying in :attr:`window` (a registered :class:`PinnedRegion`) is copied from
-    there; its memory must then stay untouched until :meth:`fence` returns. Any other batch
-    is copied (converting its dtype) into one of two pinned staging buffers, once that
-    buffer's previous copy has completed (deadline ``timeout`` seconds).
+    """Asynchronous host → device copies, overlapped with the consumer's work and the making
+    of the next batch. A batch in :attr:`window` (a registered :class:`PinnedRegion`) is
+    copied from there and must stay untouched until :meth:`fence` returns; any other is
+    copied (as the dtype asked) into one of two pinned staging buffers once that buffer's
+    previous copy has completed (deadline ``timeout`` seconds).
     """
 
     SLOTS = 2
@@ -352,7 +329,7 @@ class DeviceStage:
             k = self._next
             self._next = (k + 1) % self.SLOTS
             if self._done[k] is not None:
-                wait_event(self._done[k], time.monotonic() + self.timeout,
+                wait_event(self._done[k], deadline_in(self.timeout),
                            "reusing a pinned staging buffer")
             staged = self._pinned[k]
             if staged is None or not (_fits(staged[0], images, dtype)
@@ -376,7 +353,7 @@ class DeviceStage:
 
     def fence(self):
         """Wait until every copy from the window started by :meth:`send` has completed."""
-        deadline = time.monotonic() + self.timeout
+        deadline = deadline_in(self.timeout)
         while self._direct:
             wait_event(self._direct[0], deadline,
                        "giving a batch's window slot back to the producers")

@@ -1,8 +1,6 @@
 """``torch.distributed`` inside an MPMD job (``mpiexec -n 2 python -m mpi4py train.py : -n 4
-python -m mpi4py -m dpu_pipe.worker``): the host ranks alone form the process group, each
-with its index among the hosts as ``RANK``; loaders built afterwards take their shard from
-it (:func:`dpu_pipe.loader.default_shard`).
-"""
+python -m mpi4py -m dpu_pipe.worker``): the host ranks alone form the process group, with
+their index among the hosts as ``RANK``, which loaders built afterwards shard by."""
 import os
 import socket
 import time
@@ -20,9 +18,8 @@ __all__ = ["init_process_group", "ProcessGroupInfo", "TORCH_ENV"]
 TORCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 ProcessGroupInfo = namedtuple("ProcessGroupInfo", "rank world_size local_rank backend")
-ProcessGroupInfo.__doc__ = """Where this process stands in the process group: ``rank`` and
-``world_size`` (hosts only), ``local_rank`` (among the hosts on this hostname: the GPU to
-use) and the ``backend`` name."""
+ProcessGroupInfo.__doc__ = """This process in the process group: ``rank``, ``world_size`` (hosts
+only), ``local_rank`` (among the hosts on this hostname: the GPU to use), ``backend``."""
 
 
 def _free_port():
@@ -40,9 +37,8 @@ def init_process_group(backend=None, *, comm=None, setup_timeout=120.0, **kwargs
     backend : str, optional
         ``"nccl"`` when CUDA is available, else ``"gloo"``.
     comm : mpi4py communicator, optional
-        The MPMD job's communicator (default ``COMM_WORLD``). In an MPI job the call is
-        collective over it: it starts the host group (as the first
-        :class:`~dpu_pipe.DPULoader` would), so the producers must be running
+        The MPMD job's communicator (default ``COMM_WORLD``), over which the call is
+        collective: it starts the host group, so the producers must be running
         ``python -m dpu_pipe.worker``.
     setup_timeout : float
         Seconds the hosts wait for each other while agreeing on the port.
@@ -50,10 +46,10 @@ def init_process_group(backend=None, *, comm=None, setup_timeout=120.0, **kwargs
         Passed to ``torch.distributed.init_process_group`` (``timeout``, ``device_id``, ...).
 
     The hosts agree through MPI on ``MASTER_ADDR`` (the first host's hostname, unless set)
-    and a ``MASTER_PORT`` found free on the first host (another process could take it before
-    torch binds it: then start the job again). When ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``RANK`` and ``WORLD_SIZE`` are all set (torchrun), or ``init_method`` is given, MPI is
-    not used; already initialized, nothing is done.
+    and a ``MASTER_PORT`` free on the first host (should another process take it first,
+    start the job again). MPI is not used when ``init_method`` is given or ``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` are all set (torchrun); already initialized,
+    nothing is done.
     """
     torch = require_torch("torch.distributed")
     dist = torch.distributed

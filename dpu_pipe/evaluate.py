@@ -1,11 +1,10 @@
 """Evaluating a model on validation batches: exact, mergeable metrics.
 
-A :class:`Metrics` holds sums, never averages (count, float64 cross-entropy sum, top-k hits),
-so partial results from several producers or hosts add up exactly (:meth:`Metrics.merge`).
-:func:`evaluate_steps` runs one shard's validation batches — made by the same
-:class:`~dpu_pipe.batch.BatchMaker` as ``Loader(train=False)`` — through a model: what a
-producer rank does for :class:`~dpu_pipe.RemoteValidation`. What needs torch raises
-:class:`ConfigError` naming the extra to install when it is missing.
+A :class:`Metrics` holds sums, never averages, so partial results from several producers or
+hosts add up exactly. :func:`evaluate_steps` runs one shard's batches (made as by
+``Loader(train=False)``) through a model, as a producer rank does for
+:class:`~dpu_pipe.RemoteValidation`. Without torch, what needs it raises :class:`ConfigError`
+naming the extra to install.
 """
 
 import importlib
@@ -60,8 +59,8 @@ class Metrics:
         self.topk = check_topk(topk)
         self.count = int(count)
         self.loss_sum = float(loss_sum)
-        self.correct = {k: 0 for k in self.topk} | {int(k): int(v)
-                                                      for k, v in (correct or {}).items()}
+        self.correct = {k: 0 for k in self.topk}
+        self.correct.update((int(k), int(v)) for k, v in (correct or {}).items())
 
     def merge(self, other):
         """Add ``other``'s sums to these (same ``topk``); returns self."""
@@ -92,9 +91,7 @@ class Metrics:
         (NaN for both when nothing was evaluated)."""
         n = self.count
         out = {"count": n, "loss": self.loss_sum / n if n else math.nan}
-        for k in self.topk:
-            out[f"top{k}"] = self.correct[k] / n if n else math.nan
-        return out
+        return out | {f"top{k}": self.correct[k] / n if n else math.nan for k in self.topk}
 
     def __eq__(self, other):
         return isinstance(other, Metrics) and self.to_dict() == other.to_dict()
@@ -114,21 +111,19 @@ def load_factory(spec):
         obj = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r} for model {spec!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
+    try:
+        for part in attr.split("."):
             obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (model {spec!r})") \
-                from None
+    except AttributeError:
+        raise ConfigError(f"{module_name!r} has no attribute {attr!r} (model {spec!r})") from None
     if not callable(obj):
         raise ConfigError(f"model factory {spec!r} is not callable")
     return obj
 
 
 def build_model(spec, kwargs=None):
-    """Call the factory ``spec`` with ``kwargs`` and check it made a ``torch.nn.Module``; the
-    model is put in eval mode. Errors inside the factory propagate unchanged (with their
-    traceback)."""
+    """Call the factory ``spec`` with ``kwargs``, check it made a ``torch.nn.Module`` and put
+    it in eval mode; errors inside the factory propagate unchanged."""
     torch = require_torch()
     model = load_factory(spec)(**(kwargs or {}))
     if not isinstance(model, torch.nn.Module):
@@ -138,13 +133,11 @@ def build_model(spec, kwargs=None):
 
 
 def evaluate_batch(model, images, labels, metrics, valid=None):
-    """Add one batch to ``metrics``: ``images`` a float tensor or array (B, 3, H, W) or
-    whatever the model takes, ``labels`` int64 (B,). The forward runs under
-    ``torch.no_grad``; the model must already be in eval mode.
-
-    ``valid`` says which rows count: None (all), an int k (the first k rows: a loader's
-    ``valid_rows``) or a bool array or tensor (B,) (``meta["valid"]``). The model still
-    sees the whole batch, so every rank's forward has the same shape."""
+    """Add one batch to ``metrics`` (returned): ``images`` a float tensor or array
+    (B, 3, H, W) or whatever the model takes, ``labels`` int64 (B,); the model, already in eval
+    mode, runs under ``torch.no_grad`` on the whole batch, so every rank's forward has the same
+    shape. ``valid`` says which rows count: None (all), an int k (the first k rows: a loader's
+    ``valid_rows``) or a bool array or tensor (B,) (``meta["valid"]``)."""
     torch = require_torch()
     images = torch.as_tensor(images)
     labels = torch.as_tensor(labels, dtype=torch.int64)
@@ -190,10 +183,9 @@ def _rows(valid, n, device):
 
 
 def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
-    """:class:`Metrics` of ``model`` (in eval mode) over what is left of ``loader``'s current
-    epoch on this rank, counting each batch's valid rows only (``loader.valid_rows``), so the
-    sums of every rank count each sample once. ``device``: where images and labels go before
-    the forward (default: where the loader yields them)."""
+    """:class:`Metrics` of ``model`` (in eval mode) over the rest of ``loader``'s epoch on this
+    rank, valid rows only (the ranks' sums count each sample once). ``device``: where images
+    and labels go before the forward (default: where the loader yields them)."""
     metrics = Metrics(topk)
     for batch in loader:
         images, labels = batch[0], batch[1]
@@ -204,14 +196,11 @@ def evaluate_loader(model, loader, *, topk=(1, 5), device=None):
 
 
 def evaluate_steps(model, maker, steps, *, topk=(1, 5), epoch=0, images=None, labels=None):
-    """Evaluate batches ``steps`` (iterable of step numbers) of ``maker`` (a
-    :class:`~dpu_pipe.batch.BatchMaker` built with the validation transform) with
-    ``model``, counting the valid rows of each (:meth:`~dpu_pipe.batch.BatchMaker.valid_rows`);
-    returns (:class:`Metrics`, seconds spent making batches, seconds in the model).
-
-    ``images``/``labels``: optional batch buffers (``maker.batch_shape`` of the
-    transform's dtype, int64 (batch_size,)) reused across calls.
-    """
+    """Evaluate the batches ``steps`` (step numbers) of ``maker`` (a
+    :class:`~dpu_pipe.batch.BatchMaker` with the validation transform) with ``model``, valid
+    rows only; returns (:class:`Metrics`, seconds making batches, seconds in the model).
+    ``images``/``labels``: optional batch buffers to reuse (``maker.batch_shape`` of the
+    transform's dtype, and int64 (batch_size,))."""
     torch = require_torch()
     if images is None:
         images = np.empty(maker.batch_shape, maker.transform.np_dtype)
@@ -236,25 +225,22 @@ class ShardEvaluator:
 
     A *validation spec* is a JSON-serialisable dict: ``source`` (a source spec, see
     :func:`dpu_pipe.sources.open_source`), ``transform`` (``TransformConfig.to_dict()``),
-    ``batch_size``, ``rank``/``world_size`` (the host's shard), ``shard_tail`` (``"mask"``
-    when absent, or ``"uneven"``), ``model`` (``"module:factory"``), ``model_kwargs``,
-    ``topk``, ``num_threads`` and ``cache_bytes`` (0 or absent: no cache of the reduced
-    images of ``decode_max_side``).
+    ``batch_size``, ``rank``/``world_size`` (the host's shard), ``shard_tail`` (``"mask"``,
+    the default, or ``"uneven"``), ``model`` (``"module:factory"``), ``model_kwargs``,
+    ``topk``, ``num_threads`` and ``cache_bytes`` (0 or absent: no cache).
 
     Parameters
     ----------
     cache_for : callable, optional
-        ``cache_for(spec, num_samples)`` returns the cache of a spec with ``cache_bytes`` (a
-        producer's node cache); by default a :class:`~dpu_pipe.cache.DecodedCache` of this
-        process.
+        ``cache_for(spec, num_samples)``: the cache of a spec with ``cache_bytes`` (a
+        producer's node cache); default: a :class:`~dpu_pipe.cache.DecodedCache` of this process.
     """
 
     def __init__(self, cache_for=None):
         self._models = {}
         self._makers = {}
         self._cache_for = cache_for or (lambda spec, n: DecodedCache(spec["cache_bytes"], n))
-        # One evaluation at a time: the cached model and each maker's kernel and buffers
-        # are not for two threads at once.
+        # The cached model and each maker's kernel and buffers are not for two threads.
         self._lock = threading.Lock()
 
     def model(self, spec, kwargs):
@@ -278,9 +264,7 @@ class ShardEvaluator:
             stream = StreamSpec(open_source(spec["source"]), spec["batch_size"], transform,
                                 shuffle=False, shard_tail=tail, drop_last=False,
                                 rank=spec["rank"], world_size=spec["world_size"])
-            cache = None
-            if spec.get("cache_bytes"):
-                cache = self._cache_for(spec, len(stream.source))
+            cache = self._cache_for(spec, len(stream.source)) if spec.get("cache_bytes") else None
             maker = BatchMaker(stream, spec.get("num_threads", 1), cache)
             maker.buffers = (np.empty(maker.batch_shape, transform.np_dtype),
                              np.empty(maker.batch_size, np.int64))
@@ -302,9 +286,8 @@ class ShardEvaluator:
 
     def run(self, spec, weights, part=0, parts=1):
         """Evaluate the steps ``part, part + parts, ...`` of the shard ``spec`` describes with
-        the weights buffer ``weights`` (see :mod:`dpu_pipe.weights`) loaded into the model.
-        Returns (:class:`Metrics`, make seconds, model seconds). Calls from several threads
-        run one after the other."""
+        the weights buffer ``weights`` (:mod:`dpu_pipe.weights`) loaded into the model, one
+        call at a time; returns what :func:`evaluate_steps` does."""
         with self._lock:
             model = self.model(spec["model"], spec.get("model_kwargs"))
             load_state(model, weights)

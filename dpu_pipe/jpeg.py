@@ -1,44 +1,14 @@
 """JPEG decoding: headers, region decode with early stop, DCT-scaled decode, batches.
 
-All functions read JPEG bytes from memory (``bytes``, ``bytearray``, ``memoryview`` or a uint8
-numpy array) and return RGB ``uint8`` arrays of shape ``(height, width, 3)``. Grayscale, RGB,
-YCbCr, CMYK and YCCK (Adobe-inverted too), baseline, progressive and arithmetic-coded streams
-(when the linked libjpeg-turbo decodes them), every chroma subsampling and restart intervals are
-decoded. Undecodable data raises :class:`dpu_pipe.DecodeError` carrying libjpeg's message; the
-process never aborts.
+Every function reads JPEG bytes from memory (``bytes``, ``bytearray``, ``memoryview`` or a
+uint8 numpy array) and returns RGB ``uint8`` arrays of shape ``(height, width, 3)``, whatever
+the colour space (Adobe-inverted CMYK and YCCK too), subsampling, progression, arithmetic
+coding (when the linked libjpeg-turbo decodes it) or restart intervals. Undecodable data
+raises :class:`dpu_pipe.DecodeError` with libjpeg's message; the process never aborts.
 
-Accuracy modes
---------------
-``fast=False`` (default): libjpeg's accurate integer IDCT and fancy (triangle-filter) chroma
-upsampling — Pillow's and OpenCV's defaults; on the same libjpeg-turbo the output is identical.
-``fast=True``: the fast integer IDCT (JDCT_IFAST) and plain chroma replication. It saves decode
-time at a small error; see the README for its measured speed and error on photographs.
-
-Corrupt data
-------------
-Decoding into missing data of a truncated stream is always an error (libjpeg would pad it
-with grey); a region that ends before the cut decodes correctly. Other corrupt-data warnings
-(e.g. extraneous bytes before a marker, a bad Huffman code) are tolerated unless
-``strict=True``, as Pillow does. A corrupted entropy-coded segment that libjpeg cannot detect
-decodes to wrong pixels: JPEG carries no checksum.
-
-Restart intervals
------------------
-A region of a baseline Huffman JPEG with restart markers (a DRI segment; the output of
-:func:`transcode`) is decoded from the restart intervals that cover it (plus two pixels all
-round), copied with renumbered markers and a SOF of the sub-image's size into a per-decoder
-scratch stream (at most the file's size, plus 16 bytes per covered interval). The pixels are
-those of the plain region decode, bit for bit; the intervals above and beside the region are
-not Huffman-decoded. Missing, misnumbered, misplaced or cut-short markers fall back to the plain
-region decode. Only on damaged files do two outcomes differ from it: in ``strict`` mode a
-corrupt-data warning in an interval outside the region goes unnoticed, and a stream cut short
-after the intervals a region needs decodes that region, where the plain decode (one iMCU row
-further for chroma context) reports the truncation.
-
-Budgets
--------
-``max_pixels`` (default 100 million) rejects decompression bombs from the header alone;
-``max_scans`` (default 1000) bounds the work a crafted progressive stream can cause.
+A region of a baseline Huffman JPEG with restart markers (as :func:`transcode` writes) is
+decoded from the restart intervals covering it, to the plain region decode's pixels, bit for
+bit. That decode, the accuracy modes, corrupt data and the budgets: docs/guides/loading.md.
 """
 
 from collections import namedtuple
@@ -59,12 +29,9 @@ _COLORSPACES = {0: "UNKNOWN", 1: "GRAY", 2: "RGB", 3: "YCbCr", 4: "CMYK", 5: "YC
 
 
 class JpegHeader(namedtuple("JpegHeader", "width height components colorspace progressive")):
-    """What a JPEG's markers say, read without decoding pixels.
-
-    ``width``/``height`` in pixels, ``components`` the number of colour channels stored,
-    ``colorspace`` one of ``"GRAY" "RGB" "YCbCr" "CMYK" "YCCK" "UNKNOWN"``, ``progressive``
-    True for a progressive (multi-scan) stream.
-    """
+    """What a JPEG's markers say: ``width``/``height`` in pixels, ``components`` (colour
+    channels stored), ``colorspace`` (``"GRAY" "RGB" "YCbCr" "CMYK" "YCCK" "UNKNOWN"``) and
+    ``progressive`` (a multi-scan stream)."""
 
     __slots__ = ()
 
@@ -91,11 +58,8 @@ def _check_budget(max_pixels, max_scans):
 
 
 def read_header(data, *, max_pixels=DEFAULT_MAX_PIXELS):
-    """Read a JPEG's header without decoding pixels.
-
-    Returns a :class:`JpegHeader`. Raises :class:`DecodeError` when the data is not a JPEG,
-    is truncated before the first scan, or exceeds ``max_pixels`` (width × height).
-    """
+    """A JPEG's :class:`JpegHeader`, read without decoding pixels. :class:`DecodeError` when
+    the data is not a JPEG, is truncated before the first scan, or exceeds ``max_pixels``."""
     _check_budget(max_pixels, DEFAULT_MAX_SCANS)
     view = _as_view(data)
     w, h, comps, cs, progressive, _ = _jpeg.read_header(view, max_pixels, DEFAULT_MAX_SCANS)
@@ -143,21 +107,23 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     data : bytes-like
         One complete JPEG stream.
     region : (top, left, height, width), optional
-        Full-resolution pixel box to decode. Only the iMCU columns covering it are decoded
-        (``jpeg_crop_scanline``), rows above it are skipped (``jpeg_skip_scanlines``) and
-        decoding stops right after its last row. At scale 1 the result equals the full decode
-        sliced, exactly.
+        Full-resolution pixel box to decode: only the iMCU columns covering it are decoded,
+        rows above it are skipped and decoding stops after its last row. At scale 1 the result
+        equals the full decode sliced.
     min_size : (h, w), optional
         Decode at the smallest power-of-two DCT scale (1/8, 1/4, 1/2, 1) that keeps the region
-        at least ``h × w``. At scale s the result covers rows ``floor(top·s)`` to
-        ``ceil((top+height)·s)`` of the scaled image (and likewise columns) — the pixels that
-        cover the region — and equals the full decode at that scale, sliced.
+        at least ``h × w``. The result is then rows ``floor(top·s)`` to ``ceil((top+height)·s)``
+        (likewise columns) of the full decode at scale s.
     fast : bool
-        Fast IDCT and plain chroma upsampling (see the module docstring).
+        The fast integer IDCT and plain chroma replication: faster, at a small error. False:
+        libjpeg's accurate IDCT and fancy upsampling, as Pillow's (on the same libjpeg-turbo,
+        identical).
     strict : bool
-        Treat libjpeg's corrupt-data warnings as errors.
+        Treat libjpeg's corrupt-data warnings as errors (decoding into the missing data of a
+        truncated stream always is one).
     max_pixels, max_scans : int
-        Budgets checked before any pixel is decoded.
+        Budgets checked before any pixel is decoded: width × height, against decompression
+        bombs, and the scans of a progressive stream.
 
     Returns
     -------
@@ -185,24 +151,23 @@ def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, 
     Parameters
     ----------
     buffers : sequence of bytes-like, or ``dpu_pipe._jpeg.BufferList``
-        The N encoded images (a BufferList made once from packed storage avoids any per-image
-        Python object).
+        The N encoded images (a BufferList avoids any per-image Python object).
     out : uint8 array (N, H, W, 3), C-contiguous, optional
-        Image i is written to ``out[i, :h_i, :w_i]``; the rest of its slot is left as it was.
-        Allocated when omitted, sized by the largest image (its headers are read first).
+        Image i is written to ``out[i, :h_i, :w_i]``, the rest of its slot left as it was.
+        Allocated when omitted (not for a BufferList), sized by the largest image.
     regions : int array (N, 4), optional
         Per-image (top, left, height, width) in full-resolution pixels.
     min_size, fast, strict, max_pixels, max_scans
         As in :func:`decode`.
     on_error : "raise" or "return"
-        ``"raise"``: raise :class:`DecodeError` for the first failed image (its ``index`` is the
-        position in the batch). ``"return"``: give back the errors instead.
+        Raise :class:`DecodeError` for the first failed image (``index``: its position in the
+        batch), or return the errors.
 
     Returns
     -------
-    (out, shapes) where shapes is int32 (N, 3): decoded height, width and DCT scale (eighths)
-    of each image — or (out, shapes, errors) with ``on_error="return"``, errors being a dict
-    {index: DecodeError}; failed images have shape (0, 0, 0).
+    (out, shapes), or (out, shapes, errors) with ``on_error="return"``
+        ``shapes``: int32 (N, 3), each image's decoded height, width and DCT scale (eighths);
+        (0, 0, 0) for a failed one. ``errors``: {index: DecodeError}.
     """
     _v.choice(on_error, "on_error", ("raise", "return"))
     _check_budget(max_pixels, max_scans)
@@ -245,14 +210,15 @@ def _allocate_batch(buffers, bufs, regs, min_h, min_w, max_pixels):
         raise ConfigError("pass out= when decoding a BufferList")
     hmax = wmax = 1
     for i, b in enumerate(buffers):
+        # Bad data and bad regions are skipped here: the decode reports them with their index.
         try:
             w, h = read_header(b, max_pixels=max_pixels)[:2]
         except DecodeError:
-            continue  # reported by the decode itself, with its index
+            continue
         if regs is not None:
             top, left, rh, rw = (int(v) for v in regs[i])
             if top + rh > h or left + rw > w:
-                continue  # reported by the decode itself, with its index
+                continue
             h, w = rh, rw
         s = choose_scale(h, w, (min_h, min_w))
         hmax = max(hmax, -(-h * s // 8) + 1)
@@ -264,11 +230,9 @@ def transcode(data, *, restart_interval=1, optimize=True, copy_markers=True,
               max_pixels=DEFAULT_MAX_PIXELS, max_scans=DEFAULT_MAX_SCANS):
     """Rewrite a JPEG losslessly as one baseline Huffman scan with restart markers.
 
-    The DCT coefficients are copied unchanged (``jpeg_read_coefficients`` →
-    ``jpeg_write_coefficients``, as ``jpegtran`` does), so the result decodes to exactly the
-    pixels of ``data`` — whole, by region, at every DCT scale, in fast mode — while a region
-    decode of it Huffman-decodes only the restart intervals covering the region (see the
-    module docstring). Progressive and arithmetic-coded inputs become baseline Huffman.
+    The DCT coefficients are copied unchanged, as ``jpegtran`` does, so the result decodes to
+    exactly the pixels of ``data`` (whole, by region, at every DCT scale, in fast mode), while
+    a region decode of it Huffman-decodes only the restart intervals covering the region.
 
     Parameters
     ----------
@@ -279,31 +243,27 @@ def transcode(data, *, restart_interval=1, optimize=True, copy_markers=True,
         An interval that divides the number of MCUs in a row lets a region skip columns too.
         An MCU is 8×8 pixels for greyscale, 16×16 for 4:2:0, 16×8 for 4:2:2, 8×8 for 4:4:4.
     optimize : bool
-        Huffman tables optimized for this image (two passes over the coefficients already in
-        memory; smaller files, same pixels) instead of the standard tables.
+        Huffman tables optimized for this image (smaller files) instead of the standard ones.
     copy_markers : bool
         Copy APPn (EXIF, ICC profile, XMP) and COM segments. The JFIF APP0 or Adobe APP14
-        segment that fixes the colour space is always written (by libjpeg, for the stream's
-        colour space: YCbCr, greyscale, RGB, CMYK or YCCK as the original is read).
+        segment that fixes the colour space is always written.
     max_pixels, max_scans : int
-        Budgets checked as in :func:`decode` (the input is untrusted).
+        As in :func:`decode`.
 
     Returns
     -------
-    bytes: the new JPEG. Memory while it runs: the coefficients (2 bytes per sample of every
-    component: 2 × width × height × (1 + 2/chroma-subsampling) bytes) and the output.
+    bytes
+        The new JPEG. Memory while it runs: the output and 2 bytes per sample of every
+        component for the coefficients.
 
     Raises
     ------
     TranscodeUnsupported (a DecodeError)
-        Keep ``data`` as it is: libjpeg reads it only with a corrupt-data warning (truncated,
-        extraneous bytes, an inconsistent progressive sequence, a bad Huffman code — rewriting
-        would fix in place what the decoder does with the damage, and strict mode would no
-        longer see it), or this build cannot read its coefficients (arithmetic coding without
-        arithmetic decoding).
+        Keep ``data`` as it is: libjpeg reads it only with a corrupt-data warning (rewriting
+        would hide the damage from strict mode), or this build cannot read its coefficients
+        (arithmetic coding without arithmetic decoding).
     DecodeError
-        libjpeg cannot read the data at all: not a JPEG, 12-bit or lossless (this libjpeg-turbo
-        reads 8-bit DCT JPEGs only), or over a budget — :func:`decode` fails on it as well.
+        libjpeg cannot read the data at all (not a JPEG, 12-bit, lossless, over a budget).
     ConfigError
         An argument is invalid.
     """

@@ -1,12 +1,10 @@
 """The batch kernel: N encoded images → one (N, C, H, W) (or (N, H, W, C)) batch.
 
-Each sample's crop and flip come from the counter-based RNG keyed by (seed, epoch, sample
-index) (see :mod:`dpu_pipe.rng`), so a sample's output depends only on its bytes, its index,
-the epoch, the seed and the :class:`~dpu_pipe.transforms.TransformConfig` — not on the batch it
-is in, its position, or the number of threads.
-
-With a multi-view recipe (``views``, see :mod:`dpu_pipe.views`) each sample gives one output
-per view, decoded once: ``out`` is then a list of batches, one per view.
+A sample's random parameters come from the counter-based RNG (:mod:`dpu_pipe.rng`) keyed by
+(seed, epoch, sample index), so its output depends only on its bytes, its index, the epoch,
+the seed and the :class:`~dpu_pipe.transforms.TransformConfig`: not on its batch, its position
+or the number of threads. A multi-view recipe (:mod:`dpu_pipe.views`) decodes each sample once
+and makes one batch per view.
 """
 
 import functools
@@ -39,17 +37,17 @@ class BatchProcessor:
 
     Parameters
     ----------
-    config : TransformConfig or dict
-        The transform (train or val, size, output dtype and layout, ...).
+    config : TransformConfig or dict, optional
+        The transform of one output size; default ``TransformConfig()``.
     num_threads : int
         OpenMP threads sharing each batch (the GIL is released for the whole batch).
     cache : dpu_pipe.cache.DecodedCache, optional
-        Where the reduced images of ``decode_max_side`` are kept and served from (the config
-        must set ``decode_max_side``). The output is the same with or without it.
+        Keeps and serves the reduced images of ``decode_max_side`` (which the config must
+        set); the output is the same without it.
 
-    Threads: the kernel's decoders and scratch buffers belong to the processor, so calls
-    from several threads take turns (a lock held for one batch); for batches in parallel,
-    give each thread a processor of its own (they may share one cache).
+    Calls from several threads take turns, one batch at a time: the decoders and scratch
+    buffers belong to the processor. For batches in parallel, give each thread its own
+    processor (they may share one cache).
     """
 
     def __init__(self, config=None, num_threads=1, cache=None):
@@ -62,14 +60,13 @@ class BatchProcessor:
         if config.progressive:
             raise ConfigError("a batch kernel makes one output size: give it one epoch's "
                               "transform, config.at_epoch(epoch), of a progressive size")
-        num_threads = _v.positive_int(num_threads, "num_threads")
-        if num_threads > 1 and not _jpeg.build_flags()["openmp"]:
+        self.num_threads = _v.positive_int(num_threads, "num_threads")
+        if self.num_threads > 1 and not _jpeg.build_flags()["openmp"]:
             warnings.warn("dpu_pipe was built without OpenMP: batches run on one thread "
                           "whatever num_threads says (rebuild with a compiler that has "
                           "OpenMP, and without DPU_PIPE_OPENMP=0)", RuntimeWarning,
                           stacklevel=2)
         self.config = config
-        self.num_threads = int(num_threads)
         if cache is not None and config.decode.decode_max_side is None:
             raise ConfigError("cache_bytes needs decode_max_side: the cache holds the reduced "
                               "images that decode_max_side makes")
@@ -90,8 +87,7 @@ class BatchProcessor:
         return self.config.sample_shape
 
     def empty(self, n):
-        """An uninitialised output batch for n samples: an array, or with views a list of
-        arrays, one per view."""
+        """An uninitialised output batch of n samples (with views, a list: one per view)."""
         out = [np.empty((n,) + shape, dtype=self.config.np_dtype)
                for shape in self.config.view_shapes]
         return out if self.config.views is not None else out[0]
@@ -103,24 +99,24 @@ class BatchProcessor:
         ----------
         buffers : sequence of bytes-like, or ``_jpeg.BufferList``
         indices : int array (N,)
-            Sample indices in the dataset: they key the random crop and flip.
+            Sample indices in the dataset, >= 0: they key the random parameters.
         epoch, seed : int
-        out : array (N, *sample_shape) of the configured dtype, optional; with views a list
-            of them, one per view (shapes ``config.view_shapes``)
+            Unsigned, of 32 and 64 bits.
+        out : array (N, *sample_shape) of the configured dtype, optional
+            With views, a list of them (shapes ``config.view_shapes``).
 
         Returns
         -------
         (out, info, errors)
             ``info``: int32 (N, 7 * views), the columns of :data:`SampleInfo` for each view in
             turn (column 0, the status, is the sample's): the crop box in full-resolution
-            pixels (with ``decode_max_side``: of the reduced image), flip, the DCT scale in
-            eighths (with ``decode_max_side``: of the whole decode). ``errors``: {batch
-            position: :class:`DecodeError`} (``index``: the sample index); a failed sample's
-            slot in ``out`` holds no meaningful data.
+            pixels and the DCT scale in eighths (with ``decode_max_side``: of the reduced
+            image and of its decode). ``errors``: {batch position: :class:`DecodeError`}
+            (``index``: the sample index); a failed sample's slot in ``out`` is garbage.
 
         Samples that are not JPEG streams are decoded by OpenCV (status
-        :data:`ST_OTHER_FORMAT`) and go through the same pass. With a cache, a sample found
-        there is cut from its cached image and its buffer (possibly empty) is not read.
+        :data:`ST_OTHER_FORMAT`). A sample found in the cache is cut from its cached image,
+        its buffer (possibly empty) not read.
         """
         bufs = buffers if isinstance(buffers, _jpeg.BufferList) else \
             _jpeg.BufferList.from_buffers(buffers)
@@ -146,25 +142,20 @@ class BatchProcessor:
         with self._lock:
             messages = self._kernel.run(bufs, idx, int(seed), int(epoch), out, info)
             for i in [i for i in messages if info[i, 0] == _ST_NOT_JPEG]:
-                msg = self._other_format(bufs, i, int(idx[i]), int(seed), int(epoch), out,
-                                         info)
-                if msg is None:
-                    del messages[i]
-                else:
-                    messages[i] = msg
+                messages[i] = self._other_format(bufs, i, int(idx[i]), int(seed), int(epoch),
+                                                 out, info)
         errors = {i: DecodeError(f"{msg} [{STATUS_NAMES.get(int(info[i, 0]), 'error')}]",
                                  index=int(idx[i]))
-                  for i, msg in messages.items()}
+                  for i, msg in messages.items() if msg is not None}
         return out, info, errors
 
     def describe(self, data, index, *, epoch=0, seed=0):
-        """The parameters sample ``index`` of ``epoch`` gets from these bytes, in the order they
-        apply (docs/guides/recipes.md, "What a sample gets"): ``"crop"`` [top, left, height,
-        width] in source pixels (validation: the centre box, floored; with
-        ``decode_max_side``, of the reduced image), ``"flip"``, ``"ops"``, ``"jitter"``,
-        ``"grayscale"``, ``"erase"``, ``"blur"`` ({"sigma", "kernel"} or None),
-        ``"solarize"`` (the threshold or None); with views, a list of such dicts, one per
-        view, each with ``"scale"`` (the DCT scale of the sample's one decode, eighths).
+        """The parameters sample ``index`` of ``epoch`` gets from ``data``, in the order they
+        apply (docs/guides/recipes.md): ``"crop"`` [top, left, height, width] in source pixels
+        (validation: the centre box, floored; with ``decode_max_side``, of the reduced image),
+        ``"flip"``, ``"ops"``, ``"jitter"``, ``"grayscale"``, ``"erase"``, ``"blur"``
+        ({"sigma", "kernel"} or None), ``"solarize"`` (the threshold or None). With views, a
+        list of such dicts, each with ``"scale"`` (the DCT scale of the one decode, eighths).
         Raises the sample's DecodeError when the bytes do not decode."""
         _, info, errors = self.run([data], [index], epoch=epoch, seed=seed)
         if errors:
@@ -172,7 +163,7 @@ class BatchProcessor:
         found = []
         for v, aug in enumerate(self._augmenters):
             row = info[0, v * len(SampleInfo):(v + 1) * len(SampleInfo)]
-            out = {"crop": [int(row[1]), int(row[2]), int(row[3]), int(row[4])],
+            out = {"crop": [int(v) for v in row[1:5]],
                    "flip": bool(row[5]), "ops": [], "jitter": {}, "grayscale": False,
                    "erase": None, "blur": None, "solarize": None}
             if aug is not None and self.config.train:
@@ -204,11 +195,9 @@ class BatchProcessor:
 
 @functools.cache
 def _cv2():
-    """OpenCV, imported on the first non-JPEG sample (None when it is not installed).
-
-    A local Loader pays for OpenCV (about 16 MiB and one thread) only when a dataset holds
-    other formats; a long-lived producer calls :func:`load_other_formats` at start-up instead,
-    so that its memory and threads stay flat whatever sample comes first."""
+    """OpenCV (None when not installed), imported on the first non-JPEG sample so that only
+    datasets of other formats pay its 16 MiB and thread. A long-lived producer calls
+    :func:`load_other_formats` at start-up instead, to keep its memory and threads flat."""
     try:
         import cv2
     except ImportError:

@@ -1,11 +1,10 @@
-"""The Loader: one front end over engines that make batches.
+"""The Loader: one front end over the engines that make batches (:mod:`dpu_pipe.engines`).
 
-The :class:`Loader` owns what every engine shares — the position in the stream (epoch, step),
-the batch the caller holds, the output conversion, the state and the stats — and asks its
-engine (:mod:`dpu_pipe.engines`, chosen by ``mode``) for one thing, the next batch. Every
-engine makes the stream of the loader's :class:`~dpu_pipe.spec.StreamSpec` with
-:class:`~dpu_pipe.batch.BatchMaker` objects, so the batches are the same whoever makes them.
-States and resuming are :mod:`dpu_pipe.resume`'s.
+The :class:`Loader` owns what every engine shares — the position (epoch, step), the batch the
+caller holds, the output conversion, the state and the stats — and asks its engine, chosen by
+``mode``, for the next batch. Every engine makes batches with
+:class:`~dpu_pipe.batch.BatchMaker`, so they are the same whoever makes them. States and
+resuming: :mod:`dpu_pipe.resume`.
 """
 
 import collections
@@ -46,18 +45,16 @@ MODES = ("offload", "hybrid", "local")
 #: Seconds the consumer waits for one batch (also what ``timeout=0`` means).
 DEFAULT_TIMEOUT = 300.0
 
-
 #: Environment variables launchers set to the number of processes in the job.
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
                     "SLURM_NTASKS")
 
 
 def default_shard(rank, world_size, group=None):
-    """``(rank, world_size)`` with what was left unset taken from ``group`` (a
-    :class:`~dpu_pipe.offload.group.HostGroup`: this host's index among the hosts and their
-    count) when it has producers or more than one host, else from ``torch.distributed`` when
-    it is initialized, else ``(0, 1)`` — with a warning when the launcher says this process
-    is one of several (every rank would then read the whole dataset)."""
+    """``(rank, world_size)``, what is unset taken from ``group`` (a
+    :class:`~dpu_pipe.offload.group.HostGroup`: this host's index, the number of hosts) when
+    it has producers or several hosts, else from an initialized ``torch.distributed``, else
+    ``(0, 1)`` — with a warning when the launcher says this process is one of several."""
     if group is not None and (group.roles.producers or group.num_hosts > 1):
         rank = group.host_index if rank is None else rank
         world_size = group.num_hosts if world_size is None else world_size
@@ -81,8 +78,7 @@ def default_shard(rank, world_size, group=None):
 
 
 def _wait_range():
-    """``torch.profiler.record_function("dpu_pipe.wait")`` when torch is imported (the wait
-    for a batch shows in profiler traces, as torch DataLoader's does), else nothing."""
+    """A ``dpu_pipe.wait`` profiler range when torch is imported (as DataLoader's wait)."""
     profiler = getattr(sys.modules.get("torch"), "profiler", None)
     return contextlib.nullcontext() if profiler is None else \
         profiler.record_function("dpu_pipe.wait")
@@ -91,11 +87,11 @@ def _wait_range():
 class _EpochIter:
     """One pass over the rest of an epoch: what ``iter(loader)`` returns.
 
-    A yielded batch's buffer is given back at the start of the next ``next()``, so the last
-    batch can still be read after the loop. An iteration superseded by a new ``iter()``,
-    ``set_epoch``, ``load_state_dict`` or ``close`` (from any thread, also while it waits)
-    raises :class:`ConfigError`; one interrupted by a ``KeyboardInterrupt`` ends, and a new
-    ``iter()`` continues with the batch it interrupted (docs/guides/threads.md).
+    A yielded batch's buffer is given back at the next ``next()``, so the last batch can be
+    read after the loop. Superseded by a new ``iter()``, ``set_epoch``, ``load_state_dict``
+    or ``close`` (from any thread, also while it waits), it raises :class:`ConfigError`;
+    interrupted by a ``KeyboardInterrupt``, it ends and a new ``iter()`` continues with the
+    batch it interrupted (docs/guides/threads.md).
     """
 
     def __init__(self, loader, engine, epoch, start):
@@ -104,8 +100,7 @@ class _EpochIter:
         self.epoch = epoch
         self.next_step = start
         self.end = len(loader)
-        #: Why this iteration stopped being current (set by the call that ended it).
-        self.why = None
+        self.why = None         # why this iteration stopped being current
         self.cancel = threading.Event()
         engine.cancel = self.cancel
         engine.start(epoch, start, self.end)
@@ -121,8 +116,7 @@ class _EpochIter:
     def __next__(self):
         loader = self.loader
         try:
-            # Waiting for the loader, not only for a batch, ends when another thread ends
-            # this iteration: it may hold the loader while the engine finishes a batch.
+            # Another thread that ends this iteration may hold the loader meanwhile.
             with loader._locked("next()", self.cancel):
                 return self._next_locked(loader)
         except Cancelled:
@@ -138,9 +132,7 @@ class _EpochIter:
             return self._next(loader)
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                # Interrupted anywhere (KeyboardInterrupt, SystemExit): the batch was not
-                # handed out, and the engine and the position may disagree on which comes
-                # next. Back to the position before this call, iteration ended.
+                # Interrupted (KeyboardInterrupt): engine and position start over from here.
                 with loader._state_lock:
                     loader._epoch, loader._step, loader._yielded = mark
                 loader._end_iteration()
@@ -152,8 +144,7 @@ class _EpochIter:
             with loader._state_lock:
                 loader._epoch += 1
                 loader._step = 0
-                # The wrapper that fetched ahead learns here that the epoch ended; the batch
-                # it trains on now is the last one (see Loader's ``lookahead``).
+                # A wrapper fetching ahead trains on the epoch's last batch now (lookahead).
                 loader._fetched.append((loader._epoch, 0))
             raise StopIteration
         self.engine.release_held()
@@ -197,8 +188,7 @@ class Loader:
 
     Labels are the source's (int64 (B,) classes, or a :class:`~dpu_pipe.FileList`'s (B,) or
     (B, K) labels), a fresh array per batch. **Without** ``copy``, a device or
-    ``pin_memory``, the images are a view of a reused ring buffer: valid only until the next
-    batch is requested.
+    ``pin_memory``, the images are a view of a reused ring buffer, valid until the next batch.
 
     Parameters
     ----------
@@ -213,12 +203,12 @@ class Loader:
     seed : int
         Keys the epoch permutation and every sample's augmentation.
     shuffle : bool, optional
-        Shuffle every epoch (default: ``train``; evaluation reads in index order).
+        Shuffle every epoch (default: ``train``).
     shard_tail : "pad", "drop", "uneven" or "mask", optional
         The samples left over when ``world_size`` does not divide the dataset
-        (:class:`dpu_pipe.sampler.EpochSampler`); ``"mask"`` pads as ``"pad"`` and marks the
-        padded rows not valid (:attr:`valid_rows`, ``meta["valid"]``). Default: ``"pad"``
-        when ``train``, ``"mask"`` otherwise.
+        (:class:`dpu_pipe.sampler.EpochSampler`); ``"mask"`` pads and marks the padded rows
+        not valid (:attr:`valid_rows`, ``meta["valid"]``). Default: ``"pad"`` when ``train``,
+        else ``"mask"``.
     drop_last : bool
         Drop this rank's last partial batch, as ``DataLoader``'s ``drop_last``.
     rank, world_size : int, optional
@@ -226,79 +216,72 @@ class Loader:
     mode : "local", "offload" or "hybrid"
         Who makes the batches: this host's threads (``"local"``, no MPI), producer ranks
         (``"offload"``), or both from one ticket pool (``"hybrid"``: host threads work when
-        fewer than ``slots // 2 + 1`` batches are ready, and take over the work of a silent
-        producer). The arguments down to ``serve_file`` apply to the offloaded modes.
+        fewer than ``slots // 2 + 1`` batches are ready, and take over a silent producer's
+        work). The arguments down to ``serve_file`` apply to the offloaded modes.
     comm : mpi4py communicator, optional
-        The job's communicator (default ``COMM_WORLD``): the first offloaded loader of a
-        process starts the host group, collectively over it.
+        The job's (default ``COMM_WORLD``): the first offloaded loader starts the host group
+        over it, collectively.
     host_threads : int
-        Threads making batches on the host in hybrid mode (default 1); host memory grows by
-        ``(host_threads + 2) × batch bytes``.
+        Hybrid mode's batch-making host threads (default 1); memory: ``host_threads + 2``
+        batches.
     slots : int, optional
-        Batch buffers in the host's window (default ``prefetch + 1``), shared by the
-        process's offloaded loaders (sized for the largest).
+        Batch buffers in the host's window, shared by the process's offloaded loaders
+        (default ``prefetch + 1``).
     producer_threads : int
         Threads of each producer's batch kernel (keep 1 when producer ranks share a DPU).
     liveness_timeout : float
-        Seconds without a producer's heartbeat after which it counts as silent: offload mode
-        raises :class:`PipeTimeout` naming it; hybrid mode takes over its work.
+        Seconds without a heartbeat after which a producer is silent: offload mode raises
+        :class:`PipeTimeout` naming it; hybrid mode takes over its work.
     hostmap : str, optional
         ``"host:producer,..."`` hostname pairs (:mod:`dpu_pipe.offload.roles`).
     serve_file : str or path, optional
-        Join the producers of a job of their own (``dpu_pipe.worker --serve FILE``), for
-        hosts started by ``torchrun`` (default: ``DPU_PIPE_SERVE``;
-        :mod:`dpu_pipe.offload.rendezvous`).
+        Join the producers of a job of their own (``dpu_pipe.worker --serve FILE``), for hosts
+        started by ``torchrun`` (default: ``DPU_PIPE_SERVE``; :mod:`dpu_pipe.offload.rendezvous`).
     dtype : "float32", "float16", "bfloat16" or "uint8", or a numpy or torch dtype
-        Float outputs are normalized by mean/std. bfloat16 needs torch output.
+        Floats are normalized by mean/std; bfloat16 needs torch output.
     layout : "CHW" or "HWC"
         Batches are (B, 3, H, W) or (B, H, W, 3).
     memory_format : torch.channels_last, optional
-        The kernel writes NHWC and the loader yields (B, 3, H, W) channels-last tensors.
+        Yield (B, 3, H, W) channels-last tensors (the kernel writes NHWC).
     output : "numpy", "torch", or None
-        None means torch when a torch-only option (``device``, ``pin_memory``,
-        ``memory_format``, a torch dtype, bfloat16) is given, numpy otherwise.
+        None: torch when a torch-only option (``device``, ``pin_memory``, ``memory_format``,
+        a torch dtype, bfloat16) is given, else numpy.
     device : str or torch.device, optional
-        Yield tensors on this device, copied asynchronously (see :mod:`dpu_pipe.device`).
+        Yield tensors on this device, copied asynchronously (:mod:`dpu_pipe.device`).
     pin_memory : bool
         Yield CPU tensors in pinned memory (ignored, with a warning, without an accelerator).
-    num_threads : int
-        Threads decoding each batch.
-    prefetch : int
-        Batches produced ahead: memory is ``(prefetch + 1) × batch bytes``.
+    num_threads, prefetch : int
+        Threads decoding each batch; batches made ahead (memory: ``prefetch + 1`` batches).
     on_error : "raise" or "skip"
         See :class:`dpu_pipe.batch.BatchMaker`.
     max_bad : int, float or None
-        With ``on_error="skip"``, at most this many bad samples (an int), or this fraction
-        of the rank's shard (a float in [0, 1]), are skipped; one more raises a
-        :class:`DecodeError` naming the first failures. None: no limit.
+        With ``on_error="skip"``, the bad samples skipped at most (an int, or a fraction of
+        the rank's shard); one more raises :class:`DecodeError`. None: no limit.
     copy : bool
         Yield images the caller owns.
     return_meta : bool
-        Yield ``(images, labels, meta)``: a dict of columns, one entry per row —
-        ``"index"`` (int64 dataset index; a CPU tensor with torch output), ``"valid"`` (bool)
-        and a list per key of the source's ``metadata(i)`` (e.g. ``"path"``).
+        Yield ``(images, labels, meta)``, ``meta`` a dict of columns: ``"index"`` (int64
+        dataset index; a CPU tensor with torch output), ``"valid"`` (bool) and a list per key
+        of the source's ``metadata(i)`` (e.g. ``"path"``).
     timeout : float
         Seconds the consumer waits for one batch before raising :class:`PipeTimeout`.
     lookahead : int
-        Batches the caller's framework fetches ahead of its training step (1 under
-        Accelerate, 0 for a plain loop and Lightning). Then the yielded batches are copies
-        and :meth:`state_dict` is the position of the training step, not of the batch
-        fetched ahead.
+        Batches the framework fetches ahead of its training step (1 under Accelerate, else
+        0): the batches are then copies and :meth:`state_dict` is the training step's.
     decode_max_side : int, optional
-        Decode every sample whole, reduced to this longest side (pixels), and cut its crop
-        from that (see :class:`~dpu_pipe.transforms.DecodeOptions`): part of the stream.
+        Decode every sample whole, reduced to this longest side (pixels), and crop from that
+        (:class:`~dpu_pipe.transforms.DecodeOptions`): part of the stream.
     cache_bytes : int
-        Keep the reduced images of ``decode_max_side`` in a cache of this many bytes (0: no
-        cache), so later epochs need no decode; the producers' node cache in the offloaded
-        modes. See docs/guides/caching.md.
+        Cache the images ``decode_max_side`` reduces in this many bytes (0: none), on the
+        producers' nodes in the offloaded modes (docs/guides/caching.md).
     stick_to_shard : bool
-        Every rank reads the same subset every epoch (reshuffled within it), so that a
-        per-rank cache is hit: see :class:`dpu_pipe.sampler.EpochSampler`.
+        Every rank reads the same subset every epoch, reshuffled, so that a per-rank cache
+        is hit (:class:`dpu_pipe.sampler.EpochSampler`).
     **transform_options
         More :class:`~dpu_pipe.transforms.TransformConfig` fields: ``scale``, ``ratio``,
         ``mean``, ``std``, the recipes (``auto_augment``, ``color_jitter``, ...), the batch
         ops (``mixup_alpha``, ``cutmix_alpha``, ``label_smoothing``, ``batch_hook``:
-        :mod:`dpu_pipe.mix`) and ``views`` (``images`` then a list, one batch per view).
+        :mod:`dpu_pipe.mix`) and ``views`` (``images`` is then a list, one per view).
     """
 
     def __init__(self, source, batch_size, *, train=True, size=224, seed=0, shuffle=None,
@@ -310,23 +293,20 @@ class Loader:
                  liveness_timeout=60.0, hostmap=None, serve_file=None, cache_bytes=0,
                  stick_to_shard=False, **transform_options):
         self._init_locks()
+        self._pid = os.getpid()
         _LIVE.add(self)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        #: Bytes of the decoded-sample cache (0: none): this loader's in local mode, the
-        #: producers' node cache in the offloaded modes.
         self.cache_bytes = cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
         self.host_threads = _v.integer(host_threads, "host_threads",
                                        1 if mode == "hybrid" else 0)
-        #: The host group of an offloaded mode (:class:`~dpu_pipe.offload.group.HostGroup`);
-        #: None in local mode.
+        #: The :class:`~dpu_pipe.offload.group.HostGroup` of an offloaded mode, else None.
         self._group = None
         if mode != "local":
             self._group = host_group(comm, hostmap=hostmap, serve_file=serve_file)
         _v.torch_loader_args(transform_options, type(self).__name__)
         self.lookahead = _v.integer(lookahead, "lookahead", 0)
-        # A framework fetching ahead holds lookahead + 1 batches: ring buffers would be
-        # overwritten under the one it trains on.
+        # A framework fetching ahead holds lookahead + 1 batches, more than the ring spares.
         copy = _v.boolean(copy, "copy") or self.lookahead > 0
         self.out = BatchOutput(dtype=dtype, layout=layout, output=output, device=device,
                                pin_memory=pin_memory, memory_format=memory_format, copy=copy)
@@ -355,13 +335,10 @@ class Loader:
                               "images decode_max_side reduces (e.g. decode_max_side=256)")
         if cache_bytes:
             check_cache_bytes(cache_bytes, len(self.source))
-        #: This process's decoded-sample cache (:class:`~dpu_pipe.cache.DecodedCache`), shared
-        #: by the loader's makers, or None. Local mode only: the offloaded modes cache on the
-        #: producers, and the host's memory is the training's.
+        #: The makers' :class:`~dpu_pipe.cache.DecodedCache` (local mode only), or None.
         self.cache = DecodedCache(cache_bytes, len(self.source)) \
             if cache_bytes and mode == "local" else None
-        #: The :class:`~dpu_pipe.batch.BatchMaker` of this host (the local engine's; thread
-        #: 0's in hybrid mode); it also gives the stream's geometry.
+        #: This host's :class:`~dpu_pipe.batch.BatchMaker` (thread 0's in hybrid mode).
         self.maker = BatchMaker(self.stream_spec, self.num_threads, self.cache)
         self.batch_size = self.maker.batch_size
         self.max_bad = max_bad
@@ -373,8 +350,7 @@ class Loader:
         self._iter = None         # the current _EpochIter
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
-        # Positions after each of the last lookahead + 1 batches handed out (and the epoch
-        # end, once fetched): the oldest is the consumer's (see lookahead).
+        # Positions after the last lookahead + 1 batches fetched: the oldest is the consumer's.
         self._fetched = collections.deque([(0, 0)], maxlen=self.lookahead + 1)
         self._wait_s = 0.0
         self._yielded = 0         # samples handed to the caller, all epochs
@@ -385,38 +361,27 @@ class Loader:
         self.slots = self.prefetch + 1 if slots is None else _v.positive_int(slots, "slots")
         self.producer_threads = _v.positive_int(producer_threads, "producer_threads")
         self.liveness_timeout = _v.seconds(liveness_timeout, "liveness_timeout")
-        #: The engine's mode: the one asked for, or ``"local"`` when no producer serves this
-        #: host (which then caches as a local loader does).
+        #: The mode asked for, or ``"local"`` when no producer serves this host.
         self.mode = mode if mode == "local" else _offload.prepare(self, mode)
         if self.mode == "local" and cache_bytes and self.cache is None:
             self.cache = DecodedCache(cache_bytes, len(self.source))
             self.maker = BatchMaker(self.stream_spec, self.num_threads, self.cache)
 
-    def _new_engine(self):
-        """The engine of :attr:`mode`."""
-        if self.mode == "local":
-            return LocalEngine(self.maker, self.prefetch, self.timeout)
-        return _offload.OffloadEngine(self)
-
-    # --- threads ------------------------------------------------------------------------
-    # ``_lock`` (re-entrant) is held by whatever moves the loader or drives its engine:
-    # next(), iter(), set_epoch, load_state_dict, close — one thread at a time, so the
-    # engine (its queues, its maker's kernel, the host window) is never driven from two
-    # threads. ``_state_lock`` guards the position and counters for the readers (state_dict,
-    # stats), who never wait for a batch. See docs/guides/threads.md.
+    # ``_lock`` (re-entrant) is held by whatever moves the loader or drives its engine
+    # (next(), iter(), set_epoch, load_state_dict, close), so the engine is never driven from
+    # two threads. ``_state_lock`` guards the position and counters for the readers
+    # (state_dict, stats), who never wait for a batch. See docs/guides/threads.md.
 
     def _init_locks(self):
         self._lock = threading.RLock()
         self._state_lock = threading.Lock()
         self._describe_lock = threading.Lock()
         self._describe_kernel = None     # describe()'s own batch kernel, made on first use
-        self._pid = os.getpid()
 
     @contextlib.contextmanager
     def _locked(self, what, cancel=None):
-        """Hold ``_lock`` for ``what`` (its holder lets go within one batch, or at once when
-        superseded); with ``cancel`` (an Event), the wait raises :class:`Cancelled` once it
-        is set."""
+        """Hold ``_lock`` for ``what`` (a holder lets go within one batch, or when superseded);
+        with ``cancel`` (an Event), the wait raises :class:`Cancelled` once it is set."""
         limit = getattr(self, "timeout", DEFAULT_TIMEOUT) + 5.0
         deadline = time.monotonic() + limit
         while not self._lock.acquire(timeout=limit if cancel is None else 0.05):
@@ -434,27 +399,19 @@ class Loader:
 
     @contextlib.contextmanager
     def _moving(self, why):
-        """Hold the loader to move it (``why``), the current iteration ended — also when
-        another thread waits in it."""
-        self._supersede(why)
-        with self._locked(why):
-            self._end_iteration()
-            yield
-
-    def _supersede(self, why):
-        """Tell the current iteration (another thread may wait in it) that ``why`` ends it."""
+        """Hold the loader to move it (``why``), ending the current iteration in any thread."""
         it = getattr(self, "_iter", None)
         if it is not None and it.why is None:
             it.why = f"{why} (in thread {threading.current_thread().name!r})"
             it.cancel.set()
+        with self._locked(why):
+            self._end_iteration()
+            yield
 
     def _forked(self):
-        """In the child of a fork, at once: the parent's threads did not come along, and the
-        locks, queues and kernels they used may have been caught in use. New locks; the
-        engine and the iteration are dropped, the maker is remade at the next use."""
-        pid = self._pid
+        """In a forked child, at once: the parent's threads did not come along, and what they
+        used may have been caught in use. New locks; the engine and iteration are dropped."""
         self._init_locks()
-        self._pid = pid
         it = getattr(self, "_iter", None)     # (a loader still in __init__ has none)
         if it is not None:
             it.why = "the process forked; iterate the loader again"
@@ -474,11 +431,8 @@ class Loader:
         self._pid = os.getpid()
         self._set_stream(self.stream_spec)
 
-    # --- position in the stream ---------------------------------------------------------
-
     def __len__(self):
-        """Batches of the loader's current epoch on this rank (fewer in the epoch continued
-        by an elastic resume)."""
+        """Batches of the current epoch on this rank (fewer in one continued elastically)."""
         return self.maker.batches_in(self._epoch)
 
     @property
@@ -493,17 +447,18 @@ class Loader:
                     self._step = 0
                 self._fetched.clear()
                 self._fetched.append((self._epoch, self._step))
-            if self._engine is None:
-                self._engine = self._new_engine()
+            if self._engine is None and self.mode == "local":
+                self._engine = LocalEngine(self.maker, self.prefetch, self.timeout)
+            elif self._engine is None:
+                self._engine = _offload.OffloadEngine(self)
             self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
             return self._iter
 
     def set_epoch(self, epoch):
-        """Start epoch ``epoch`` at its first batch on the next iteration — unless ``epoch``
-        is the loader's current epoch: then its position is kept, so the torch habit of
-        ``load_state_dict(ckpt)`` then ``set_epoch(ep)`` resumes the restored epoch where it
-        stopped. To restart the current epoch, ``load_state_dict`` a state with ``step`` 0.
-        """
+        """Start epoch ``epoch`` at its first batch on the next iteration, unless it is the
+        current epoch: its position is then kept, so ``load_state_dict(ckpt)`` then
+        ``set_epoch(ep)`` resumes where the restored epoch stopped (to restart it,
+        ``load_state_dict`` a state with ``step`` 0)."""
         epoch = check_epoch(epoch)
         if epoch == self._epoch:
             return
@@ -512,10 +467,8 @@ class Loader:
                 self._epoch, self._step = epoch, 0
 
     def state_dict(self):
-        """Position in the stream (JSON-serialisable): restoring it, in this or a new
-        process, makes the remaining stream bit-identical to an uninterrupted run. With
-        ``lookahead``, the position of the training step, not of the batches fetched
-        ahead."""
+        """Position in the stream (JSON-serialisable; with ``lookahead``, the training
+        step's): restored in any process, the rest of the stream is bit-identical."""
         with self._state_lock:
             epoch, step = self._epoch, self._step
             if self._fetched[-1] == (epoch, step):    # else set_epoch/load_state_dict moved it
@@ -524,16 +477,14 @@ class Loader:
         return _resume.state_of(spec, epoch, step)
 
     def load_state_dict(self, state, elastic=False):
-        """Continue from ``state`` (from :meth:`state_dict` of a loader of the same dataset
-        and arguments) on the next iteration.
+        """Continue from ``state`` (:meth:`state_dict` of a loader of the same dataset and
+        arguments) on the next iteration; :class:`ConfigError` when it does not fit.
 
         With ``elastic=True`` the state may come from a job of another ``world_size``,
-        ``rank`` or ``batch_size`` whose ranks all stood at the same step (as DDP's do): the
-        rest of the saved epoch is sharded over this job's ranks, so every sample of that
-        epoch is delivered once across the two jobs; that epoch has fewer batches (``len()``)
+        ``rank`` or ``batch_size`` whose ranks all stood at the same step (as under DDP): the
+        rest of the saved epoch, sharded over this job's ranks, has fewer batches (``len()``)
         and its steps count from 0. ``state`` is then one rank's state or the list of every
-        saved rank's, which is checked (:class:`ConfigError`). See "Elastic resume" in
-        docs/guides/loading.md.
+        saved rank's. See "Elastic resume" in docs/guides/loading.md.
         """
         elastic = _v.boolean(elastic, "elastic")
         # Checked before the current iteration is told to end: a bad state changes nothing.
@@ -544,46 +495,37 @@ class Loader:
             if spec != self.stream_spec:
                 self._set_stream(spec)
             with self._state_lock:
-                self._epoch = epoch
-                self._step = step
+                self._epoch, self._step = epoch, step
 
     def _set_stream(self, spec):
-        """A new maker for ``spec`` (keeping the counters and bad samples met so far) and,
-        on the next iteration, a new engine."""
+        """A new maker for ``spec`` (same counters and bad samples); a new engine."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-        old = self.maker
         maker = BatchMaker(spec, self.num_threads, self.cache)
-        maker.stats, maker.bad_samples = old.stats, old.bad_samples
+        maker.stats, maker.bad_samples = self.maker.stats, self.maker.bad_samples
         with self._state_lock:
             self.stream_spec = spec
             self.maker = maker
 
     def iterable_dataset(self):
-        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches
-        (:mod:`dpu_pipe.torch_dataset`)."""
+        """This loader as a ``torch.utils.data.IterableDataset`` (:mod:`dpu_pipe.torch_dataset`)."""
         from .torch_dataset import LoaderDataset
         return LoaderDataset(self)
 
-    # --- what was made ------------------------------------------------------------------
-
-    def _makers(self, engine=None):
-        engine = self._engine if engine is None else engine
+    def _makers(self, engine):
         return engine.makers if engine is not None else (self.maker,)
 
     def describe(self, epoch, index):
-        """The exact augmentation parameters sample ``index`` (of the dataset) gets in
-        ``epoch``, the same in every mode: a dict (keys: see
-        :meth:`dpu_pipe.kernel.BatchProcessor.describe`), with ``"mix"`` when the loader
-        mixes or smooths labels (:meth:`dpu_pipe.batch.BatchMaker.describe_mix`); with
-        ``views``, a list of such dicts, one per view."""
+        """The augmentation parameters dataset sample ``index`` gets in ``epoch``, in every
+        mode: a dict (:meth:`dpu_pipe.kernel.BatchProcessor.describe`), with ``"mix"`` when
+        the loader mixes or smooths labels (:meth:`dpu_pipe.batch.BatchMaker.describe_mix`);
+        with ``views``, a list of dicts, one per view."""
         index = _v.integer(index, "index", 0, len(self.source) - 1)
         epoch = check_epoch(epoch)
         maker = self.maker
         data = self.source.read(index)
-        # A kernel of its own: the makers' kernels (and their scratch memory) are in use by
-        # the threads making batches.
+        # A kernel of its own: the makers' are in use by the threads making batches.
         transform = self.stream_spec.transform.at_epoch(epoch)
         with self._describe_lock:
             if self._describe_kernel is None or self._describe_kernel.config != transform:
@@ -617,18 +559,17 @@ class Loader:
         return bad
 
     def stats(self, interval=False):
-        """Per-stage counters: seconds reading bytes (``read_s``), in decode+augment
-        (``process_s``), batches and samples made, and seconds the consumer waited
-        (``wait_s``); with a device, how batches reach it (:mod:`dpu_pipe.device`); with an
-        offloaded mode, what arrived from the producers
-        (:meth:`~dpu_pipe.engines.offload.OffloadEngine.stats`); with a cache, ``"cache"``.
+        """Per-stage counters: seconds reading bytes (``read_s``) and in decode+augment
+        (``process_s``), batches and samples made, seconds the consumer waited (``wait_s``);
+        with a device, how batches reach it (:mod:`dpu_pipe.device`); in an offloaded mode,
+        what the producers sent (:meth:`~dpu_pipe.engines.offload.OffloadEngine.stats`); with
+        a cache, ``"cache"``.
 
-        ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or since
-        the loader was made) instead: ``seconds``, ``samples`` (yielded), ``img_per_s``,
-        ``data_wait_share`` (of the interval spent waiting for batches),
-        ``producer_busy_share`` (seconds the batch makers spent reading and decoding, over
-        the interval times their number; producer ranks report a batch's seconds when it
-        arrives, so over a short interval their share can read above 1) and
+        ``interval=True`` returns rates since the previous ``stats(interval=True)`` (or the
+        loader's making) instead: ``seconds``, ``samples`` (yielded), ``img_per_s``,
+        ``data_wait_share`` (of the interval spent waiting), ``producer_busy_share`` (the
+        makers' read and decode seconds over the interval times their number; producers
+        report a batch's seconds on arrival, so a short interval can read above 1) and
         ``bad_samples``."""
         engine = self._engine
         made = MakerStats()
@@ -646,8 +587,7 @@ class Loader:
             return d
         bad = len(self.bad_samples)
         with self._state_lock:
-            # One clock reading for the interval and for the batches in progress, so the
-            # busy seconds of an interval never outgrow it (perf_counter: the makers' clock).
+            # One clock reading for the interval and the busy seconds, so they never outgrow it.
             now = time.perf_counter()
             busy = engine.busy(d) if engine is not None else None
             busy, makers = busy or (sum(m.busy_s(now) for m in self._makers(engine)),
@@ -656,15 +596,13 @@ class Loader:
             then, last = self._mark or (self._created, (0, 0.0, 0.0, 0))
             self._mark = (now, counts)
         dt = max(now - then, 1e-9)
-        return {"seconds": dt, "samples": counts[0] - last[0],
-                "img_per_s": (counts[0] - last[0]) / dt,
-                "data_wait_share": (counts[1] - last[1]) / dt,
-                "producer_busy_share": (counts[2] - last[2]) / (dt * max(1, makers)),
-                "bad_samples": counts[3] - last[3]}
+        samples, wait_s, busy_s, bad = (new - old for new, old in zip(counts, last))
+        return {"seconds": dt, "samples": samples, "img_per_s": samples / dt,
+                "data_wait_share": wait_s / dt,
+                "producer_busy_share": busy_s / (dt * max(1, makers)), "bad_samples": bad}
 
     def _meta(self, indices, valid_rows):
-        """The ``meta`` of a batch of the samples ``indices``, its first ``valid_rows``
-        valid (see ``return_meta``)."""
+        """``meta`` of a batch of samples ``indices``, its first ``valid_rows`` valid."""
         index = np.array(indices, dtype=np.int64)    # a copy: ``indices`` is a ring buffer
         valid = np.arange(len(index)) < valid_rows
         lookup = getattr(self.source, "metadata", None)
@@ -678,8 +616,6 @@ class Loader:
             meta["index"] = torch.from_numpy(index)
             meta["valid"] = torch.from_numpy(valid)
         return meta
-
-    # --- lifecycle ----------------------------------------------------------------------
 
     def _end_iteration(self):
         # Nothing is fetched ahead of a position the iteration does not continue from.
@@ -695,8 +631,7 @@ class Loader:
         """Stop background work and release buffers (idempotent); an iteration in progress
         ends. The loader can be iterated again afterwards."""
         if getattr(self, "_lock", None) is None or self._pid != os.getpid():
-            # __init__ failed before there was anything to close, or a forked child's copy
-            # (the parent's threads and window are not this process's to stop).
+            # __init__ failed early, or a forked child's copy of the parent's threads and window.
             return
         with self._moving("close()"):
             if getattr(self, "_engine", None) is not None:
@@ -709,12 +644,8 @@ class Loader:
         self.close()
 
     def __del__(self):
-        # The collector runs finalizers in whatever thread allocates: a hybrid host thread of
-        # another loader, say, whose batch the main thread waits for while it holds the
-        # transport lock that close() takes. Closing here would wait for that thread, which
-        # waits for this finalizer. So the close runs in a thread of its own, unless the
-        # interpreter is exiting (no new threads then). A loader that never iterated (one whose
-        # __init__ refused its arguments, say) has nothing to close.
+        # Finalizers run in whatever thread allocates, maybe one that another thread holding
+        # close()'s transport lock waits for: so close in a new thread (none at exit).
         if getattr(self, "_engine", None) is None and getattr(self, "_iter", None) is None:
             return
         if sys.is_finalizing():
@@ -726,9 +657,8 @@ class Loader:
 
 
 class DPULoader(Loader):
-    """:class:`Loader` with ``mode="offload"`` by default: batches made by producer ranks
-    (DPU cores). Same arguments and behaviour otherwise; ``DPULoader(..., mode="hybrid")``
-    is ``Loader(..., mode="hybrid")``."""
+    """:class:`Loader` with ``mode="offload"`` by default (batches made by producer ranks,
+    DPU cores); ``DPULoader(..., mode="hybrid")`` is ``Loader(..., mode="hybrid")``."""
 
     def __init__(self, source, batch_size, *, mode="offload", **kwargs):
         super().__init__(source, batch_size, mode=mode, **kwargs)

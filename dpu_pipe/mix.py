@@ -1,12 +1,11 @@
-"""Batch ops: what happens to a finished batch, on whichever side made it (a local loader
-thread, a hybrid host thread, a producer rank) — MixUp / CutMix with soft, smoothed labels,
-and the user's ``batch_hook``. Semantics (torchvision v2's ``MixUp`` / ``CutMix``, timm's
-switch, probability and ``mixup_target``) and the hook's contract: docs/guides/recipes.md.
+"""Batch ops: MixUp / CutMix with soft, smoothed labels, then the user's ``batch_hook``, run on
+a finished batch by whichever side made it (loader thread, hybrid host thread, producer rank).
+Semantics (torchvision v2's ``MixUp`` / ``CutMix``, timm's switch, probability and
+``mixup_target``) and the hook's contract: docs/guides/recipes.md.
 
-Randomness is keyed by the batch: stream ``STREAM_MIX`` of :mod:`dpu_pipe.rng` with the index
-words ``step | rank << 32`` (each rank its own λ, as each DDP rank of a timm run draws its
-own), so the pairing and λ of batch ``s`` of epoch ``e`` are the same whoever makes the batch.
-Validation loaders never mix.
+Randomness is keyed by the batch (stream ``STREAM_MIX`` of :mod:`dpu_pipe.rng`, index words
+``step | rank << 32``: each rank its own λ, as in timm's DDP runs), so batch ``s`` of epoch
+``e`` mixes the same whoever makes it. Validation loaders never mix.
 """
 
 import importlib
@@ -23,16 +22,10 @@ __all__ = ["mix_params", "cutmix_box", "BatchOps", "load_hook", "hook_rng"]
 
 
 def mix_params(config, seed, epoch, step, rank=0):
-    """The mix of batch ``step`` of ``epoch`` for ``config`` (a train TransformConfig; the
-    output size gives the CutMix box).
-
-    Returns
-    -------
-    dict
-        ``mode`` ("mixup", "cutmix" or None), ``lam`` (each row's own label weight, after the
-        CutMix correction), ``box`` (CutMix: ``(x1, y1, x2, y2)`` in output pixels,
-        torchvision's order, end exclusive; else None).
-    """
+    """The mix of batch ``step`` of ``epoch`` for ``config`` (a train TransformConfig) as a
+    dict: ``mode`` ("mixup", "cutmix" or None), ``lam`` (each row's own label weight, after
+    the CutMix correction), ``box`` (CutMix: ``(x1, y1, x2, y2)`` in output pixels,
+    torchvision's order, end exclusive; else None)."""
     h, w = config.recipe.size
     ops = config.batch_ops
     index = int(step) | int(rank) << 32
@@ -84,14 +77,8 @@ def hook_rng(seed, epoch, step, rank=0):
 
 
 class BatchOps:
-    """The batch ops of one stream: mixing (train only) and the hook.
-
-    Parameters
-    ----------
-    config : TransformConfig
-    seed, rank : int
-        The stream's seed and rank (they key the mix and the hook's Generator).
-    """
+    """The batch ops of one stream: mixing (train only) and the hook. ``seed`` and ``rank``,
+    the stream's, key the mix and the hook's Generator."""
 
     def __init__(self, config, seed, rank):
         self.config = config

@@ -1,18 +1,18 @@
 """Per-image transforms after decode: crop + resize + flip + normalize + layout in one kernel.
 
 The kernel (``dpu_pipe._ops``, C-level API in ``src/dpu_pipe/_ops.pxd``) resamples a source box
-of a uint8 RGB image with Pillow's antialiased bilinear filter — the one ``Image.resize(size,
-Image.BILINEAR, box=...)`` uses: a triangle whose support widens with the downscale factor —
-but in float32 arithmetic instead of Pillow's 8-bit fixed point, so results are closer to the
-exact filter than Pillow's own (within one level of 255 of Pillow, see tests/test_ops.py).
-Results are bit-identical across runs, threads and x86-64/aarch64.
+of a uint8 RGB image with Pillow's antialiased bilinear filter (``Image.resize(size,
+Image.BILINEAR, box=...)``: a triangle whose support widens with the downscale factor), in
+float32 instead of Pillow's 8-bit fixed point: closer to the exact filter, within one level of
+255 of Pillow. Training (RandomResizedCrop) and validation (:func:`center_crop_box`) differ
+only in the source box.
 
-Training (RandomResizedCrop) and validation (resize shorter side, centre crop) use the same
-kernel: validation is just another source box, from :func:`center_crop_box`.
+The self-supervised recipes (DINO, SimCLR, BYOL) add two whole-image ops: :func:`gaussian_blur`
+and :func:`solarize`. Every result is bit-identical across runs, threads and x86-64/aarch64.
 
-Whole-image ops of the self-supervised recipes (DINO, SimCLR, BYOL) on uint8 RGB:
-:func:`gaussian_blur` (torchvision v2's ``gaussian_blur``, within one level of it, vectorized,
-bit-identical across runs, threads and x86-64/aarch64) and :func:`solarize`.
+The three image functions read ``img``, a uint8 (H, W, 3) RGB array (strided rows in place,
+other layouts copied first), fill ``out``, a writable C-contiguous array of the result's shape
+and dtype (allocated when None), return it, and raise ConfigError for an invalid argument.
 """
 
 import threading
@@ -33,8 +33,7 @@ _local = threading.local()
 
 
 def _workspace():
-    """This thread's resampling scratch, or a private one while a re-entrant caller on this
-    thread holds it."""
+    """This thread's resampling scratch, or a fresh one while a re-entrant call holds it."""
     ws = getattr(_local, "ws", None)
     if ws is None:
         ws = _local.ws = _ops.Workspace()
@@ -73,14 +72,10 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     Parameters
     ----------
     img : ndarray, uint8, shape (H, W, 3)
-        Decoded RGB image (or region). Rows may be strided (a slice of a larger image) and
-        are read in place; other layouts (e.g. a column slice with a pixel step) are copied
-        to a compact array first.
     box : (y0, x0, h, w)
-        Source box in pixels of ``img``; fractional values allowed (a crop box scaled into an
-        image decoded at DCT scale s/8). Must lie inside the image: ``0 <= y0``,
-        ``y0 + h <= H``, ``h > 0``, and the same for x; an overshoot of up to 1e-6 pixel
-        (rounding of a scaled box) is clamped.
+        Source box in pixels of ``img``, fractional values allowed (a box scaled to a DCT
+        scale). It must lie inside the image (``0 <= y0``, ``h > 0``, ``y0 + h <= H``, likewise
+        for x); an overshoot of up to 1e-6 pixel is clamped.
     size : int or (oh, ow)
         Output height and width in pixels.
     flip : bool
@@ -95,17 +90,11 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
     mean, std : 3 floats each
         Per-channel normalization on the 0..1 scale; ``std`` > 0.
     out : ndarray, optional
-        Writable C-contiguous array of the output shape and dtype to fill (e.g. one sample of
-        a batch); allocated when None.
+        Of shape ``output_shape(size, layout)`` and dtype ``dtype``.
     interpolation : "bilinear" or "bicubic"
         Pillow's antialiased filter (torchvision's ``antialias=True``): the triangle, or the
         Keys cubic with a = -0.5, support scaled by the downscale factor. Bicubic overshoots:
         uint8 output is clamped to 0..255, float outputs are not.
-
-    Returns
-    -------
-    ndarray
-        ``out`` (or the new array): shape ``output_shape(size, layout)``, dtype ``dtype``.
     """
     img = _rgb_image(img)
     if img.shape[0] < 1 or img.shape[1] < 1:
@@ -142,18 +131,13 @@ def resize_crop(img, box, size, *, flip=False, dtype="float32", layout="CHW",
 
 
 def center_crop_box(height, width, size=224, resize=256):
-    """Source box of the validation transform, for :func:`resize_crop` with ``size``.
+    """Source box, as floats ``(y0, x0, h, w)`` in pixels of the ``height`` x ``width`` image,
+    of torchvision's ``Resize(resize)`` then ``CenterCrop(size)``, for :func:`resize_crop`.
 
-    torchvision's ``Resize(resize)`` (shorter side to ``resize``, longer side
-    ``int(resize * long / short)``) followed by ``CenterCrop(size)`` (offsets rounded half to
-    even), expressed in pixels of the ``height`` x ``width`` source image. Where the crop is
-    larger than the resized image, torchvision pads with zeros; here the image is scaled just
-    enough to cover the crop instead.
-
-    Returns
-    -------
-    (y0, x0, h, w) : tuple of float
-        Box in source pixels.
+    Resize sets the shorter side to ``resize`` and the longer to ``int(resize * long /
+    short)``; the crop's offsets round half to even. Where the crop is larger than the resized
+    image, torchvision pads with zeros; here the image is scaled just enough to cover it.
+    ConfigError when ``resize`` is below the crop's shorter side.
     """
     height, width, resize = (_v.integer(v, name, 1, (1 << 30) - 1) for v, name in
                              ((height, "height"), (width, "width"), (resize, "resize")))
@@ -182,8 +166,7 @@ def _rgb_image(img):
 
 
 def _out_array(out, shape, name):
-    """``out`` checked as a writable C-contiguous array of dtype ``name`` and ``shape``, or a
-    new one."""
+    """``out`` checked as a writable C-contiguous ``name`` array of ``shape``, or a new one."""
     if out is None:
         return np.empty(shape, dtype=_DTYPES[name])
     if not isinstance(out, np.ndarray) or out.shape != shape \
@@ -209,20 +192,17 @@ def _xy_pair(value, name, check):
 def gaussian_blur(img, kernel_size, sigma=None, out=None):
     """Blur an RGB image with a Gaussian kernel, as torchvision v2's ``gaussian_blur`` does.
 
-    The kernel is separable: along each axis ``ksize`` weights ``exp(-t**2 / (2 sigma**2))``,
+    The separable kernel has ``ksize`` weights ``exp(-t**2 / (2 sigma**2))`` per axis,
     ``t = -(ksize // 2) .. ksize // 2``, normalized to sum 1 (torchvision's
-    ``_get_gaussian_kernel1d``). The image is reflect-padded by ``ksize // 2`` pixels (the edge
-    pixel not repeated, torch's ``"reflect"``), summed vertically then horizontally in float32
-    and rounded half to even; the outer taps whose weights sum to at most 2**-24 per end are
-    left out (with the sigmas of SimCLR and DINO, 0.1 to 2, about half of a 23-tap kernel),
-    which moves a value by under 1e-4 of a level. The result is within one level of
-    torchvision's (which sums the 2-D kernel's float32 products in another order).
+    ``_get_gaussian_kernel1d``). The image is reflect-padded (torch's ``"reflect"``), summed
+    vertically then horizontally in float32 and rounded half to even. The outer taps whose
+    weights sum to at most 2**-24 per end are left out, which moves a value by under 1e-4 of
+    a level. The result is within one level of torchvision's, which sums in another order.
 
     Parameters
     ----------
-    img : ndarray, uint8, shape (H, W, 3)
-        RGB image. Rows may be strided (a slice of a larger image) and are read in place;
-        other layouts are copied to a compact array first.
+    img, out : ndarray, uint8, shape (H, W, 3)
+        ``out`` may be ``img`` itself (the input is then copied first).
     kernel_size : int or (int, int)
         Taps along x (width) and y (height), torchvision's order; one int for both. Odd and
         positive; ``kernel_size // 2`` must be below the image's size along that axis (torch
@@ -230,14 +210,6 @@ def gaussian_blur(img, kernel_size, sigma=None, out=None):
     sigma : float or (float, float), optional
         Standard deviation along x and y, in pixels, > 0; one number for both. None:
         ``0.15 * ksize + 0.35`` per axis (torchvision's default).
-    out : ndarray, optional
-        Writable C-contiguous uint8 array of shape (H, W, 3) to fill; may be ``img`` itself
-        (the input is then copied first). Allocated when None.
-
-    Returns
-    -------
-    ndarray, uint8, shape (H, W, 3)
-        ``out`` (or the new array).
     """
     img = _rgb_image(img)
     kx, ky = _xy_pair(kernel_size, "kernel_size",
@@ -265,28 +237,10 @@ def gaussian_blur(img, kernel_size, sigma=None, out=None):
 
 
 def solarize(img, threshold, out=None):
-    """Invert every value at or above a threshold, as torchvision v2's ``solarize`` on uint8.
-
-    Each channel value ``v`` becomes ``255 - v`` where ``v >= threshold`` (compared in
-    float32, as torch compares a uint8 tensor with a float), and is kept otherwise. The same
-    value map as the auto-augment op Solarize.
-
-    Parameters
-    ----------
-    img : ndarray, uint8, shape (H, W, 3)
-        RGB image.
-    threshold : float
-        Level on the 0..255 scale, at most 255 (torchvision refuses more); 128 in SimCLR,
-        BYOL and DINO's ``RandomSolarize``.
-    out : ndarray, optional
-        Writable C-contiguous uint8 array of shape (H, W, 3) to fill; may be ``img`` itself
-        (in place). Allocated when None.
-
-    Returns
-    -------
-    ndarray, uint8, shape (H, W, 3)
-        ``out`` (or the new array).
-    """
+    """Invert every value at or above ``threshold``, as torchvision v2's ``solarize`` on uint8:
+    ``v`` becomes ``255 - v`` where ``v >= threshold`` (compared in float32, as torch does).
+    ``threshold`` is a level of the 0..255 scale, at most 255 (as torchvision; 128 in SimCLR,
+    BYOL and DINO). ``out`` (uint8, shape (H, W, 3)) may be ``img`` itself: in place."""
     img = _rgb_image(img)
     thr = _v.number(threshold, "threshold", high=255.0)
     out = _out_array(out, img.shape, "uint8")

@@ -1,8 +1,6 @@
 """Progressive resolution: an output size that ramps up with the epoch, by FFCV's rule
-(``get_resolution`` in libffcv/ffcv-imagenet's ``train_imagenet.py``); the rule, its rounding
-and how the schedule travels in the stream spec: docs/guides/recipes.md ("Progressive
-resolution").
-"""
+(``get_resolution`` in libffcv/ffcv-imagenet's ``train_imagenet.py``). The rule, its rounding
+and how the schedule travels in the stream spec: docs/guides/recipes.md."""
 
 from dataclasses import asdict, astuple, dataclass, fields
 
@@ -44,22 +42,11 @@ class ProgressiveSize:
         return self.end_epoch - self.start_epoch >= 2
 
     def size_at(self, epoch):
-        """The side of epoch ``epoch``'s output, in pixels (FFCV's rule).
-
-        Parameters
-        ----------
-        epoch : int
-            An epoch, >= 0.
-
-        Returns
-        -------
-        int
-            ``min_size`` up to ``start_epoch``, ``max_size`` from ``end_epoch``, else the
-            interpolation rounded (half to even) to a multiple of ``multiple``.
-        """
+        """The side in pixels of epoch ``epoch`` (>= 0): ``min_size`` up to ``start_epoch``,
+        ``max_size`` from ``end_epoch``, else the interpolation rounded (half to even) to a
+        multiple of ``multiple``."""
         epoch = int(epoch)
-        # The start_epoch test comes first, as in FFCV; the interpolation is np.interp's
-        # formula and the rounding np.round's (half to even), in Python floats.
+        # As FFCV: the start_epoch test first, np.interp's formula, np.round's rounding.
         if epoch <= self.start_epoch:
             return self.min_size
         if epoch >= self.end_epoch:
@@ -78,13 +65,12 @@ class ProgressiveSize:
         return max(self.max_size, self.size_at(self.end_epoch - 1))
 
     def sizes(self, epochs):
-        """``[size_at(e) for e in range(epochs)]``: the side of each of the first ``epochs``
-        epochs, in pixels."""
+        """The side in pixels of each of the first ``epochs`` epochs."""
         return [self.size_at(e) for e in range(int(epochs))]
 
     def to_dict(self):
-        """The schedule as a JSON-serialisable dict (``"kind": "progressive"``), as it goes
-        in a transform's ``to_dict()`` and a saved state."""
+        """The schedule as the JSON-serialisable dict (``"kind": "progressive"``) of a
+        transform's ``to_dict()`` and a saved state."""
         return {"kind": KIND, **asdict(self)}
 
     @classmethod
@@ -98,21 +84,18 @@ class ProgressiveSize:
 
 
 def progressive_size(min_size, max_size, start_epoch, end_epoch, multiple=32):
-    """A train loader's output size that ramps up with the epoch, by FFCV's rule: pass it
-    as ``size=`` to :class:`~dpu_pipe.Loader` (every mode).
+    """A train loader's output size that ramps up with the epoch, by FFCV's rule: pass it as
+    ``size=`` to :class:`~dpu_pipe.Loader` (every mode).
 
     Parameters
     ----------
-    min_size : int
-        Side (pixels) of the epochs up to ``start_epoch`` (FFCV's ``min_res``).
-    max_size : int
-        Side (pixels) from ``end_epoch`` on (FFCV's ``max_res``); >= ``min_size``.
-    start_epoch : int
-        Last epoch at ``min_size`` (FFCV's ``start_ramp``), >= 0.
-    end_epoch : int
-        First epoch at ``max_size`` (FFCV's ``end_ramp``), >= ``start_epoch``. The test for
-        ``start_epoch`` comes first, as in FFCV: with ``end_epoch == start_epoch`` that epoch
-        is still at ``min_size`` and the next one at ``max_size``.
+    min_size, max_size : int
+        Side (pixels) up to ``start_epoch`` and from ``end_epoch`` on (FFCV's ``min_res`` and
+        ``max_res``), ``min_size <= max_size``.
+    start_epoch, end_epoch : int
+        Last epoch at ``min_size`` and first at ``max_size`` (FFCV's ``start_ramp`` and
+        ``end_ramp``), ``0 <= start_epoch <= end_epoch``. With equal epochs, that epoch is at
+        ``min_size`` (FFCV tests ``start_epoch`` first) and the next at ``max_size``.
     multiple : int
         The epochs in between get the linear interpolation rounded (half to even) to a
         multiple of this (FFCV: 32).
@@ -120,7 +103,6 @@ def progressive_size(min_size, max_size, start_epoch, end_epoch, multiple=32):
     Returns
     -------
     ProgressiveSize
-        Frozen; ``size_at(epoch)`` gives an epoch's side, ``largest`` the side buffers are
-        sized for. Images are square, ``(B, 3, s, s)`` in epoch e with ``s = size_at(e)``.
+        Images are square, ``(B, 3, s, s)`` in epoch e with ``s = size_at(e)``.
     """
     return ProgressiveSize(min_size, max_size, start_epoch, end_epoch, multiple)

@@ -1,8 +1,10 @@
 """Loader states and resuming: what :meth:`Loader.state_dict <dpu_pipe.Loader.state_dict>`
-writes, and where :meth:`Loader.load_state_dict <dpu_pipe.Loader.load_state_dict>` continues —
-the same position, or, elastically, the rest of the saved epoch over another number of
-ranks. Pure functions of a loader's :class:`~dpu_pipe.spec.StreamSpec` and the saved states.
+writes, and where :meth:`Loader.load_state_dict <dpu_pipe.Loader.load_state_dict>` continues
+(the same position, or, elastically, the rest of the saved epoch over other ranks). Pure
+functions of a loader's :class:`~dpu_pipe.spec.StreamSpec` and the saved states.
 """
+
+import contextlib
 
 import numpy as np
 
@@ -14,10 +16,9 @@ from .spec import STATE_DEFAULTS
 
 __all__ = ["STATE_VERSION", "state_of", "source_identity", "resume_position"]
 
-# Each version adds what an older dpu_pipe would ignore and so resume into another stream
-# (3: the elastic resume point; 4: stick_to_shard). Versions 2 and 3 lack them and mean
-# what they meant (no resume point, stick_to_shard off): still read. Version 1 had another
-# epoch order.
+# Each version adds what an older dpu_pipe would ignore, resuming into another stream (3: the
+# elastic resume point; 4: stick_to_shard). Versions 2 and 3 mean what they meant, so they
+# are still read; version 1 had another epoch order.
 STATE_VERSION = 4
 _READABLE_STATES = (2, 3, STATE_VERSION)
 
@@ -26,9 +27,8 @@ _ELASTIC_FIELDS = ("world_size", "rank", "batch_size")
 
 
 def state_of(spec, epoch, step):
-    """The state of the stream ``spec`` at ``(epoch, step)`` (JSON-serialisable):
-    ``"resume"`` is the spec's resume point when ``epoch`` is the epoch it applies to (else
-    None), ``"source"`` names the dataset (:func:`source_identity`)."""
+    """The state (JSON-serialisable) of the stream ``spec`` at ``(epoch, step)``; its
+    ``"resume"`` is the spec's resume point if it applies to ``epoch``, else None."""
     resume = spec.resume
     return {"version": STATE_VERSION, "epoch": epoch, "step": step, **spec.state(),
             "resume": list(resume) if resume is not None and resume[0] == epoch else None,
@@ -36,8 +36,7 @@ def state_of(spec, epoch, step):
 
 
 def source_identity(source):
-    """What names the dataset in a state: kind, location, sample count and index
-    fingerprint (paths and labels; None for a source without one)."""
+    """A state's name of the dataset: kind, location, sample count, index fingerprint."""
     spec = source.spec() if hasattr(source, "spec") else {}
     args = spec.get("args") or {}
     fp = getattr(source, "fingerprint", None)
@@ -47,11 +46,10 @@ def source_identity(source):
 
 
 def resume_position(spec, state, elastic):
-    """Where the stream ``spec`` continues from ``state`` (a state of :func:`state_of`, or,
-    with ``elastic``, the list of every saved rank's states): ``(resume, epoch, step)``, the
-    resume point the continued stream's spec takes and its position. See
-    :meth:`dpu_pipe.Loader.load_state_dict` for what is checked; a state that does not fit
-    raises :class:`ConfigError`."""
+    """``(resume, epoch, step)``: the resume point and position with which the stream
+    ``spec`` continues from ``state`` (:func:`state_of`'s, or with ``elastic`` the list of
+    every saved rank's); :class:`ConfigError` when it does not fit
+    (:meth:`dpu_pipe.Loader.load_state_dict`)."""
     states = state if isinstance(state, (list, tuple)) else [state]
     if isinstance(state, (list, tuple)) and not (elastic and state):
         raise ConfigError("a list of states is for load_state_dict(states, elastic=True) "
@@ -62,14 +60,14 @@ def resume_position(spec, state, elastic):
     first = states[0]
     epoch = check_epoch(first.get("epoch"))
     resume = _state_resume(first, epoch)
-    if not elastic or _same_geometry(spec, first):
+    same_geometry = all(first.get(k) == getattr(spec, k) for k in ("world_size", "batch_size"))
+    if not elastic or same_geometry:
         if len(states) > 1:
             _elastic_point(spec, states, epoch, resume)    # checks the ranks agree
             first = next(st for st in states if st["rank"] == spec.rank)
         step = _state_step(spec, first, epoch, resume)
         if elastic:
-            # Another rank's state (they stood at one step): a rank of an uneven shard
-            # with one batch less is at its end.
+            # Maybe another rank's state: on an uneven shard, one batch less is this end.
             mine = _sampler(spec, spec.world_size, spec.rank, resume)
             step = min(step, mine.num_batches(spec.batch_size, spec.drop_last, epoch))
     else:
@@ -84,8 +82,7 @@ def resume_position(spec, state, elastic):
 
 
 def _check_state(spec, state, elastic):
-    """ConfigError unless ``state`` is a loader state of this dataset and of these
-    arguments (the re-sharding ones excepted when ``elastic``)."""
+    """ConfigError unless ``state`` is of this dataset and arguments (but ``elastic``'s)."""
     if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
         raise ConfigError(f"not a dpu_pipe loader state (version {STATE_VERSION}): {state!r}")
     theirs, ours = state.get("source"), source_identity(spec.source)
@@ -124,23 +121,15 @@ def _state_resume(state, epoch):
     resume = state.get("resume")
     if resume is None:
         return None
-    try:
+    with contextlib.suppress(TypeError, ConfigError):
         resume = tuple(resume)
-        ok = len(resume) in (2, 3) and check_epoch(resume[0]) == epoch
-    except (TypeError, ConfigError):
-        ok = False
-    if not ok:
-        raise ConfigError(f"state resume point {state.get('resume')!r} is not "
-                          f"[epoch {epoch}, start]")
-    return resume
-
-
-def _same_geometry(spec, state):
-    return all(state.get(k) == getattr(spec, k) for k in ("world_size", "batch_size"))
+        if len(resume) in (2, 3) and check_epoch(resume[0]) == epoch:
+            return resume
+    raise ConfigError(f"state resume point {state.get('resume')!r} is not "
+                      f"[epoch {epoch}, start]")
 
 
 def _sampler(spec, world_size, rank, resume):
-    """The sampler of ``spec``'s stream for rank ``rank`` of ``world_size`` with ``resume``."""
     return EpochSampler(len(spec.source), seed=spec.seed, shuffle=spec.shuffle,
                         rank=rank, world_size=world_size, shard_tail=spec.shard_tail,
                         resume=resume, stick_to_shard=spec.stick_to_shard)
@@ -160,14 +149,13 @@ def _state_step(spec, state, epoch, resume):
 
 
 def _elastic_point(spec, states, epoch, resume):
-    """Where the rest of ``epoch`` starts after the saved ranks' steps: ``(epoch, start)``
-    with the positions ``0 .. start - 1`` of its order read, or ``(epoch + 1, 0)`` when the
-    epoch was read to its end.
+    """Where the rest of ``epoch`` starts after the saved ranks' steps: ``(epoch, start)``,
+    positions ``0 .. start - 1`` of its order read, or ``(epoch + 1, 0)`` at its end.
 
-    Saved rank ``r`` with ``per_r`` indices in the epoch at step ``s_r`` has read its first
-    ``c_r = min(s_r * batch_size, per_r)`` indices: positions ``r, r + W, ...``. The ranks
-    read a prefix of the order — what the rest can continue from — when every ``c_r`` is
-    ``min(K, per_r)`` for one K; one state stands for every rank at its step.
+    Saved rank ``r`` (``per_r`` indices in the epoch, at step ``s_r``) has read positions
+    ``r, r + W, ...`` of the order, its first ``c_r = min(s_r * batch_size, per_r)``. They
+    form a prefix to continue from when every ``c_r`` is ``min(K, per_r)`` for one K; one
+    state stands for every rank at its step.
     """
     ref = states[0]
     world, bs = ref["world_size"], ref["batch_size"]
@@ -191,8 +179,7 @@ def _elastic_point(spec, states, epoch, resume):
         step = _state_step(spec, ref, epoch, resume)
         steps = {r: step for r in range(world)}
     samplers = [_sampler(spec, world, r, resume) for r in range(world)]
-    drop_last = spec.drop_last
-    if all(steps[r] >= s.num_batches(bs, drop_last, epoch) for r, s in enumerate(samplers)):
+    if all(steps[r] >= s.num_batches(bs, spec.drop_last, epoch) for r, s in enumerate(samplers)):
         return epoch + 1, 0
     read = [min(steps[r] * bs, s.count(epoch)) for r, s in enumerate(samplers)]
     k = max(read)

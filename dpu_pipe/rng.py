@@ -1,84 +1,61 @@
 """The one random-number scheme of dpu_pipe, in numpy (twin of ``src/dpu_pipe/_rng.pxd``).
 
-Every random decision in dpu_pipe — the epoch permutation, each sample's crop and flip — is a
-pure function of ``(seed, epoch, sample index or position, stream)``: no generator state lives
-in threads or processes, so a batch comes out the same whichever thread, producer rank or
-machine makes it. The Cython kernels (``_rng.pxd``) and this module compute the same bits;
-the tests hold them to exact equality.
+Every random decision — the epoch permutation, each sample's crop and flip — is a pure function
+of ``(seed, epoch, sample index or position, stream)``: no generator state lives in threads or
+processes, so a batch is the same whichever thread, producer rank or machine makes it. The
+Cython kernels compute the same bits; the tests hold the twins to exact equality.
 
 Generator
     Philox-4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2,
     3", SC 2011), checked against Random123's known-answer vectors. One call maps a 128-bit
-    counter and a 64-bit key to 128 random bits (a *block* of four uint32 words).
+    counter and a 64-bit key to a *block* of four uint32 words.
 
 Key and counter
-    ======================  ===========================================================
-    key word 0              ``seed & 0xFFFFFFFF``
-    key word 1              ``seed >> 32``                       (seed: 0 <= seed < 2**64)
-    counter word 0          ``index & 0xFFFFFFFF``
-    counter word 1          ``index >> 32``                      (sample index < 2**64)
-    counter word 2          ``epoch``                            (0 <= epoch < 2**32)
-    counter word 3          ``stream << 16 | block``             (both < 2**16)
-    ======================  ===========================================================
-
-    ``index`` is the sample's index in its source (not its position in a batch or shard), so
-    a sample's augmentation does not depend on rank, world size or batch size.
+    The key is ``(seed & 0xFFFFFFFF, seed >> 32)`` with ``0 <= seed < 2**64``; the counter
+    is ``(index & 0xFFFFFFFF, index >> 32, epoch, stream << 16 | block)`` with ``index <
+    2**64``, ``epoch < 2**32`` and ``stream``, ``block < 2**16``. ``index`` is the sample's
+    index in its source (not its position in a batch or shard), so a sample's augmentation
+    does not depend on rank, world size or batch size.
 
 Streams (one per purpose, so purposes never share random numbers)
-    ======  =====================  =========================================================
-    id      name                   blocks used
-    ======  =====================  =========================================================
-    0       ``STREAM_SHUFFLE``     block r (r = 0..7): round r of the epoch permutation's
-                                   Feistel network, whose right half stands in the
-                                   sample-index words (:func:`permutation_at`)
-    1       ``STREAM_CROP``        block a (a = 0..9): attempt a of RandomResizedCrop
-                                   (u0 -> scale, u1 -> log aspect ratio); block 10: the
-                                   position of the accepted crop (u0 -> top, u1 -> left)
-    2       ``STREAM_FLIP``        block 0: u0 < p flips the sample horizontally
-    256     ``STREAM_AUGMENT``     auto-augment (src/dpu_pipe/_augment.pyx, aug_sample):
-                                   TrivialAugmentWide block 0 (u0 -> op, u1 -> bin), 1
-                                   (u0 <= 0.5 negates); RandAugment op k blocks 2k (u0 -> op,
-                                   u1 <= 0.5 negates), 2k+1 (u0 -> level noise, mstd);
-                                   AutoAugment block 0 (u0 -> sub-policy), 1 + s (u0 <= p
-                                   applies step s, u1 <= 0.5 negates)
-    257     ``STREAM_JITTER``      colour jitter: blocks 0-1 (u0, u1, u0: the order), block 1
-                                   u1 brightness, block 2 (contrast, saturation), block 3
-                                   u0 hue
-    258     ``STREAM_GRAYSCALE``   block 0: u0 < p makes the sample grayscale
-    259     ``STREAM_ERASE``       block 0: u0 < p erases; attempt a: block 1 + a (u0 ->
-                                   scale, u1 -> log ratio), block 11 + a (u0 -> top, u1 ->
-                                   left)
-    260     ``STREAM_MIX``         batch ops (dpu_pipe/mix.py), keyed by the batch, not a
-                                   sample: the index words hold ``step | rank << 32``.
-                                   Block 0: u0 < mix_p mixes the batch, u1 < mix_switch_p
-                                   picks CutMix; block 1: the CutMix box centre (u0 -> x,
-                                   u1 -> y); blocks 2...: the uniforms of the Beta draw
-                                   (:func:`beta_variate`), two per block, in order
-    261     ``STREAM_HOOK``        the seed of ``batch_hook``'s numpy Generator (not
-                                   Philox blocks: SeedSequence(seed, epoch, rank, step, 261))
-    262     ``STREAM_STICK``       ``stick_to_shard``'s keys (dpu_pipe/sampler.py), the
-                                   64-bit word 0 of: block 0 at index 0 (the key of the
-                                   fixed permutation), block 1 at index ``rank | world_size
-                                   << 32`` (the key of that rank's in-shard shuffle); epoch 0
-    263     ``STREAM_BLUR``        multi-view Gaussian blur (dpu_pipe/views.py): block 0
-                                   u0 < blur_p blurs, u1 -> sigma = lo + (hi - lo) u1
-    264     ``STREAM_SOLARIZE``    multi-view solarize: block 0 u0 < solarize_p solarizes
-    265...  ``STREAM_USER``        first id free for new purposes; add them to this table
-    512+    ``STREAM_ERASE_NOISE``
-                                   streams 512..527 (erase_value="random"): element k of
-                                   the erased (3, h, w) box, in that order, is the standard
-                                   normal quantile of ((word k % 4) + 1/2) / 2**32 of block
-                                   (k // 4) % 2**16 of stream 512 + k // 2**18
-    ======  =====================  =========================================================
-
-    The colour jitter of a view (dpu_pipe/views.py) also reads ``STREAM_JITTER`` block 4
-    (u0 < jitter_p applies it) when ``jitter_p < 1``.
+    - 0 ``STREAM_SHUFFLE``: block r (r = 0..7) is round r of the epoch permutation's Feistel
+      network, whose right half stands in the sample-index words (:func:`permutation_at`).
+    - 1 ``STREAM_CROP``: block a (a = 0..9) is attempt a of RandomResizedCrop (u0 -> scale,
+      u1 -> log aspect ratio); block 10 places the accepted crop (u0 -> top, u1 -> left).
+    - 2 ``STREAM_FLIP``: block 0, u0 < p flips the sample horizontally.
+    - 256 ``STREAM_AUGMENT``: auto-augment (src/dpu_pipe/_augment.pyx, aug_sample).
+      TrivialAugmentWide: block 0 (u0 -> op, u1 -> bin), 1 (u0 <= 0.5 negates). RandAugment
+      op k: blocks 2k (u0 -> op, u1 <= 0.5 negates), 2k+1 (u0 -> level noise, mstd).
+      AutoAugment: block 0 (u0 -> sub-policy), 1 + s (u0 <= p applies step s, u1 <= 0.5
+      negates).
+    - 257 ``STREAM_JITTER``: colour jitter: blocks 0-1 (u0, u1, u0: the order), block 1 u1
+      brightness, block 2 (contrast, saturation), block 3 u0 hue. The jitter of a view
+      (dpu_pipe/views.py) with ``jitter_p < 1`` also reads block 4 (u0 < jitter_p applies it).
+    - 258 ``STREAM_GRAYSCALE``: block 0, u0 < p makes the sample grayscale.
+    - 259 ``STREAM_ERASE``: block 0, u0 < p erases; attempt a: block 1 + a (u0 -> scale,
+      u1 -> log ratio), block 11 + a (u0 -> top, u1 -> left).
+    - 260 ``STREAM_MIX``: batch ops (dpu_pipe/mix.py), keyed by the batch, not a sample: the
+      index words hold ``step | rank << 32``. Block 0: u0 < mix_p mixes the batch, u1 <
+      mix_switch_p picks CutMix; block 1: the CutMix box centre (u0 -> x, u1 -> y); blocks
+      2...: the uniforms of the Beta draw (:func:`beta_variate`), two per block, in order.
+    - 261 ``STREAM_HOOK``: the seed of ``batch_hook``'s numpy Generator (not Philox blocks:
+      SeedSequence(seed, epoch, rank, step, 261)).
+    - 262 ``STREAM_STICK``: ``stick_to_shard``'s keys (dpu_pipe/sampler.py), the 64-bit word
+      0 of block 0 at index 0 (the fixed permutation's key) and of block 1 at index ``rank |
+      world_size << 32`` (the key of that rank's in-shard shuffle); epoch 0.
+    - 263 ``STREAM_BLUR``: multi-view Gaussian blur (dpu_pipe/views.py): block 0, u0 < blur_p
+      blurs, u1 -> sigma = lo + (hi - lo) u1.
+    - 264 ``STREAM_SOLARIZE``: multi-view solarize: block 0, u0 < solarize_p solarizes.
+    - 265... ``STREAM_USER``: the first id free for new purposes; add them to this list.
+    - 512..527 ``STREAM_ERASE_NOISE`` (erase_value="random"): element k of the erased (3, h,
+      w) box, in that order, is the standard normal quantile of ((word k % 4) + 1/2) / 2**32
+      of block (k // 4) % 2**16 of stream 512 + k // 2**18.
 
 Views
-    View ``v`` of a multi-view recipe draws every per-sample stream above at id
-    ``stream + (v << VIEW_SHIFT)`` (:func:`view_stream`; every id above is below
-    ``1 << VIEW_SHIFT``, and ``v < MAX_VIEWS`` keeps the id below 2**16): no two views share
-    random numbers, and view 0 draws exactly what a one-view recipe draws.
+    View ``v`` of a multi-view recipe draws every per-sample stream above at id ``stream + (v
+    << VIEW_SHIFT)`` (:func:`view_stream`; every id above is below ``1 << VIEW_SHIFT``, and
+    ``v < MAX_VIEWS`` keeps the id below 2**16): no two views share random numbers, and view 0
+    draws exactly what a one-view recipe draws.
 
 From words to numbers
     A block's words ``(x0, x1, x2, x3)`` form two 64-bit words ``w0 = x1 << 32 | x0`` and
@@ -87,29 +64,25 @@ From words to numbers
     An integer uniform in ``[0, n)`` is ``floor(u * n)`` (bias below ``n * 2**-53``).
 
 Floating point that is the same everywhere
-    IEEE-754 ``+ - * / sqrt``, ``rint``, ``floor``, ``frexp`` and ``ldexp`` are exactly
-    rounded, so numpy and C agree on them on any machine. libm's ``exp``/``log`` are not
-    (glibc dispatches FMA and non-FMA variants at run time, which may differ in the last
-    bit), so the aspect ratio uses :func:`portable_exp` and :func:`portable_log`: fixed
-    polynomials evaluated with the operations above in the same order in both twins. The C
-    build passes ``-ffp-contract=off`` so that GCC does not fuse ``p * r + c`` into an FMA on
-    aarch64, which would change the rounding. Results differ from ``math.exp``/``math.log``
-    by at most a couple of ulp — irrelevant for sampling, but the bits are portable.
+    Only IEEE-754 ``+ - * / sqrt``, ``rint``, ``floor``, ``frexp`` and ``ldexp``, which are
+    exactly rounded on every machine. libm's ``exp``/``log`` are not (glibc picks FMA or
+    non-FMA variants at run time), so the aspect ratio uses :func:`portable_exp` and
+    :func:`portable_log`: fixed polynomials, evaluated in the same order in both twins, within
+    a couple of ulp of ``math.exp``/``math.log``. The C build passes ``-ffp-contract=off`` so
+    that GCC does not fuse ``p * r + c`` into an FMA on aarch64.
 
 The epoch permutation
     :func:`permutation_at` maps position ``p`` of epoch ``e`` to a sample index in ``[0, n)``
-    with O(1) time and memory per position (no array of ``n`` entries anywhere), for ``n``
-    up to 2**62. With ``bits = max(8, ceil(log2 n))``, ``p`` is split into a left half ``L`` of
-    ``floor(bits / 2)`` bits and a right half ``R`` of ``ceil(bits / 2)`` bits (``p = L <<
-    |R| | R``); each of ``PERM_ROUNDS = 8`` rounds maps ``(L, R)`` to ``(R, L ^ F_r(R))``
-    where ``F_r(R)`` is the first 64-bit word of the block ``(seed, e, index=R,
-    STREAM_SHUFFLE, block=r)`` cut to ``|L|`` bits, and the halves swap widths (so an odd
-    ``bits`` needs no special case). That is a bijection of ``[0, 2**bits)``; applying it
-    again while the result is ``>= n`` (cycle-walking) restricts it to a bijection of
-    ``[0, n)`` — fewer than 2 passes on average for ``n > 256`` (``2**bits < 2 n``). The
-    8-bit minimum keeps tiny datasets' permutations uniform: on halves of one or two bits,
-    eight rounds are measurably biased. Integer operations only, so every machine computes
-    the same permutation.
+    in O(1) time and memory per position, for ``n`` up to 2**62. With ``bits = max(8,
+    ceil(log2 n))``, ``p`` splits into a left half ``L`` of ``floor(bits / 2)`` bits and a
+    right half ``R`` of ``ceil(bits / 2)`` bits (``p = L << |R| | R``); each of
+    ``PERM_ROUNDS = 8`` rounds maps ``(L, R)`` to ``(R, L ^ F_r(R))``, where ``F_r(R)`` is
+    word ``w0`` of the block ``(seed, e, index=R, STREAM_SHUFFLE, block=r)`` cut to ``|L|``
+    bits, and the halves swap widths. That is a bijection of ``[0, 2**bits)``; applying it
+    again while the result is ``>= n`` (cycle-walking) restricts it to ``[0, n)``, in fewer
+    than 2 passes on average for ``n > 256``. Integer operations only. The 8-bit minimum
+    keeps tiny datasets' permutations uniform (eight rounds on halves of one or two bits are
+    measurably biased).
 """
 
 import functools
@@ -122,13 +95,10 @@ from .errors import ConfigError
 __all__ = [
     "STREAM_SHUFFLE", "STREAM_CROP", "STREAM_FLIP", "STREAM_AUGMENT", "STREAM_JITTER",
     "STREAM_GRAYSCALE", "STREAM_ERASE", "STREAM_MIX", "STREAM_HOOK", "STREAM_ERASE_NOISE",
-    "STREAM_STICK", "STREAM_BLUR", "STREAM_SOLARIZE", "STREAM_USER", "VIEW_SHIFT",
-    "MAX_VIEWS", "view_stream", "CROP_ATTEMPTS", "beta_variate",
-    "PERM_ROUNDS", "PERM_MAX", "philox4x32_10", "random_words", "random_u64", "uniforms",
-    "permutation_at",
-    "portable_exp", "portable_log",
-    "check_seed", "check_epoch", "check_crop_config",
-    "random_resized_crop", "random_flip",
+    "STREAM_STICK", "STREAM_BLUR", "STREAM_SOLARIZE", "STREAM_USER", "VIEW_SHIFT", "MAX_VIEWS",
+    "view_stream", "CROP_ATTEMPTS", "beta_variate", "PERM_ROUNDS", "PERM_MAX", "philox4x32_10",
+    "random_words", "random_u64", "uniforms", "permutation_at", "portable_exp", "portable_log",
+    "check_seed", "check_epoch", "check_crop_config", "random_resized_crop", "random_flip",
 ]
 
 STREAM_SHUFFLE = 0
@@ -324,12 +294,9 @@ def uniforms(seed, epoch, index, stream, block=0):
 # --- the epoch permutation ------------------------------------------------------------------
 
 def permutation_at(positions, n, seed, epoch):
-    """Sample index at each position of epoch ``epoch``'s permutation of ``[0, n)`` (the
-    Feistel construction in the module docstring; twin of ``_rng.pxd``'s ``perm_index``).
-
-    ``positions``: integers in ``[0, n)``; ``n``: 1 <= n <= 2**62; ``seed``, ``epoch`` as
-    everywhere. Arguments broadcast; returns int64 of the broadcast shape.
-    """
+    """Sample index at each of ``positions`` (integers in ``[0, n)``) of epoch ``epoch``'s
+    permutation of ``[0, n)``, 1 <= n <= 2**62: the Feistel construction of the module
+    docstring (twin of ``_rng.pxd``'s ``perm_index``). Arguments broadcast; returns int64."""
     n = operator.index(n) if not isinstance(n, (bool, np.bool_)) else -1
     if not 1 <= n <= PERM_MAX:
         raise ConfigError(f"n must be in [1, 2**62], got {n}")
@@ -424,20 +391,16 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     attempts, then a central crop with the aspect ratio clamped into ``ratio`` — but never an
     empty crop where torchvision would give one (ratio bounds far from 1 on a tiny image).
 
-    ``height``, ``width``: the full-resolution image size in pixels (1 .. 2**31 - 1);
-    ``scale``: range of the crop's area as a fraction of the image area; ``ratio``: range of
-    the crop's width/height. All arguments broadcast against each other. ``view``: the view
-    of a multi-view recipe (its own streams, :func:`view_stream`).
-
-    Returns ``(top, left, crop_height, crop_width)`` in full-resolution pixels — int64 arrays
-    of the broadcast shape, or Python ints if every input is a scalar — plus ``attempt``
-    (the accepted attempt 0..9, or -1 for the central-crop fallback) if ``return_attempt``.
+    ``height``, ``width``: the image size in pixels (1 .. 2**31 - 1); ``scale``: the crop's
+    area as a fraction of the image's; ``ratio``: the crop's width/height; ``view``: the view
+    of a multi-view recipe (:func:`view_stream`). Arguments broadcast. Returns ``(top, left,
+    crop_height, crop_width)`` in pixels (int64 arrays, or ints if every input is a scalar),
+    plus ``attempt`` (0..9, or -1 for the central-crop fallback) if ``return_attempt``.
     """
     s_lo, s_hi, r_lo, r_hi = check_crop_config(scale, ratio)
     crop_stream = view_stream(STREAM_CROP, view)
     seed, epoch, index = _sample_args(seed, epoch, index)
-    height = np.asarray(height)
-    width = np.asarray(width)
+    height, width = np.asarray(height), np.asarray(width)
     for name, side in (("height", height), ("width", width)):
         if side.dtype.kind not in "iu":
             raise ConfigError(f"{name} must be an integer, got {side.dtype}")
@@ -446,14 +409,12 @@ def random_resized_crop(seed, epoch, index, height, width, scale=(0.08, 1.0),
     scalar = all(np.ndim(a) == 0 for a in (seed, epoch, index, height, width))
     arrays = np.broadcast_arrays(seed, epoch, index, height, width)
     shape = arrays[0].shape
-    seed, epoch, index, H, W = (a.reshape(-1) for a in arrays)
-    H = H.astype(np.int64)
-    W = W.astype(np.int64)
+    seed, epoch, index = (a.reshape(-1) for a in arrays[:3])
+    H, W = (a.reshape(-1).astype(np.int64) for a in arrays[3:])
 
     lr_lo, lr_hi = (float(v) for v in portable_log(np.array([r_lo, r_hi])))
     area = (H * W).astype(np.float64)
-    Hf = H.astype(np.float64)
-    Wf = W.astype(np.float64)
+    Hf, Wf = H.astype(np.float64), W.astype(np.float64)
     top, left, h, w = np.zeros((4, H.size), np.int64)
     attempt = np.full(H.size, -1, np.int32)
 
@@ -521,16 +482,14 @@ def random_flip(seed, epoch, index, p=0.5, view=0):
 # --- Beta variates from + - * / sqrt and the portable exp/log --------------------------------
 
 def beta_variate(seed, epoch, index, stream, alpha, beta, first_block=0):
-    """A Beta(alpha, beta) variate in [0, 1] from the uniforms of blocks ``first_block``,
-    ``first_block + 1``, ... of ``stream`` (two per block, u0 then u1), the same bits on every
-    machine: the ratio G_a / (G_a + G_b) of two Gamma variates, each by Marsaglia and Tsang's
-    method (ACM TOMS 26(3), 2000) with Marsaglia's polar normals, and for a shape below 1
-    Gamma(a) = Gamma(a + 1) U**(1/a). Computed with logarithms (exp/log are
-    :func:`portable_exp`/:func:`portable_log`), so tiny shapes (alpha = 0.1: Gamma variates
-    below 1e-300) give 0 or 1, not 0/0. Scalars only; about 3 blocks on average. Its
-    kernel twin, ``dpu_pipe._mix.beta_variate``, gives the same bits.
+    """A Beta(alpha, beta) variate in [0, 1] (a Python float; positive shapes, scalars only)
+    from the uniforms of blocks ``first_block``, ``first_block + 1``, ... of ``stream``, u0
+    then u1, about 3 blocks on average; the same bits as ``dpu_pipe._mix.beta_variate``.
 
-    ``alpha``, ``beta``: positive shapes. Returns a Python float.
+    G_a / (G_a + G_b) of two Gamma variates, each by Marsaglia and Tsang's method (ACM TOMS
+    26(3), 2000) with Marsaglia's polar normals, and Gamma(a) = Gamma(a + 1) U**(1/a) for a
+    shape below 1. Computed with portable logarithms, so tiny shapes (alpha = 0.1: Gamma
+    variates below 1e-300) give 0 or 1, not 0/0.
     """
     _check_stream_block(stream, first_block)
     key = _sample_args(seed, epoch, index)

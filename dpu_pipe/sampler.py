@@ -1,19 +1,17 @@
 """Which sample indices a rank reads in each epoch, and in which order.
 
-One global order per epoch: position ``p`` of epoch ``e`` holds sample
-``permutation_at(p, n, seed, e)``, a keyed bijection of ``[0, n)`` evaluated one position
-at a time (:func:`dpu_pipe.rng.permutation_at`, C kernel ``perm_index`` in ``_rng.pxd``), so
-no rank holds the permutation and every rank, thread or producer computes the same order
-without talking to the others. Each rank takes every ``world_size``-th position starting at
-``rank``, as PyTorch's ``DistributedSampler`` does. Sharding, ``shard_tail`` (with a worked
+Position ``p`` of epoch ``e``'s order holds sample ``permutation_at(p, n, seed, e)``, a keyed
+bijection of ``[0, n)`` evaluated one position at a time (:func:`dpu_pipe.rng.permutation_at`,
+C kernel ``perm_index`` in ``_rng.pxd``): no rank holds the permutation, and every rank, thread
+or producer computes the same order alone. Rank ``r`` takes every ``world_size``-th position
+from ``r``, as PyTorch's ``DistributedSampler`` does. Sharding, ``shard_tail`` (with a worked
 table) and the elastic resume: docs/design/determinism.md.
 
 ``stick_to_shard=True`` keeps each rank on the same samples every epoch (what a per-rank
-decoded cache wants; docs/guides/caching.md): the epoch's order at position ``p = r + k *
-world_size`` (rank ``r``'s ``k``-th position) is ``F(r + world_size * P_{r,e}(k))``, where
-``F`` is a permutation of ``[0, n)`` keyed by the seed alone and ``P_{r,e}`` a permutation of
-the ``k`` rank ``r`` reads (with ``shard_tail="drop"`` the first ``n // world_size``, the rest
-staying in place) keyed by (seed, rank, world size) and the epoch.
+decoded cache wants): rank ``r``'s ``k``-th position, ``p = r + k * world_size``, holds
+``F(r + world_size * P_{r,e}(k))``, ``F`` a permutation of ``[0, n)`` keyed by the seed alone
+and ``P_{r,e}`` one of the ``k`` rank ``r`` reads (with ``shard_tail="drop"`` the first
+``n // world_size``, the rest staying in place) keyed by (seed, rank, world size) and epoch.
 """
 
 import numpy as np
@@ -27,8 +25,6 @@ from .rng import STREAM_STICK, check_epoch, check_seed, random_u64
 __all__ = ["EpochSampler", "SHARD_TAILS", "MAX_SAMPLES"]
 
 MAX_SAMPLES = 1 << 40
-
-
 # Positions go to the kernel this many at a time: bounded memory for whole-shard requests.
 _CHUNK = 1 << 16
 
@@ -48,34 +44,28 @@ class EpochSampler:
         This rank and the number of ranks sharing the dataset, 0 <= rank < world_size.
     shard_tail : "pad", "drop", "uneven" or "mask"
         The ``num_samples % world_size`` samples left over when the ranks stride through the
-        epoch's order: ``"pad"`` wraps around to the order's start until every rank has
-        ``ceil(n / world_size)`` indices (``DistributedSampler(drop_last=False)``);
-        ``"drop"`` cuts the tail, ``n // world_size`` each (``drop_last=True``);
-        ``"uneven"`` gives the first ``n % world_size`` ranks one index more, so every sample
-        is read exactly once across ranks (a rank may get none); ``"mask"`` shards as
-        ``"pad"`` and :meth:`valid` is False for the padding (at most one position, the
-        rank's last): exact evaluation under DDP with the same number of steps on every rank.
+        order: ``"pad"`` wraps around to its start until every rank has ``ceil(n /
+        world_size)`` (``DistributedSampler(drop_last=False)``); ``"drop"`` cuts them,
+        ``n // world_size`` each (``drop_last=True``); ``"uneven"`` gives the first ``n %
+        world_size`` ranks one more, so every sample is read once across ranks (a rank may get
+        none); ``"mask"`` pads as ``"pad"`` and :meth:`valid` is False for the padding (at
+        most the rank's last position): exact evaluation under DDP, as many steps per rank.
     resume : (epoch, start) or (epoch, start, order_world_size), optional
         Epoch ``epoch`` covers only positions ``start .. num_samples - 1`` of its order,
-        sharded as above (padding wraps around to the start of the whole order): the rest of
-        an epoch that ranks of another job size had read up to ``start``. Other epochs are
-        whole. The third item, only with ``stick_to_shard`` (whose order depends on the
-        world size): the world size whose order that epoch follows (default: this one).
+        sharded as above (padding wraps around to the whole order's start): what the ranks
+        of another job size had not read. Other epochs are whole. The third item, only with
+        ``stick_to_shard``: the world size whose order that epoch follows (default: this one).
     stick_to_shard : bool
-        Every rank reads the same subset of the samples every epoch, reshuffled within it
-        (see the module docstring); an elastic resume onto another world size finishes the
-        resumed epoch in the saved job's order, then each rank's subset changes once.
-
-    The last partial *batch* is a separate choice, ``drop_last`` of :meth:`batches` (as
-    ``DataLoader``'s, default False: kept, shorter).
+        Every rank reads the same samples every epoch, reshuffled among them (see the module
+        docstring); an elastic resume onto another world size finishes the resumed epoch in
+        the saved job's order, then each rank's subset changes once.
 
     .. warning::
        Call :meth:`set_epoch` before each epoch (or pass the epoch to :meth:`indices` /
        :meth:`batches`). Forgetting it repeats epoch 0's order — and its augmentations,
        which are keyed by the same epoch — every epoch, silently.
 
-    Memory: a few integers, whatever ``num_samples``; a call returns arrays of the size asked
-    for (a batch, or the whole shard from :meth:`indices`).
+    Memory: a few integers, whatever ``num_samples``; calls return arrays of the size asked for.
     """
 
     def __init__(self, num_samples, *, seed=0, shuffle=True, rank=0, world_size=1,
@@ -115,8 +105,8 @@ class EpochSampler:
         return 0, self.num_samples
 
     def count(self, epoch=None):
-        """Number of indices this rank reads in ``epoch`` (default: the current one):
-        ``len(self)``, or fewer in the epoch of ``resume``."""
+        """Indices this rank reads in ``epoch`` (default: the current one): ``len(self)``, or
+        fewer in the epoch of ``resume``."""
         return self._count(self._span(self._epoch(epoch))[1])
 
     def set_epoch(self, epoch):
@@ -125,8 +115,8 @@ class EpochSampler:
         self.epoch = check_epoch(epoch)
 
     def __len__(self):
-        """Number of indices this rank reads per whole epoch (the same on every rank unless
-        ``shard_tail="uneven"``); see :meth:`count` for the epoch of ``resume``."""
+        """Indices this rank reads per whole epoch (the same on every rank unless
+        ``shard_tail="uneven"``); see :meth:`count`."""
         return self._per_rank
 
     def _epoch(self, epoch):
@@ -150,8 +140,7 @@ class EpochSampler:
         return key
 
     def _stuck(self, positions, epoch):
-        """stick_to_shard's order at global positions: ``F(r + W * P_{r,e}(k))`` for
-        position ``r + k * W``, W the world size whose order ``epoch`` follows."""
+        """stick_to_shard's order at global positions ``r + k * W``: ``F(r + W * P_{r,e}(k))``."""
         n = self.num_samples
         ws = self.world_size
         if self.resume is not None and epoch == self.resume[0] and len(self.resume) == 3:
@@ -173,8 +162,7 @@ class EpochSampler:
 
     def permutation(self, epoch=None):
         """The global order of ``epoch`` before sharding: int64, shape (num_samples,), the
-        same on every rank. O(num_samples) memory: for inspection, the sampler never needs
-        it."""
+        same on every rank. For inspection: the sampler never holds it."""
         epoch = self._epoch(epoch)
         out = np.empty(self.num_samples, np.int64)
         for lo in range(0, self.num_samples, _CHUNK):
@@ -183,8 +171,7 @@ class EpochSampler:
         return out
 
     def _range(self, epoch, start, stop):
-        """(epoch, start, stop) checked: shard positions ``start .. stop - 1`` of ``epoch``
-        (default: the current one), ``stop`` by default the end of the shard."""
+        """(epoch, start, stop) checked; None: the current epoch, the shard's end."""
         epoch = self._epoch(epoch)
         per_rank = self.count(epoch)
         start = _v.integer(start, "start", 0)
@@ -192,9 +179,8 @@ class EpochSampler:
         return epoch, start, stop
 
     def indices(self, epoch=None, start=0, stop=None):
-        """This rank's sample indices for ``epoch`` (default: the one set by
-        :meth:`set_epoch`), in reading order, from shard position ``start`` to ``stop``
-        (default: the whole shard): int64, shape (stop - start,)."""
+        """This rank's sample indices for ``epoch`` (default: the current one) in reading
+        order, shard positions ``start .. stop - 1`` (default: all): int64, (stop - start,)."""
         epoch, start, stop = self._range(epoch, start, stop)
         first, _ = self._span(epoch)
         out = np.empty(stop - start, np.int64)
@@ -208,9 +194,8 @@ class EpochSampler:
 
     def num_valid(self, epoch=None, start=0, stop=None):
         """How many of this rank's shard positions ``start .. stop - 1`` of ``epoch`` are
-        valid: all of them, except with ``shard_tail="mask"`` the padding (positions past
-        the end of the order). The valid positions of a rank come first, so batch rows
-        ``0 .. num_valid - 1`` are the valid ones. O(1)."""
+        valid: all but, with ``shard_tail="mask"``, the padding. Valid positions come first,
+        so batch rows ``0 .. num_valid - 1`` are the valid ones."""
         epoch, start, stop = self._range(epoch, start, stop)
         if self.shard_tail != "mask":
             return stop - start
@@ -224,17 +209,16 @@ class EpochSampler:
         return np.arange(stop - start) < self.num_valid(epoch, start, stop)
 
     def num_batches(self, batch_size, drop_last=False, epoch=None):
-        """Number of batches :meth:`batches` yields in ``epoch`` (default: a whole epoch,
-        not the one of ``resume``) on this rank."""
+        """Batches :meth:`batches` yields on this rank in ``epoch`` (default: a whole epoch,
+        not the one of ``resume``)."""
         batch_size = _v.positive_int(batch_size, "batch_size")
         drop_last = _v.boolean(drop_last, "drop_last")
         per_rank = self._per_rank if epoch is None else self.count(epoch)
         return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
     def batch(self, epoch, step, batch_size, drop_last=False):
-        """Indices of batch ``step`` (0-based) of ``epoch`` on this rank: int64, shape
-        (batch_size,), or shorter for the last batch when it is kept. O(batch_size) time
-        and memory."""
+        """Indices of batch ``step`` (0-based) of ``epoch`` on this rank: int64,
+        (batch_size,), or shorter for a kept last batch. O(batch_size) time and memory."""
         epoch = self._epoch(epoch)
         n = self.num_batches(batch_size, drop_last, epoch)
         step = _v.integer(step, "step", 0)
@@ -245,8 +229,8 @@ class EpochSampler:
         return self.indices(epoch, start, min(start + batch_size, self.count(epoch)))
 
     def batches(self, epoch=None, batch_size=1, drop_last=False):
-        """This rank's batches of ``epoch``: a list of int64 arrays of ``batch_size`` indices
-        each; the last one is shorter, or left out when ``drop_last``."""
+        """This rank's batches of ``epoch``: int64 arrays of ``batch_size`` indices; the last
+        is shorter, or left out with ``drop_last`` (as ``DataLoader``'s)."""
         epoch = self._epoch(epoch)
         n = self.num_batches(batch_size, drop_last, epoch)
         idx = self.indices(epoch, 0, min(n * batch_size, self.count(epoch)))
@@ -268,9 +252,8 @@ class EpochSampler:
 
 def check_resume(resume, num_samples, stick_to_shard=False):
     """``resume`` as ``(epoch, start)`` ints with 0 <= start < num_samples, or None (also
-    for a start of 0: the whole epoch); with ``stick_to_shard``, ``(epoch, start,
-    order_world_size)`` when the third item is given (without it a third item is an error:
-    the order does not depend on the world size)."""
+    for a start of 0); only with ``stick_to_shard`` may a third item, ``order_world_size``,
+    follow (the order depends on the world size then)."""
     if resume is None:
         return None
     try:

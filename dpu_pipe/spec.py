@@ -25,7 +25,7 @@ _STATE_FIELDS = ("seed", "batch_size", "rank", "world_size", "drop_last", "shard
 STATE_DEFAULTS = {"stick_to_shard": False}
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True)
 class StreamSpec:
     """One rank's batch stream.
 
@@ -69,9 +69,8 @@ class StreamSpec:
         put(self, "batch_size", _v.positive_int(self.batch_size, "batch_size"))
         put(self, "seed", check_seed(self.seed))
         put(self, "shuffle", _v.boolean(self.shuffle, "shuffle"))
-        world_size = _v.positive_int(self.world_size, "world_size")
-        put(self, "world_size", world_size)
-        put(self, "rank", _v.integer(self.rank, "rank", 0, world_size - 1))
+        put(self, "world_size", _v.positive_int(self.world_size, "world_size"))
+        put(self, "rank", _v.integer(self.rank, "rank", 0, self.world_size - 1))
         put(self, "shard_tail", _v.choice(self.shard_tail, "shard_tail", SHARD_TAILS))
         put(self, "drop_last", _v.boolean(self.drop_last, "drop_last"))
         put(self, "on_error", _v.choice(self.on_error, "on_error", ON_ERROR))

@@ -1,12 +1,11 @@
-"""A ``torch.utils.data.IterableDataset`` view of a loader, for frameworks that expect a
-dataset behind a ``DataLoader`` (Lightning, Accelerate)::
+"""A ``torch.utils.data.IterableDataset`` of a loader's whole batches, for frameworks that
+expect a dataset behind a ``DataLoader`` (Lightning, Accelerate)::
 
     dl = torch.utils.data.DataLoader(loader.iterable_dataset(), batch_size=None)
 
-Each element is one whole batch made by the loader; determinism, ``len``, ``set_epoch`` and
-``state_dict`` are the loader's. DataLoader workers are refused (each would copy the loader
-and read the whole stream again). A wrapper that fetches ahead (Accelerate) needs the loader
-built with ``lookahead=1``: see "Lightning and Accelerate" in docs/guides/loading.md.
+``len``, ``set_epoch`` and ``state_dict`` are the loader's; DataLoader workers are refused.
+Accelerate, fetching ahead, needs ``lookahead=1`` ("Lightning and Accelerate" in
+docs/guides/loading.md).
 """
 
 from .errors import ConfigError
@@ -16,9 +15,8 @@ __all__ = ["LoaderDataset"]
 
 
 class LoaderDataset(require_torch("an IterableDataset view").utils.data.IterableDataset):
-    """Iterable dataset over the batches of ``loader`` (a :class:`~dpu_pipe.Loader` or
-    :class:`~dpu_pipe.DPULoader`). Iterating it is iterating the loader: an epoch continues
-    where the loader stands, as ``for batch in loader`` does."""
+    """The batches of ``loader`` (a :class:`~dpu_pipe.Loader`): iterating it iterates the
+    loader, continuing where it stands."""
 
     def __init__(self, loader):
         super().__init__()
@@ -26,10 +24,8 @@ class LoaderDataset(require_torch("an IterableDataset view").utils.data.Iterable
 
     def __iter__(self):
         import torch
-
         info = torch.utils.data.get_worker_info()
         if info is not None:
-            # Each worker would hold a copy of the loader and yield every batch once more.
             raise ConfigError(f"a dpu_pipe loader makes its batches on its own threads (or "
                               f"DPU producers): a DataLoader worker (num_workers="
                               f"{info.num_workers}) would read the whole stream again; use "

@@ -1,22 +1,13 @@
-"""The one description of what happens to a sample and to a batch: what the batch kernel, the
-loaders and the remote producers all read. It is plain data — validated once, hashable, and
-shipped to DPU producers as one flat dict (``to_dict`` / ``from_dict``).
+"""The one description of what happens to a sample and to a batch, read by the batch kernel,
+the loaders and the remote producers: plain data, validated once, hashable, and shipped to DPU
+producers as one flat dict (``to_dict`` / ``from_dict``).
 
 A :class:`TransformConfig` has three parts, along the seams of the pipeline:
-
-- :class:`DecodeOptions`: how a JPEG is decoded (IDCT and upsampling, the pixel budget, and
-  ``decode_max_side``: decode whole and reduce, crops cut from the reduced image);
-- :class:`SampleRecipe`: what one sample goes through, train (RandomResizedCrop, flip,
-  auto-augment, colour jitter, grayscale, random erasing) or val (resize, center crop), in
-  torchvision's order (docs/guides/recipes.md), and the output conversion: float32, float16,
-  bfloat16 (its uint16 bits in numpy arrays) or uint8, CHW or HWC. Multi-view (``views``, see
-  :mod:`dpu_pipe.views`): one output per view, each with its own crop and colour ops (the
-  recipe's own stay at their defaults);
-- :class:`BatchOptions`: what happens to a finished train batch — MixUp / CutMix, label
-  smoothing and ``batch_hook`` (:mod:`dpu_pipe.mix`).
-
-Users pass every option flat (``Loader(..., auto_augment="ta_wide", mixup_alpha=0.2)``);
-:class:`TransformConfig` routes each to its part by name. Adding an option is adding a field
+:class:`DecodeOptions` (how a JPEG is decoded), :class:`SampleRecipe` (what one sample goes
+through, train or val, in torchvision's order, and the output conversion; with ``views``, one
+output per view) and :class:`BatchOptions` (what happens to a finished train batch). Users pass
+every option flat (``Loader(..., auto_augment="ta_wide", mixup_alpha=0.2)``) and
+:class:`TransformConfig` routes each to its part by name: adding an option is adding a field
 (with its check) to one part, and reading it where it acts.
 """
 
@@ -48,15 +39,15 @@ def _check(obj, name, check, *args):
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How a sample's JPEG is decoded; the pixels of the crop box do not depend on it except
-    through ``fast`` and ``decode_max_side``.
+    """How a sample's JPEG is decoded; the pixels of the crop box depend on it only through
+    ``fast`` and ``decode_max_side``.
 
-    ``decode_max_side=S`` (pixels; None: off) decodes every sample whole, at the smallest DCT
-    scale s/8 (s in 1..8) whose scaled longest side is still >= S, and reduces it with the
-    antialiased bilinear filter to a longest side of exactly S (the other side
-    ``round(side * S / longest)``, half up, at least 1; an image no larger than S is kept as
-    decoded). Every crop is then drawn from and cut out of that reduced image, so the stream
-    depends on S, as on a ``pack --max-side`` dataset; it is what ``cache_bytes`` caches.
+    ``decode_max_side=S`` (pixels; None: off) decodes every sample whole at the smallest DCT
+    scale s/8 whose longest side is still >= S, then reduces it (antialiased bilinear) to a
+    longest side of exactly S, the other ``round(side * S / longest)``, half up, at least 1
+    (an image no larger than S is kept as decoded). Crops are drawn from and cut out of that
+    image, so the stream depends on S, as on a ``pack --max-side`` dataset; it is what
+    ``cache_bytes`` caches.
     """
 
     fast: bool = False                  # the fast IDCT and plain chroma upsampling
@@ -74,10 +65,9 @@ class DecodeOptions:
 class SampleRecipe:
     """What one sample goes through, train or val. Sizes are in pixels, (height, width).
 
-    ``size`` may be a :class:`~dpu_pipe.progressive.ProgressiveSize` (train only): the
-    output size then changes with the epoch (``TransformConfig.at_epoch`` gives the transform
-    of one epoch), and :attr:`sample_shape` is the largest epoch's (what buffers are sized
-    for)."""
+    ``size`` may be a :class:`~dpu_pipe.progressive.ProgressiveSize` (train only): the output
+    size then changes with the epoch (``TransformConfig.at_epoch``), and
+    :attr:`sample_shape` is the largest epoch's, what buffers are sized for."""
 
     train: bool = True
     size: tuple = (224, 224)
@@ -268,9 +258,8 @@ class BatchOptions:
     def __post_init__(self):
         for name in ("mixup_alpha", "cutmix_alpha"):
             _check(self, name, _v.number, 0.0, 1e6)
-        _check(self, "mix_switch_p", _v.number, 0.0, 1.0)
-        _check(self, "mix_p", _v.number, 0.0, 1.0)
-        _check(self, "label_smoothing", _v.number, 0.0, 1.0)
+        for name in ("mix_switch_p", "mix_p", "label_smoothing"):
+            _check(self, name, _v.number, 0.0, 1.0)
         if self.num_classes is not None:
             _check(self, "num_classes", _v.integer, 1, 1 << 24)
         if self.num_classes is None and self.soft:
@@ -324,10 +313,8 @@ class TransformConfig:
         if unknown:
             raise TypeError(f"TransformConfig got an unexpected keyword argument "
                             f"{unknown[0]!r}")
-        given = {"decode": decode, "recipe": recipe, "batch_ops": batch_ops}
-        for attr, cls in _PARTS:
+        for (attr, cls), part in zip(_PARTS, (decode, recipe, batch_ops)):
             mine = {k: v for k, v in options.items() if _OWNER[k] == attr}
-            part = given[attr]
             if part is None:
                 part = cls(**mine)
             elif not isinstance(part, cls):
@@ -387,10 +374,9 @@ class TransformConfig:
         return self.recipe.train and self.batch_ops.soft
 
     def to_dict(self):
-        """The flat options as a JSON-serialisable dict, for shipping to producers and for
-        saved states. Options added after a stream format was fixed appear only when set
-        (``decode_max_side``), so the dicts — saved states, producers' stream keys — of
-        every stream without them stay what they were."""
+        """The flat options as a JSON-serialisable dict, for producers and saved states.
+        Options added after a stream format was fixed (``decode_max_side``) appear only when
+        set, so the saved states and producers' stream keys of streams without them stay."""
         d = {}
         for attr, _ in _PARTS:
             d.update(asdict(getattr(self, attr)))
@@ -415,6 +401,5 @@ class TransformConfig:
 def _sized(config, side):
     """``config`` (a progressive TransformConfig) at the fixed size ``side`` x ``side``:
     kept, since every batch asks for its epoch's."""
-    return TransformConfig(decode=config.decode, recipe=replace(config.recipe,
-                                                                 size=(side, side)),
-                           batch_ops=config.batch_ops)
+    recipe = replace(config.recipe, size=(side, side))
+    return TransformConfig(decode=config.decode, recipe=recipe, batch_ops=config.batch_ops)

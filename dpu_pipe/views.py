@@ -1,11 +1,10 @@
 """Multi-view recipes: several augmented views of every sample, decoded once.
 
 ``Loader(source, batch_size, views=[View(...), ...])`` yields ``(images, labels)`` where
-``images`` is a list with one batch per view, ``(B, 3, H_v, W_v)`` (or ``(B, H_v, W_v, 3)``)
-in view order. View ``v`` of sample ``i`` in epoch ``e`` is a pure function of
-``(seed, e, i, v)`` (each op draws from its own stream, offset by the view:
-:func:`dpu_pipe.rng.view_stream`). The ops, their order, the presets and their sources:
-docs/guides/recipes.md ("Views").
+``images`` holds one batch per view, ``(B, 3, H_v, W_v)`` (or ``(B, H_v, W_v, 3)``), in view
+order. View ``v`` of sample ``i`` in epoch ``e`` is a pure function of ``(seed, e, i, v)``
+(each op draws from its own stream, offset by the view: :func:`dpu_pipe.rng.view_stream`).
+The ops, their order, the presets and their sources: docs/guides/recipes.md ("Views").
 """
 
 from dataclasses import dataclass, fields
@@ -33,23 +32,16 @@ class View:
         aspect ratio (width / height).
     interpolation : "bilinear" or "bicubic"
         Resampling of the crop (antialiased, as Pillow's).
-    flip_p : float
-        Probability of the horizontal flip.
     color_jitter : None or (brightness, contrast, saturation, hue)
         ColorJitter's factors (torchvision's meaning); None: no jitter.
-    jitter_p : float
-        Probability that the jitter is applied (``RandomApply``).
-    grayscale_p : float
-        Probability of RandomGrayscale.
-    blur_p : float
-        Probability of the Gaussian blur.
+    flip_p, jitter_p, grayscale_p, blur_p, solarize_p : float
+        Probabilities of the horizontal flip, of applying the jitter (``RandomApply``), of
+        RandomGrayscale, of the Gaussian blur and of solarization.
     blur_sigma : (low, high)
         The blur's sigma (pixels) is drawn uniformly from this range.
     blur_kernel : int or None
         Taps of the blur kernel along each axis (odd, below twice the smaller side); None:
         SimCLR's rule, 10 % of the smaller side made odd (23 for 224, 9 for 96).
-    solarize_p : float
-        Probability of solarization.
     solarize_threshold : float
         Values at or above it (0..255 scale) are inverted.
     """
@@ -81,14 +73,13 @@ class View:
 
     def to_dict(self):
         """The view as a JSON-serialisable dict (lists for pairs)."""
-        return {f.name: list(v) if isinstance(v, tuple) else v
-                for f in fields(self) for v in (getattr(self, f.name),)}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
     @property
     def recipe_fields(self):
         """The fields a one-view :class:`~dpu_pipe.transforms.SampleRecipe` shares with the
-        view, as recipe options (size, scale, ratio, interpolation, flip_p, color_jitter,
-        grayscale_p)."""
+        view, as recipe options."""
         return {k: getattr(self, k) for k in ("size", "scale", "ratio", "interpolation",
                                               "flip_p", "color_jitter", "grayscale_p")}
 
@@ -98,23 +89,18 @@ _DEFAULTS = {f.name: f.default for f in fields(View)}
 
 def dino(global_size=224, local_size=96, local_crops=8, global_scale=(0.4, 1.0),
          local_scale=(0.05, 0.4)):
-    """DINO's multi-crop: two global views and ``local_crops`` local ones, as
-    facebookresearch/dino's ``DataAugmentationDINO`` (Caron et al., ICCV 2021), with DINOv2's
-    blur kernel (9 taps).
+    """DINO's multi-crop, as facebookresearch/dino's ``DataAugmentationDINO`` (Caron et al.,
+    ICCV 2021) with DINOv2's blur kernel (9 taps): the list of View
+    ``[global 1, global 2, local 1, ..., local n]``.
 
     Parameters
     ----------
     global_size, local_size : int
         Output sizes (pixels) of the global and local views.
     local_crops : int
-        Number of local views (DINO's ``local_crops_number``), >= 0.
+        Number of local views (DINO's ``local_crops_number``), 0 to 62.
     global_scale, local_scale : (min, max)
         Crop area ranges (DINO's ``global_crops_scale``, ``local_crops_scale``).
-
-    Returns
-    -------
-    list of View
-        ``[global 1, global 2, local 1, ..., local n]``.
     """
     local_crops = _v.integer(local_crops, "local_crops", 0, 62)
     common = dict(interpolation="bicubic", flip_p=0.5, color_jitter=DINO_JITTER, jitter_p=0.8,
@@ -127,17 +113,8 @@ def dino(global_size=224, local_size=96, local_crops=8, global_scale=(0.4, 1.0),
 
 
 def simclr(size=224):
-    """SimCLR's two views (Chen et al., ICML 2020, appendix A), colour distortion strength 1.
-
-    Parameters
-    ----------
-    size : int
-        Output size (pixels) of both views.
-
-    Returns
-    -------
-    list of View
-    """
+    """SimCLR's two views (Chen et al., ICML 2020, appendix A), colour distortion strength 1,
+    of output size ``size`` pixels: a list of two View."""
     view = View(size=size, scale=(0.08, 1.0), flip_p=0.5, color_jitter=SIMCLR_JITTER,
                 jitter_p=0.8, grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0),
                 blur_kernel=None)
@@ -145,18 +122,8 @@ def simclr(size=224):
 
 
 def byol(size=224):
-    """BYOL's two views (Grill et al., NeurIPS 2020, table 6): blur p 1.0 and 0.1,
-    solarize p 0 and 0.2.
-
-    Parameters
-    ----------
-    size : int
-        Output size (pixels) of both views.
-
-    Returns
-    -------
-    list of View
-    """
+    """BYOL's two views (Grill et al., NeurIPS 2020, table 6), of output size ``size`` pixels:
+    a list of two View, blur p 1.0 and 0.1, solarize p 0 and 0.2."""
     common = dict(size=size, scale=(0.08, 1.0), interpolation="bicubic", flip_p=0.5,
                   color_jitter=DINO_JITTER, jitter_p=0.8, grayscale_p=0.2,
                   blur_sigma=(0.1, 2.0), blur_kernel=None, solarize_threshold=128)

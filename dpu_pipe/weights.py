@@ -7,10 +7,8 @@ Layout (every field little-endian, every offset from the buffer's start)::
     [WEIGHTS_HEADER 64 B][TENSOR_ENTRY x count][names, UTF-8, back to back][pad to 64]
     [tensor 0 bytes][pad to 64][tensor 1 bytes]...
 
-A tensor entry names its bytes in the names area, its dtype (a torch dtype name such as
-``float32`` or ``bfloat16``), its shape and where its data lies. :func:`pack_state` builds the
-buffer from a ``state_dict``; :func:`load_state` checks names, shapes and dtypes against a
-model's own ``state_dict`` and copies the values in.
+A tensor entry locates its name and its data and gives its shape and torch dtype name
+(``float32``, ``bfloat16``, ...).
 """
 
 import sys
@@ -72,13 +70,11 @@ def _dtype_name(torch, dtype):
 
 
 def pack_state(state_dict, out=None):
-    """Pack the tensors of ``state_dict`` ({name: torch.Tensor}, e.g. ``model.state_dict()``)
-    into one C-contiguous ``uint8`` array (see the module docstring).
-
-    ``out``: an optional ``uint8`` array to reuse when it is large enough (a posted snapshot
-    buffer, say); the returned array is then a view of its first bytes. Tensors on another
-    device are copied to the CPU.
-    """
+    """Pack the tensors of ``state_dict`` ({name: torch.Tensor}, on any device) into one
+    C-contiguous ``uint8`` array: a view of the first bytes of ``out`` when that is a
+    C-contiguous ``uint8`` array large enough, else a new one. :class:`ConfigError` for an
+    entry that is not a tensor, has over :data:`MAX_NDIM` dimensions or another dtype than
+    :data:`DTYPES`."""
     if sys.byteorder != "little":
         raise ConfigError("weights buffers are little-endian; this machine is not")
     torch = _torch()
@@ -159,12 +155,9 @@ def read_entries(buf):
 
 
 def load_state(model, buf):
-    """Copy the tensors of weights buffer ``buf`` into ``model`` (a ``torch.nn.Module``).
-
-    The buffer must hold exactly the model's ``state_dict`` names, each with the model's
-    shape and dtype; otherwise :class:`ConfigError` lists the differences (the model the
-    receiver built is not the one the weights come from).
-    """
+    """Copy the tensors of weights buffer ``buf`` into ``model`` (a ``torch.nn.Module``) and
+    return it. The buffer must hold exactly the model's ``state_dict`` names, each with the
+    model's shape and dtype; otherwise :class:`ConfigError` lists the differences."""
     torch = _torch()
     entries = read_entries(buf)
     own = model.state_dict()

@@ -1,30 +1,27 @@
-"""The contract between :class:`~dpu_pipe.Loader` and the engines that make its batches (the
-split of torch's ``_BaseDataLoaderIter`` and its ``_next_data``)."""
+"""The contract between :class:`~dpu_pipe.Loader` and its engines (as torch's
+``_BaseDataLoaderIter`` and its ``_next_data``)."""
 
 __all__ = ["Engine", "Cancelled"]
 
 
 class Engine:
-    """What makes a loader's batches. The contract, which subclasses implement:
+    """What makes a loader's batches. Subclasses implement:
 
-    - ``start`` ``(epoch, step, end)``: the loader's next batches are steps ``step`` ..
-      ``end - 1`` of ``epoch`` (work in flight that continues from there may be kept);
-    - ``_next_data`` ``(epoch, step)``: that batch as ``(images, labels, indices)``
-      arrays (``indices``: the dataset index of each row), waiting at most the loader's
-      ``timeout``. The arrays stay valid until ``release_held``;
-    - ``release_held``: give back the buffer of the batch the caller holds (the one
-      path by which a held buffer returns);
-    - ``pause``: the iteration ended or was superseded (work ahead may be kept);
-    - ``close``: stop all work and give back every buffer;
-    - :attr:`makers`: the :class:`~dpu_pipe.batch.BatchMaker` s making batches on this
-      host (the loader adds up their stats and bad samples); :meth:`stats`, :meth:`busy`
-      and :attr:`remote_bad`: what the engine knows beyond them.
+    - ``start(epoch, step, end)``: the next batches are steps ``step .. end - 1`` of
+      ``epoch`` (work in flight that continues from there may be kept);
+    - ``_next_data(epoch, step)``: that batch as ``(images, labels, indices)`` arrays
+      (``indices``: each row's dataset index), waiting at most the loader's ``timeout``,
+      valid until ``release_held``, the one path by which the held buffer returns;
+    - ``pause``: the iteration ended (work ahead may be kept); ``close``: stop all work and
+      give back every buffer;
+    - :attr:`makers`: the host's :class:`~dpu_pipe.batch.BatchMaker` s (the loader adds
+      up their stats and bad samples); :meth:`stats`, :meth:`busy` and :attr:`remote_bad`:
+      what the engine knows beyond them.
     """
 
     makers = ()
     remote_bad = {}
-    #: Set (a ``threading.Event``) by the loader when another thread ends the iteration
-    #: ``_next_data`` is waiting for: the wait then raises :class:`Cancelled`.
+    #: A ``threading.Event`` set when another thread ends the iteration: raise :class:`Cancelled`.
     cancel = None
 
     def stats(self, made):
@@ -39,5 +36,5 @@ class Engine:
 
 
 class Cancelled(Exception):
-    """An engine's wait for a batch ended because another thread ended its iteration (the
-    loader turns it into a :class:`ConfigError` saying who)."""
+    """Another thread ended the iteration an engine waited in (the loader raises
+    :class:`ConfigError` saying who)."""

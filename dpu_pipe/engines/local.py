@@ -1,6 +1,5 @@
-"""The local engine (``mode="local"``): a maker thread on this host filling a ring of
-buffers in order. It is also the fallback of the offloaded modes, and the reference stream
-they reproduce."""
+"""The local engine (``mode="local"``, and the offloaded modes' fallback): a maker thread
+filling a ring of buffers in order; the reference stream the offloaded modes reproduce."""
 
 import contextlib
 import queue
@@ -18,8 +17,7 @@ __all__ = ["LocalEngine"]
 
 
 def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, stop):
-    """Maker thread body. It holds no reference to the Loader or its engine, so a loader
-    dropped without close() is collected, and its __del__ stops this thread."""
+    """Maker thread body: no reference to the loader, whose __del__ then stops it."""
     try:
         for step in range(start, end):
             slot = None
@@ -35,9 +33,8 @@ def _make_loop(maker, images, labels, indices, epoch, start, end, free, ready, s
 
 
 class LocalEngine(Engine):
-    """The local engine: a maker thread filling a ring of ``prefetch + 1`` buffers in order
-    (one per batch in flight plus the one the caller holds), each of the largest batch
-    size."""
+    """A maker thread filling a ring of ``prefetch + 1`` buffers of the largest batch, in
+    order (one per batch in flight plus the one the caller holds)."""
 
     def __init__(self, maker, prefetch, timeout):
         self.maker = maker
@@ -71,9 +68,8 @@ class LocalEngine(Engine):
         self.thread.start()
 
     def release_held(self):
+        # Cleared first: an interrupt loses a slot until the next start(), never gives it twice.
         slot, self.held = self.held, None
-        # Cleared first: interrupted in between, a slot is lost until the next start(), never
-        # handed to the maker twice.
         if slot is not None and self.free is not None:
             self.free.put(slot)
 
@@ -107,8 +103,7 @@ class LocalEngine(Engine):
         if thread is None:
             return
         self.stop_flag.set()
-        # The maker notices the stop flag once the batch it is making is done. At interpreter
-        # exit a daemon thread may already be frozen (it never ends): no join then.
+        # The maker stops after its batch; at interpreter exit it may be frozen for good.
         if thread.is_alive() and thread is not threading.current_thread() \
                 and not sys.is_finalizing():
             thread.join(timeout=self.timeout)

@@ -1,20 +1,16 @@
-"""The engine of the offloaded modes (``mode="offload"`` and ``"hybrid"``): batches made by
-producer ranks (DPU cores) — and, in hybrid mode, by this host's threads too — delivered into
-this host's memory over MPI one-sided RMA.
-
-Launch (one machine; on a cluster add ``-hosts node1,...`` and ``-hosts node1-dpu,...``)::
+"""The engine of the offloaded modes (``mode="offload"``, ``"hybrid"``): batches made by
+producer ranks (DPU cores), in hybrid mode by host threads too, put into this host's memory
+over MPI one-sided RMA. Launch (on a cluster, add ``-hosts node1,...``, ``-hosts node1-dpu,...``)::
 
     mpiexec -n 1 python -m mpi4py train.py : -n 2 python -m mpi4py -m dpu_pipe.worker
 
-The first offloaded loader of a host process starts its *host group* (collective over the
-job: roles, one window; :func:`~dpu_pipe.offload.group.host_group`). Every loader of the
-process is a *stream* of that group: its stream request (:func:`stream_request`) goes to the
-producers once, then its epochs, ``set_epoch`` jumps and resumes are only the tickets it
-submits. One stream is active at a time: iterating another loader cancels the work the
-previous one had in flight (made again when it continues). The producers run the same
-:class:`~dpu_pipe.batch.BatchMaker` as the local engine, and batches are yielded strictly in
-order, so the stream is the local one, bit for bit. See docs/guides/offload.md and
-docs/design/transport.md.
+A process's first offloaded loader starts its *host group* (collectively over the job:
+:func:`~dpu_pipe.offload.group.host_group`). Each loader is a *stream* of that group: its
+:func:`stream_request` goes to the producers once, then epochs, jumps and resumes are only
+tickets. One stream is active at a time: iterating another loader cancels the previous one's
+work in flight. Producers run the local engine's :class:`~dpu_pipe.batch.BatchMaker` and
+batches are yielded in order, so the stream is the local one, bit for bit. See
+docs/guides/offload.md and docs/design/transport.md.
 """
 
 import atexit
@@ -41,27 +37,23 @@ __all__ = ["OffloadEngine", "RemoteStats", "prepare", "payload_layout", "stream_
 
 log = logging.getLogger("dpu_pipe")
 
-#: Held by whatever drives the host group's transport (one per process): the engines of two
-#: loaders iterated in two threads take turns on it instead of driving it at once.
+#: Held by whatever drives the process's host group transport: loaders' threads take turns.
 _TRANSPORT_LOCK = threading.RLock()
-#: Set at interpreter exit, before the host group releases its producers: from then on no
-#: thread starts driving the transport (a daemon thread still iterating gets ConfigError).
+#: Set at interpreter exit, before the producers are released: no thread drives after it.
 _EXITING = threading.Event()
 _exit_hooked = set()         # ids of the host groups and transports the handler runs before
 
 
 def _hook_exit(obj):
-    """Run :func:`_take_transport_at_exit` before the exit handler of ``obj`` (a host group
-    or its transport): atexit runs the later registered first."""
+    """Run :func:`_take_transport_at_exit` before ``obj``'s exit handler (registered later)."""
     if obj is not None and id(obj) not in _exit_hooked:
         _exit_hooked.add(id(obj))
         atexit.register(_take_transport_at_exit)
 
 
 def _take_transport_at_exit():
-    """At interpreter exit, before the host group shuts down: daemon threads still iterating
-    let go of the transport within one poll and the exiting thread keeps it, so the shutdown
-    (which frees the window) never runs while another thread reads the window."""
+    """Keep the transport from exit on, once daemon threads still iterating let go of it
+    (within one poll), so the shutdown never frees the window while a thread reads it."""
     _EXITING.set()
     if not _TRANSPORT_LOCK.acquire(timeout=30.0):
         log.warning("dpu_pipe: a thread kept the host window busy at exit")
@@ -74,17 +66,16 @@ def _check_not_exiting():
 
 
 def payload_layout(maker):
-    """The :class:`~dpu_pipe.offload.wire.PayloadLayout` of ``maker``'s batches in the window
-    and in hybrid host threads (labels as the batch ops leave them)."""
+    """The :class:`~dpu_pipe.offload.wire.PayloadLayout` of ``maker``'s batches."""
     return wire.PayloadLayout(maker.batch_size, wire.image_shapes(maker.transform),
                               maker.transform.np_dtype, maker.label_dtype, maker.label_shape)
 
 
 def stream_request(stream_spec, layout, producer_threads, cache_bytes=0):
     """What producers need to make a loader's stream (JSON-serialisable): the
-    :class:`~dpu_pipe.spec.StreamSpec` on the wire, the label layout of ``layout``, the
-    threads of each producer's kernel and, when not 0, the bytes of the node cache (not in
-    the spec: where the stream runs, not what it is) with the source's sample count."""
+    :class:`~dpu_pipe.spec.StreamSpec` on the wire, ``layout``'s labels, the threads of each
+    producer's kernel and, when not 0, the node cache's bytes with the source's sample count
+    (where the stream runs, not what it is, so not in the spec)."""
     d = {"version": wire.STREAM_REQUEST_VERSION, **stream_spec.to_wire(),
          "labels": layout.labels(), "num_threads": producer_threads}
     if cache_bytes:
@@ -93,11 +84,10 @@ def stream_request(stream_spec, layout, producer_threads, cache_bytes=0):
 
 
 def prepare(loader, mode):
-    """Set up ``loader`` (its host group in ``loader._group``) for ``mode`` (``"offload"``
-    or ``"hybrid"``): reserve the window for its slots and batch bytes, and check that its
-    source rebuilds on the producers. Returns the mode it runs in: ``"local"`` (with a
-    warning) when no producer serves this host; :class:`ConfigError` for ``"offload"`` in a
-    job without producer ranks."""
+    """Set up ``loader`` (its host group in ``loader._group``) for ``mode``: reserve window
+    space, check that its source rebuilds on the producers. Returns the mode it runs in,
+    ``"local"`` (with a warning) when no producer serves this host; :class:`ConfigError` for
+    ``"offload"`` in a job without producer ranks."""
     group = loader._group
     _hook_exit(group)
     check_rebuild(loader.source)
@@ -121,7 +111,8 @@ def prepare(loader, mode):
 class RemoteStats:
     """What an :class:`OffloadEngine` received, named as ``Loader.stats()`` reports it:
     payload bytes and batches, the producers' reported seconds, batches per producer rank
-    (0: host threads), samples by side, and the window polls made while waiting."""
+    (0: host threads), samples by side, and the window polls made while waiting (each
+    costs the host ~30-60 us of CPU)."""
 
     bytes_received: int = 0
     batches: int = 0
@@ -139,8 +130,7 @@ class RemoteStats:
 
 
 class _HostThread(threading.Thread):
-    """A host thread of hybrid mode: makes tickets with its own BatchMaker into
-    payload-shaped buffers."""
+    """A hybrid host thread: makes tickets with its own BatchMaker into payload buffers."""
 
     def __init__(self, maker, layout, done):
         super().__init__(name="dpu_pipe-hybrid", daemon=True)
@@ -173,14 +163,11 @@ class _HostThread(threading.Thread):
 
 
 class OffloadEngine(Engine):
-    """The engine of the offloaded modes: a loader's stream in its host group — its stream
-    id, the tickets in flight (in order), the batch the caller holds, what it received, and
-    in hybrid mode the host threads.
-
-    Tickets run ahead of the caller, across epoch ends: :meth:`start` keeps them when the
-    iteration continues where they stand. Memory: the window's slots (shared by the
-    process's loaders) and, in hybrid mode, ``host_threads + 2`` payload buffers, each a
-    batch of the stream's largest size.
+    """A loader's stream in its host group: its id, the tickets in flight (in order, running
+    ahead across epoch ends: :meth:`start` keeps them when the iteration continues where they
+    stand), the batch the caller holds, what it received, and the hybrid host threads.
+    Memory: the window's slots (shared by the process's loaders) and, in hybrid mode,
+    ``host_threads + 2`` payload buffers of the stream's largest batch.
     """
 
     def __init__(self, loader):
@@ -219,7 +206,6 @@ class OffloadEngine(Engine):
         self.local = {}             # ticket -> local buffer, made or being made
         self.local_made = set()     # tickets of self.local already made
 
-    # -- set-up -----------------------------------------------------------------------------
     def _ensure(self):
         if self.transport is not None and self.id is None:
             t = self.transport
@@ -233,13 +219,12 @@ class OffloadEngine(Engine):
                 raise PipeTimeout(f"a hybrid host thread of this loader did not stop within "
                                   f"{self.timeout:.0f} s (a batch still being made); try again")
             if not self.makers:     # kept across close(): their stats are the loader's
-                makers = [self.first_maker] + [BatchMaker(self.stream_spec, self.num_threads)
-                                               for _ in range(self.host_threads - 1)]
-                for m in makers[1:]:
-                    # One record of bad samples for every host thread (dict updates are
-                    # atomic under the GIL).
+                more = [BatchMaker(self.stream_spec, self.num_threads)
+                        for _ in range(self.host_threads - 1)]
+                for m in more:
+                    # One record of bad samples (dict updates are atomic under the GIL).
                     m.bad_samples = self.first_maker.bad_samples
-                self.makers = tuple(makers)
+                self.makers = (self.first_maker, *more)
             for m in self.makers:
                 th = _HostThread(m, self.layout, self.local_done)
                 th.start()
@@ -247,12 +232,6 @@ class OffloadEngine(Engine):
             self.local_free.extend(np.zeros(self.payload_bytes, np.uint8)
                                    for _ in range(self.host_threads + 2))
 
-    def _check_opened(self):
-        for r in self.open_replies:
-            if r._done:
-                r.result(0)  # raises the producer's error opening the stream
-
-    # -- flow -------------------------------------------------------------------------------
     def start(self, epoch, step, end=None):
         with _TRANSPORT_LOCK:
             _check_not_exiting()
@@ -262,8 +241,7 @@ class OffloadEngine(Engine):
             if self.pending and self.pending[0][1:] == (epoch, step):
                 return
             self.suspend(release=False)
-            # suspend() leaves no stream active; this one is, or another loader starting
-            # later would not cancel the tickets submitted from here on.
+            # Active again, so that another loader starting later cancels these tickets.
             self.hostgroup.activate(self)
             self.feed = (epoch, step)
 
@@ -272,8 +250,7 @@ class OffloadEngine(Engine):
 
     def _top_up(self):
         t = self.transport
-        # Enough for every producer's queue and the host threads; more would only be
-        # cancelled work when the stream jumps.
+        # Enough for every producer's queue and the host threads (more is wasted on a jump).
         ahead = self.slots + QUEUE * (t.size - 1 if t else 0) + self.host_threads
         while len(self.pending) < ahead:
             epoch, step = self.feed
@@ -345,7 +322,9 @@ class OffloadEngine(Engine):
             if self.cancel is not None and self.cancel.is_set():
                 raise Cancelled()
             _check_not_exiting()
-            self._check_opened()
+            for r in self.open_replies:
+                if r._done:
+                    r.result(0)  # raises the producer's error opening the stream
             if self.threads:
                 self._run_local()
 
@@ -355,8 +334,7 @@ class OffloadEngine(Engine):
         self.received.host_polls += t.polls - polls
         self.pending.popleft()
         self.held = ticket
-        # Grant the buffer just given back before the caller's training step, so producers
-        # fill it meanwhile without waiting for the next call.
+        # Grant the buffer just given back now, so producers fill it during the training step.
         t.poll()
         return self._unpack(d, epoch)
 
@@ -365,10 +343,10 @@ class OffloadEngine(Engine):
         head = wire.unpack(payload, wire.PAYLOAD_HEADER)
         n = head["n"]
         shape = self.layout.shape_of(head)
-        if shape != self.first_maker.sample_shape_at(epoch):
+        expected = self.first_maker.sample_shape_at(epoch)
+        if shape != expected:
             raise DpuPipeError(f"producer {d.producer} sent epoch {epoch}'s batch with "
-                               f"samples of shape {shape}; this stream's are "
-                               f"{self.first_maker.sample_shape_at(epoch)}")
+                               f"samples of shape {shape}; this stream's are {expected}")
         images, labels, indices = self.layout.views(payload, n, shape)
         for index, message in self.layout.report(payload, n, head["bad_bytes"],
                                                  shape).items():
@@ -389,16 +367,14 @@ class OffloadEngine(Engine):
                 r.host_samples += n
             node = head["cache_node"]
             if node > 0:
-                # Counters only grow: the largest of each, whichever producer of the node
-                # made the batch and whenever it arrives.
+                # Counters only grow: keep each one's largest, whichever producer sent it.
                 seen = self.cache_nodes.get(node, (0,) * len(wire.CACHE_FIELDS))
                 self.cache_nodes[node] = tuple(
                     max(a, head[f"cache_{k}"]) for a, k in zip(seen, wire.CACHE_FIELDS))
         return images, labels, indices
 
     def cache_stats(self):
-        """The producers' node caches, summed over nodes (``wire.CACHE_FIELDS``), as of the
-        last batch received from each node."""
+        """The producers' node caches (``wire.CACHE_FIELDS``) as last reported, summed."""
         with self.stats_lock:
             nodes = list(self.cache_nodes.values())
         return {k: sum(c[i] for c in nodes) for i, k in enumerate(wire.CACHE_FIELDS)}
@@ -407,8 +383,7 @@ class OffloadEngine(Engine):
         with _TRANSPORT_LOCK:
             if self.held is None:
                 return
-            # A device copy may still read the batch from its window slot: the producers
-            # get the slot back only once it is done.
+            # A device copy may still read the window slot: the producers get it back after.
             self.out.fence()
             ticket, self.held = self.held, None
             self.transport.release(ticket)
@@ -429,8 +404,7 @@ class OffloadEngine(Engine):
                 self.release_held()
             tickets = [tk for tk, _, _ in self.pending]
             t.cancel(tickets)
-            # Buffers of host threads still making a cancelled ticket come back when they
-            # finish.
+            # The buffers of host threads still making a cancelled ticket come back when done.
             for tk in tickets:
                 buf = self.local.pop(tk, None)
                 if tk in self.local_made:
@@ -445,9 +419,7 @@ class OffloadEngine(Engine):
             threads, self.threads = self.threads, []
             for th in threads:
                 th.todo.put(None)
-        # The next start() gives the same makers to new threads: these must have let go of
-        # them (a maker's kernel is for one thread at a time). At interpreter exit daemon
-        # threads may be frozen for good: no join then.
+        # The next start() gives their makers to new threads (at exit they may be frozen).
         if sys.is_finalizing():
             return
         deadline = deadline_in(self.timeout)
@@ -460,10 +432,7 @@ class OffloadEngine(Engine):
                 max(1, self.hostgroup.producers))
 
     def stats(self, made):
-        """The makers' counters plus what arrived from the producers (:class:`RemoteStats`):
-        bytes, the producers' read/decode+augment/publish seconds, batches per producer rank
-        (0: host threads), samples made by each side and the window polls made while waiting
-        (``host_polls``; each costs the host ~30-60 us of CPU)."""
+        """The makers' counters plus what arrived from the producers (:class:`RemoteStats`)."""
         d = made.as_dict()
         with self.stats_lock:
             d["samples"] += self.received.producer_samples

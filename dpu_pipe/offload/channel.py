@@ -1,7 +1,6 @@
 """The validation channel of a host group: a duplicate of the group's communicator (so its
 messages never match the batch stream's) and a dynamic RMA window on it, made collectively
 when the group is set up. :mod:`dpu_pipe.offload.validation` speaks over it."""
-
 from ..deadline import deadline_in
 from ..mpi import load_mpi, wait_request
 
@@ -13,10 +12,8 @@ MERGE_TAG = 0x5603       # host -> host (world communicator): one host's sums fo
 
 
 class Channel:
-    """The validation communicator and dynamic window of one host group (see the module
-    docstring). Collective over the group (``role`` "host" or "producer"): made once when
-    the group is set up, by the host and by every producer, in the same order as the group's
-    other collectives."""
+    """The validation channel of one host group, made collectively over the group (``role``
+    "host" or "producer") when it is set up, in the same order as its other collectives."""
 
     def __init__(self, group, role):
         MPI = self.MPI = load_mpi()
@@ -37,9 +34,9 @@ class Channel:
             self.win.Lock_all()
 
     def close(self, timeout=10.0):
-        """Free the window and the communicator (collective over the group, after every
-        rank stopped using them; Open MPI's UCX one-sided component hangs in MPI_Finalize
-        while a window is still allocated). Idempotent."""
+        """Free the window and the communicator, collectively once every rank stopped using
+        them (Open MPI's UCX one-sided component hangs in MPI_Finalize while a window is
+        still allocated). Idempotent."""
         if self.win is None:
             return
         win, self.win = self.win, None
@@ -52,8 +49,6 @@ class Channel:
         self.comm.Free()
 
     def next_job(self):
-        """Job ids count submissions on this host: hosts that submit the same sequence of
-        snapshots agree on them."""
+        """The next job id: hosts that submit the same sequence of snapshots agree on it."""
         self._jobs += 1
         return self._jobs
-

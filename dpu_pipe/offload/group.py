@@ -1,9 +1,8 @@
 """A host process's place in the MPI job: its host group (this host and the producer ranks
-serving it, from the host's MPI job or, with a serve file, the producer job it joins), made
-on first use and kept for the process lifetime, with the transport (one window) and the
-validation channel that offloaded loaders and RemoteValidation share.
+serving it, from the host's MPI job or the producer job of a serve file), made on first use
+and kept for the process lifetime, with the transport and the validation channel that
+offloaded loaders and RemoteValidation share.
 """
-
 import atexit
 import logging
 
@@ -22,44 +21,38 @@ log = logging.getLogger("dpu_pipe")
 
 def host_group(comm=None, *, hostmap=None, serve_file=None):
     """This host process's :class:`HostGroup` over ``comm`` (default ``COMM_WORLD``), started
-    on first use — collectively with every rank of ``comm``, so every host must call it (or
-    build its first offloaded loader) at the same point of its program.
-
-    Without ``comm``, a serve file (``serve_file``, else ``DPU_PIPE_SERVE``) joins the
-    producer job that published it instead (see :mod:`dpu_pipe.offload.rendezvous`)."""
+    on first use collectively with every rank of ``comm``: every host calls it (or builds its
+    first offloaded loader) at the same point of its program. Without ``comm``, a serve file
+    (``serve_file``, else ``DPU_PIPE_SERVE``) joins the producer job that published it
+    instead (:mod:`dpu_pipe.offload.rendezvous`)."""
     MPI = load_mpi()
     path = rendezvous.serve_file(serve_file) if comm is None else None
-    if path is not None:
-        key = ("serve", path)
-    else:
-        comm = MPI.COMM_WORLD if comm is None else comm
-        key = comm.py2f()
-    s = HostGroup._groups.get(key)
-    if s is None:
-        s = HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap, serve_file=path)
-    return s
+    if path is None and comm is None:
+        comm = MPI.COMM_WORLD
+    key = ("serve", path) if path is not None else comm.py2f()
+    if key not in HostGroup._groups:
+        HostGroup._groups[key] = HostGroup(comm, hostmap=hostmap, serve_file=path)
+    return HostGroup._groups[key]
 
 
 def started_group():
-    """The host group this process has started, if exactly one (by an offloaded loader,
+    """The one host group this process started (by an offloaded loader,
     :class:`~dpu_pipe.offload.validation.RemoteValidation` or
-    :func:`dpu_pipe.distributed.init_process_group`), else None. Starts nothing and calls no
-    MPI."""
+    :func:`dpu_pipe.distributed.init_process_group`), else None; calls no MPI."""
     groups = list(HostGroup._groups.values())
     return groups[0] if len(groups) == 1 else None
 
 
 def shutdown():
     """Stop the producers of every host group of this process (also done at exit)."""
-    for s in list(HostGroup._groups.values()):
-        s.close()
+    for group in list(HostGroup._groups.values()):
+        group.close()
 
 
 class HostGroup:
     """This host's place in the job: its group (rank 0 = this host, then its producers), its
     index among the hosts, and the :attr:`transport`. ``producers`` is the number of producer
-    ranks serving this host (0: no transport, loaders produce locally).
-    """
+    ranks serving this host (0: no transport, loaders produce locally)."""
 
     _groups = {}
 
@@ -111,8 +104,9 @@ class HostGroup:
         return self._transport
 
     def activate(self, engine):
-        """Make ``engine`` (an :class:`OffloadEngine`) the stream in flight; the previous
-        one's work is cancelled. Its takeover and liveness timeout become the transport's."""
+        """Make ``engine`` (an :class:`~dpu_pipe.engines.offload.OffloadEngine`) the stream in
+        flight, cancelling the previous one's work; its takeover and liveness timeout become
+        the transport's."""
         if self.active is not None and self.active is not engine:
             self.active.suspend()
         self.active = engine
@@ -149,23 +143,24 @@ class HostGroup:
 
     def close(self):
         """Stop this host's producers (they leave their loop and exit). Idempotent."""
-        if self.open:
-            self.open = False
-            if self.active is not None:
-                self.active.suspend()
-            if self._transport is None and self.producers and self._setup_failed is None:
-                # The producers wait for the window from their start: make a minimal one
-                # so that they are released the same way.
-                self._want = (1, 0)
-                self.transport
-            if self._setup_failed is not None:
-                # The producers are stuck in the window's start-up and never reach the
-                # channel's collective free: the job ends with the start-up error's abort.
-                return
-            if self._transport is not None:
-                self._transport.close()
-                if self._transport.sched.abort_at_exit:
-                    return          # a producer never signed off: the job ends with an abort
-            self.validation.close(self.setup_timeout)
-            if self.serve_file is not None:
-                rendezvous.leave(self.group, self.setup_timeout)
+        if not self.open:
+            return
+        self.open = False
+        if self.active is not None:
+            self.active.suspend()
+        if self._setup_failed is not None:
+            # The producers are stuck in the window's start-up and never reach the channel's
+            # collective free: the job ends with the start-up error's abort.
+            return
+        if self._transport is None and self.producers:
+            # The producers wait for the window from their start: make a minimal one so that
+            # they are released the same way.
+            self._want = (1, 0)
+            self.transport
+        if self._transport is not None:
+            self._transport.close()
+            if self._transport.sched.abort_at_exit:
+                return          # a producer never signed off: the job ends with an abort
+        self.validation.close(self.setup_timeout)
+        if self.serve_file is not None:
+            rendezvous.leave(self.group, self.setup_timeout)

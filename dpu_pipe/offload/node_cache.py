@@ -1,16 +1,13 @@
 """The producers' decoded-sample cache: one per node, shared by every producer rank of a host
-on that node, in MPI's own shared memory (the user's side: docs/guides/caching.md).
+on that node, in MPI's own shared memory (the user's side and the set-up's steps:
+docs/guides/caching.md).
 
-At start-up the producers of a host group make a communicator without the host
-(``Comm.Create_group``) and split it by node: :class:`NodeCaches`. A stream or validation job
-with ``cache_bytes`` gets its cache from :meth:`NodeCaches.open`, collectively over the node's
-producers: a non-blocking barrier with a deadline (so the blocking calls after it return at
-once), ``Win.Allocate_shared`` (node rank 0 holds the bytes, the others map its segment), node
-rank 0 lays out the arena, a second barrier, then the others attach (checking the layout).
-From then on the arena works as in local mode (``src/dpu_pipe/_cache.h``): no lock and no MPI
-call per sample. One cache per (source, transform, ``cache_bytes``), kept until the producers
-stop; set-ups run one at a time per communicator in the order requests arrive, the same on
-every producer, so the collectives match.
+:meth:`NodeCaches.open` sets a cache up collectively over the node's producers. Its blocking
+MPI calls come after a non-blocking barrier with a deadline, so they return at once; from then
+on the arena works as in local mode (``src/dpu_pipe/_cache.h``): no lock and no MPI call per
+sample. One cache per (source, transform, ``cache_bytes``), kept until the producers stop;
+set-ups run one at a time per communicator, in the order requests arrive (the same on every
+producer), so the collectives match.
 """
 
 import itertools
@@ -48,10 +45,9 @@ def run_to_end(gen, nap=0.001):
 
 
 class SharedCache(DecodedCache):
-    """A :class:`~dpu_pipe.cache.DecodedCache` in a node's MPI shared-memory window ``win``
-    (kept alive with it): ``buffer`` is node rank 0's segment, mapped here; ``init`` lays out
-    the arena (node rank 0) or attaches to it (the others). ``node``, the host-group rank of
-    the node's first producer, names the node in the counters the producers report."""
+    """A :class:`~dpu_pipe.cache.DecodedCache` in node rank 0's segment ``buffer`` of the MPI
+    shared-memory window ``win`` (kept alive with it); ``init``: lay the arena out (node rank 0)
+    or attach to it. ``node``, its first producer's host-group rank, names it in counters."""
 
     def __init__(self, win, buffer, num_samples, init, node):
         self.win = win
@@ -160,10 +156,9 @@ class NodeCaches:
         return cache
 
     def close(self):
-        """Free the windows, collectively over the node's producers (all of them leave
-        their loop at the host's stop, after the validation thread ended), in the order each
-        communicator made them; skipped, with a warning, when a producer of the node does not
-        arrive within ``setup_timeout`` (the windows then stay mapped until exit)."""
+        """Free the windows, collectively over the node's producers (after their validation
+        threads ended), in the order each communicator made them; skipped, with a warning,
+        when one does not arrive within ``setup_timeout`` (they stay mapped until exit)."""
         if not self.caches:
             return
         try:

@@ -1,21 +1,16 @@
 """The producer rank's loop (``python -m dpu_pipe.worker``): serve this rank's host until it
 stops.
 
-The loop, one thread, never blocks for long:
-
-1. take the host's requests (point-to-point, pickled ``(id, kind, payload)``) and start their
-   handlers;
-2. run one *piece* of every handler that is a generator;
-3. publish made batches whose buffers the host granted (``Put``, ``Flush``, header);
-4. make the next assigned batch into this rank's own memory when it holds fewer than
-   ``DEPTH`` made batches (produce ahead, so it is busy whatever the host's buffer count);
-5. heartbeat; sleep a little (backing off to ``poll_interval``) when nothing happened.
+Each turn of the loop (one thread, never blocking for long) starts the handlers of the host's
+requests (pickled ``(id, kind, payload)``), runs one piece of each generator handler, publishes
+the made batches whose buffers were granted, makes the next assigned batch while it holds fewer
+than ``DEPTH`` (docs/design/transport.md) and heartbeats; it sleeps, backing off to
+``poll_interval``, when nothing happened.
 
 Request handlers (:func:`handler`) are the extension point for work other than the training
 stream (docs/guides/offload.md): a handler gets the :class:`Context` and the host's payload and
-returns a value, or is a generator run one piece per loop turn between batches. Built-in
-kinds: ``"stream"`` (open a stream, see :func:`dpu_pipe.engines.offload.stream_request`) and
-``"ping"`` (echo).
+returns a value, or is a generator run one piece per turn. Built-in kinds: ``"stream"`` (see
+:func:`dpu_pipe.engines.offload.stream_request`) and ``"ping"`` (echo).
 """
 
 import argparse
@@ -60,8 +55,7 @@ def handler(kind):
 
 
 class OpenStream:
-    """A stream opened from a host's stream request: a BatchMaker and ``DEPTH`` batch
-    buffers."""
+    """A stream opened from a host's stream request: a BatchMaker and ``DEPTH`` buffers."""
 
     def __init__(self, request, cache=None):
         if request.get("version") != wire.STREAM_REQUEST_VERSION:
@@ -69,30 +63,25 @@ class OpenStream:
                               f"{wire.STREAM_REQUEST_VERSION}: host and producers run "
                               "different dpu_pipe versions")
         stream = StreamSpec.from_wire(request)
-        transform = stream.transform
-        #: The node cache this stream's samples are kept in (a SharedCache), or None.
-        self.cache = cache
+        self.cache = cache          # the node cache (a SharedCache) or None
         self.maker = BatchMaker(stream, request["num_threads"], cache)
-        self.layout = wire.PayloadLayout.from_request(request, wire.image_shapes(transform),
-                                                      transform.np_dtype)
+        self.layout = wire.PayloadLayout.from_request(
+            request, wire.image_shapes(stream.transform), stream.transform.np_dtype)
         mine = (self.maker.label_dtype, self.maker.label_shape)
         if mine != (self.layout.label_dtype, self.layout.label_shape):
             raise ConfigError(f"the batches here have labels {mine[0]}{mine[1]}, "
                               f"the host's {self.layout.label_dtype}{self.layout.label_shape}")
-        # Each buffer is a payload as the host receives it (its first end(batch_size) bytes),
-        # so a batch is made in place and Put as is. Touched now (zeros, not empty) and
-        # OpenCV imported now: a producer's memory is what it holds after start-up, not
-        # something that grows with the first batch or the first PNG of an epoch.
+        # A buffer is a payload as the host receives it, so a batch is made in place and Put
+        # as is. Touched (zeros) and OpenCV imported now: a producer's memory is what it holds
+        # after start-up, not something that grows with the first batch or PNG of an epoch.
         self.free = [np.zeros(self.layout.end(self.layout.batch_size), np.uint8)
                      for _ in range(DEPTH)]
         load_other_formats()
-        # {stream: sample indices reported}: streams sharing this pipeline are loaders of
-        # their own, and each one's bad_samples lists every bad sample it met.
+        # {stream: sample indices reported}: each stream sharing it lists every bad sample.
         self.reported = {}
 
     def _bad_report(self, stream):
-        """JSON of bad samples the host's ``stream`` has not heard of, as many as fit the
-        report area; the rest go with the next batches."""
+        """The bad samples ``stream`` has not heard of that fit the report area (JSON-able)."""
         entries, size = {}, 0
         reported = self.reported.setdefault(stream, set())
         for index, message in sorted(self.maker.bad_samples.items()):
@@ -109,8 +98,8 @@ class OpenStream:
         return entries
 
     def make(self, work, publish_ns=0):
-        """Fill a free buffer with ``work``'s batch: sets ``work.parts`` (the payload up to
-        its report, then the report); the buffer comes back with :meth:`give_back`."""
+        """Fill a free buffer with ``work``'s batch: sets ``work.parts`` (the payload up to its
+        report, then the report); the buffer comes back with :meth:`give_back`."""
         buf = self.free.pop()
         st = self.maker.stats
         read0, proc0 = st.read_s, st.process_s
@@ -148,9 +137,8 @@ class OpenStream:
 
 class Context:
     """What a request handler may use: ``comm`` (host group), ``rank`` (group rank),
-    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: OpenStream}),
-    ``caches`` (the node's decoded-sample caches, :class:`~.node_cache.NodeCaches`, or None
-    when the loop runs without them)."""
+    ``transport`` (:class:`~transport.ProducerTransport`), ``streams`` ({id: OpenStream}) and
+    ``caches`` (the node's :class:`~.node_cache.NodeCaches`, or None without them)."""
 
     def __init__(self, transport, caches=None):
         self.transport = transport
@@ -167,8 +155,8 @@ def _ping(ctx, payload):
 
 @handler("stream")
 def _open_stream(ctx, payload):
-    """Open a stream; with ``cache_bytes``, its node cache first (a generator: the cache's
-    set-up waits for the node's other producers, in pieces between batches)."""
+    """Open a stream; with ``cache_bytes``, its node cache first (a generator: the set-up
+    waits for the node's other producers in pieces between batches)."""
     stream, request = payload
     key = json.dumps(request, sort_keys=True)
     for maker in ctx.streams.values():   # the same stream again: reuse the open source
@@ -190,17 +178,16 @@ def _open_stream(ctx, payload):
 
 
 class ProducerLoop:
-    """The producer rank's loop over its transport (see the module docstring): requests,
-    handlers in pieces, grants, the next batch, heartbeats."""
+    """The producer rank's loop over its transport (see the module docstring)."""
 
     def __init__(self, transport, caches=None):
         self.t = transport
         self.ctx = Context(transport, caches)
-        self.made = []          # Work made, waiting for a grant, in seq order
-        self.running = []         # (id, generator) of handlers running in pieces
+        self.made = []              # Work made, waiting for a grant, in seq order
+        self.running = []           # (id, generator) of handlers running in pieces
         self.backoff_max = transport.poll_interval
         self.publish_ns = 0
-        self.current = None     # the Work being made, by the maker thread
+        self.current = None         # the Work the maker thread is making, and its future
         self.future = None
         # Batches are made on a thread (the kernel releases the GIL) so that this loop keeps
         # publishing granted batches, beating and answering requests meanwhile.
@@ -311,14 +298,12 @@ class ProducerLoop:
         return None
 
     def _maker(self, stream):
-        """The stream's pipeline; its stream request travels on the request channel and may
-        be a moment behind the assignment that needs it."""
+        """The stream's pipeline; its request may arrive a moment after the assignment."""
         deadline = deadline_in(self.t.setup_timeout)
         while stream not in self.ctx.streams:
             for rid, kind, payload in self.t.requests():
                 self._start(rid, kind, payload)
-            # Opening a stream with a node cache runs in pieces.
-            self._step_handlers()
+            self._step_handlers()           # opening a stream with a node cache
             if stream in self.ctx.streams or time.monotonic() > deadline:
                 break
             if self.t.stop_requested():
@@ -349,13 +334,11 @@ class ProducerLoop:
 
 
 def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=86400.0):
-    """Serve this rank's host until it stops (collective start-up with the hosts of
-    ``comm``, default ``COMM_WORLD``). With ``serve_file`` the hosts are no ranks of
-    ``comm`` (the producer job): ``hosts`` of them join through the port published in that
-    file, within ``accept_timeout`` seconds (:mod:`dpu_pipe.offload.rendezvous`). Returns
-    the number of batches this rank delivered."""
-    MPI = load_mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
+    """Serve this rank's host until it stops; returns the number of batches it delivered.
+    Start-up is collective with the hosts of ``comm`` (default ``COMM_WORLD``), or, with
+    ``serve_file``, ``hosts`` hosts outside it join through the port published in that file
+    within ``accept_timeout`` seconds (:mod:`dpu_pipe.offload.rendezvous`)."""
+    comm = load_mpi().COMM_WORLD if comm is None else comm
     for name in HANDLER_MODULES:
         importlib.import_module(name)
     if serve_file is not None:
@@ -365,10 +348,7 @@ def serve(comm=None, *, hostmap=None, serve_file=None, hosts=1, accept_timeout=8
         roles = discover_roles(comm, "producer", hostmap=hostmap)
         group = host_comm(comm, roles)
     channel = Channel(group, "producer")
-    # The node's decoded-sample caches (made when a stream or validation job asks for one).
     caches = NodeCaches(group)
-    # Validation snapshots are served by a low-priority thread of their own, in the gaps
-    # between batches (see dpu_pipe.offload.validation).
     validation = ValidationService(channel, caches=caches)
     validation.start()
     transport = ProducerTransport(group)

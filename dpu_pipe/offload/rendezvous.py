@@ -1,23 +1,19 @@
-"""Producers as an MPI job of their own, hosts joining it: ``python -m dpu_pipe.worker
---serve FILE`` on the producer side, ``DPULoader(..., serve_file=FILE)`` (or
-``DPU_PIPE_SERVE=FILE``) on hosts that are no MPI job with them (``torchrun``'s singleton
-processes). The user's side, the deadlines and the faults: docs/guides/cluster.md.
+"""Producers as an MPI job of their own (``python -m dpu_pipe.worker --serve FILE``), joined
+by hosts that are no MPI job with them (``torchrun``'s singletons, ``serve_file=FILE`` or
+``DPU_PIPE_SERVE``). The user's side, deadlines and faults: docs/guides/cluster.md.
 
-1. The producer job's rank 0 opens a port and writes it into ``FILE`` (JSON, renamed into
-   place), then touches the file every :data:`REFRESH` seconds while it accepts hosts: a
-   file whose time stamp stands still belongs to a job that is gone (connecting to a dead
-   job's port crashes ``MPI_Comm_connect``), and no clock agreement is needed.
-2. Each host connects (MPICH's ``timeout`` info key bounds the attempt) and sends its hello
-   (torch's ``RANK``/``WORLD_SIZE``, hostname, host map, wire version, deadline). The
-   producers accept ``--hosts`` hosts one at a time, then close the port and remove the file.
-   With the mpich wheel every singleton has the same process-manager name, so one producer
-   job serves one singleton host (``serve-{rank}.json``).
+1. Producer rank 0 opens a port, writes it into ``FILE`` (JSON, renamed into place) and
+   touches the file every :data:`REFRESH` seconds while it accepts hosts: a still time stamp
+   means a job that is gone (connecting to a dead job's port crashes ``MPI_Comm_connect``),
+   without any clock agreement.
+2. Each host connects and sends its hello (torch's ``RANK``/``WORLD_SIZE``, hostname, host
+   map, wire version, deadline); the producers accept ``--hosts`` hosts one at a time, then
+   close the port and remove the file.
 3. The producers match themselves to the hosts as in an MPMD job
-   (:func:`~.roles.assign_producers`, hosts by ``RANK``), send each host the outcome, merge
-   its intercommunicator and split the result into that host's group (the host as rank 0),
-   then disconnect the merged and intercommunicators, so hosts and producer groups end
-   independently. From there the host group runs as in an MPMD job; :func:`leave`
-   disconnects it at the end.
+   (:func:`~.roles.assign_producers`, hosts by ``RANK``), send each host the verdict, merge
+   each intercommunicator and split it into that host's group (the host as rank 0), then
+   disconnect the merged and intercommunicators so the jobs end independently. :func:`leave`
+   disconnects the group at the end.
 """
 
 import contextlib
@@ -125,11 +121,11 @@ def _check_hello(hello, hellos):
 
 def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
     """Producer job side (collective over ``comm``, its producers): publish a port in
-    ``path``, accept ``hosts`` hosts, and return ``(roles, group)`` of this producer rank —
-    the :class:`~.roles.Roles` of the joined job and its host group (an intracommunicator,
-    the host as rank 0). Raises ConfigError on every producer when a host cannot join
-    (another dpu_pipe version, ranks that disagree); ends the job at the deadline (module
-    docstring)."""
+    ``path``, accept ``hosts`` hosts, and return this rank's ``(roles, group)``: the
+    :class:`~.roles.Roles` of the joined job and its host group (the host as rank 0). Raises
+    ConfigError on every producer when a host cannot join (another dpu_pipe version, ranks
+    that disagree); ends the job at the deadline: ``accept_timeout`` seconds for the first
+    host, that host's own deadline for the others."""
     MPI = load_mpi()
     path = os.path.abspath(os.fspath(path))
     me, nprod = comm.Get_rank(), comm.Get_size()
@@ -169,12 +165,12 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
         ranks = [h["rank"] for h, _ in joined]
         names = tuple(h["hostname"] for h, _ in joined) + tuple(hostnames)
         # A host's map wins, as in an MPMD job; the producers may carry it alone.
-        maps = [h["hostmap"] for h, _ in joined if h["hostmap"]]
-        maps += [m for m in [hostmap or os.environ.get(HOSTMAP_ENV)] if m]
+        chosen = next((h["hostmap"] for h, _ in joined if h["hostmap"]),
+                      hostmap or os.environ.get(HOSTMAP_ENV))
         try:
             # Matched as in an MPMD job of these hosts (then these producers).
             local, warnings = assign_producers(["host"] * hosts + ["producer"] * nprod, names,
-                                               parse_hostmap(maps[0] if maps else None))
+                                               parse_hostmap(chosen))
         except ConfigError as exc:
             error = str(exc)
     # The hosts agree on WORLD_SIZE (checked above): one verdict for all.
@@ -202,10 +198,8 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
 
 
 def _roles_of(world, ranks, local, names, warnings, nprod):
-    """The joined job as the hosts see it: host ranks are torch's ``RANK`` (0 ..
-    ``WORLD_SIZE``-1, those of other producer jobs included, hostname "?"), producers come
-    after them; ``local`` maps the producers to joined-host indices (``ranks[i]`` is the
-    RANK of joined host i)."""
+    """The verdict: the joined job with torch's ``RANK`` as host ranks (those of other
+    producer jobs named "?"), then the producers."""
     hosts = len(ranks)
     host_of = {world + i: ranks[local[hosts + i]] for i in range(nprod)}
     hostnames = ["?"] * world + list(names[hosts:])
@@ -243,11 +237,10 @@ def _read_fresh(path, deadline):
 
 
 def join(path, *, hostmap=None, timeout=600.0):
-    """Host side: join the producer job serving ``path``; returns ``(roles, group)`` as
-    :func:`accept_hosts` does for producers (the group's rank 0 is this host). This host is
-    torch's ``RANK`` of ``WORLD_SIZE`` hosts (0 of 1 without them). Raises PipeTimeout when a
-    step misses its deadline (``timeout`` seconds in all), ConfigError when the producers
-    refuse this host."""
+    """Host side: join the producer job serving ``path`` as torch's ``RANK`` of
+    ``WORLD_SIZE`` hosts (0 of 1 without them); returns ``(roles, group)`` as
+    :func:`accept_hosts` does. Raises PipeTimeout when a step misses its deadline
+    (``timeout`` seconds in all), ConfigError when the producers refuse this host."""
     MPI = load_mpi()
     path = os.path.abspath(os.fspath(path))
     deadline = deadline_in(timeout)
@@ -285,17 +278,15 @@ def join(path, *, hostmap=None, timeout=600.0):
 
 
 def _disconnect(merged, inter, deadline, who):
-    """Disconnect a host's merged and intercommunicator once every rank is there (the
-    producers come after they set up every host's group)."""
+    """Disconnect a host's merged and intercommunicator once every rank is there."""
     wait_request(merged.Ibarrier(), deadline, f"{who}: waiting for the other hosts' start-up")
     merged.Disconnect()
     inter.Disconnect()
 
 
 def leave(group, timeout):
-    """Disconnect a joined host group (host or producer side) once every rank is there
-    (non-blocking barrier, deadline ``timeout`` seconds): afterwards this process is no
-    longer connected to the other job and finalizes on its own."""
+    """Disconnect a joined host group (either side) once every rank is there, within
+    ``timeout`` seconds, so that this process finalizes on its own."""
     wait_request(group.Ibarrier(), deadline_in(timeout),
                  f"rank {group.Get_rank()} of a joined host group leaving it")
     group.Disconnect()

@@ -1,7 +1,5 @@
 """Who is who in an MPI job: which ranks are hosts, which producers, and which host each
-producer serves: by an explicit host map (``DPU_PIPE_HOSTMAP`` or ``hostmap=``), else by
-hostname, else anywhere with a warning (the rule: :func:`assign_producers`; the user's side:
-docs/guides/cluster.md).
+producer serves (the rule: :func:`assign_producers`; the user's side: docs/guides/cluster.md).
 """
 import logging
 import os
@@ -39,8 +37,7 @@ def _short(name):
 
 
 def _same_node(producer, host):
-    """True when hostname ``producer`` is ``host`` or contains it as a part separated by
-    '-' or '_' (node01-dpu, bf-node01, node01_bf2), on short names."""
+    """Whether short hostname ``producer`` is ``host`` or holds it as a ``-``/``_`` part."""
     p, h = _short(producer), _short(host)
     if p == h:
         return True
@@ -60,15 +57,13 @@ def parse_hostmap(text):
         item = item.strip()
         if not item:
             continue
-        host, sep, producer = item.partition(":")
-        if not sep or not host.strip() or not producer.strip():
+        host, sep, producer = (part.strip() for part in item.partition(":"))
+        if not sep or not host or not producer:
             raise ConfigError(f"host map entry {item!r} is not 'host:producer' "
                               f"(e.g. {HOSTMAP_ENV}='nodeA:bf-nodeA,nodeB:bf-nodeB')")
-        producer = producer.strip()
-        if producer in mapping and mapping[producer] != host.strip():
+        if mapping.setdefault(producer, host) != host:
             raise ConfigError(f"host map sends producer host {producer!r} to both "
-                              f"{mapping[producer]!r} and {host.strip()!r}")
-        mapping[producer] = host.strip()
+                              f"{mapping[producer]!r} and {host!r}")
     return mapping or None
 
 
@@ -76,13 +71,13 @@ def assign_producers(roles, hostnames, hostmap=None):
     """Map producers to hosts: returns ``({producer rank: host rank}, warnings)``, the
     warnings as ``(host rank concerned, text)`` pairs.
 
-    ``roles[r]`` is "host" or "producer", ``hostnames[r]`` rank r's hostname, ``hostmap`` an
-    explicit ``{producer hostname: host hostname}`` (see :func:`parse_hostmap`) that wins over
-    matching by name. By name: the same hostname, then a hostname that contains the host's
-    as a ``-``/``_``-separated part (``node1-dpu``, ``bf-node1``, ``node1_bf2``), the most
-    specific first, then anywhere (with a warning). Among the candidate hosts of a producer
-    the one with the fewest producers so far wins (then the lowest rank).
-    """
+    ``roles[r]`` is "host" or "producer", ``hostnames[r]`` rank r's hostname. An explicit
+    ``hostmap`` (``{producer hostname: host hostname}``, see :func:`parse_hostmap`) decides
+    alone. Else by name: the same hostname, then one holding the host's as a
+    ``-``/``_``-separated part (``node1-dpu``, ``bf-node1``, ``node1_bf2``), the longest
+    host name first, then anywhere (with a warning). Among a producer's candidate hosts the
+    one with the fewest producers so far wins, then the lowest rank. Raises ConfigError
+    when no rank is a host or the map misses a producer's host or names no host's."""
     hosts = [r for r, role in enumerate(roles) if role == "host"]
     if not hosts:
         raise ConfigError("no rank declared the role 'host'")
@@ -93,6 +88,7 @@ def assign_producers(roles, hostnames, hostmap=None):
         h = min(candidates, key=lambda h: (load[h], h))
         load[h] += 1
         host_of[p] = h
+        return h
 
     producers = [p for p, role in enumerate(roles) if role == "producer"]
     if hostmap:
@@ -119,8 +115,7 @@ def assign_producers(roles, hostnames, hostmap=None):
         else:
             unmatched.append(p)
     for p in unmatched:
-        place(p, hosts)
-        h = host_of[p]
+        h = place(p, hosts)
         warnings.append((h, f"producer rank {p} on {hostnames[p]!r} matches no host's node; "
                          f"paired with host rank {h} on {hostnames[h]!r} (its traffic "
                          f"crosses the network; set {HOSTMAP_ENV} to choose)"))
@@ -137,9 +132,9 @@ def discover_roles(comm, role, *, hostname=None, hostmap=None, timeout=86400.0):
     """Collective (start-up only): every rank of ``comm`` declares ``role`` ("host" or
     "producer"); returns the same :class:`Roles` on every rank. ``hostmap`` (text, hosts
     only) overrides ``DPU_PIPE_HOSTMAP``; the first host's map is everyone's. Raises
-    ConfigError on every rank when any role is invalid or no host exists, PipeTimeout when
-    not every rank arrives within ``timeout`` seconds (producers wait for their hosts to
-    build their first DPULoader, sleeping rather than spinning in a collective)."""
+    ConfigError on every rank when a role is invalid or no host exists, PipeTimeout when not
+    every rank arrives within ``timeout`` seconds (producers wait, sleeping, for their hosts'
+    first DPULoader)."""
     wait_request(comm.Ibarrier(), deadline_in(timeout),
                  f"start-up: rank {comm.Get_rank()} waited for every rank of the job to "
                  f"declare its role")

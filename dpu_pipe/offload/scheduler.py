@@ -1,11 +1,10 @@
 """The host's ticket scheduler: a pure state machine, no MPI.
 
-:class:`~dpu_pipe.offload.transport.HostTransport` reads records from its window, hands them
-to a :class:`Scheduler`, and writes the ``ASSIGN`` entries the scheduler puts in its
-:attr:`Scheduler.outbox`. Everything that decides (which producer makes which ticket, which
-buffer a ticket is granted, when a buffer is free again, what becomes of a silent or slow
-producer's work) lives here, tested without MPI (``tests/test_scheduler.py``). The ticket's
-states and the buffers' (free, granted, quarantined) are drawn in docs/design/transport.md.
+:class:`~dpu_pipe.offload.transport.HostTransport` hands it the records read from its window
+and writes the ``ASSIGN`` entries it puts in :attr:`Scheduler.outbox`. Every decision (who
+makes which ticket, which buffer it is granted, when a buffer is free again, what becomes of a
+silent or slow producer's work) is made here; the states of tickets and buffers (free,
+granted, quarantined) are drawn in docs/design/transport.md.
 """
 import logging
 
@@ -51,11 +50,11 @@ class Peer:
         self.seen = now
         self.retired = False
         self.stopped = False
-        self.entries = {}       # seq -> Ticket, not yet passed by the producer
-        self.working = -1       # ticket it reports making, since when, and its usual
-        self.working_since = now    # batch time (moving average, seconds)
-        self.batch_s = None
-        self.since_error = 0.0  # working_since is late by up to this (the poll gap)
+        self.entries = {}           # seq -> Ticket, not yet passed by the producer
+        self.working = -1           # the ticket it reports making, since working_since
+        self.working_since = now
+        self.batch_s = None         # its usual batch time (moving average, seconds)
+        self.since_error = 0.0      # working_since is late by up to this (the poll gap)
 
 
 class Scheduler:
@@ -96,7 +95,6 @@ class Scheduler:
         self.abort_at_exit = False
         self.outbox = []            # (rank, ASSIGN fields) to write, in order
 
-    # -- the host's calls -------------------------------------------------------------------
     def submit(self, stream, epoch, step):
         """Queue ``(stream, epoch, step)``; returns its ticket."""
         t = Ticket(self.next_ticket, int(stream), int(epoch), int(step))
@@ -165,7 +163,6 @@ class Scheduler:
             return "a host thread is making it"
         return f"it is held by {self.describe(t.owner)}"
 
-    # -- what the window says ---------------------------------------------------------------
     def on_status(self, rank, st, now, prev_poll):
         """Producer ``rank``'s ``STATUS`` record ``st`` (a dict), read at ``now``; the
         previous poll was at ``prev_poll``."""
@@ -193,9 +190,8 @@ class Scheduler:
         return [t for t in self.tickets.values() if t.ready is None and t.buffer >= 0]
 
     def header_matches(self, t, h):
-        """True when the sealed header ``h`` read from ``t``'s buffer carries ``t``'s grant
-        (the payload is complete); raises ValueError when it carries the grant but names
-        other work."""
+        """True when the sealed header ``h`` of ``t``'s buffer carries ``t``'s grant (the
+        payload is complete); ValueError when it carries the grant but names other work."""
         if h is None or h["grant"] != t.grant:
             return False
         if (h["ticket"], h["epoch"], h["step"], h["producer"]) != \
@@ -204,10 +200,8 @@ class Scheduler:
                              f"grant: {h}")
         return True
 
-    # -- decisions --------------------------------------------------------------------------
     def schedule(self, now):
-        """One round: detect silence (and slowness), refill producers' queues, grant free
-        buffers."""
+        """One round: detect silence (and slowness), refill queues, grant free buffers."""
         self.check_silence(now)
         self.assign()
         self.grant()
@@ -216,38 +210,34 @@ class Scheduler:
         return [p for p in self.peers.values() if not p.retired and not p.stopped]
 
     def check_silence(self, now):
-        silent = [p for p in self._live() if now - p.seen > self.liveness_timeout]
-        if not silent:
-            if self.takeover:
-                self._check_slow(now)
-            return
-        silent.sort(key=lambda p: p.seen)
-        if not self.takeover:
-            if self.failure is None:
-                names = "; ".join(
-                    f"{self.describe(p.rank)}: no heartbeat for {now - p.seen:.1f} s"
-                    + self._held_by(p) for p in silent)
-                self.failure = (f"producer stopped answering (liveness_timeout "
-                                f"{self.liveness_timeout:g} s): {names}")
-                self.abort_at_exit = True
-            return
-        for p in silent:
-            self.retire(p.rank, f"no heartbeat for {now - p.seen:.1f} s")
+        silent = sorted((p for p in self._live() if now - p.seen > self.liveness_timeout),
+                        key=lambda p: p.seen)
+        if silent and self.takeover:
+            for p in silent:
+                self.retire(p.rank, f"no heartbeat for {now - p.seen:.1f} s")
+        elif silent and self.failure is None:
+            names = "; ".join(f"{self.describe(p.rank)}: no heartbeat for {now - p.seen:.1f} s"
+                              + self._held_by(p) for p in silent)
+            self.failure = (f"producer stopped answering (liveness_timeout "
+                            f"{self.liveness_timeout:g} s): {names}")
+            self.abort_at_exit = True
+        elif not silent and self.takeover:
+            self._check_slow(now)
 
     def _check_slow(self, now):
-        """Takeover: a producer whose current batch has taken ``SLOW_FACTOR`` times the
-        producers' usual batch time (and at least ``SLOW_FLOOR`` s) — hung in a read, say,
-        while its heartbeat goes on — is retired like a silent one."""
+        """Takeover: retire a producer whose batch took ``SLOW_FACTOR`` times the median batch
+        time (and ``SLOW_FLOOR`` s): hung in a read, say, while its heartbeat goes on."""
         live = self._live()
         usual = sorted(p.batch_s for p in live if p.batch_s is not None)
         if len(usual) < 2:
             return
-        limit = max(SLOW_FLOOR, SLOW_FACTOR * usual[len(usual) // 2])
+        median = usual[len(usual) // 2]
+        limit = max(SLOW_FLOOR, SLOW_FACTOR * median)
         for p in live:
-            if p.working in self.tickets and now - p.working_since > limit:
-                self.retire(p.rank, f"its batch has taken {now - p.working_since:.1f} s, "
-                                    f"over {SLOW_FACTOR}x the usual "
-                                    f"{usual[len(usual) // 2]:.3f} s")
+            took = now - p.working_since
+            if p.working in self.tickets and took > limit:
+                self.retire(p.rank, f"its batch has taken {took:.1f} s, over {SLOW_FACTOR}x "
+                                    f"the usual {median:.3f} s")
 
     def _held_by(self, peer):
         held = sorted((t.epoch, t.step) for t in peer.entries.values()
@@ -274,9 +264,8 @@ class Scheduler:
                     if self.quarantined else "")
 
     def needs_reclaim(self, t):
-        """Takeover: ``t`` is awaited next, assigned to a live producer, but no buffer is
-        free and none will be (the others are quarantined or hold later batches, consumed
-        after this one)."""
+        """Takeover: ``t`` is awaited next, assigned to a live producer, but no buffer is free
+        or will be (the others are quarantined or hold later batches, consumed after it)."""
         return (t.ready is None and bool(self.quarantined) and not self.free
                 and t.owner not in (None, LOCAL) and t.buffer < 0)
 
@@ -333,13 +322,10 @@ class Scheduler:
             self._write_entry(self.peers[t.owner], t, t.buffer)
 
     def nap(self, t, now):
-        """Seconds the host can sleep before ``t`` may be ready, 0 when it cannot tell.
-
-        Polling costs the host CPU (a poll and a wake-up, ~40 us) and a long wait means many
-        polls; a producer's batch time is regular enough to sleep through most of it. Every
-        producer at work bounds the nap, since the host grants and assigns when it finishes.
-        Waking late costs latency, not throughput: the producer goes on with its next batch.
-        """
+        """Seconds the host can sleep before ``t`` may be ready, 0 when it cannot tell: a
+        producer's batch time is regular enough to sleep through most of it instead of polling
+        (~40 us of CPU each). Every producer at work bounds the nap (the host grants and
+        assigns when it finishes); waking late costs latency, not throughput."""
         if t.owner in (None, LOCAL) or t.buffer < 0 or self.peers[t.owner].working != t.ticket:
             return 0.0
         nap = min(NAP_MAX, self.liveness_timeout / 4)

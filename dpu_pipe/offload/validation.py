@@ -1,21 +1,18 @@
 """Offloaded validation: producer ranks evaluate a snapshot of the model while the host trains
 (the user's side: docs/guides/validation.md).
 
-The channel (:class:`~dpu_pipe.offload.channel.Channel`, made with the host group) is a
-duplicate of the group's communicator and a dynamic RMA window on it.
-:meth:`RemoteValidation.submit` packs the ``state_dict`` into one flat buffer
-(:mod:`dpu_pipe.weights`), attaches it to the window and sends each producer a small request
-``{"job", "spec", "address", "nbytes", "part", "parts"}``, and returns. Each producer's
-:class:`ValidationService` thread (nice 19, so batch making takes the core whenever it has
-work) reads the weights with an ``Rget`` (deadline ``rma_timeout``), evaluates steps ``part,
-part + parts, ...`` of the host's validation shard (:class:`~dpu_pipe.evaluate.ShardEvaluator`)
-and sends back the sums of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its
-traceback. With several hosts, each evaluates its own shard and sends its sums to the others
-point to point, so every host's future gives the metrics of the whole validation set.
+The channel (:class:`~dpu_pipe.offload.channel.Channel`) is a duplicate of the host group's
+communicator with a dynamic RMA window on it. :meth:`RemoteValidation.submit` packs the
+``state_dict`` into one flat buffer (:mod:`dpu_pipe.weights`), attaches it to the window, sends
+each producer a request ``{"job", "spec", "address", "nbytes", "part", "parts"}`` and returns.
+Each producer's :class:`ValidationService` thread (nice 19: batch making takes the core
+whenever it has work) reads the weights with an ``Rget``, evaluates steps ``part, part +
+parts, ...`` of the host's shard (:class:`~dpu_pipe.evaluate.ShardEvaluator`) and sends back
+the sums of :class:`~dpu_pipe.evaluate.Metrics`, or the error with its traceback. Hosts send
+their sums to each other, so every host's future gives the whole validation set's metrics.
 
-Memory: each snapshot holds one weights buffer on the host until every producer has answered
-(a buffer a silent producer may still read is never freed); each producer holds one weights
-buffer, its model and one validation batch.
+Memory: the host keeps each snapshot's buffer until every producer has answered (a silent
+producer may still read it); each producer holds one weights buffer, its model and one batch.
 """
 
 import contextlib
@@ -43,20 +40,14 @@ __all__ = ["RemoteValidation", "ValidationFuture", "ValidationService"]
 
 _POLL = 0.002
 
-#: Held by whatever reads or changes the host's validation channel (its pending sends, its
-#: futures, the window's attached buffers): submit(), and every poll of a future, from any
-#: thread. Never held while waiting: result() polls, taking it once per poll.
+#: Held by whatever reads or changes the host's validation channel (pending sends, futures,
+#: attached buffers), from any thread; never while waiting: result() takes it once per poll.
 _CHANNEL_LOCK = threading.RLock()
 
 
-# -- producer side ----------------------------------------------------------------------------
-
 class ValidationService(threading.Thread):
-    """A producer's validation thread: serve requests until :meth:`stop`.
-
-    Runs at nice 19 (see the module docstring). ``rma_timeout`` bounds the read of the
-    weights from the host.
-    """
+    """A producer's validation thread (nice 19): serves requests until :meth:`stop`;
+    ``rma_timeout`` bounds each read of the weights from the host."""
 
     def __init__(self, channel, *, rma_timeout=120.0, caches=None):
         super().__init__(name="dpu_pipe-validation", daemon=True)
@@ -110,8 +101,7 @@ class ValidationService(threading.Thread):
         ch.comm.send(record, dest=0, tag=RESULT_TAG)
 
     def _node_cache(self, spec, num_samples):
-        """The node cache of a validation spec with ``cache_bytes``: the same arena for every
-        job of that spec (made collectively by the node's producers on the first)."""
+        """The node cache of a spec with ``cache_bytes``, made collectively on its first job."""
         key = cache_key(spec["source"], spec["transform"], spec["cache_bytes"])
         return run_to_end(self.caches.open(key, spec["cache_bytes"], num_samples,
                                            user="validation"), _POLL)
@@ -126,8 +116,6 @@ class ValidationService(threading.Thread):
         return buf
 
 
-# -- host side --------------------------------------------------------------------------------
-
 class ValidationFuture:
     """The result of one :meth:`RemoteValidation.submit`. ``result(timeout)`` waits for it."""
 
@@ -137,8 +125,7 @@ class ValidationFuture:
         self._hosts = set(hosts)                # other hosts whose sums are still to come
         self._parts = []                        # per-producer records of this host
         self._remote = {}                       # host index -> its sums and parts
-        self._error = None
-        self._value = None
+        self._error = self._value = None
         self._sent = False                      # this host's sums went to the others
 
     def done(self):
@@ -151,12 +138,11 @@ class ValidationFuture:
 
     def result(self, timeout=None):
         """The metrics ``{"tag", "count", "loss", "top1", "top5", ..., "seconds", "by_rank"}``
-        of the whole validation set (all hosts); ``seconds`` is the slowest producer's wall
-        time, and each ``by_rank`` entry has its producer's wall ``seconds`` and ``cpu_s`` (CPU
-        seconds of its validation thread). Waits at most ``timeout`` seconds (default:
-        the RemoteValidation's ``timeout``); raises :class:`PipeTimeout` naming the producers
-        or hosts that have not answered, or :class:`ProducerError` with a producer's
-        traceback when the model factory, the weights or the forward pass failed there."""
+        of the whole validation set: ``seconds`` is the slowest producer's wall time, each
+        ``by_rank`` entry has its producer's wall ``seconds`` and its validation thread's CPU
+        ``cpu_s``. Waits at most ``timeout`` seconds (default: the RemoteValidation's); raises
+        :class:`PipeTimeout` naming who has not answered, or :class:`ProducerError` with the
+        traceback of a producer's factory, weights or forward pass."""
         timeout = self._owner.timeout if timeout is None else float(timeout)
 
         def silent():
@@ -171,12 +157,11 @@ class ValidationFuture:
         return self._value
 
     def _finish(self):
-        if self._waiting or self._value is not None or self._error is not None:
+        if self._waiting:
             return
         owner = self._owner
-        failed = [p for p in self._parts if not p["ok"]]
-        if failed:
-            p = failed[0]
+        p = next((p for p in self._parts if not p["ok"]), None)
+        if p is not None:
             self._error = ProducerError(
                 f"validation job {self.job} (tag {self.tag!r}) failed: {p['type']}: "
                 f"{p['message']}", producer=owner._describe(p["producer"]),
@@ -216,9 +201,8 @@ class RemoteValidation:
     Parameters
     ----------
     val_source : ImageFolder, FileList or PackedSource
-        The validation set; each host evaluates its shard of it, sharded as
-        ``Loader(train=False)`` (``shard_tail="mask"``: the padding rows are not counted,
-        nothing is dropped): every sample counted once over all hosts and producers.
+        The validation set, sharded over the hosts as by ``Loader(train=False)``
+        (``shard_tail="mask"``): every sample counted once over all hosts and producers.
     batch_size : int
     model : str
         ``"module:factory"`` importable on the producers; ``factory(**model_kwargs)`` returns
@@ -231,18 +215,16 @@ class RemoteValidation:
         Which top-k accuracies to report (``top1``, ``top5`` by default).
     comm : mpi4py communicator, optional
         The job's communicator (default ``COMM_WORLD``); construction is collective over its
-        hosts, as for :class:`~dpu_pipe.DPULoader`, and every host must submit the same
-        sequence of snapshots.
+        hosts, as for :class:`~dpu_pipe.DPULoader`, and every host submits the same snapshots.
     timeout : float
         Default seconds :meth:`ValidationFuture.result` waits.
     producer_threads : int
         Threads of each producer's batch kernel.
     cache_bytes : int
         With ``decode_max_side``: bytes of the producers' node cache of the validation set's
-        reduced images (one per node), so that every snapshot after the first is evaluated
-        without decoding, with the same metrics.
+        reduced images, so that snapshots after the first are evaluated without decoding.
 
-    :meth:`submit` returns at once; a second ``submit`` before the first finished is queued.
+    A second :meth:`submit` before the first finished is queued.
     """
 
     def __init__(self, val_source, batch_size, *, model, model_kwargs=None, size=224,
@@ -254,76 +236,66 @@ class RemoteValidation:
         producer_threads = _v.positive_int(producer_threads, "producer_threads")
         if not isinstance(model, str) or model.count(":") != 1:
             raise ConfigError(f"model must be 'module:factory', got {model!r}")
-        timeout = _v.seconds(timeout, "timeout")
+        self.timeout = _v.seconds(timeout, "timeout")
         try:
             json.dumps(model_kwargs or {})
         except TypeError as exc:
             raise ConfigError(f"model_kwargs must be JSON-serialisable: {exc}") from None
         transform = TransformConfig(train=False, size=size, **transform_options)
         cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
-        if cache_bytes and transform.decode.decode_max_side is None:
-            raise ConfigError("cache_bytes needs decode_max_side: the cache holds the whole "
-                              "images decode_max_side reduces (e.g. decode_max_side=256)")
         if cache_bytes:
+            if transform.decode.decode_max_side is None:
+                raise ConfigError("cache_bytes needs decode_max_side: the cache holds the whole "
+                                  "images decode_max_side reduces (e.g. decode_max_side=256)")
             check_cache_bytes(cache_bytes, len(val_source))
-        MPI = load_mpi()
-        self._world = MPI.COMM_WORLD if comm is None else comm
+        self._world = load_mpi().COMM_WORLD if comm is None else comm
         group = host_group(self._world)
         if group.producers == 0:
             raise ConfigError("RemoteValidation: no producer rank serves this host")
         self.channel = group.validation
         self.host_index = group.host_index
         self.num_hosts = group.num_hosts
-        self.timeout = float(timeout)
         self.spec = {"source": val_source.spec(), "transform": transform.to_dict(),
-                     "batch_size": int(batch_size), "rank": self.host_index,
+                     "batch_size": batch_size, "rank": self.host_index,
                      "world_size": self.num_hosts, "shard_tail": "mask", "model": model,
                      "model_kwargs": model_kwargs or {}, "topk": list(self.topk),
-                     "num_threads": int(producer_threads), "cache_bytes": cache_bytes}
+                     "num_threads": producer_threads, "cache_bytes": cache_bytes}
         self._hosts_world = list(group.roles.hosts)
         self._attached = {}         # job -> weights buffer attached to the window
         self._closed = False
 
-    # -- submitting ---------------------------------------------------------------------------
     def submit(self, state_dict, tag=None):
-        """Post a snapshot of ``state_dict`` (e.g. ``model.state_dict()``) for evaluation;
-        returns a :class:`ValidationFuture` at once. The tensors are copied into the posted
-        buffer before it returns, so training may change the model right away. Any thread
-        may submit; snapshots submitted from several threads are evaluated in the order the
-        calls took the channel (every host must submit the same sequence)."""
+        """Post a snapshot of ``state_dict`` (e.g. ``model.state_dict()``) for evaluation and
+        return its :class:`ValidationFuture` at once; the tensors are copied first, so training
+        may change the model right away. Snapshots from several threads are evaluated in the
+        order the calls took the channel."""
         buf = pack_state(state_dict)
         with _CHANNEL_LOCK:
-            return self._submit(buf, tag)
+            if self._closed:
+                raise ConfigError("this RemoteValidation is closed")
+            ch = self.channel
+            ch.win.Attach(buf)
+            job = ch.next_job()
+            address = int(ch.MPI.Get_address(buf))
+            self._attached[job] = buf
+            producers = range(1, ch.size)
+            for k, p in enumerate(producers):
+                request = {"job": job, "spec": self.spec, "address": address,
+                           "nbytes": int(buf.size), "part": k, "parts": len(producers)}
+                ch.sends.append(ch.comm.isend(request, dest=p, tag=REQUEST_TAG))
+            others = [h for h in range(self.num_hosts) if h != self.host_index]
+            fut = ch.futures[job] = ValidationFuture(self, job, tag, producers, others)
+            for h, rec in ch.early.pop(job, {}).items():
+                fut._remote[h] = rec
+                fut._hosts.discard(h)
+            return fut
 
-    def _submit(self, buf, tag):
-        if self._closed:
-            raise ConfigError("this RemoteValidation is closed")
-        ch = self.channel
-        ch.win.Attach(buf)
-        job = ch.next_job()
-        address = ch.MPI.Get_address(buf)
-        self._attached[job] = buf
-        producers = range(1, ch.size)
-        for k, p in enumerate(producers):
-            ch.sends.append(ch.comm.isend({"job": job, "spec": self.spec, "address": int(address),
-                           "nbytes": int(buf.size), "part": k, "parts": len(producers)},
-                          dest=p, tag=REQUEST_TAG))
-        others = [h for h in range(self.num_hosts) if h != self.host_index]
-        fut = ValidationFuture(self, job, tag, producers, others)
-        ch.futures[job] = fut
-        for h, rec in ch.early.pop(job, {}).items():
-            fut._remote[h] = rec
-            fut._hosts.discard(h)
-        return fut
-
-    # -- receiving ----------------------------------------------------------------------------
     def _poll(self):
         # Called with _CHANNEL_LOCK held (ValidationFuture.done).
         ch = self.channel
-        MPI = ch.MPI
-        status = MPI.Status()
+        status = ch.MPI.Status()
         ch.sends = [r for r in ch.sends if not r.Test()]
-        while ch.comm.iprobe(source=MPI.ANY_SOURCE, tag=RESULT_TAG, status=status):
+        while ch.comm.iprobe(source=ch.MPI.ANY_SOURCE, tag=RESULT_TAG, status=status):
             rec = ch.comm.recv(source=status.Get_source(), tag=RESULT_TAG)
             fut = ch.futures.get(rec["job"])
             if fut is None:
@@ -334,7 +306,7 @@ class RemoteValidation:
                 buf = fut._owner._attached.pop(rec["job"], None)
                 if buf is not None:
                     ch.win.Detach(buf)
-        while self._world.iprobe(source=MPI.ANY_SOURCE, tag=MERGE_TAG, status=status):
+        while self._world.iprobe(source=ch.MPI.ANY_SOURCE, tag=MERGE_TAG, status=status):
             rec = self._world.recv(source=status.Get_source(), tag=MERGE_TAG)
             fut = ch.futures.get(rec["job"])
             if fut is None:

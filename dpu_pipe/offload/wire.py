@@ -1,18 +1,19 @@
 """Every byte layout the host and its producers exchange, defined once.
 
-Each record is a numpy structured dtype with explicit little-endian fields and a size that is
-a multiple of 8; both ends import it from here and go through :func:`pack` / :func:`unpack`,
-never positional slicing. Records that one side writes with a ``Put`` while the other side may
-be reading them end in a ``check`` word (:func:`seal` / :func:`intact`): a reader that sees a
-record half written (MPI gives no atomicity to a ``Put``) finds the check wrong and reads
-again later. That replaces remote atomics, which off-node need the target to make MPI progress.
+Each record is a numpy structured dtype of little-endian fields, a multiple of 8 bytes in
+size, read and written through :func:`pack` / :func:`unpack`, never positional slicing. MPI
+gives a ``Put`` no atomicity, so a record one side writes while the other may read it ends in
+a ``check`` word (:func:`seal` / :func:`intact`): a reader that finds it wrong saw the record
+half written and reads again later. That replaces remote atomics, which off-node need the
+target to make MPI progress.
 
-Windows (one per host group, displacement unit 1 byte, everything 64-byte aligned): the
-host's is ``[STATUS x producers][BUFFER_HEADER + payload] x buffers`` (:class:`HostLayout`;
-each producer writes its own ``STATUS`` and the buffers granted to it), a producer's is
+Windows (displacement unit 1 byte, everything 64-byte aligned): the host's is
+``[STATUS x producers][BUFFER_HEADER + payload] x buffers`` (:class:`HostLayout`; a producer
+writes its own ``STATUS`` and the buffers granted to it), a producer's is
 ``[CONTROL][ASSIGN x QUEUE]`` (:class:`ProducerLayout`, written only by the host). Ranks whose
-:data:`WIRE_VERSION` differ refuse to start with both versions named.
+:data:`WIRE_VERSION` differ refuse to start, naming both versions.
 """
+import functools
 import json
 import struct
 
@@ -118,8 +119,8 @@ LABEL_DTYPES = {"int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
 
 
 class PayloadLayout:
-    """Byte layout of one DPULoader batch payload, computed the same way by the producer that
-    writes it and the host that reads it (and by the host's own threads in hybrid mode)::
+    """Byte layout of one DPULoader batch payload, computed alike by the producer that writes
+    it and the host that reads it (or the host's own threads in hybrid mode)::
 
         0                 PAYLOAD_HEADER (128 bytes)
         indices_offset    int64[batch_size]: the dataset index of each row
@@ -128,11 +129,11 @@ class PayloadLayout:
         end(n, shape)     ``bad_bytes`` of UTF-8 JSON {index: message}: samples newly skipped
 
     A short batch (``n < batch_size``) leaves the tail of the indices and labels unused; its
-    images, possibly smaller than ``sample_shape`` (a progressive size), fill the start of
-    the images area. :attr:`nbytes`, the largest payload, is a host window slot's size.
-    With views (``sample_shape`` a list), the images are one block of ``batch_size`` rows per
-    view, view v at ``images_offset + view_offsets[v]`` (64-byte aligned); a short batch
-    fills the first ``n`` rows of every block.
+    images, possibly smaller than ``sample_shape`` (a progressive size), fill the start of the
+    images area. With views (``sample_shape`` a list) the images are one block of
+    ``batch_size`` rows per view, view v at ``images_offset + view_offsets[v]`` (64-byte
+    aligned), a short batch filling the first ``n`` rows of each. :attr:`nbytes`, the largest
+    payload, is a host window slot's size.
 
     Parameters
     ----------
@@ -164,18 +165,20 @@ class PayloadLayout:
         self.label_shape = tuple(int(v) for v in label_shape)
         if any(v < 1 for v in self.label_shape):
             raise ConfigError(f"label shape {self.label_shape} has an empty axis")
-        self.view_bytes = [int(np.prod(s)) * self.image_dtype.itemsize
-                           for s in self.view_shapes]
+        self.view_bytes = [self._image_bytes(s) for s in self.view_shapes]
         #: Image bytes of one sample, every view's together.
         self.sample_bytes = sum(self.view_bytes)
         self.view_offsets = [0]
         for b in self.view_bytes[:-1]:
             self.view_offsets.append(self.view_offsets[-1] + align(b * self.batch_size))
-        label_row = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
+        self._label_bytes = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self.indices_offset = PAYLOAD_HEADER.itemsize
         self.labels_offset = self.indices_offset + 8 * self.batch_size
-        self.images_offset = align(self.labels_offset + label_row * self.batch_size)
+        self.images_offset = align(self.labels_offset + self._label_bytes * self.batch_size)
         self.nbytes = self.end(self.batch_size) + BAD_REPORT_BYTES
+
+    def _image_bytes(self, shape):
+        return int(np.prod(shape)) * self.image_dtype.itemsize
 
     @classmethod
     def from_request(cls, request, sample_shape, image_dtype):
@@ -195,15 +198,14 @@ class PayloadLayout:
         images."""
         if self.multi_view or sample_shape is None:
             return self.images_offset + self.view_offsets[-1] + int(n) * self.view_bytes[-1]
-        return self.images_offset + int(n) * int(np.prod(sample_shape)) * \
-            self.image_dtype.itemsize
+        return self.images_offset + int(n) * self._image_bytes(sample_shape)
 
     def shape_of(self, head):
         """The sample shape a payload's header (a dict of :data:`PAYLOAD_HEADER`) names;
         ConfigError when it does not fit this layout's slots."""
         shape = tuple(int(v) for v in head["sample_shape"])
         if len(shape) != len(self.sample_shape) or min(shape) < 1 or \
-                int(np.prod(shape)) * self.image_dtype.itemsize > self.sample_bytes or \
+                self._image_bytes(shape) > self.sample_bytes or \
                 (self.multi_view and shape != self.sample_shape):
             raise ConfigError(f"a payload names samples of shape {shape}, which do not fit "
                               f"this stream's slots of {self.sample_shape}")
@@ -216,8 +218,7 @@ class PayloadLayout:
         list: view v's ``(n, *view_shapes[v])``."""
         b = self.batch_size
         indices = payload[self.indices_offset:self.labels_offset].view("<i8")[:n]
-        labels = payload[self.labels_offset:self.labels_offset
-                         + b * int(np.prod(self.label_shape)) * self.label_dtype.itemsize]
+        labels = payload[self.labels_offset:self.labels_offset + b * self._label_bytes]
         labels = labels.view(self.label_dtype).reshape((b,) + self.label_shape)[:n]
         shapes = self.view_shapes
         if sample_shape is not None and not self.multi_view:
@@ -225,7 +226,7 @@ class PayloadLayout:
         images = []
         for off, shape in zip(self.view_offsets, shapes):
             at = self.images_offset + off
-            nbytes = int(n) * int(np.prod(shape)) * self.image_dtype.itemsize
+            nbytes = int(n) * self._image_bytes(shape)
             images.append(payload[at:at + nbytes].view(self.image_dtype).reshape((n,) + shape))
         return (images if self.multi_view else images[0]), labels, indices
 
@@ -294,7 +295,7 @@ def unpack(raw, dtype):
     (copied, so the caller may keep it after the memory changes)."""
     rec = np.frombuffer(raw, dtype, count=1)[0] if not isinstance(raw, np.ndarray) \
         else raw[:dtype.itemsize].view(dtype)[0]
-    return {name: (rec[name].tolist()) for name in dtype.names}
+    return {name: rec[name].tolist() for name in dtype.names}
 
 
 def seal(rec):
@@ -312,24 +313,22 @@ def intact(raw, dtype):
     return dict(zip(names, layout.unpack(snap)))
 
 
-_PLAIN = {}
 _CODES = {"<i8": "q", "<u8": "Q", "<i4": "i", "<u4": "I"}
 
 
+@functools.cache
 def _plain(dtype):
-    """A struct.Struct reading a sealed record's fields (they tile it exactly); of an array
-    field (reserved words) the dict keeps the last element."""
-    got = _PLAIN.get(dtype)
-    if got is None:
-        fmt, names = "<", []
-        for _, n in sorted((dtype.fields[n][1], n) for n in dtype.names):
-            ft = dtype.fields[n][0]
-            count = int(np.prod(ft.shape)) if ft.shape else 1   # reserved words: skipped
-            fmt += _CODES[ft.base.str] * count
-            names += [n] * count
-        got = _PLAIN[dtype] = (struct.Struct(fmt), names)
-        assert got[0].size == dtype.itemsize, dtype
-    return got
+    """``(struct.Struct, field names)`` reading a sealed record's fields, which tile it; of an
+    array field (reserved words) the dict keeps the last element."""
+    fmt, names = "<", []
+    for name in sorted(dtype.names, key=lambda n: dtype.fields[n][1]):
+        field = dtype.fields[name][0]
+        count = int(np.prod(field.shape))
+        fmt += _CODES[field.base.str] * count
+        names += [name] * count
+    layout = struct.Struct(fmt)
+    assert layout.size == dtype.itemsize, dtype
+    return layout, names
 
 
 def check_version(version, who):

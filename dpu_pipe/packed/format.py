@@ -7,12 +7,11 @@ A packed dataset is a directory::
     OUT/shard-000001.dpks    shard 1: records n0 .. n0+n1-1
     ...
 
-Every structure below is a numpy structured dtype with explicit little-endian widths, defined
-once here and used by the writer and the reader alike, so a dataset written on x86-64 reads
-the same on aarch64. CRCs are ``zlib.crc32``. Each structure is covered by a CRC that the
-structure above it holds (manifest header → shard table → shard header → block CRC table →
-index block and its paths → record bytes), so a reader validates exactly the part it is about
-to use, and a shard alone (without its manifest) is still fully verifiable.
+Every structure is a numpy structured dtype with explicit little-endian widths, shared by the
+writer and the reader, so x86-64 and aarch64 read the same files. CRCs are ``zlib.crc32``; each
+structure's CRC is held by the one above it (manifest header → shard table → shard header →
+block CRC table → index block and its paths → record bytes), so a reader validates exactly the
+part it is about to use, and a shard alone (without its manifest) is still fully verifiable.
 
 Manifest (``manifest.dpk``)::
 
@@ -38,12 +37,8 @@ path is ``paths[path_end[j-1]:path_end[j]]``, ``path_end[-1]`` taken as 0). A re
 and checks one block when it first needs a record of it, so opening a dataset of a billion
 records reads its manifest header and shard table only.
 
-Records are the sample's encoded bytes: a JPEG (transcoded losslessly to baseline with restart
-markers when ``flags & TRANSCODED``, its original size in ``orig_length``) or whatever the
-source held (``format`` names what its first bytes say). ``flags & UNREADABLE`` marks a record
-whose header its decoder could not read when it was packed (its bytes are kept);
-``flags & RESIZED`` (versions 3 and 4) a JPEG that ``max_side`` downscaled and re-encoded
-(lossy; ``orig_length`` is still the source's size).
+Records are the samples' encoded bytes, as the source held them unless a flag (see
+:data:`TRANSCODED`) says otherwise; ``format`` names what their first bytes say.
 
 The manifest's JSON object: ``classes`` (list of str or null), ``formats`` ({name: record
 count}), ``unreadable`` (record count), ``data_bytes`` and ``orig_bytes`` (sums of the record
@@ -62,8 +57,8 @@ bytes. The index is bounds- and CRC-checked and otherwise ignored. In versions 2
 ``intervals_offset`` and ``intervals_size`` are zero and the paths end the file.
 
 The functions here are pure (bytes or arrays in, values or :class:`ConfigError` out) so that a
-fuzz harness can drive them directly: :func:`parse_manifest` and :func:`parse_shard` take a
-whole file's bytes and validate everything but the record CRCs.
+fuzz harness can drive them: :func:`parse_manifest` and :func:`parse_shard` validate a whole
+file's bytes, all but the record CRCs.
 """
 
 import json
@@ -147,7 +142,7 @@ RECORD = np.dtype([
     ("offset", "<u8"),           # from the start of the shard file
     ("length", "<u8"),
     ("label", "<i8"),
-    ("orig_length", "<u8"),      # bytes the source held (== length unless transcoded)
+    ("orig_length", "<u8"),      # bytes the source held (== length unless flags say otherwise)
     ("path_end", "<u8"),         # end of this record's path in the shard's path blob
     ("crc32", "<u4"),            # of the record bytes as stored
     ("flags", "u1"),
@@ -160,20 +155,15 @@ for _dt, _size in ((MANIFEST_HEADER, HEADER_SIZE), (SHARD_HEADER, HEADER_SIZE),
     assert _dt.itemsize == _size, (_dt, _size)
 
 #: RECORD flags.
-TRANSCODED = 1
-UNREADABLE = 2
-RESIZED = 4          # downscaled at pack time (``max_side``): not the source's pixels
+TRANSCODED = 1       # a JPEG rewritten losslessly to baseline with restart markers
+UNREADABLE = 2       # its decoder could not read its header when packed (its bytes are kept)
+RESIZED = 4          # versions 3 and 4: a JPEG that ``max_side`` downscaled and re-encoded
 _KNOWN_FLAGS = TRANSCODED | UNREADABLE | RESIZED
 
 #: RECORD format codes, by what a record's first bytes say.
 FORMATS = ("unknown", "jpeg", "png", "gif", "webp", "bmp", "tiff")
-_SIGNATURES = (
-    (b"\xff\xd8\xff", 1),
-    (b"\x89PNG\r\n\x1a\n", 2),
-    (b"GIF87a", 3), (b"GIF89a", 3),
-    (b"BM", 5),
-    (b"II*\0", 6), (b"MM\0*", 6),
-)
+_SIGNATURES = ((b"\xff\xd8\xff", 1), (b"\x89PNG\r\n\x1a\n", 2), (b"GIF87a", 3), (b"GIF89a", 3),
+               (b"BM", 5), (b"II*\0", 6), (b"MM\0*", 6))
 
 
 def shard_name(k):
@@ -321,9 +311,8 @@ def parse_shard_header(raw, file_size, where):
 
 
 def block_crc(entries_bytes, paths_bytes, intervals=()):
-    """CRC of an index block: its RECORD entries' bytes, then its paths' bytes, then (version
-    3 only) ``intervals``: the bytes of the block's interval index ends and of their
-    entries."""
+    """CRC of an index block's RECORD entries, paths and (version 3 only) ``intervals``: the
+    bytes of the block's interval index ends and of their entries."""
     crc = zlib.crc32(paths_bytes, zlib.crc32(entries_bytes))
     for part in intervals:
         crc = zlib.crc32(part, crc)
@@ -331,10 +320,9 @@ def block_crc(entries_bytes, paths_bytes, intervals=()):
 
 
 def shard_parts(buf, h, where):
-    """``(records RECORD[count], block CRCs <u4[nblocks], paths, intervals)`` of a shard held
-    in ``buf`` (its whole file, or a mapping of it) given its parsed header, after checking
-    the block CRC table's own CRC. ``intervals`` is ``(ends <u8[count], entries)`` of a
-    version-3 shard's interval index, else None."""
+    """``(records RECORD[count], block CRCs <u4[nblocks], paths, intervals)`` of the shard
+    file in ``buf`` with parsed header ``h``, the block CRC table checked. ``intervals`` is
+    ``(ends <u8[count], entries)`` of a version-3 shard's interval index, else None."""
     blocks = np.frombuffer(buf, "<u4", count=h["nblocks"], offset=h["blocks_offset"])
     if zlib.crc32(blocks) != h["blocks_crc32"]:
         raise ConfigError(f"{where}: block CRC table corrupted (CRC mismatch)")
@@ -348,50 +336,46 @@ def shard_parts(buf, h, where):
     return records, blocks, paths, intervals
 
 
-def _first_bad(bad, where, what):
-    """ConfigError naming the first record of ``bad`` (bool per record), if any."""
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        raise ConfigError(f"{where}: {what(j)}")
-
-
 def check_block(h, parts, k, where):
-    """Check index block ``k`` of a shard (header ``h``, :func:`shard_parts` ``parts``): every
-    record lies inside the record area, has known flags and format and path ends that grow
-    within the path blob, a version-3 interval index's ends grow within its entries, and the
-    block's CRC matches. Returns the block's RECORD entries; ConfigError names the first
-    record that fails."""
+    """Check index block ``k`` of a shard (header ``h``, :func:`shard_parts` ``parts``): its
+    records lie in the record area with known flags and format and path ends that grow within
+    the path blob (a version-3 interval index's ends likewise), and its CRC matches. Returns
+    the block's RECORD entries; ConfigError names the first record that fails."""
     records, blocks, paths, intervals = parts
-    b = h["block_records"]
-    first = k * b
-    block = records[first:first + b]
+    first = k * h["block_records"]
+    block = records[first:first + h["block_records"]]
     path_lo = int(records["path_end"][first - 1]) if k else 0
     data_lo, data_hi = h["data_offset"], h["data_offset"] + h["data_size"]
     off = block["offset"].astype(np.uint64)
     ln = block["length"].astype(np.uint64)
     pe = block["path_end"].astype(np.uint64)
     prev = np.concatenate(([np.uint64(path_lo)], pe[:-1]))
-    lo, span = np.uint64(data_lo), np.uint64(max(data_hi - data_lo, 0))
+    lo, span = np.uint64(data_lo), np.uint64(h["data_size"])
     # offset + length <= hi written without a sum that could wrap: where a term below
     # wraps, an earlier term of the same row is already true.
-    bad = ((off < lo) | (ln > span) | (off - lo > span - ln)
-           | (pe < prev) | (pe > np.uint64(h["paths_size"]))
-           | ((block["flags"] & ~np.uint8(_KNOWN_FLAGS)) != 0)
-           | (block["format"] >= len(FORMATS)))
-    _first_bad(bad, where, lambda j: (
-        f"index entry of record {first + j} is invalid (offset {int(off[j])}, length "
-        f"{int(ln[j])}, path end {int(pe[j])}, flags {int(block['flags'][j])}, format "
-        f"{int(block['format'][j])}; record area {data_lo}..{data_hi}, {h['paths_size']} "
-        f"path bytes)"))
+    bad = np.flatnonzero((off < lo) | (ln > span) | (off - lo > span - ln)
+                         | (pe < prev) | (pe > np.uint64(h["paths_size"]))
+                         | ((block["flags"] & ~np.uint8(_KNOWN_FLAGS)) != 0)
+                         | (block["format"] >= len(FORMATS)))
+    if len(bad):
+        j = int(bad[0])
+        raise ConfigError(
+            f"{where}: index entry of record {first + j} is invalid (offset {int(off[j])}, "
+            f"length {int(ln[j])}, path end {int(pe[j])}, flags {int(block['flags'][j])}, "
+            f"format {int(block['format'][j])}; record area {data_lo}..{data_hi}, "
+            f"{h['paths_size']} path bytes)")
     crc_parts = ()
     if intervals is not None:
         ends, entries = intervals
         ilo = int(ends[first - 1]) if first else 0
         iends = ends[first:first + len(block)].astype(np.uint64)
         iprev = np.concatenate(([np.uint64(ilo)], iends[:-1]))
-        _first_bad((iends < iprev) | (iends > np.uint64(len(entries))), where, lambda j: (
-            f"interval index entry of record {first + j} is invalid (end {int(iends[j])}, "
-            f"previous end {int(iprev[j])}, {len(entries)} entry bytes)"))
+        bad = np.flatnonzero((iends < iprev) | (iends > np.uint64(len(entries))))
+        if len(bad):
+            j = int(bad[0])
+            raise ConfigError(f"{where}: interval index entry of record {first + j} is invalid "
+                              f"(end {int(iends[j])}, previous end {int(iprev[j])}, "
+                              f"{len(entries)} entry bytes)")
         crc_parts = (iends.tobytes(), entries[ilo:int(iends[-1])])
     if block_crc(block, paths[path_lo:int(pe[-1])], crc_parts) != int(blocks[k]):
         raise ConfigError(f"{where}: index block {k} (records {first}.."
@@ -453,9 +437,9 @@ def parse_manifest(buf, where="manifest"):
 
 def parse_shard(buf, where="shard"):
     """Parse and validate a whole shard held in ``buf`` (bytes-like): header, block CRC
-    table, every index block and its paths (record bytes are not CRC-checked).
+    table, every index block and its paths, not the record bytes' CRCs.
 
-    Returns ``(header dict, records RECORD[count], paths bytes)``; ``records`` is a view of
+    Returns ``(header dict, records RECORD[count], paths bytes)``, ``records`` a view of
     ``buf``. Raises :class:`ConfigError` naming the block or record that is wrong.
     """
     buf = memoryview(buf).cast("B")

@@ -77,10 +77,8 @@ class PackedShard:
         h = fmt.parse_shard_header(raw, size, self.where)
         if expect is not None:
             k, entry = expect
-            got = (h["shard"], h["first"], h["count"], h["file_size"], h["header_crc32"])
-            want = (k, int(entry["first"]), int(entry["count"]), int(entry["file_size"]),
-                    int(entry["header_crc32"]))
-            if got != want:
+            want = [k] + [int(entry[n]) for n in ("first", "count", "file_size", "header_crc32")]
+            if [h[n] for n in ("shard", "first", "count", "file_size", "header_crc32")] != want:
                 raise ConfigError(f"{self.where} does not belong to this dataset: it holds "
                                   f"records {h['first']}..{h['first'] + h['count'] - 1} of shard "
                                   f"{h['shard']} ({h['file_size']} bytes), the manifest expects "
@@ -105,8 +103,8 @@ class PackedShard:
         return self.header["count"]
 
     def check_block(self, k):
-        """Check index block ``k`` (CRC, record bounds, path table, labels) once;
-        ConfigError naming the record otherwise."""
+        """Check index block ``k`` (CRC, record bounds, paths, labels) once; ConfigError
+        naming the record otherwise."""
         if self.checked[k]:
             return
         block = fmt.check_block(self.header, self._parts, k, self.where)
@@ -134,8 +132,8 @@ class PackedShard:
         return bytes(self._parts[2][lo:int(ends[j])]).decode("utf-8", "surrogateescape")
 
     def find_corrupt(self):
-        """Shard-local numbers (``int64`` array) of the records whose bytes do not match
-        their CRC, after checking every index block."""
+        """Shard-local numbers (``int64`` array) of the records whose bytes fail their CRC,
+        after checking every index block."""
         bad = []
         b = self.block_records
         # Read with pread, not through the mapping: checking a 1 GiB shard then leaves the
@@ -191,9 +189,8 @@ class PackedDataset:
         where = f"packed dataset manifest {manifest}"
         # The header alone first: a foreign or empty file is named before it is mapped.
         fmt.parse_manifest_header(*_read_head(manifest, where), where)
-        if max_open_shards is None:
-            max_open_shards = _default_max_open_shards()
-        self.max_open_shards = _v.positive_int(max_open_shards, "max_open_shards")
+        self.max_open_shards = (_default_max_open_shards() if max_open_shards is None
+                                else _v.positive_int(max_open_shards, "max_open_shards"))
         self._mm = np.memmap(manifest, dtype=np.uint8, mode="r")
         self.header, self.shards, self.labels, self.meta = fmt.parse_manifest(self._mm, where)
         self.path = os.path.dirname(manifest)
@@ -276,8 +273,7 @@ class PackedDataset:
                              f"with {n} records")
 
     def _locate(self, i):
-        """(shard, shard-local number) of record ``i``, index block checked; DecodeError
-        naming the record and shard when either fails."""
+        """(shard, shard-local number) of record ``i``, its index block checked, or DecodeError."""
         self._check_index(i)
         k = int(self.shard_of(i))
         try:
@@ -332,9 +328,8 @@ class PackedDataset:
         return buffers_by_record(indices, self.record)
 
     def _one_shard(self, k, indices):
-        """``buffers`` of records that all lie in shard ``k``: its mapping and the offsets,
-        no Python object per record; None when a record needs an error (the general path
-        names it)."""
+        """``buffers`` of records all in shard ``k``, without a Python object per record; None
+        when a record needs an error (the general path names it)."""
         try:
             sh = self.shard(k)
             local = indices - sh.first
@@ -373,9 +368,8 @@ class PackedDataset:
         return failures
 
     def close(self):
-        """Let go of the mappings (a batch still holding records keeps theirs alive). Any
-        thread may close; a read started after it raises :class:`ConfigError`, one in
-        progress completes."""
+        """Let go of the mappings (a batch holding records keeps theirs alive). Any thread may
+        close; a read started after it raises :class:`ConfigError`, one in progress completes."""
         with self._lock:
             self._closed = True
             self._open.clear()

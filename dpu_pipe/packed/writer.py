@@ -1,9 +1,5 @@
-"""Writing packed datasets: ``pack(source, out)`` and ``dpu-pipe pack SRC OUT``.
-
-The writer sits above :mod:`dpu_pipe.sources` (it reads any source and returns a
-:class:`~dpu_pipe.sources.PackedSource`); the format and the reader sit below it, so
-``sources`` imports ``packed.reader`` and nothing imports back.
-"""
+"""Writing packed datasets: ``pack(source, out)`` and ``dpu-pipe pack SRC OUT``. The writer
+reads any source, so it sits above :mod:`dpu_pipe.sources` (see :mod:`dpu_pipe.packed`)."""
 
 import concurrent.futures
 import contextlib
@@ -39,12 +35,10 @@ def parse_size(text):
     s = str(text).strip()
     num = s.rstrip("KMGTIBkmgtib ")
     unit = s[len(num):].strip().upper()
-    try:
+    with contextlib.suppress(ValueError, KeyError):
         value = float(num)
         if value > 0 and math.isfinite(value):
             return int(value * _UNITS[unit])
-    except (ValueError, KeyError):
-        pass
     raise ConfigError(f"not a size: {text!r} (expected e.g. 1GiB, 500MB, 4096)")
 
 
@@ -55,8 +49,8 @@ def _positive_int(value, name, what="integer"):
 
 
 def _transcoder(restart_interval):
-    """The per-record JPEG transform of ``pack(transcode=True)``: bytes -> bytes, or None
-    when the file stays as it is; DecodeError when libjpeg cannot read it."""
+    """``pack(transcode=True)``'s per-record transform: JPEG bytes -> bytes, None (kept as
+    they are) or DecodeError (libjpeg cannot read them)."""
     if restart_interval != "row":
         if isinstance(restart_interval, bool) or not isinstance(
                 restart_interval, (int, np.integer)) or not 1 <= restart_interval <= 65535:
@@ -78,10 +72,8 @@ RESIZE_QUALITY = 90
 
 
 def _downscaler(max_side):
-    """The per-record transform of ``pack(max_side=N)``: (JPEG bytes, width, height) -> JPEG
-    bytes whose longer side is N, or None when the image already fits. Pillow does it (an
-    antialiased Lanczos resize and a JPEG encoder, which the decoding kernels do not have);
-    packing is not a hot path."""
+    """``pack(max_side=N)``'s per-record transform: (JPEG bytes, width, height) -> JPEG bytes
+    with a longer side of N, or None when it fits. Done by Pillow: packing is not a hot path."""
     max_side = _validate.integer(max_side, "max_side", low=1, high=65500)
     try:
         from PIL import Image, JpegImagePlugin
@@ -158,9 +150,8 @@ class _ShardWriter:
 
     def add(self, data, label, orig_length, flags, code, relpath):
         pad = fmt._pad(self.pos, self.alignment)
-        if pad:
-            self.f.write(b"\0" * pad)
-            self.pos += pad
+        self.f.write(b"\0" * pad)
+        self.pos += pad
         self.f.write(data)
         if self.count == len(self.records):
             self.records = np.concatenate([self.records, np.zeros_like(self.records)])
@@ -179,13 +170,11 @@ class _ShardWriter:
         self.f.write(recs.tobytes())
         b = self.block_records
         blocks = np.empty(-(-self.count // b), dtype="<u4")
-        ends = recs["path_end"].astype(np.int64)
-        lo = 0
         for k in range(len(blocks)):
             block = recs[k * b:(k + 1) * b]
-            hi = int(ends[min((k + 1) * b, self.count) - 1])
-            blocks[k] = fmt.block_crc(block.tobytes(), bytes(self.paths[lo:hi]))
-            lo = hi
+            lo = int(recs["path_end"][k * b - 1]) if k else 0
+            paths = bytes(self.paths[lo:int(block["path_end"][-1])])
+            blocks[k] = fmt.block_crc(block.tobytes(), paths)
         blocks_offset = index_offset + recs.nbytes
         self.f.write(blocks.tobytes())
         paths_offset = blocks_offset + blocks.nbytes
@@ -232,18 +221,16 @@ def _write_manifest(path, labels, table, meta):
 
 
 def _fsync_dir(path):
-    try:  # not every file system allows fsync on a directory
+    with contextlib.suppress(OSError):  # not every file system allows fsync on a directory
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:
-        pass
 
 
 class _NoBar(contextlib.nullcontext):
-    """A silent progress bar: a tqdm bar's calls, doing nothing."""
+    """A tqdm bar's calls, doing nothing."""
 
     def __enter__(self):
         return self
@@ -387,8 +374,8 @@ def _packable(source):
 
 
 def _records(source, transform, downscale, threads):
-    """``(i, orig_length, data, flags, code)`` of every record of ``source``, in order, read
-    and prepared on ``threads`` threads with ``threads × 64`` records in flight at most."""
+    """``(i, orig_length, data, flags, code)`` of each record in order, ``threads × 64`` at most
+    in flight."""
     def one(i):
         data = source.read(i)
         return (i, len(data)) + _prepare(data, transform, downscale)
@@ -406,8 +393,7 @@ def _records(source, transform, downscale, threads):
 
 class _Shards:
     """The shards of a pack being written into ``tmp``: a new one when the current one would
-    outgrow ``shard_size``, each verified when closed (with ``verify``); counts what they
-    hold."""
+    outgrow ``shard_size``, each verified when closed (with ``verify``), and their counts."""
 
     def __init__(self, tmp, labels, shard_size, alignment, block_records, verify):
         self.tmp, self.labels, self.shard_size = tmp, labels, shard_size
@@ -419,8 +405,7 @@ class _Shards:
 
     def add(self, i, relpath, orig_length, data, flags, code):
         rel = relpath.encode("utf-8", "surrogateescape")
-        w = self.writer
-        if w is not None and w.count and w.size_with(len(data), len(rel)) > self.shard_size:
+        if self.writer is not None and self.writer.size_with(len(data), len(rel)) > self.shard_size:
             self.close()
         if self.writer is None:
             self.writer = _ShardWriter(os.path.join(self.tmp, fmt.shard_name(len(self.entries))),
@@ -433,8 +418,6 @@ class _Shards:
 
     def close(self):
         w, self.writer = self.writer, None
-        if w is None:
-            return
         entry, recs = w.finish()
         if self.verify:
             _verify_shard(w.path, len(self.entries), recs,
@@ -469,8 +452,7 @@ def _install(tmp, out, parent):
 
 
 def _verify_shard(path, number, recs, labels):
-    """Re-read a written shard: structure, labels against the source's, and every record
-    against the CRC of the bytes that were written."""
+    """Re-read a written shard: its structure, labels and every record's CRC."""
     try:
         sh = PackedShard(path, labels=labels)
         try:

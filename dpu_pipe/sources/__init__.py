@@ -3,9 +3,6 @@
 The protocol every source follows is documented in :mod:`dpu_pipe.sources.base`. Built in:
 :class:`ImageFolder`, :class:`FileList`, :class:`PackedSource`, :class:`WebDataset` (tar
 shards) and :class:`ParquetSource` (Parquet and Arrow IPC files, Hugging Face datasets).
-:func:`as_source` turns what a loader is given into a source, :func:`open_source` rebuilds a
-source from its :meth:`~Source.spec` (in a producer process), and :func:`check_rebuild`
-proves on the host that a source's spec does rebuild it.
 """
 
 import importlib
@@ -39,6 +36,10 @@ _LEGACY = {"image_folder": ("dpu_pipe.sources.folder:ImageFolder", {"root": "roo
 
 def _is_hf_dataset(obj):
     return type(obj).__module__.split(".")[0] == "datasets" and hasattr(obj, "cache_files")
+
+
+def _looks_like_source(obj):
+    return all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__"))
 
 
 def _factory(name):
@@ -106,10 +107,6 @@ def open_source(spec):
     return src
 
 
-def _looks_like_source(obj):
-    return all(hasattr(obj, a) for a in ("read", "labels", "describe", "__len__"))
-
-
 _BUILT_IN = (ImageFolder, FileList, PackedSource, WebDataset, ParquetSource)
 
 
@@ -133,8 +130,8 @@ def check_rebuild(source):
     if type(source) in _BUILT_IN:
         return spec
     rebuilt = open_source(again)
-    if len(rebuilt) != len(source) or not np.array_equal(np.asarray(rebuilt.labels),
-                                                         np.asarray(source.labels)):
+    same_labels = np.array_equal(np.asarray(rebuilt.labels), np.asarray(source.labels))
+    if len(rebuilt) != len(source) or not same_labels:
         raise ConfigError(f"the spec of {type(source).__name__} rebuilds a different source "
                           f"({len(rebuilt)} samples vs {len(source)}, or other labels)")
     if hasattr(source, "fingerprint") and hasattr(rebuilt, "fingerprint") \

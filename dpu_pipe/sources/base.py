@@ -27,8 +27,7 @@ OpenCV reads) with labels:
     (absolute paths: the data is mounted at the same path) and refuses it if its count or
     fingerprint differs, which would silently break determinism and exactly-once delivery.
 
-A user's source subclasses :class:`Source`, sets ``_labels`` and implements ``read`` and
-``_spec`` (its constructor's keyword arguments). Sources are picklable and safe to read from
+A user's source subclasses :class:`Source`. Sources are picklable and safe to read from
 several threads at once.
 """
 
@@ -136,3 +135,30 @@ class Source:
 
     def __repr__(self):
         return f"{type(self).__name__}({self._spec()!r}, count={len(self)})"
+
+
+class _PartedSource(Source):
+    """A source whose samples are concatenated parts (shards, row groups): part ``k`` holds
+    samples ``_starts[k]`` to ``_starts[k + 1] - 1``. Pickled as its spec."""
+
+    def _locate(self, i):
+        """``(part, position in the part)`` of sample ``i``."""
+        self._check_index(i)
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return k, i - int(self._starts[k])
+
+    def _one_part(self, indices):
+        """``indices`` as int64, and the part holding all of them (None: several, or none)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if not len(indices):
+            return indices, None
+        if indices.min() < 0 or indices.max() >= len(self):
+            self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
+        parts = np.searchsorted(self._starts, indices, side="right") - 1
+        return indices, int(parts[0]) if (parts == parts[0]).all() else None
+
+    def __getstate__(self):
+        return self._spec()
+
+    def __setstate__(self, state):
+        self.__init__(**state)

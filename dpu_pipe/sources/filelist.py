@@ -27,21 +27,18 @@ def _parse_label(text, where):
     try:
         value = int(text, 10)
     except ValueError:
-        pass
-    else:  # outside the try: ConfigError is a ValueError
-        return _check_label_range(value, where)
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{where}: label {text!r} is not an integer (or a number)") from None
-    if not np.isfinite(value):
-        raise ConfigError(f"{where}: label {text!r} is not finite")
-    return value
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: label {text!r} is not an integer (or a number)") from None
+        if not np.isfinite(value):
+            raise ConfigError(f"{where}: label {text!r} is not finite")
+        return value
+    return _check_label_range(value, where)
 
 
 def _as_label(value, where):
-    """A label from an int, a float, a numpy number, a decimal string, or a sequence of those
-    (several labels per sample); returned as a tuple of numbers."""
+    """The tuple of numbers of a row's label: a number, a decimal string, or a sequence."""
     items = [value]
     if not isinstance(value, (str, int, float, np.integer, np.floating)) \
             or isinstance(value, (bool, np.bool_)):
@@ -65,8 +62,7 @@ def _as_label(value, where):
 
 
 def _label_array(rows, wheres):
-    """The labels array of a list: int64 when every label is an integer, else float32;
-    shape (N,) with one label per sample, (N, K) with K. ``wheres[i]`` names row i."""
+    """Read-only labels: int64 if all are integers, else float32; (N,) or (N, K)."""
     for lab, where in zip(rows, wheres):
         if len(lab) != len(rows[0]):
             raise ConfigError(f"{where}: {len(lab)} labels where the first sample has "
@@ -80,10 +76,7 @@ def _label_array(rows, wheres):
 
 
 def _parse_line(text, where, columns=None):
-    """One line of a list: ``(path, labels, where, meta texts)``. With a header's
-    ``columns`` (:func:`_header_columns`) it is CSV; without, ``path,label[,label...]`` (CSV
-    quoting allowed) or ``path label`` (the label is the last field: paths may hold
-    spaces)."""
+    """A sample of a list file's line (CSV given a header's ``columns``)."""
     csv_line = columns is not None or "," in text
     fields = next(csv.reader([text])) if csv_line else text.rsplit(None, 1)
     if columns is None:
@@ -133,71 +126,75 @@ class FileList(FileSource):
         meta_columns = _v.names(meta_columns, "meta_columns", reserved=("path", "index"))
         self.meta_columns = meta_columns
         if isinstance(path_or_rows, (str, bytes, os.PathLike)):
-            list_path = os.path.abspath(os.fsdecode(path_or_rows))
-            rows = self._read_list(list_path, meta_columns)
-            base = os.path.dirname(list_path)
-            self._list_path = list_path
+            self._list_path = os.path.abspath(os.fsdecode(path_or_rows))
+            rows = _read_list(self._list_path, meta_columns)
+            base = os.path.dirname(self._list_path)
         else:
-            rows = []
-            shape = "a (path, label) pair" if not meta_columns else \
-                "(path, label" + "".join(f", {c}" for c in meta_columns) + ")"
-            for n, row in enumerate(path_or_rows):
-                try:
-                    path, label, *meta = row
-                    path = os.fsdecode(path)
-                    if len(meta) != len(meta_columns):
-                        raise ValueError
-                except (TypeError, ValueError):
-                    raise ConfigError(f"FileList row {n}: expected {shape}, got {row!r}") \
-                        from None
-                for v in meta:
-                    if not isinstance(v, str):
-                        raise ConfigError(f"FileList row {n}: metadata {v!r} is not a string")
-                rows.append((path, _as_label(label, f"FileList row {n}"), f"FileList row {n}",
-                             tuple(meta)))
-            base = os.getcwd()
             self._list_path = None
+            rows = _read_rows(path_or_rows, meta_columns)
+            base = os.getcwd()
         if not rows:
             where = self._list_path or "the given rows"
             raise ConfigError(f"FileList is empty: no samples in {where}")
         # Listed absolute paths stay absolute: os.path.join(root, abs) == abs.
         self._root = os.path.abspath(os.fspath(root)) if root is not None else base
-        self._relpaths = [r[0] for r in rows]
-        self._labels = _label_array([r[1] for r in rows], [r[2] for r in rows])
-        self._meta = [r[3] for r in rows]
+        relpaths, labels, wheres, meta = zip(*rows)
+        self._relpaths = list(relpaths)
+        self._labels = _label_array(labels, wheres)
+        self._meta = list(meta)
 
     def metadata(self, i):
         """``{"path": relative path as listed, <each meta column>: its text}``."""
-        meta = {"path": self.relpath(i)}
-        meta.update(zip(self.meta_columns, self._meta[i]))
-        return meta
-
-    @staticmethod
-    def _read_list(list_path, meta_columns=()):
-        try:
-            with open(list_path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except OSError as e:
-            raise ConfigError(f"cannot read file list: {e}") from e
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"file list {list_path} is not UTF-8 text: {e}") from e
-        rows, columns = [], None
-        for lineno, line in enumerate(lines, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            where = f"{list_path}, line {lineno}"
-            if meta_columns and columns is None:
-                columns = _header_columns(text, meta_columns, where)
-            elif meta_columns or rows or not _is_header(text):
-                rows.append(_parse_line(text, where, columns))
-        return rows
+        return {"path": self.relpath(i), **dict(zip(self.meta_columns, self._meta[i]))}
 
     def _spec(self):
         rows = self._list_path or [[p, lab, *m] for p, lab, m in
                                    zip(self._relpaths, self._labels.tolist(), self._meta)]
         extra = {"meta_columns": list(self.meta_columns)} if self.meta_columns else {}
         return {"path_or_rows": rows, "root": self._root, **extra}
+
+
+def _read_list(list_path, meta_columns):
+    """The samples of a list file: ``(path, labels, where, meta texts)`` each."""
+    try:
+        with open(list_path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read file list: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"file list {list_path} is not UTF-8 text: {e}") from e
+    rows, columns = [], None
+    for lineno, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        where = f"{list_path}, line {lineno}"
+        if meta_columns and columns is None:
+            columns = _header_columns(text, meta_columns, where)
+        elif meta_columns or rows or not _is_header(text):
+            rows.append(_parse_line(text, where, columns))
+    return rows
+
+
+def _read_rows(rows, meta_columns):
+    """The samples of ``FileList(rows)``, as ``_read_list`` gives them."""
+    shape = "a (path, label) pair" if not meta_columns else \
+        "(path, label" + "".join(f", {c}" for c in meta_columns) + ")"
+    out = []
+    for n, row in enumerate(rows):
+        where = f"FileList row {n}"
+        try:
+            path, label, *meta = row
+            path = os.fsdecode(path)
+            if len(meta) != len(meta_columns):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {shape}, got {row!r}") from None
+        for v in meta:
+            if not isinstance(v, str):
+                raise ConfigError(f"{where}: metadata {v!r} is not a string")
+        out.append((path, _as_label(label, where), where, tuple(meta)))
+    return out
 
 
 def _header_columns(text, meta_columns, where):

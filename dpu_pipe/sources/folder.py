@@ -43,15 +43,13 @@ class FileSource(Source):
         if "\0" in path:  # the OS cannot name it: open() would raise ValueError
             raise DecodeError("cannot read: the path contains a NUL byte", index=i, path=path)
         try:
-            # Non-blocking open: a FIFO listed as a sample would otherwise block until a
-            # writer appears. Only regular files are samples: a device such as /dev/zero
-            # never ends, and a FIFO's contents are whatever some writer sends.
+            # Non-blocking, and regular files only: a FIFO would block until a writer
+            # appears and a device such as /dev/zero never ends.
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-            # The descriptor stays this function's (closefd=False): closed once, here, also
-            # when Ctrl-C lands anywhere in between.
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise DecodeError("cannot read: not a regular file", index=i, path=path)
+                # closefd=False: the finally closes fd once, even on Ctrl-C in between.
                 with open(fd, "rb", closefd=False) as f:
                     return f.read()
             finally:
@@ -87,11 +85,10 @@ class ImageFolder(FileSource):
                              if e.is_dir() and not e.name.startswith("."))
         except OSError as e:
             raise ConfigError(f"cannot list ImageFolder root: {e}") from e
-        def walk_error(err):
-            # A sub-folder skipped on one node but not on another would give the nodes
-            # different listings, so an unreadable one stops the scan.
-            raise ConfigError(f"cannot list ImageFolder sub-folder: {err}") from err
 
+        def walk_error(err):
+            # Skipping an unreadable sub-folder on one node only would make listings differ.
+            raise ConfigError(f"cannot list ImageFolder sub-folder: {err}") from err
         relpaths, labels, empty = [], [], []
         for label, cls in enumerate(classes):
             found = []

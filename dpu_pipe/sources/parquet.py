@@ -15,7 +15,7 @@ import numpy as np
 from .. import _jpeg
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
-from .base import Source, buffers_by_record, frozen_labels
+from .base import _PartedSource, buffers_by_record, frozen_labels
 
 __all__ = ["ParquetSource", "from_hf_dataset", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
 
@@ -34,19 +34,15 @@ def _pyarrow():
     return pyarrow
 
 
-def _is_parquet(path):
-    with open(path, "rb") as f:
-        return f.read(4) == b"PAR1"
-
-
 class _File:
-    """One data file: its groups of rows (Parquet row groups, Arrow record batches) and how
-    to load one. Arrow IPC files are memory-mapped: a loaded batch is a view of the map."""
+    """One data file's groups of rows (Parquet row groups, Arrow record batches, the latter
+    memory-mapped) and its checked schema."""
 
     def __init__(self, path, image_column, label_column):
         pa = _pyarrow()
         self.path = path
-        self.parquet = _is_parquet(path)
+        with open(path, "rb") as f:
+            self.parquet = f.read(4) == b"PAR1"
         if self.parquet:
             self._pf = pa.parquet.ParquetFile(path, memory_map=True)
             schema = self._pf.schema_arrow
@@ -110,8 +106,8 @@ def _validity(arr):
 
 
 class _Group:
-    """One group's images: ``data`` (uint8), ``offsets`` int64 (n + 1), validity (bool (n,)
-    or None) and, for a struct column, the ``path`` field (for rows without bytes)."""
+    """One group's images: ``data`` (uint8), ``offsets`` int64 (n + 1), ``valid`` (bool (n,)
+    or None) and, for a struct column, its ``path`` field (for rows without bytes)."""
 
     __slots__ = ("data", "offsets", "valid", "paths")
 
@@ -133,7 +129,7 @@ class _Group:
             bufs[2].size else np.zeros(0, np.uint8)
 
 
-class ParquetSource(Source):
+class ParquetSource(_PartedSource):
     """Images stored in a binary column of Parquet or Arrow IPC files, labels in an integer
     column, in file order then row order.
 
@@ -220,11 +216,6 @@ class ParquetSource(Source):
     def paths(self):
         return list(self._paths)
 
-    def _locate(self, i):
-        self._check_index(i)
-        g = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return g, i - int(self._starts[g])
-
     def _group(self, g):
         with self._lock:
             got = self._cache.get(g)
@@ -288,7 +279,7 @@ class ParquetSource(Source):
         if not path:
             raise DecodeError("cannot read: the image is null (no bytes, no path)", index=i,
                               path=self.describe(i))
-        f = self._groups[self._locate(i)[0]][0]
+        f = self._file_row(i)[0]
         full = os.path.join(os.path.dirname(self._paths[f]), path)
         try:
             with open(full, "rb") as fh:
@@ -302,12 +293,8 @@ class ParquetSource(Source):
     def buffers(self, indices):
         """``(BufferList, {batch position: DecodeError})`` of rows ``indices`` (int64 (n,));
         rows of one group are passed as that group's buffers and offsets."""
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
-            self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
-        gs = np.searchsorted(self._starts, indices, side="right") - 1
-        if len(indices) and (gs == gs[0]).all():
-            g = int(gs[0])
+        indices, g = self._one_part(indices)
+        if g is not None:
             grp = self._group(g)
             if not isinstance(grp, DecodeError):
                 j = indices - self._starts[g]
@@ -325,8 +312,8 @@ class ParquetSource(Source):
         if getattr(self, "_fp", None) is None:
             h = hashlib.sha256()
             for p, fl in zip(self._paths, self._files):
-                h.update(f"{os.path.basename(p)}\0{fl.group_rows}\n".encode("utf-8",
-                                                                          "surrogateescape"))
+                line = f"{os.path.basename(p)}\0{fl.group_rows}\n"
+                h.update(line.encode("utf-8", "surrogateescape"))
             h.update(np.ascontiguousarray(self._labels).tobytes())
             self._fp = h.hexdigest()[:16]
         return self._fp
@@ -336,12 +323,6 @@ class ParquetSource(Source):
                 "label_column": self._label_column, "classes": self.classes,
                 "max_cached_groups": self._max_cached}
 
-    def __getstate__(self):
-        return self._spec()
-
-    def __setstate__(self, state):
-        self.__init__(**state)
-
 
 def _hf_classes(schema, label_column):
     """Class names of a Hugging Face ``ClassLabel`` column, from the schema metadata that
@@ -350,8 +331,7 @@ def _hf_classes(schema, label_column):
     if not meta or label_column is None:
         return None
     try:
-        info = json.loads(meta)
-        feature = info["info"]["features"][label_column]
+        feature = json.loads(meta)["info"]["features"][label_column]
         names = feature.get("names") if isinstance(feature, dict) else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -370,10 +350,9 @@ def from_hf_dataset(ds, *, image_column="image", label_column="label"):
     if getattr(ds, "_indices", None) is not None:
         raise ConfigError("this datasets.Dataset has an indices mapping (shuffle/select/"
                           "filter): call ds.flatten_indices() first")
-    classes = None
     feature = getattr(ds, "features", {}).get(label_column) if label_column else None
-    if feature is not None and isinstance(getattr(feature, "names", None), list):
-        classes = list(feature.names)
+    names = getattr(feature, "names", None)
+    classes = list(names) if isinstance(names, list) else None
     src = ParquetSource(files, image_column=image_column, label_column=label_column,
                         classes=classes)
     if len(src) != len(ds):

@@ -9,6 +9,7 @@ read-only memory map of the shard.
 
 import collections
 import hashlib
+import itertools
 import json
 import mmap
 import os
@@ -22,7 +23,7 @@ import numpy as np
 from .. import _jpeg
 from .. import _validate as _v
 from ..errors import ConfigError, DecodeError
-from .base import Source, buffers_by_record, frozen_labels
+from .base import _PartedSource, buffers_by_record, frozen_labels
 
 __all__ = ["WebDataset", "expand_shards", "INDEX_VERSION", "SAMPLE"]
 
@@ -30,8 +31,7 @@ __all__ = ["WebDataset", "expand_shards", "INDEX_VERSION", "SAMPLE"]
 INDEX_VERSION = 1
 
 #: One sample of a shard index: where its image member's data lies in the tar file, its label,
-#: its key (a slice of the shard's key blob), which of ``image_keys`` it is, and what is wrong
-#: with it (:data:`TRUNCATED` ...).
+#: its key (a slice of the shard's key blob), which of ``image_keys`` it is, and its flags.
 SAMPLE = np.dtype([("offset", "<i8"), ("size", "<i8"), ("label", "<i8"), ("key_off", "<i8"),
                    ("key_len", "<i4"), ("ext", "<i2"), ("flags", "<u2")])
 TRUNCATED = 1     # the image member's data runs past the end of the file
@@ -79,17 +79,13 @@ def _split_key(name):
     return folder + slash + stem, ext
 
 
-def _cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "dpu_pipe", "wds-index")
-
-
 def _index_paths(shard):
     """Where the index of ``shard`` is cached: beside it, then in the user's cache."""
-    d, b = os.path.split(shard)
+    folder, name = os.path.split(shard)
     digest = hashlib.sha256(shard.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    return [os.path.join(d, f".{b}.dpu-index.npz"),
-            os.path.join(_cache_dir(), f"{digest}-{b}.npz")]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [os.path.join(folder, f".{name}.dpu-index.npz"),
+            os.path.join(cache, "dpu_pipe", "wds-index", f"{digest}-{name}.npz")]
 
 
 def _writable(directory):
@@ -97,8 +93,7 @@ def _writable(directory):
 
 
 class _ShardIndex(collections.namedtuple("_ShardIndex", "samples keys problems")):
-    """The samples of one shard: :data:`SAMPLE` records, key blob (uint8) and the problems of
-    its NO_LABEL samples ({sample position: message})."""
+    """One shard's SAMPLE records, key blob (uint8) and ``{position: why}`` of NO_LABEL ones."""
 
     def key(self, j):
         r = self.samples[j]
@@ -117,8 +112,7 @@ def _parse_label(text, where):
 
 
 def _label_of(members, label_key, read, key):
-    """The label of one sample from its members ``{ext: (offset, size)}``: ``(value, None)``
-    or ``(None, why not)``."""
+    """``(label, None)`` or ``(None, why not)`` of a sample's members ``{ext: (offset, size)}``."""
     if label_key is None:
         return 0, None
     ext, _, field = label_key.partition(":")
@@ -183,9 +177,8 @@ def _pax(data, where):
 def _tar_members(buf, size, path):
     """``(name, data offset, data size)`` of every regular member of the tar bytes ``buf``
     (``size`` bytes), in order. GNU long names and pax ``path``/``size`` records apply to
-    the member that follows them; a member whose data runs past the end ends the listing
-    (the caller flags it truncated). :class:`ConfigError` names the offset of a header that
-    is not a tar header: where the next member starts cannot be known past it."""
+    the next member; a member whose data runs past the end ends the listing. A header that
+    is not a tar header raises :class:`ConfigError`: the next member cannot be found."""
     pos, longname, pax = 0, None, {}
     while pos + BLOCK <= size:
         h = buf[pos:pos + BLOCK]
@@ -195,8 +188,8 @@ def _tar_members(buf, size, path):
         want = _octal(h[148:156])
         rest = h[:148] + h[156:]
         unsigned = sum(rest) + 256         # the checksum field counts as eight spaces
-        if want != unsigned and (want is None or want != unsigned - 256 * sum(
-                1 for b in rest if b > 127)):  # some old tars sum signed bytes
+        # Some old tars sum signed bytes.
+        if want != unsigned and want != unsigned - 256 * sum(b > 127 for b in rest):
             raise ConfigError(f"{where} (checksum); members from there on cannot be located")
         n = _octal(h[124:136])
         if n is None:
@@ -210,8 +203,7 @@ def _tar_members(buf, size, path):
         data = pos + BLOCK
         if typ in (b"L", b"x", b"g"):
             if data + n > size:
-                raise ConfigError(f"{where}: its extended header runs past the end of the "
-                                  f"file")
+                raise ConfigError(f"{where}: its extended header runs past the end of the file")
             ext = buf[data:data + n]
             if typ == b"L":
                 longname = ext.split(b"\0", 1)[0]
@@ -241,9 +233,8 @@ def _tar_members(buf, size, path):
 
 
 def scan_shard(path, image_keys, label_key):
-    """Build the index of one shard by reading its tar headers in order (and its label
-    members). Raises :class:`ConfigError` naming the shard (and the byte offset) when the tar
-    structure itself is unreadable: the members after a bad header cannot be located."""
+    """The index of one shard, from its tar headers (and label members) in order.
+    :class:`ConfigError` names the shard (and byte offset) when the tar itself is unreadable."""
     rows, keys, problems = [], bytearray(), {}
     try:
         with open(path, "rb") as f:
@@ -261,30 +252,24 @@ def scan_shard(path, image_keys, label_key):
     def read(offset, length):
         return None if offset + length > size else buf[offset:offset + length]
 
-    def flush(key, members):
-        kb = key.encode("utf-8", "surrogateescape")
-        ext = next((k for k, name in enumerate(image_keys) if name in members), -1)
-        offset, length = members[image_keys[ext]] if ext >= 0 else (0, 0)
-        flags = NO_IMAGE if ext < 0 else TRUNCATED if offset + length > size else 0
-        label, why = _label_of(members, label_key, read, key)
-        if why is not None:
-            flags |= NO_LABEL
-            problems[len(rows)] = why
-            label = -1
-        rows.append((offset, length, label, len(keys), len(kb), ext, flags))
-        keys.extend(kb)
-
-    key, members = None, {}
+    named = ((*_split_key(name), offset, length)
+             for name, offset, length in _tar_members(buf, size, path))
     try:
-        for name, offset, length in _tar_members(buf, size, path):
-            k, ext = _split_key(name)
-            if k != key:
-                if key is not None:
-                    flush(key, members)
-                key, members = k, {}
-            members.setdefault(ext.lower(), (offset, length))
-        if key is not None:
-            flush(key, members)
+        for key, group in itertools.groupby(named, key=lambda member: member[0]):
+            members = {}
+            for _, suffix, offset, length in group:
+                members.setdefault(suffix.lower(), (offset, length))
+            kb = key.encode("utf-8", "surrogateescape")
+            ext = next((k for k, name in enumerate(image_keys) if name in members), -1)
+            offset, length = members[image_keys[ext]] if ext >= 0 else (0, 0)
+            flags = NO_IMAGE if ext < 0 else TRUNCATED if offset + length > size else 0
+            label, why = _label_of(members, label_key, read, key)
+            if why is not None:
+                flags |= NO_LABEL
+                problems[len(rows)] = why
+                label = -1
+            rows.append((offset, length, label, len(keys), len(kb), ext, flags))
+            keys.extend(kb)
     finally:
         if size:
             buf.close()
@@ -293,9 +278,8 @@ def scan_shard(path, image_keys, label_key):
 
 
 def _load_index(path, want, size):
-    """The cached index at ``path`` if it exists, matches ``want`` and is consistent with a
-    shard of ``size`` bytes; else None. The cache is data like any other: checked, not
-    trusted."""
+    """The cached index at ``path`` if it matches ``want`` and, checked like any other data,
+    fits a shard of ``size`` bytes; else None."""
     try:
         with np.load(path, allow_pickle=False) as z:
             info = json.loads(z["info"].tobytes().decode("utf-8"))
@@ -322,8 +306,8 @@ def _load_index(path, want, size):
 
 def _save_index(path, index, want):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    info = json.dumps({"want": want, "problems": {str(k): v for k, v in
-                                                  index.problems.items()}})
+    problems = {str(k): v for k, v in index.problems.items()}
+    info = json.dumps({"want": want, "problems": problems})
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         with open(tmp, "wb") as f:
@@ -363,7 +347,7 @@ def open_index(shard, image_keys, label_key):
     return index
 
 
-class WebDataset(Source):
+class WebDataset(_PartedSource):
     """Samples of WebDataset tar shards, in shard order then member order.
 
     Parameters
@@ -378,11 +362,11 @@ class WebDataset(Source):
         ``"cls"``: the member ``<key>.cls`` holds the label as decimal text; ``"json:label"``:
         the integer field ``label`` of the member ``<key>.json``; None: every label is 0.
 
-    ``metadata(i)`` is ``{"__key__": key, "shard": path}``. A shard that is missing,
-    compressed or whose tar headers are damaged raises :class:`ConfigError` naming it (and
-    the byte offset of the bad header). A sample whose image member is truncated or missing,
-    or whose label is missing or not an integer, keeps its place (label -1) and raises
-    :class:`DecodeError` naming the shard and member when it is read.
+    A shard that is missing, compressed or whose tar headers are damaged raises
+    :class:`ConfigError` naming it (and the byte offset of the bad header). A sample whose
+    image member is truncated or missing, or whose label is missing or not an integer, keeps
+    its place (label -1) and raises :class:`DecodeError` naming the shard and member when it
+    is read.
     """
 
     kind = "webdataset"
@@ -400,7 +384,7 @@ class WebDataset(Source):
             raise ConfigError("WebDataset needs at least one shard")
         if isinstance(image_keys, str):
             image_keys = (image_keys,)
-        image_keys = tuple(_v.names(list(image_keys), "image_keys"))
+        image_keys = _v.names(list(image_keys), "image_keys")
         if not image_keys:
             raise ConfigError("image_keys must name at least one extension")
         self._image_keys = tuple(k.lower() for k in image_keys)
@@ -429,11 +413,6 @@ class WebDataset(Source):
     def shards(self):
         """Absolute paths of the shards, in order."""
         return list(self._paths)
-
-    def _locate(self, i):
-        self._check_index(i)
-        k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return k, i - int(self._starts[k])
 
     def _map(self, k):
         """Shard ``k``'s bytes as a read-only uint8 array over a memory map, mapped once."""
@@ -496,14 +475,9 @@ class WebDataset(Source):
 
     def buffers(self, indices):
         """``(BufferList, {batch position: DecodeError})`` of samples ``indices`` (int64
-        (n,)). A batch within one shard is one map plus offset arrays (no Python object per
-        record); a batch across shards takes one view per record."""
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
-            self._check_index(int(indices[(indices < 0) | (indices >= len(self))][0]))
-        ks = np.searchsorted(self._starts, indices, side="right") - 1
-        if len(indices) and (ks == ks[0]).all():
-            k = int(ks[0])
+        (n,)); a batch within one shard is its map and offset arrays, no object per record."""
+        indices, k = self._one_part(indices)
+        if k is not None:
             rec = self._index[k].samples[indices - self._starts[k]]
             if not rec["flags"].any():
                 try:
@@ -515,8 +489,8 @@ class WebDataset(Source):
         return buffers_by_record(indices, self.view)
 
     def fingerprint(self):
-        """Digest of the shard names, member keys, image sizes and labels (no per-sample
-        Python work: the index arrays are hashed as they are)."""
+        """Digest of the shard names, member keys, image sizes and labels (hashing the index
+        arrays whole, with no per-sample Python work)."""
         if getattr(self, "_fp", None) is None:
             h = hashlib.sha256()
             for p, ix in zip(self._paths, self._index):
@@ -530,9 +504,3 @@ class WebDataset(Source):
     def _spec(self):
         return {"shards": list(self._paths), "image_keys": list(self._image_keys),
                 "label_key": self._label_key}
-
-    def __getstate__(self):
-        return self._spec()
-
-    def __setstate__(self, state):
-        self.__init__(**state)

@@ -33,20 +33,10 @@ STD = np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1)
 
 
 def pillow_augment(data, box, flip, out):
-    """torchvision's PIL path by hand: full decode to RGB, the box ``(top, left, height,
-    width)`` resized bilinearly to ``out``'s size, flip, ToTensor + Normalize.
-
-    Parameters
-    ----------
-    data : bytes
-        The JPEG file.
-    box : sequence of 4 ints
-        Pixels of the full image.
-    flip : bool
-        Mirror left-right.
-    out : float32 array (3, H, W)
-        Receives the normalized sample.
-    """
+    """torchvision's PIL path by hand on the JPEG file ``data``: full decode to RGB, the box
+    ``(top, left, height, width)`` (4 ints, pixels of the full image) resized bilinearly to
+    ``out``'s size, mirrored left-right when ``flip``, ToTensor + Normalize into ``out``, a
+    float32 array (3, H, W)."""
     from PIL import Image
 
     img = Image.open(io.BytesIO(data)).convert("RGB")
@@ -128,8 +118,8 @@ def _methods(buffers, seed, epoch, chunk, out):
 
 
 def _thread_scaling(buffers, seed, epoch, threads, repeat):
-    """{threads: img/s} of one batch call of the kernel with 1 and ``threads`` OpenMP
-    threads, on every core this process may use (median of ``repeat`` calls)."""
+    """{threads: img/s} of one kernel batch call on 1 and ``threads`` OpenMP threads, on every
+    core this process may use (median of ``repeat`` calls)."""
     indices = np.arange(len(buffers), dtype=np.int64)
     scaling = {}
     for t in sorted({1, threads}):
@@ -161,11 +151,17 @@ def augment_benchmark(root_or_files, *, n=1000, repeat=5, chunk=64, seed=0, epoc
 
     Returns
     -------
-    dict, JSON-serialisable: ``rows`` (method, median img/s, ``min`` and ``max`` over the
-    rounds, ``vs_pillow`` ratio), ``split_ms`` (decode, augment and total milliseconds per
-    image of the accurate kernel), ``threads`` (img/s per thread count), ``mad_vs_pillow``
-    (mean absolute difference of one sample, normalized units), ``n``, ``repeat``, ``data``,
-    ``cores``, ``skipped_undecodable``.
+    dict
+        JSON-serialisable: ``rows`` (method, median img/s, ``min`` and ``max`` over the
+        rounds, ``vs_pillow`` ratio), ``split_ms`` (decode, augment and total ms per image of
+        the accurate kernel), ``threads`` (img/s per thread count), ``mad_vs_pillow`` (mean
+        absolute difference of one sample, normalized units), ``n``, ``repeat``, ``data``,
+        ``cores``, ``skipped_undecodable``.
+
+    Raises
+    ------
+    ConfigError
+        Pillow or OpenCV missing, or no decodable JPEG.
     """
     try:
         import cv2  # noqa: F401

@@ -161,8 +161,7 @@ def _pack_source(args):
     """``(source, out)`` of the pack command's arguments."""
     from ..sources import ParquetSource, WebDataset, open_path, open_source, path_kind
 
-    want = 1 if args.factory else 2
-    if len(args.paths) != want:
+    if len(args.paths) != (1 if args.factory else 2):
         raise ConfigError("pack takes SRC OUT, or OUT alone with --factory")
     if args.factory:
         try:

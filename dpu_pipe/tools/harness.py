@@ -1,13 +1,8 @@
-"""The benchmark harness of ``dpu-pipe bench``, ``dpu-pipe bench-train`` and the demo (the
-developer benchmarks under ``bench/`` time with it too):
-
-* throughput: JPEG bytes read into memory (:func:`load_buffers`), CPU pinning (:func:`pin`,
-  :func:`pinned`, :func:`one_core`), methods interleaved chunk by chunk and round by round
-  (:func:`interleaved`), median and min-max images/s (:func:`rate_stats`);
-* training runs: one run of a small ResNet fed by a loader, timed per step (host compute, host
-  waiting for data, validation on the host's path), as a JSON-serialisable record; and the MPI
-  job that runs the offloaded configurations (host rank on ``HOST_CORE``, producer ranks on
-  ``PRODUCER_CORE``).
+"""The benchmark harness of ``dpu-pipe bench``, ``dpu-pipe bench-train``, the demo and the
+developer benchmarks under ``bench/``: throughput (JPEG bytes in memory, CPU pinning, methods
+interleaved chunk by chunk and round by round) and training runs (a small ResNet fed by a
+loader, timed per step, as a JSON-serialisable record; the offloaded configurations in an MPI
+job, host rank on ``HOST_CORE``, producers on ``PRODUCER_CORE``).
 
 A *job* is a dict describing a training run: ``epochs``, ``steps``, ``batch_size``, ``size``,
 ``seed``, ``lr``, ``model_kwargs``, ``train``/``val`` (source specs), ``val_count``,
@@ -36,20 +31,12 @@ JPEG_EXTENSIONS = (".jpeg", ".jpg", ".jpe", ".jfif")
 # -- throughput benchmarks ----------------------------------------------------------------
 
 def load_buffers(root, n=None):
-    """Read up to ``n`` images into memory.
+    """Read up to ``n`` images (default: all) into memory; returns ``(paths, buffers)``.
 
-    Parameters
-    ----------
-    root : path
-        A directory (one made by :func:`~dpu_pipe.tools.sample_data.make_imagenet_like` is read
-        in sample order; any other is searched recursively for :data:`JPEG_EXTENSIONS` files,
-        in path order), a packed dataset or a file list (its samples, in order).
-    n : int, optional
-        At most this many images (default: all).
-
-    Returns
-    -------
-    (paths, buffers): the images' paths (or a source's descriptions) and their bytes.
+    ``root`` is a directory (one made by :func:`~dpu_pipe.tools.sample_data.make_imagenet_like`
+    is read in sample order; any other is searched recursively for :data:`JPEG_EXTENSIONS`
+    files, in path order), a packed dataset or a file list (its samples in order, with the
+    source's descriptions as paths).
     """
     from ..packed.reader import is_packed
     from .sample_data import MANIFEST_NAME, dataset_files
@@ -70,22 +57,13 @@ def load_buffers(root, n=None):
 
 
 def pin(cores, *, strict=True):
-    """Restrict this process (its calling thread and the threads it starts later) to ``cores``;
-    where the OS has no affinity call (not Linux), do nothing.
+    """Restrict this process (its calling thread and the threads it starts later) to ``cores``:
+    True for the last core it may use, None for every core of the machine, an int or ints for
+    those; False, or an OS without an affinity call (not Linux), leaves the affinity alone.
 
-    Parameters
-    ----------
-    cores : True, None, False, int or iterable of int
-        True: the last core this process may use; None: every core of the machine; False:
-        leave the affinity alone; else those cores.
-    strict : bool
-        A core this process may not use is a ConfigError; without, the request is ignored (a
-        1-core machine shares its core).
-
-    Returns
-    -------
-    set of int or None: the previous affinity (what :func:`pinned` restores), None when
-    nothing changed.
+    Cores this process may not use raise a ConfigError when ``strict`` (unless ``cores`` is
+    None), else the request is ignored (a 1-core machine shares its core). Returns the previous
+    affinity (what :func:`pinned` restores), or None when nothing changed.
     """
     if cores is False or not hasattr(os, "sched_setaffinity"):
         return None
@@ -153,14 +131,15 @@ def interleaved(methods, n, *, chunk, repeat, clock=time.perf_counter, before_ro
     n, chunk, repeat : int
         Items per round, items per turn, rounds.
     clock : callable
-        Seconds (``time.perf_counter``; ``time.thread_time`` counts this thread's CPU time
-        only, which preemption on a loaded machine does not inflate).
+        Seconds (``time.thread_time`` counts this thread's CPU time only, which preemption on
+        a loaded machine does not inflate).
     before_round, progress : callable, optional
         Called with the round's number before it (untimed) and after it.
 
     Returns
     -------
-    dict: name -> list of seconds, one per round.
+    dict
+        name -> list of seconds, one per round.
     """
     names = list(methods)
     times = {name: [] for name in names}
@@ -187,7 +166,6 @@ def interleaved(methods, n, *, chunk, repeat, clock=time.perf_counter, before_ro
         if enabled:
             gc.enable()
     return times
-
 
 def rate_stats(seconds, n):
     """``(median, slowest, fastest)`` items per second of rounds that took ``seconds`` each
@@ -280,7 +258,7 @@ class Run:
         done = 0
         before = producer_s() if producer_s else 0.0
         t = now()
-        for images, labels in batches:
+        for done, (images, labels) in enumerate(batches, 1):
             t1 = now()
             self.opt.zero_grad()
             self.loss_fn(self.model(images), self.torch.as_tensor(labels)).backward()
@@ -293,7 +271,6 @@ class Run:
                 cur = producer_s()
                 tl["producer_s"].append(cur - before)
                 before = cur
-            done += 1
             if done == steps:
                 break
             t = now()
@@ -314,10 +291,10 @@ class Run:
         self.val_host_s += now() - t
         self.record(epoch, m.result())
 
-    def record(self, epoch, result, known_at=None):
+    def record(self, epoch, result):
         self.epochs.append({"epoch": epoch, "count": result["count"],
                             "top1": result["top1"], "loss": result["loss"],
-                            "known_at": (now() if known_at is None else known_at) - self.t0})
+                            "known_at": now() - self.t0})
 
     def result(self, extra):
         """The run's record: seconds (wall, per epoch, computing, waiting, validating on the
@@ -331,16 +308,14 @@ class Run:
         train_s = float(sum(tl["done"][e + k - 1] - tl["wait_start"][e]
                             for e in range(0, len(tl["done"]), k)))
         epochs = sorted(self.epochs, key=lambda e: e["epoch"])
-        out = {"config": self.config, "name": CONFIGS[self.config],
-               "wall_s": wall, "epoch_s": wall / self.job["epochs"],
-               "images_per_s": images / wall, "compute_s": compute, "wait_s": wait,
-               "wait_share": wait / wall, "val_host_s": self.val_host_s, "train_s": train_s,
-               "other_s": max(0.0, wall - compute - wait - self.val_host_s),
-               "epochs": epochs, "timeline": tl,
-               "final_top1": epochs[-1]["top1"] if epochs else None,
-               "time_to_accuracy_s": epochs[-1]["known_at"] if epochs else None}
-        out.update(extra)
-        return out
+        return {"config": self.config, "name": CONFIGS[self.config],
+                "wall_s": wall, "epoch_s": wall / self.job["epochs"],
+                "images_per_s": images / wall, "compute_s": compute, "wait_s": wait,
+                "wait_share": wait / wall, "val_host_s": self.val_host_s, "train_s": train_s,
+                "other_s": max(0.0, wall - compute - wait - self.val_host_s),
+                "epochs": epochs, "timeline": tl,
+                "final_top1": epochs[-1]["top1"] if epochs else None,
+                "time_to_accuracy_s": epochs[-1]["known_at"] if epochs else None, **extra}
 
 
 def run_loader(job, train_src, val_src):

@@ -2,16 +2,12 @@
 feed its training at a given rate, and what a decoded-sample cache changes
 (docs/guides/cli.md explains every figure).
 
-    dpu-pipe plan --train-rate 2500 --batch 256 --size 224 --producer-rate 180
-    dpu-pipe plan --train-rate 2500 --measure --data /data/imagenet/train \\
-                  --preset bluefield2 --arm-factor 0.45 --json
-
 A producer core's rate is ``--producer-rate`` (or ``--measure``: the batch kernel timed on one
 core of *this* machine over a sample of ``--data``) × ``--arm-factor``, the per-core speed of
-the producer CPU relative to the one the rate was measured on. This machine has no Arm CPU,
-so the factor is the user's: run ``dpu-pipe plan --measure --data D --json`` on one DPU core
-and on the host and divide the two ``measured.rate_per_core`` figures, or pass
-``--producer-rate`` measured on the DPU itself with ``--arm-factor 1``.
+the producer CPU relative to the one the rate was measured on. The factor is the user's: run
+``dpu-pipe plan --measure --data D --json`` on one DPU core and on the host and divide the two
+``measured.rate_per_core`` figures, or pass ``--producer-rate`` measured on the DPU itself
+with ``--arm-factor 1``.
 """
 
 import json
@@ -46,8 +42,7 @@ def _rss_bytes():
 
 
 def _passes(sample, transform, passes, cache=None):
-    """Seconds of each of ``passes`` passes of the batch kernel (one thread, ``cache``, epoch =
-    the pass) over ``sample``, what :func:`_sample` returns."""
+    """Seconds of each pass of the one-thread batch kernel over a :func:`_sample` (epoch = pass)."""
     from ..kernel import BatchProcessor
 
     idx, bufs, src = sample
@@ -110,16 +105,14 @@ def cache_plan(*, cache_bytes, max_side, shard_samples, num_samples=None,
     """How much of a node's shard a decoded-sample cache holds, and the rate that gives: a
     sample takes its reduced pixels plus its alignment padding, the table ``ENTRY_BYTES`` per
     sample of the dataset; from epoch 2 on the fraction ``f`` that fits is served from the
-    cache, so a core makes ``1 / (f / hit_rate + (1 - f) / miss_rate)`` img/s.
+    cache, so a core makes ``1 / (f / hit_rate + (1 - f) / miss_rate)`` img/s. Invalid values
+    raise a ConfigError naming the option.
 
     Parameters
     ----------
-    cache_bytes : int
-        The node cache's bytes (``cache_bytes``).
-    max_side : int
-        ``decode_max_side``, pixels.
-    shard_samples : int
-        Samples the node's producers read each epoch.
+    cache_bytes, max_side, shard_samples : int
+        The node cache's bytes (``cache_bytes``), its ``decode_max_side`` in pixels, and the
+        samples the node's producers read each epoch.
     num_samples : int, optional
         Samples of the dataset (one table entry each); default ``shard_samples``.
     bytes_per_sample : float, optional
@@ -128,10 +121,8 @@ def cache_plan(*, cache_bytes, max_side, shard_samples, num_samples=None,
         img/s of one core (where measured) on a decoded / a cached sample.
     train_rate : float, optional
         img/s the host trains at: then the producer cores the steady state needs.
-    arm_factor : float
-        Producer core speed / the measuring core's.
-    headroom : float
-        Spare producer capacity, a fraction.
+    arm_factor, headroom : float
+        Producer core speed / the measuring core's; spare producer capacity, a fraction.
 
     Returns
     -------
@@ -374,8 +365,7 @@ def run(args):
              kernel_memory_bytes=measured["kernel_memory_bytes"] if measured else None,
              slots=args.slots)
     if measured:
-        p["measured"] = {**measured, "data": os.path.abspath(args.data),
-                         "cpu": cpu_name()}
+        p["measured"] = {**measured, "data": os.path.abspath(args.data), "cpu": cpu_name()}
     if args.cache_bytes is not None:
         p["cache"] = _run_cache(args, rate, arm_factor)
     if args.json:

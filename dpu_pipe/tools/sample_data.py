@@ -2,19 +2,17 @@
 
 Benchmarks and tests need JPEGs that look like ImageNet's to a decoder: natural image content,
 ImageNet's spread of sizes and aspect ratios, its mix of JPEG qualities, chroma subsampling,
-progressive and grayscale files. Random noise would not do: it has no spatial correlation, so
-entropy decoding dominates and every timing would be wrong. The photographs come from files that
-ship inside already-installed packages (scikit-image's sample data, and scikit-learn's or
-matplotlib's sample photos when those are installed), so nothing is downloaded.
+progressive and grayscale files (random noise has no spatial correlation: entropy decoding
+would dominate every timing). The photographs ship inside installed packages (scikit-image's
+sample data, and scikit-learn's or matplotlib's sample photos when installed), so nothing is
+downloaded.
 
 Each image is a random crop of one photo, rescaled to an ImageNet-like size, flipped at random,
 jittered a little in brightness, contrast and saturation, sharpened as cameras do, and encoded
 with per-image JPEG settings. Class ``k`` draws most of its images from one photo, so labels
-are learnable.
-
-Everything is a pure function of ``(seed, n, classes, corpus, Pillow's JPEG encoder)``: the
-randomness of image ``i`` comes from ``numpy.random.SeedSequence([seed, i])``, never from global
-state, so a dataset can be rebuilt bit for bit.
+are learnable. Everything is a pure function of ``(seed, n, classes, corpus, Pillow's JPEG
+encoder)``: image ``i``'s randomness comes from ``numpy.random.SeedSequence([seed, i])``, never
+from global state, so a dataset can be rebuilt bit for bit.
 """
 
 import hashlib
@@ -76,13 +74,11 @@ def _package_dir(name):
 
 @lru_cache(maxsize=1)
 def photo_corpus():
-    """The real colour photographs the sample dataset is made from.
-
-    Returns a tuple of ``(name, image)`` with ``image`` a read-only ``uint8`` array of shape
-    ``(H, W, 3)`` (RGB), in a fixed order; names look like ``"skimage/astronaut"``. The photos are
-    read once per process from files installed with scikit-image (required) and scikit-learn or
-    matplotlib (used when installed). Raises :class:`ConfigError` naming the pip package when
-    Pillow or scikit-image is missing.
+    """The real colour photographs the sample dataset is made from: a tuple of ``(name,
+    image)`` in a fixed order, ``image`` a read-only RGB ``uint8`` array ``(H, W, 3)``, names
+    like ``"skimage/astronaut"``. Read once per process from files installed with scikit-image
+    (required) and scikit-learn or matplotlib (when installed); raises :class:`ConfigError`
+    naming the pip package when Pillow or scikit-image is missing.
     """
     try:
         from PIL import Image
@@ -128,12 +124,9 @@ def class_names(classes):
 
 
 def _draw_size(rng):
-    """Output (width, height) in pixels, following ImageNet's size distribution.
-
-    ImageNet's training images are mostly scaled so their long side is 500 px, with 4:3 and 3:2
-    dominating and a quarter in portrait orientation; a minority is larger (up to ~1000 px or
-    more) and some are small thumbnails.
-    """
+    """Output (width, height) in pixels, as ImageNet's training images: mostly a long side of
+    500 px, 4:3 and 3:2 dominating, a quarter in portrait orientation; a minority larger (up to
+    ~1000 px or more), some small thumbnails."""
     kind = rng.random()
     if kind < 0.78:
         long_side = 500
@@ -270,10 +263,11 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0, *, progress=False):
 
     Returns
     -------
-    dict: ``count``, ``classes``, ``mean_width``, ``mean_height``, ``min_side``, ``max_side``
-    (pixels), ``mean_bytes``, ``total_bytes``, ``progressive`` and ``gray`` (file counts),
-    ``subsampling`` (counts keyed ``"4:2:0"``, ``"4:2:2"``, ``"4:4:4"``, ``"gray"``),
-    ``quality_mean``, ``corpus`` (photo names) and ``root``.
+    dict
+        ``count``, ``classes``, ``mean_width``, ``mean_height``, ``min_side``, ``max_side``
+        (pixels), ``mean_bytes``, ``total_bytes``, ``progressive`` and ``gray`` (file counts),
+        ``subsampling`` (counts keyed ``"4:2:0"``, ``"4:2:2"``, ``"4:4:4"``, ``"gray"``),
+        ``quality_mean``, ``corpus`` (photo names) and ``root``.
     """
     n = _v.integer(n, "n", 1, 999_999)    # six-digit file names
     classes = _v.positive_int(classes, "classes")
@@ -310,8 +304,7 @@ def make_imagenet_like(root, n=1000, classes=10, seed=0, *, progress=False):
                 rng = np.random.default_rng(np.random.SeedSequence([seed, i]))
                 data, info = _make_one(photos, label, rng)
                 rel = f"{names[label]}/{i:06d}.JPEG"
-                with open(tmp / rel, "wb") as f:
-                    f.write(data)
+                (tmp / rel).write_bytes(data)
                 sizes[rel] = len(data)
                 info["bytes"] = len(data)
                 infos.append(info)
@@ -371,8 +364,8 @@ def _summarize(infos, classes, photos):
 def dataset_files(root):
     """Paths of a dataset made by :func:`make_imagenet_like`, in sample order, with labels.
 
-    Returns ``(paths, labels)``: a list of :class:`pathlib.Path` sorted by sample index and a
-    list of ints. Raises :class:`ConfigError` when ``root`` holds no such dataset.
+    Returns ``(paths, labels)``: :class:`pathlib.Path` objects sorted by sample index, and
+    ints. Raises :class:`ConfigError` when ``root`` holds no such dataset.
     """
     m = _read_manifest(root)
     if not m or "sizes" not in m:

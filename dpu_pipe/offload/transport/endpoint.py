@@ -33,10 +33,9 @@ class Endpoint:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        deadline = deadline_in(setup_timeout)
         # Every rank must be here before the blocking collectives of start-up.
-        wait_request(comm.Ibarrier(), deadline,
-                      f"start-up of the host group of {self.size} ranks (rank {self.rank})")
+        wait_request(comm.Ibarrier(), deadline_in(setup_timeout),
+                     f"start-up of the host group of {self.size} ranks (rank {self.rank})")
         idents = comm.allgather((wire.WIRE_VERSION, socket.gethostname(), os.getpid(),
                                  MPI.COMM_WORLD.Get_rank()))
         for v, host, pid, world in idents:
@@ -48,13 +47,11 @@ class Endpoint:
         try:
             self.win = self._MPI.Win.Allocate(my_bytes, 1, comm=self.comm)
         except self._MPI.Exception as exc:
-            who = (f"group rank {self.rank} (world rank "
-                   f"{self._MPI.COMM_WORLD.Get_rank()} on {socket.gethostname()}, "
-                   f"pid {os.getpid()})")
             raise ConfigError(
-                f"cannot allocate the {my_bytes}-byte RMA window on {who}: "
-                f"{exc.Get_error_string()} — memory or /dev/shm is short; lower slots or "
-                f"batch_size, or free /dev/shm") from exc
+                f"cannot allocate the {my_bytes}-byte RMA window on group rank {self.rank} "
+                f"(world rank {self._MPI.COMM_WORLD.Get_rank()} on {socket.gethostname()}, "
+                f"pid {os.getpid()}): {exc.Get_error_string()} — memory or /dev/shm is "
+                f"short; lower slots or batch_size, or free /dev/shm") from exc
         self.win.Lock_all()
         self.mem = np.frombuffer(self.win.tomemory(), np.uint8)
         self.mem[:] = 0
@@ -62,8 +59,7 @@ class Endpoint:
 
     def _ready(self, setup_timeout):
         # Nobody writes into another rank's window before that rank zeroed it.
-        wait_request(self.comm.Ibarrier(), deadline_in(setup_timeout),
-                      "window set-up")
+        wait_request(self.comm.Ibarrier(), deadline_in(setup_timeout), "window set-up")
 
     def describe(self, rank):
         """Human-readable name of group rank ``rank`` for messages."""

@@ -46,7 +46,9 @@ def pack_error(exc, tb_text, capacity, who):
 
 
 def raise_remote(blob, who, epoch, step):
-    """Raise on the host the error a producer published for step ``step`` of ``epoch``."""
+    """Raise on the host the error ``who`` published for step ``step`` of ``epoch``: a
+    DecodeError as itself, with a note and a ProducerError cause naming ``who``; anything else
+    as a ProducerError, caused by the original when that unpickles here."""
     where = f"step {step} of epoch {epoch}"
     if not blob:
         raise ProducerError(f"failed on {where} (the slot is too small to carry the error)",

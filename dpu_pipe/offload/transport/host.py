@@ -1,8 +1,8 @@
 """The host end of the transport (group rank 0): the window I/O around the pure
-:class:`~dpu_pipe.offload.scheduler.Scheduler` — reading producers' statuses and sealed
-headers, writing their assignments and control records — plus the request channel and the
-shutdown handshake. The protocol: docs/design/transport.md."""
+:class:`~dpu_pipe.offload.scheduler.Scheduler` (producers' statuses and sealed headers in,
+assignments and control records out), the request channel and the shutdown handshake."""
 import atexit
+import itertools
 import logging
 import sys
 import time
@@ -19,10 +19,9 @@ log = logging.getLogger("dpu_pipe")
 
 
 class Delivery:
-    """A ticket's batch on the host: ``payload`` is a 1-D ``uint8`` view of ``payload_bytes``
-    bytes (zero copy, inside the window or a host thread's buffer), valid until
-    :meth:`HostTransport.release`. ``producer`` is the group rank that made it (0: the host's
-    own threads)."""
+    """A ticket's batch on the host: ``payload`` is a 1-D ``uint8`` view (zero copy, inside
+    the window or a host thread's buffer), valid until :meth:`HostTransport.release`.
+    ``producer`` is the group rank that made it (0: the host's own threads)."""
 
     __slots__ = ("ticket", "stream", "epoch", "step", "producer", "payload", "buffer")
 
@@ -36,9 +35,9 @@ class RemoteError(ProducerError):
 
 
 class Reply:
-    """The answer to one :meth:`HostTransport.request`. ``done()`` never blocks (it polls the
-    transport once); ``result(timeout)`` waits, polling, and returns the handler's value or
-    raises :class:`RemoteError` with the producer's traceback, or :class:`PipeTimeout`."""
+    """The answer to one :meth:`HostTransport.request`. ``done()`` polls the transport once,
+    never blocking; ``result(timeout)`` polls until the handler's value arrives and returns it,
+    or raises :class:`RemoteError` with the producer's traceback, or :class:`PipeTimeout`."""
 
     def __init__(self, transport, rid, kind, to):
         self._transport, self.id, self.kind, self.to = transport, rid, kind, to
@@ -68,8 +67,9 @@ class Reply:
 
 
 class HostTransport(Endpoint):
-    """Host end (group rank 0). Collective at construction with a :class:`ProducerTransport`
+    """Host end (group rank 0), collective at construction with a :class:`ProducerTransport`
     on every other rank of ``comm``; afterwards nothing it does waits for a collective.
+    Raises ConfigError off rank 0 or for a parameter out of range.
 
     Parameters
     ----------
@@ -77,16 +77,14 @@ class HostTransport(Endpoint):
         The host group; rank 0 is this host.
     buffers : int
         Batch buffers in the window (>= 1): at most this many made batches wait on the host.
-        Host memory is ``HostLayout.total_bytes`` ≈ ``buffers × slot_bytes``.
     slot_bytes : int
-        Payload capacity of one buffer, bytes.
+        Payload capacity of one buffer, bytes; host memory is about ``buffers × slot_bytes``.
     liveness_timeout : float
         Seconds of a still heartbeat after which a producer counts as silent.
     takeover : bool
-        False: a silent producer raises PipeTimeout (from :meth:`wait`). True: it is retired,
-        its tickets return to the pool for :meth:`take` (the host's threads), its granted
-        buffers are quarantined; so is a producer whose batch takes ``SLOW_FACTOR`` times
-        the usual time.
+        False: a silent producer raises PipeTimeout (from :meth:`wait`). True: it (or one
+        whose batch takes ``SLOW_FACTOR`` times the usual time) is retired, its tickets
+        return to the pool for :meth:`take`, its granted buffers are quarantined.
     timeout : float
         Default deadline of :meth:`wait` and :meth:`Reply.result`, seconds.
     setup_timeout : float
@@ -112,7 +110,7 @@ class HostTransport(Endpoint):
         self.closed = False
         self._replies = {}
         self._sends = []
-        self._next_rid = 1
+        self._request_ids = itertools.count(1)
         self._host_beat = 0
         self._last_beat = 0.0
         self.polls = 0              # polls made (each costs the host ~30-60 us of CPU)
@@ -146,9 +144,10 @@ class HostTransport(Endpoint):
         self._polled = self._prev_poll = time.monotonic()
 
     def resize(self, buffers, slot_bytes):
-        """Make the window again with ``buffers`` buffers of ``slot_bytes`` bytes (a loader
-        larger than the first one). Every ticket must be released or cancelled; collective
-        with the producers (they take it as a request), guarded by deadlines."""
+        """Make the window again with ``buffers`` buffers of ``slot_bytes`` bytes, for a
+        loader larger than the first; collective with the producers (a request to them),
+        under deadlines. ConfigError while a ticket is pending or a producer no longer
+        serves."""
         self._check_open()
         if self.tickets:
             raise ConfigError("resize() with batches in flight: cancel or release them first")
@@ -158,23 +157,20 @@ class HostTransport(Endpoint):
                               + ", ".join(self.describe(p.rank) for p in silent)
                               + " no longer serve(s)")
         self.request("resize")
-        deadline = deadline_in(self.setup_timeout)
-        self._free_window(deadline, "making the window again")
+        self._free_window(deadline_in(self.setup_timeout), "making the window again")
         self._window(buffers, slot_bytes, self.sched.liveness_timeout, self.sched.takeover)
         self._replies.clear()
 
     def add_window_user(self, user):
-        """Tell ``user`` about the window's memory: ``user.attach(mem)`` now and whenever
-        :meth:`resize` makes the window anew, ``user.detach()`` before the window is freed
-        (resize, close)."""
+        """Call ``user.attach(mem)`` with the window's memory now and whenever :meth:`resize`
+        makes it anew, ``user.detach()`` before it is freed."""
         self._check_open()
         self.window_users.append(user)
         user.attach(self.mem)
 
-    # -- work (the scheduler decides; see dpu_pipe.offload.scheduler) -----------------------
     def submit(self, stream, epoch, step):
-        """Queue ``(stream, epoch, step)``; returns its ticket. Tickets are assigned to
-        producers (and granted buffers) lowest first."""
+        """Queue ``(stream, epoch, step)``; returns its ticket (assigned and granted lowest
+        first)."""
         self._check_open()
         return self.sched.submit(stream, epoch, step)
 
@@ -184,8 +180,7 @@ class HostTransport(Endpoint):
         self._write_outbox()
 
     def take(self, limit):
-        """Tickets for the host's own threads (:meth:`Scheduler.take`), delivered with
-        :meth:`deliver`."""
+        """Tickets for the host's own threads (:meth:`Scheduler.take`), for :meth:`deliver`."""
         return self.sched.take(limit)
 
     def pool_size(self, local_only=False):
@@ -205,13 +200,13 @@ class HostTransport(Endpoint):
         return self.sched.state(ticket)
 
     def wait(self, ticket, timeout=None, between=None, nap=True):
-        """The :class:`Delivery` of ``ticket``, polling until it is made. Raises the
-        producer's error for it (DecodeError with a note and a ProducerError cause naming the
-        producer, or ProducerError), or PipeTimeout after ``timeout`` seconds (default
-        :attr:`timeout`) or when a producer fell silent without takeover, naming it.
-        ``between()``, when given, runs after every poll (the host's own threads' turn).
-        ``nap``: while the producer making ``ticket`` is expected to take a while longer,
-        sleep through it instead of polling (False when ``between`` must run often)."""
+        """The :class:`Delivery` of ``ticket``, polling until it is made; ``between()``, when
+        given, runs after every poll (the host's own threads' turn). ``nap``: sleep while the
+        producer making ``ticket`` is expected to take a while longer (False when ``between``
+        must run often). Raises the producer's error
+        (:func:`~dpu_pipe.offload.transport.failures.raise_remote`), or PipeTimeout after
+        ``timeout`` seconds (default :attr:`timeout`) or when a producer fell silent without
+        takeover, naming it."""
         sched = self.sched
         t = sched.tickets.get(ticket)
         if t is None:
@@ -250,7 +245,6 @@ class HostTransport(Endpoint):
         if self.sched.failure is not None:
             raise PipeTimeout(self.sched.failure)
 
-    # -- the poll: window I/O around the scheduler -------------------------------------------
     def poll(self):
         """Look at producers' statuses and the granted buffers, detect silence, refill
         queues, grant free buffers, deliver replies. Cheap; never blocks."""
@@ -280,8 +274,8 @@ class HostTransport(Endpoint):
         self._poll_channel()
 
     def _record(self, offset, dtype):
-        """The sealed record at ``offset`` of this window, or None; a record unchanged since
-        the last poll costs one bytes comparison."""
+        """The sealed record at ``offset`` of this window, or None; unchanged since the last
+        poll, it costs one bytes comparison."""
         snap = bytes(self.mem[offset:offset + dtype.itemsize])
         last = self._seen.get(offset)
         if last is not None and last[0] == snap:
@@ -311,8 +305,7 @@ class HostTransport(Endpoint):
         t.ready = Delivery(t.ticket, t.stream, t.epoch, t.step, t.owner, payload, t.buffer)
 
     def _write_outbox(self, dirty=None):
-        """Write the scheduler's ``ASSIGN`` entries into the producers' windows: flushed
-        here, or added to ``dirty`` for the caller to flush."""
+        """Put the scheduler's ``ASSIGN`` entries; flush them, or add their ranks to ``dirty``."""
         ranks = set() if dirty is None else dirty
         for rank, entry in self.sched.outbox:
             self._put(wire.pack(ASSIGN, **entry), rank, ProducerLayout.entry(entry["seq"]))
@@ -321,19 +314,16 @@ class HostTransport(Endpoint):
         if dirty is None:
             self._flush(ranks)
 
-    # -- request channel ------------------------------------------------------------------
     def request(self, kind, payload=None, to=None):
         """Send a request of ``kind`` (str) with ``payload`` (any picklable object) to
-        producer ``to`` (group rank), or to every producer when ``to`` is None. Returns a
-        :class:`Reply` (a list of them for every producer). Never blocks: the message is
-        sent without waiting, replies arrive while the host polls."""
+        producer ``to`` (group rank), or to each producer when ``to`` is None; returns its
+        :class:`Reply` (a list of them). Never blocks: replies arrive while the host polls."""
         self._check_open()
         if to is None:
             return [self.request(kind, payload, r) for r in self.peers]
         if to not in self.peers:
             raise ConfigError(f"no producer rank {to} in this host group")
-        rid = self._next_rid
-        self._next_rid += 1
+        rid = next(self._request_ids)
         reply = self._replies[rid] = Reply(self, rid, kind, to)
         self._sends.append(self.comm.isend((rid, kind, payload), dest=to, tag=TAG_REQUEST))
         return reply
@@ -346,15 +336,14 @@ class HostTransport(Endpoint):
                 reply._set(ok, value)
         self._sends = [r for r in self._sends if not r.Test()]
 
-    # -- shutdown -------------------------------------------------------------------------
     def _check_open(self):
         if self.closed:
             raise ConfigError("the host transport is closed")
 
     def close(self, timeout=None):
-        """Stop every producer (even a silent one: a stopped process that wakes up finds the
-        stop), wait for their sign-off (deadline ``timeout``, default ``setup_timeout``) and
-        free the window. Idempotent. With a producer that never signs off the window stays
+        """Stop every producer (a silent one too: a stopped process that wakes up finds the
+        stop), wait ``timeout`` seconds at most (default ``setup_timeout``) for their
+        sign-off and free the window. Idempotent. Without every sign-off the window stays
         allocated and the job ends with MPI_Abort at interpreter exit."""
         if self.closed:
             return

@@ -1,6 +1,6 @@
-"""The producer end of the transport (group rank >= 1): its assignments as they appear in its
-own window, the grants, publishing a made batch (payload, Flush, sealed header, Flush), the
-heartbeat and the request channel's replies. The protocol: docs/design/transport.md."""
+"""The producer end of the transport (group rank >= 1): its assignments and grants as they
+appear in its own window, publishing a made batch (payload, Flush, sealed header, Flush), the
+heartbeat and the request channel's replies."""
 import os
 import time
 
@@ -30,12 +30,10 @@ class Work:
 
 
 class ProducerTransport(Endpoint):
-    """Producer end (group rank >= 1): collective at construction with the host's
-    :class:`HostTransport`; settings come from the host. Used by one thread (the worker
-    loop in :mod:`dpu_pipe.offload.producer_loop`), which calls :meth:`next_work`,
-    :meth:`granted`, :meth:`publish` and :meth:`beat`. ``setup_timeout`` bounds the wait for
-    the host to make the window (it does so when its first loader starts iterating) and the
-    shutdown handshake."""
+    """Producer end (group rank >= 1), collective at construction with the host's
+    :class:`HostTransport`, which sends its settings. Used by one thread, the loop of
+    :mod:`dpu_pipe.offload.producer_loop`. ``setup_timeout`` bounds the wait for the host to
+    make the window (when its first loader starts iterating) and the shutdown handshake."""
 
     def __init__(self, comm, *, setup_timeout=86400.0, poll_interval=1e-3):
         if comm.Get_rank() == 0:
@@ -73,7 +71,6 @@ class ProducerTransport(Endpoint):
         self._host_seen = time.monotonic()
         self.beat(force=True)
 
-    # -- control --------------------------------------------------------------------------
     def stop_requested(self):
         """True once the host wrote stop. Raises PipeTimeout when the host's heartbeat has
         been still for ``host_timeout`` seconds (it polls on every call it makes)."""
@@ -106,8 +103,8 @@ class ProducerTransport(Endpoint):
         self._put(rec, 0, self.layout.status(self.rank))
         self._flush([0])
 
-    # -- work -----------------------------------------------------------------------------
     def _entry(self, seq):
+        """Assignment ``seq`` if its entry is intact and still holds it, else None."""
         e = wire.intact(self.mem[ProducerLayout.entry(seq):], ASSIGN)
         return e if e is not None and e["seq"] == seq else None
 
@@ -169,18 +166,16 @@ class ProducerTransport(Endpoint):
         work.error = pack_error(exc, None, self.slot_bytes, self.describe(self.rank))
         work.parts = None
 
-    # -- request channel ------------------------------------------------------------------
     def requests(self):
-        """Requests the host sent, as ``[(id, kind, payload)]`` (never blocks)."""
+        """Requests the host sent, as ``[(id, kind, payload)]``; never blocks."""
         out = []
         while (msg := self.comm.improbe(source=0, tag=TAG_REQUEST)) is not None:
             out.append(msg.recv())
         return out
 
     def reply(self, rid, ok, value):
-        """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an error
-        record (see :func:`~dpu_pipe.errors.error_record`). Small replies complete without
-        the host."""
+        """Answer request ``rid``: ``ok`` and the handler's value, or not ``ok`` and an
+        :func:`~dpu_pipe.errors.error_record`."""
         req = self.comm.isend((rid, ok, value), dest=0, tag=TAG_REPLY)
         self._pending_replies = [r for r in self._pending_replies if not r.Test()]
         if not req.Test():
