@@ -36,13 +36,6 @@ class DecodeError(DpuPipeError, ValueError):
             where.append(str(self.path))
         return f"{self.message} ({', '.join(where)})" if where else self.message
 
-    def __reduce__(self):  # keep index/path across pickling (threads, processes, MPI)
-        return (_rebuild_decode_error, (self.message, self.index, self.path))
-
-
-def _rebuild_decode_error(message, index, path):
-    return DecodeError(message, index=index, path=path)
-
 
 class ConfigError(DpuPipeError, ValueError):
     """An argument or configuration value is invalid; the message says what is accepted."""

@@ -9,6 +9,7 @@ plain path and behave exactly as they do without the assembly.
 """
 
 import io
+import pickle
 import struct
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from dpu_pipe import ConfigError, DecodeError, _jpeg, _pipeline, jpeg
 from dpu_pipe.kernel import BatchProcessor
-from dpu_pipe.errors import TranscodeUnsupported
+from dpu_pipe.errors import ProducerError, TranscodeUnsupported
 from dpu_pipe.transforms import TransformConfig
 
 import jpeg_corpus as jc
@@ -501,3 +502,17 @@ def test_truncated_stream_decodes_regions_it_holds():
     for box in ((100, 100, 40, 40), (0, 0, 229, 331)):
         with pytest.raises(ValueError, match="Premature end"):
             region_decode(cut, box)
+
+
+@pytest.mark.parametrize("exc", [
+    DecodeError("bad Huffman code", index=7, path="a/b.jpg"),
+    TranscodeUnsupported("premature end of data", index=3),
+    ProducerError("batch failed", producer="producer rank 2", remote_traceback="Traceback"),
+])
+def test_errors_pickle_with_their_type_and_fields(exc):
+    """Errors are pickled when they cross processes: a TranscodeUnsupported stays one (its
+    handlers keep the original bytes), and index, path and producer survive."""
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is type(exc)
+    assert str(back) == str(exc)
+    assert vars(back) == vars(exc)
