@@ -297,6 +297,8 @@ class Loader:
         _LIVE.add(self)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        #: Bytes of the decoded-sample cache (0: none): this loader's in local mode, the
+        #: producers' node cache in the offloaded modes.
         self.cache_bytes = cache_bytes = _v.integer(cache_bytes, "cache_bytes", 0)
         self.host_threads = _v.integer(host_threads, "host_threads",
                                        1 if mode == "hybrid" else 0)
