@@ -163,7 +163,7 @@ class BatchProcessor:
         found = []
         for v, aug in enumerate(self._augmenters):
             row = info[0, v * len(SampleInfo):(v + 1) * len(SampleInfo)]
-            out = {"crop": [int(v) for v in row[1:5]],
+            out = {"crop": [int(c) for c in row[1:5]],
                    "flip": bool(row[5]), "ops": [], "jitter": {}, "grayscale": False,
                    "erase": None, "blur": None, "solarize": None}
             if aug is not None and self.config.train:
