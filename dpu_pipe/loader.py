@@ -350,6 +350,7 @@ class Loader:
                               "the first bad sample raises)")
         self._engine = None       # made on first iteration, chosen by mode
         self._iter = None         # the current _EpochIter
+        self._closed = False      # close()d, and not iterated since: nothing for __del__ to stop
         self._epoch = 0
         self._step = 0            # batches of self._epoch already yielded
         # Positions after the last lookahead + 1 batches fetched: the oldest is the consumer's.
@@ -454,6 +455,7 @@ class Loader:
             elif self._engine is None:
                 self._engine = _offload.OffloadEngine(self)
             self._iter = _EpochIter(self, self._engine, self._epoch, self._step)
+            self._closed = False
             return self._iter
 
     def set_epoch(self, epoch):
@@ -638,6 +640,7 @@ class Loader:
         with self._moving("close()"):
             if getattr(self, "_engine", None) is not None:
                 self._engine.close()
+            self._closed = True
 
     def __enter__(self):
         return self
@@ -647,8 +650,11 @@ class Loader:
 
     def __del__(self):
         # Finalizers run in whatever thread allocates, maybe one that another thread holding
-        # close()'s transport lock waits for: so close in a new thread (none at exit).
-        if getattr(self, "_engine", None) is None and getattr(self, "_iter", None) is None:
+        # close()'s transport lock waits for: so close in a new thread (none at exit). Not for
+        # a closed loader: that daemon thread would free its buffers (torch tensors among them),
+        # and one that the interpreter's exit stops inside C++ code aborts the process.
+        if getattr(self, "_closed", False) or (getattr(self, "_engine", None) is None
+                                               and getattr(self, "_iter", None) is None):
             return
         if sys.is_finalizing():
             with contextlib.suppress(Exception):

@@ -291,7 +291,14 @@ class Training:
     def stop(self, epoch, step):
         if self.rank == 0:
             print(f"stopped after epoch {epoch} step {step + 1}; checkpoint saved", flush=True)
-        self.loader.close()
+        return self.close()
+
+    def close(self):
+        """Close the loaders and the remote validation, then the process group: nothing is
+        left for the interpreter's exit to tear down."""
+        for part in (self.loader, self.val_loader, self.remote):
+            if part is not None:
+                part.close()
         dist.destroy_process_group()
         return 0
 
@@ -425,9 +432,7 @@ class Training:
         if self.rank == 0 and self.ckpt:
             final = {k: v.cpu() for k, v in self.model.state_dict().items()}
             torch.save(final, os.path.join(self.args.checkpoint, "final_weights.pt"))
-        self.loader.close()
-        dist.destroy_process_group()
-        return 0
+        return self.close()
 
 
 def main(argv=None):

@@ -948,6 +948,33 @@ def test_an_abandoned_loader_does_not_keep_its_thread(folder):
                 stop.set()
 
 
+def test_a_closed_loader_is_freed_where_it_is_dropped(folder, monkeypatch):
+    """A loader closed, then dropped, starts no finalizing thread: that daemon thread would free
+    the buffers, and the interpreter's exit may stop it inside C++ code (an abort). Iterated
+    again after close(), a dropped loader is closed by that thread as before."""
+    import gc
+
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda thread: (started.append(thread.name), start(thread))[1])
+    loader = make(folder, 2)
+    next(iter(loader))
+    loader.close()
+    del loader
+    gc.collect()
+    assert started == ["dpu_pipe-maker"]
+    loader = make(folder, 2)
+    next(iter(loader))
+    loader.close()
+    next(iter(loader))
+    del loader
+    gc.collect()
+    assert started.count("dpu_pipe-finalize") == 1
+    wait_for(lambda: not any(t.name == "dpu_pipe-finalize" for t in threading.enumerate()),
+             timeout=10)
+
+
 def test_a_finalizer_never_waits_in_the_thread_the_collector_runs_it_in(folder):
     """The collector runs a dropped loader's __del__ in whatever thread allocates: in hybrid
     mode, a host thread of another loader whose batch the main thread waits for while holding
