@@ -651,8 +651,8 @@ class Loader:
     def __del__(self):
         # Finalizers run in whatever thread allocates, maybe one that another thread holding
         # close()'s transport lock waits for: so close in a new thread (none at exit). Not for
-        # a closed loader: that daemon thread would free its buffers (torch tensors among them),
-        # and one that the interpreter's exit stops inside C++ code aborts the process.
+        # a closed loader: that daemon thread would free its buffers (with a device, torch
+        # tensors), and one that the interpreter's exit stops inside C++ code aborts the process.
         if getattr(self, "_closed", False) or (getattr(self, "_engine", None) is None
                                                and getattr(self, "_iter", None) is None):
             return

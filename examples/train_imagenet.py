@@ -294,8 +294,7 @@ class Training:
         return self.close()
 
     def close(self):
-        """Close the loaders and the remote validation, then the process group: nothing is
-        left for the interpreter's exit to tear down."""
+        """Close the loaders and the remote validation, then the process group."""
         for part in (self.loader, self.val_loader, self.remote):
             if part is not None:
                 part.close()
