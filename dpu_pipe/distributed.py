@@ -60,6 +60,10 @@ def init_process_group(backend=None, *, comm=None, setup_timeout=120.0, **kwargs
                                 int(os.environ.get("LOCAL_RANK", 0)), dist.get_backend())
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # torch.distributed.nn binds the default group into default arguments when first imported
+    # (optimizers do, via torch._dynamo): imported later, it keeps the group and its gloo
+    # threads past destroy_process_group, into shutdown, where they can abort the process.
+    import torch.distributed.nn  # noqa: F401
     if "init_method" in kwargs or all(v in os.environ for v in TORCH_ENV):
         dist.init_process_group(backend=backend, **kwargs)
         return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(),
