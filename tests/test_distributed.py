@@ -57,7 +57,7 @@ def test_destroying_the_group_ends_its_threads(tmp_path):
 
 
 _EXIT_SCRIPT = textwrap.dedent("""
-    import os, time
+    import time
     import torch
     import torch.distributed as dist
     from dpu_pipe.distributed import init_process_group
@@ -97,7 +97,13 @@ def test_a_collective_ending_after_its_script_does_not_abort_the_exit(tmp_path):
                                            RANK=str(rank), WORLD_SIZE="2",
                                            OMP_NUM_THREADS="1"))
              for rank in range(2)]
-    outs = [p.communicate(timeout=100) for p in procs]
+    try:
+        outs = [p.communicate(timeout=100) for p in procs]
+    finally:
+        for p in procs:         # only the ranks this test started, should one hang
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {rank}: exit {p.returncode}\n{err[-4000:]}"
         assert f"exiting {rank} [2.0, 2.0, 2.0, 2.0]" in out, out
