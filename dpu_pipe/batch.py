@@ -328,9 +328,8 @@ class BatchMaker:
                     break
                 self._record_bad(cand, err)
             else:
-                raise DecodeError(f"no decodable sample left in the shard to replace sample "
-                                  f"{int(indices[j])}", index=int(indices[j]),
-                                  path=self.source.describe(int(indices[j])))
+                raise self._named(f"no decodable sample left in the shard to replace sample "
+                                  f"{int(indices[j])}", indices[j])
 
     def _single(self, epoch, index, out):
         idx = np.array([index], dtype=np.int64)

@@ -13,9 +13,8 @@ CPU_FLAGS = {"NEON": ("asimd",), "SSE2": ("sse2",), "SSE4.2": ("sse4_2",), "AVX"
 
 
 def _distribution(package_file):
-    """(wheel tags, how it was installed) of the installed distribution that holds
-    ``package_file``; ``(None, "source tree")`` when dpu_pipe is imported from a checkout or an
-    editable install."""
+    """(wheel tags, how it was installed) of the distribution holding ``package_file``;
+    ``(None, "source tree")`` for a checkout or an editable install."""
     from importlib import metadata
 
     try:
@@ -36,10 +35,8 @@ def _distribution(package_file):
 
 
 def _library_of(ext_path, symbol):
-    """Path of the shared library that provides ``symbol`` to the extension ``ext_path`` as the
-    dynamic linker resolved it (another copy of that library, Pillow's say, may be loaded too):
-    dlsym through the extension's handle, then the mapping holding that address in
-    /proc/self/maps. None where that cannot be read."""
+    """Path of the library the dynamic linker bound ``symbol`` of the extension ``ext_path`` to
+    (Pillow, say, may load another copy of it), or None where /proc/self/maps cannot tell."""
     import ctypes
 
     try:

@@ -138,10 +138,8 @@ def decode(data, *, region=None, min_size=None, fast=False, strict=False,
     """
     _check_budget(max_pixels, max_scans)
     min_h, min_w = _min_size(min_size)
-    view, reg = _as_view(data), _region(region)
-    out, _ = _jpeg.decode(view, reg, min_h, min_w, _v.boolean(fast, "fast"),
-                          _v.boolean(strict, "strict"), max_pixels, max_scans)
-    return out
+    return _jpeg.decode(_as_view(data), _region(region), min_h, min_w, _v.boolean(fast, "fast"),
+                        _v.boolean(strict, "strict"), max_pixels, max_scans)[0]
 
 
 def decode_batch(buffers, out=None, *, regions=None, min_size=None, fast=False, strict=False,

@@ -303,9 +303,8 @@ class Loader:
         self.host_threads = _v.integer(host_threads, "host_threads",
                                        1 if mode == "hybrid" else 0)
         #: The :class:`~dpu_pipe.offload.group.HostGroup` of an offloaded mode, else None.
-        self._group = None
-        if mode != "local":
-            self._group = host_group(comm, hostmap=hostmap, serve_file=serve_file)
+        self._group = (host_group(comm, hostmap=hostmap, serve_file=serve_file)
+                       if mode != "local" else None)
         _v.torch_loader_args(transform_options, type(self).__name__)
         self.lookahead = _v.integer(lookahead, "lookahead", 0)
         # A framework fetching ahead holds lookahead + 1 batches, more than the ring spares.

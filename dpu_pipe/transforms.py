@@ -148,7 +148,6 @@ class SampleRecipe:
     def _check_progressive(self, size):
         """The geometry checks with a progressive ``size``: a train recipe; ``resize`` (a
         validation setting) is kept as given."""
-        _set(self, "size", size)
         _check(self, "train", _v.boolean)
         if not self.train:
             raise ConfigError("a progressive size is a train recipe: give the evaluation "
@@ -288,7 +287,6 @@ _ONLY_WHEN_SET = ("decode_max_side", "views")
 
 
 def _recipe_property(name):
-    """A read-only property of TransformConfig that reads its recipe's ``name``."""
     return property(lambda self: getattr(self.recipe, name),
                     doc=f"The recipe's ``{name}`` (:attr:`SampleRecipe.{name}`).")
 
@@ -362,9 +360,8 @@ class TransformConfig:
         :class:`~dpu_pipe.views.View` (None without views)."""
         if self.recipe.views is None:
             return [(self, None)]
-        return [(TransformConfig(decode=self.decode, batch_ops=self.batch_ops,
-                                 recipe=replace(self.recipe, views=None, resize=0,
-                                                **v.recipe_fields)), v)
+        return [(replace(self, recipe=replace(self.recipe, views=None, resize=0,
+                                              **v.recipe_fields)), v)
                 for v in self.recipe.views]
 
     @property
@@ -401,5 +398,4 @@ class TransformConfig:
 def _sized(config, side):
     """``config`` (a progressive TransformConfig) at the fixed size ``side`` x ``side``:
     kept, since every batch asks for its epoch's."""
-    recipe = replace(config.recipe, size=(side, side))
-    return TransformConfig(decode=config.decode, recipe=recipe, batch_ops=config.batch_ops)
+    return replace(config, recipe=replace(config.recipe, size=(side, side)))

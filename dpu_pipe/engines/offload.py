@@ -46,7 +46,7 @@ _exit_hooked = set()         # ids of the host groups and transports the handler
 
 def _hook_exit(obj):
     """Run :func:`_take_transport_at_exit` before ``obj``'s exit handler (registered later)."""
-    if obj is not None and id(obj) not in _exit_hooked:
+    if id(obj) not in _exit_hooked:
         _exit_hooked.add(id(obj))
         atexit.register(_take_transport_at_exit)
 
@@ -207,7 +207,7 @@ class OffloadEngine(Engine):
         self.local_made = set()     # tickets of self.local already made
 
     def _ensure(self):
-        if self.transport is not None and self.id is None:
+        if self.id is None:
             t = self.transport
             if self.slots > t.layout.buffers or self.payload_bytes > t.layout.slot_bytes:
                 self.hostgroup.grow(self.slots, self.payload_bytes)
@@ -251,13 +251,12 @@ class OffloadEngine(Engine):
     def _top_up(self):
         t = self.transport
         # Enough for every producer's queue and the host threads (more is wasted on a jump).
-        ahead = self.slots + QUEUE * (t.size - 1 if t else 0) + self.host_threads
+        ahead = self.slots + QUEUE * (t.size - 1) + self.host_threads
         while len(self.pending) < ahead:
             epoch, step = self.feed
             if step >= self.first_maker.batches_in(epoch):
                 epoch, step = epoch + 1, 0
-            ticket = t.submit(self.id, epoch, step) if t else None
-            self.pending.append((ticket, epoch, step))
+            self.pending.append((t.submit(self.id, epoch, step), epoch, step))
             self.feed = (epoch, step + 1)
 
     def _run_local(self):
@@ -397,7 +396,7 @@ class OffloadEngine(Engine):
         the stream continues later from its loader's position."""
         with _TRANSPORT_LOCK:
             t = self.transport
-            if t is None or t.closed:
+            if t.closed:
                 self.pending.clear()
                 return
             if release:

@@ -89,8 +89,7 @@ class NodeCaches:
         # One communicator per thread that sets caches up: collectives of two threads on
         # one communicator could interleave differently on two ranks.
         self.comms = {"stream": node, "validation": node.Dup()}
-        self.caches = {}            # (user, cache_key) -> SharedCache
-        self.made = {u: [] for u in self.USERS}      # keys each communicator made, in order
+        self.caches = {}            # (user, cache_key) -> SharedCache, in the order made
         self._queue = {u: [] for u in self.USERS}    # set-ups waiting, in arrival order
         self._tokens = itertools.count()
 
@@ -114,7 +113,6 @@ class NodeCaches:
             if cache is None:
                 cache = yield from self._make(key, int(cache_bytes), int(num_samples),
                                               self.comms[user])
-                self.made[user].append(key)
             return cache
         finally:
             queue.remove(token)
@@ -167,5 +165,5 @@ class NodeCaches:
             log.warning("dpu_pipe: %s; the caches stay mapped until exit", exc)
             return
         for user in self.USERS:
-            for key in self.made[user]:
+            for key in [k for k in self.caches if k[0] == user]:
                 self.caches.pop(key).win.Free()

@@ -168,7 +168,6 @@ def accept_hosts(comm, path, *, hosts=1, hostmap=None, accept_timeout=86400.0):
         chosen = next((h["hostmap"] for h, _ in joined if h["hostmap"]),
                       hostmap or os.environ.get(HOSTMAP_ENV))
         try:
-            # Matched as in an MPMD job of these hosts (then these producers).
             local, warnings = assign_producers(["host"] * hosts + ["producer"] * nprod, names,
                                                parse_hostmap(chosen))
         except ConfigError as exc:

@@ -279,7 +279,6 @@ class Scheduler:
                  self.describe(peer.rank), t.epoch, t.step)
 
     def _to_host(self, t):
-        """Back to the pool, for the host's threads only."""
         t.owner, t.seq, t.buffer, t.grant = None, -1, -1, -1
         t.local_only = True
         self.pool = sorted(self.pool + [t.ticket])

@@ -143,9 +143,7 @@ class PackedShard:
             for k in range(self.header["nblocks"]):
                 self.check_block(k)
                 block = self.records[k * b:(k + 1) * b]
-                for j, (off, n, crc) in enumerate(zip(block["offset"].tolist(),
-                                                      block["length"].tolist(),
-                                                      block["crc32"].tolist())):
+                for j, (off, n, crc) in enumerate(block[["offset", "length", "crc32"]].tolist()):
                     if zlib.crc32(os.pread(fd, n, off)) != crc:
                         bad.append(k * b + j)
         finally:
@@ -306,12 +304,11 @@ class PackedDataset:
 
     def describe(self, i):
         self._check_index(i)
-        k = int(self.shard_of(i))
         try:
             rel = f" ({self.relpath(i)})"
         except DecodeError:
             rel = ""
-        return f"packed dataset {self.path}, shard {k}, record {i}{rel}"
+        return f"packed dataset {self.path}, shard {int(self.shard_of(i))}, record {i}{rel}"
 
     def buffers(self, indices):
         """``(BufferList, {batch position: DecodeError})`` of the records ``indices``

@@ -229,11 +229,8 @@ def _fsync_dir(path):
             os.close(fd)
 
 
-class _NoBar(contextlib.nullcontext):
+class _NoBar:
     """A tqdm bar's calls, doing nothing."""
-
-    def __enter__(self):
-        return self
 
     def update(self, n):
         pass
@@ -242,14 +239,14 @@ class _NoBar(contextlib.nullcontext):
 def _progress_bar(progress, total, desc):
     """A tqdm bar (used as a context manager), or a silent stand-in with the same calls."""
     if progress is False:
-        return _NoBar()
+        return contextlib.nullcontext(_NoBar())
     try:
         from tqdm import tqdm
     except ImportError:
         if progress:
             raise ConfigError("progress bars need tqdm: pip install tqdm "
                               "(or dpu_pipe[tools]), or pass progress=False") from None
-        return _NoBar()
+        return contextlib.nullcontext(_NoBar())
     return tqdm(total=total, desc=desc, unit="img", unit_scale=True, dynamic_ncols=True,
                 disable=None if progress is None else False)
 

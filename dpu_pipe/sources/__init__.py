@@ -22,8 +22,8 @@ from .webdataset import WebDataset, expand_shards
 
 __all__ = ["Source", "ImageFolder", "FileList", "PackedSource", "WebDataset", "ParquetSource",
            "open_source", "open_path", "as_source", "check_rebuild", "path_kind",
-           "from_hf_dataset", "expand_shards", "fingerprint_of", "frozen_labels", "JPEG_EXTENSIONS",
-           "IMG_EXTENSIONS", "LIST_EXTENSIONS", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
+           "from_hf_dataset", "expand_shards", "fingerprint_of", "frozen_labels", "IMG_EXTENSIONS",
+           "JPEG_EXTENSIONS", "LIST_EXTENSIONS", "PARQUET_EXTENSIONS", "ARROW_EXTENSIONS"]
 
 TAR_EXTENSIONS = (".tar",)
 

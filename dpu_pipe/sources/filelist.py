@@ -123,15 +123,14 @@ class FileList(FileSource):
     kind = "file_list"
 
     def __init__(self, path_or_rows, root=None, *, meta_columns=None):
-        meta_columns = _v.names(meta_columns, "meta_columns", reserved=("path", "index"))
-        self.meta_columns = meta_columns
+        self.meta_columns = _v.names(meta_columns, "meta_columns", reserved=("path", "index"))
         if isinstance(path_or_rows, (str, bytes, os.PathLike)):
             self._list_path = os.path.abspath(os.fsdecode(path_or_rows))
-            rows = _read_list(self._list_path, meta_columns)
+            rows = _read_list(self._list_path, self.meta_columns)
             base = os.path.dirname(self._list_path)
         else:
             self._list_path = None
-            rows = _read_rows(path_or_rows, meta_columns)
+            rows = _read_rows(path_or_rows, self.meta_columns)
             base = os.getcwd()
         if not rows:
             where = self._list_path or "the given rows"
@@ -198,8 +197,7 @@ def _read_rows(rows, meta_columns):
 
 
 def _header_columns(text, meta_columns, where):
-    """Positions ``(labels, meta)`` of the columns of a ``path,...`` header line: those named
-    in ``meta_columns`` are metadata (in that order), every other one after the path a label."""
+    """``(column count, label positions, meta positions)`` of a ``path,...`` header line."""
     names = [f.strip() for f in next(csv.reader([text]))]
     missing = [c for c in meta_columns if c not in names[1:]]
     if missing:

@@ -167,14 +167,12 @@ class ParquetSource(_PartedSource):
         try:
             paths = [os.path.abspath(os.fsdecode(p)) for p in paths]
         except TypeError:
-            raise ConfigError(f"paths must be a path or a list of paths, got {paths!r}") \
-                from None
+            raise ConfigError(f"paths must be a path or a list of paths, got {paths!r}") from None
         if not paths:
             raise ConfigError("ParquetSource needs at least one file")
         if not isinstance(image_column, str) or not image_column:
             raise ConfigError(f"image_column must be a column name, got {image_column!r}")
-        if label_column is not None and (not isinstance(label_column, str)
-                                         or not label_column):
+        if label_column is not None and (not isinstance(label_column, str) or not label_column):
             raise ConfigError(f"label_column must be a column name or None, "
                               f"got {label_column!r}")
         self._max_cached = _v.positive_int(max_cached_groups, "max_cached_groups")
@@ -325,8 +323,7 @@ class ParquetSource(_PartedSource):
 
 
 def _hf_classes(schema, label_column):
-    """Class names of a Hugging Face ``ClassLabel`` column, from the schema metadata that
-    ``datasets`` writes into its Arrow and Parquet files; None without it."""
+    """The ``ClassLabel`` names that ``datasets`` records in a file's schema metadata, or None."""
     meta = (schema.metadata or {}).get(b"huggingface")
     if not meta or label_column is None:
         return None

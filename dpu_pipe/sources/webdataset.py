@@ -306,8 +306,7 @@ def _load_index(path, want, size):
 
 def _save_index(path, index, want):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    problems = {str(k): v for k, v in index.problems.items()}
-    info = json.dumps({"want": want, "problems": problems})
+    info = json.dumps({"want": want, "problems": {str(k): v for k, v in index.problems.items()}})
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         with open(tmp, "wb") as f:

@@ -69,15 +69,12 @@ class Recipe:
             ops.append(v2.RandAugment(num_ops=2, magnitude=o.get("ra_magnitude", 9)))
         if o.get("color_jitter"):
             ops.append(v2.ColorJitter(*o["color_jitter"]))
-        ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(mean, std)]
+        ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
         if o.get("random_erase"):
             ops.append(v2.RandomErasing(o["random_erase"]))
-        mixes = []
-        if o.get("mixup_alpha"):
-            mixes.append(v2.MixUp(alpha=o["mixup_alpha"], num_classes=o["num_classes"]))
-        if o.get("cutmix_alpha"):
-            mixes.append(v2.CutMix(alpha=o["cutmix_alpha"], num_classes=o["num_classes"]))
+        mixes = [cls(alpha=o[key], num_classes=o["num_classes"])
+                 for key, cls in (("mixup_alpha", v2.MixUp), ("cutmix_alpha", v2.CutMix))
+                 if o.get(key)]
         mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
         return v2.Compose(ops), mix
 

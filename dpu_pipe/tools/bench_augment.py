@@ -6,11 +6,11 @@ them). The methods take turns within each round on one pinned core
 afterwards, on every core.
 """
 
+import functools
 import io
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..kernel import BatchProcessor
 from ..errors import ConfigError, DpuPipeError
 from ..jpeg import decode_batch, read_header
 from ..transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
-from .harness import interleaved, load_buffers, one_core, rate_stats
+from .harness import interleaved, load_buffers, median_time, one_core, rate_stats
 
 __all__ = ["augment_benchmark", "format_augment_table", "pillow_augment", "opencv_augment",
            "add_args", "run"]
@@ -124,13 +124,9 @@ def _thread_scaling(buffers, seed, epoch, threads, repeat):
     scaling = {}
     for t in sorted({1, threads}):
         bp = BatchProcessor(TransformConfig(size=SIZE), t)
-        out = bp.empty(len(buffers))
-        runs = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            bp.run(buffers, indices, epoch=epoch, seed=seed, out=out)
-            runs.append(time.perf_counter() - t0)
-        scaling[str(t)] = len(buffers) / statistics.median(runs)
+        batch = functools.partial(bp.run, buffers, indices, epoch=epoch, seed=seed,
+                                  out=bp.empty(len(buffers)))
+        scaling[str(t)] = len(buffers) / median_time(batch, repeat)
     return scaling
 
 

@@ -15,12 +15,10 @@ import math
 import os
 import sys
 
-import numpy as np
-
 from ..errors import ConfigError
 from .baselines import Recipe, run_dataloader, run_serial
-from .harness import (CONFIGS, HOST_CORE, PRODUCER_CORE, RECIPES, launch_mpi, load_torch, now,
-                      pin, run_loader)
+from .harness import (CONFIGS, HOST_CORE, PRODUCER_CORE, RECIPES, launch_mpi, load_torch,
+                      median_time, now, pin, run_loader)
 from .plots import write_plots
 from .progress import bar
 
@@ -75,15 +73,6 @@ def add_args(p):
 
 # -- operating points -------------------------------------------------------------------------
 
-def _median_time(fn, reps):
-    times = []
-    for _ in range(reps):
-        t = now()
-        fn()
-        times.append(now() - t)
-    return float(np.median(times))
-
-
 def _step_time(torch, classes, width, blocks, x, y, reps):
     """(seconds of a training step, of a forward pass) of a model of that width and depth."""
     from ..models import resnet_tiny
@@ -97,10 +86,10 @@ def _step_time(torch, classes, width, blocks, x, y, reps):
         opt.step()
 
     step()
-    train = _median_time(step, reps)
+    train = median_time(step, reps)
     model.eval()
     with torch.no_grad():
-        return train, _median_time(lambda: model(x), 2)
+        return train, median_time(lambda: model(x), 2)
 
 
 def calibrate(train_src, args, classes):
@@ -111,9 +100,9 @@ def calibrate(train_src, args, classes):
     n = min(len(train_src), B)
     datas = [train_src.read(i) for i in range(n)]
     rec, val_rec = Recipe(args.size, True), Recipe(args.size, False)
-    aug = _median_time(lambda: [rec(d, i) for i, d in enumerate(datas)], 1 if quick else 2) \
+    aug = median_time(lambda: [rec(d, i) for i, d in enumerate(datas)], 1 if quick else 2) \
         * B / n
-    val_aug = _median_time(lambda: [val_rec(d, i) for i, d in enumerate(datas)], 1) * B / n
+    val_aug = median_time(lambda: [val_rec(d, i) for i, d in enumerate(datas)], 1) * B / n
     x, y = torch.randn(B, 3, args.size, args.size), torch.randint(0, classes, (B,))
     reps = 2 if quick else 3
     points = {}

@@ -198,11 +198,10 @@ def _pack_run(args):
         if args.json == "-":
             return 0
     formats = ", ".join(f"{n} {name.upper()}" for name, n in summary["formats"].items())
-    growth = summary["size_growth"]
     print(f"wrote {summary['path']}: {summary['count']} records ({formats}) in "
           f"{summary['shards']} shards, {summary['total_bytes']} bytes of records; "
           f"{summary['transcoded']} JPEGs transcoded"
-          + (f" ({100 * growth:+.1f} % in size)" if summary["transcoded"] else "")
+          + (f" ({100 * summary['size_growth']:+.1f} % in size)" if summary["transcoded"] else "")
           + (f"; {summary['max_side']['resized']} downscaled to at most "
              f"{summary['max_side']['max_side']} pixels a side" if summary["max_side"] else "")
           + (", every shard re-read and its CRCs checked" if args.verify else ""))
@@ -413,8 +412,7 @@ def _parser():
         prog="dpu-pipe",
         description="JPEG decode and augmentation for DNN training, on the host or on DPUs.")
     parser.add_argument("--version", action="version", version=f"dpu_pipe {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_args, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         _resolve(add_args)(p)

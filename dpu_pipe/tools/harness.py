@@ -167,11 +167,22 @@ def interleaved(methods, n, *, chunk, repeat, clock=time.perf_counter, before_ro
             gc.enable()
     return times
 
+
 def rate_stats(seconds, n):
     """``(median, slowest, fastest)`` items per second of rounds that took ``seconds`` each
     for ``n`` items."""
     rates = [n / t for t in seconds]
     return statistics.median(rates), min(rates), max(rates)
+
+
+def median_time(fn, reps):
+    """Median seconds of ``reps`` calls of ``fn()``."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 # -- training runs ------------------------------------------------------------------------

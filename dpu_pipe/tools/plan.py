@@ -1,13 +1,10 @@
 """``dpu-pipe plan``: how many producer cores, how much memory and bandwidth a host needs to
 feed its training at a given rate, and what a decoded-sample cache changes
-(docs/guides/cli.md explains every figure).
+(docs/guides/cli.md explains every figure, and how to find ``--arm-factor``).
 
 A producer core's rate is ``--producer-rate`` (or ``--measure``: the batch kernel timed on one
-core of *this* machine over a sample of ``--data``) × ``--arm-factor``, the per-core speed of
-the producer CPU relative to the one the rate was measured on. The factor is the user's: run
-``dpu-pipe plan --measure --data D --json`` on one DPU core and on the host and divide the two
-``measured.rate_per_core`` figures, or pass ``--producer-rate`` measured on the DPU itself
-with ``--arm-factor 1``.
+core of *this* machine over a sample of ``--data``) × ``--arm-factor``, the producer core's
+speed relative to that one.
 """
 
 import json
@@ -42,7 +39,7 @@ def _rss_bytes():
 
 
 def _passes(sample, transform, passes, cache=None):
-    """Seconds of each pass of the one-thread batch kernel over a :func:`_sample` (epoch = pass)."""
+    """Seconds of each pass (epoch) of the one-thread batch kernel over a :func:`_sample`."""
     from ..kernel import BatchProcessor
 
     idx, bufs, src = sample
@@ -234,9 +231,8 @@ def plan(*, train_rate, producer_rate, batch=256, size=224, dtype="float32", arm
     }
     if preset is not None:
         p = PRESETS[preset]
-        dpus = math.ceil(cores / p["cores"])
         ranks_per_dpu = min(cores, p["cores"])
-        out["dpu"] = {**p, "dpus_per_host": dpus,
+        out["dpu"] = {**p, "dpus_per_host": math.ceil(cores / p["cores"]),
                       "rate_per_dpu": p["cores"] * core_rate,
                       "ranks_per_dpu": ranks_per_dpu,
                       "memory_per_dpu_bytes": ranks_per_dpu * per_rank,

@@ -371,7 +371,6 @@ def dataset_files(root):
     if not m or "sizes" not in m:
         raise ConfigError(f"{root} holds no dataset made by make_imagenet_like "
                           f"(no readable {MANIFEST_NAME})")
-    names = class_names(m["params"]["classes"])
-    index = {c: k for k, c in enumerate(names)}
+    index = {c: k for k, c in enumerate(class_names(m["params"]["classes"]))}
     rels = sorted(m["sizes"], key=lambda r: r.rsplit("/", 1)[1])
     return [Path(root) / r for r in rels], [index[r.split("/", 1)[0]] for r in rels]

@@ -1,7 +1,6 @@
 """One-sided MPI transport between a host (rank 0 of a host group) and its producer ranks:
 ``endpoint`` (both ends), ``host``, ``producer`` and ``failures`` (errors across the wire).
-The protocol (tickets, grants, heartbeats, cancellation, liveness, shutdown):
-docs/design/transport.md."""
+The protocol: docs/design/transport.md."""
 from ..wire import CANCELLED, FAILED, OK
 from .failures import pack_error, raise_remote
 from .host import Delivery, HostTransport, RemoteError, Reply

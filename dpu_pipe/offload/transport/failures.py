@@ -58,12 +58,11 @@ def raise_remote(blob, who, epoch, step):
     except Exception as exc:
         raise ProducerError(f"failed on {where}; its error record is unreadable: {exc!r}",
                             producer=who) from None
-    original = None
-    if info.get("exc") is not None:
-        try:
-            original = pickle.loads(info["exc"])
-        except Exception:  # its class may not exist on the host
-            original = None
+    exc_blob = info.get("exc")
+    try:
+        original = pickle.loads(exc_blob) if exc_blob is not None else None
+    except Exception:  # its class may not exist on the host
+        original = None
     remote = ProducerError(f"{info['type']}: {info['message']} (on {where})", producer=who,
                            remote_traceback=info.get("traceback") or None)
     if isinstance(original, DecodeError):

@@ -274,8 +274,7 @@ class HostTransport(Endpoint):
         self._poll_channel()
 
     def _record(self, offset, dtype):
-        """The sealed record at ``offset`` of this window, or None; unchanged since the last
-        poll, it costs one bytes comparison."""
+        """The sealed record at ``offset``, or None; one bytes comparison while unchanged."""
         snap = bytes(self.mem[offset:offset + dtype.itemsize])
         last = self._seen.get(offset)
         if last is not None and last[0] == snap:
