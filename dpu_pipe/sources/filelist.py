@@ -197,7 +197,9 @@ def _read_rows(rows, meta_columns):
 
 
 def _header_columns(text, meta_columns, where):
-    """``(column count, label positions, meta positions)`` of a ``path,...`` header line."""
+    """``(column count, label positions, meta positions)`` of a ``path,...`` header line: the
+    columns named in ``meta_columns`` are metadata (in that order), every other one after the
+    path a label."""
     names = [f.strip() for f in next(csv.reader([text]))]
     missing = [c for c in meta_columns if c not in names[1:]]
     if missing:
